@@ -1,0 +1,14 @@
+# tollgate: one binary with every role. Build: docker build -t tollgate .
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked --bin tollgate
+
+FROM debian:bookworm-slim
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates && rm -rf /var/lib/apt/lists/*
+COPY --from=build /src/target/release/tollgate /usr/local/bin/tollgate
+COPY tollgate.example.toml /etc/tollgate/tollgate.toml
+USER nobody
+EXPOSE 8080
+ENTRYPOINT ["tollgate"]
+CMD ["serve", "--config", "/etc/tollgate/tollgate.toml", "--listen", "0.0.0.0:8080"]

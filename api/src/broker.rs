@@ -1,0 +1,130 @@
+//! One tollgate process: the API, a dispatcher, maintenance and the notification
+//! listener, on one database. [`Broker::start`] brings them up; [`Broker::shutdown`] runs
+//! the written shutdown sequence: stop accepting and claiming → drain in-flight provider
+//! calls up to `dispatch.drain_timeout_secs` → release the leases of what did not finish
+//! → exit.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tollgate::config::Config;
+use tollgate::notify::Notifications;
+use tollgate::tenants::TenantDirectory;
+use tollgate_workers::dispatcher::Dispatcher;
+use tollgate_workers::maintenance::Maintenance;
+use tollgate_workers::providers::Providers;
+
+use crate::AppState;
+
+/// Which roles this process runs. `serve` runs all of them.
+#[derive(Debug, Clone, Copy)]
+pub struct Roles {
+    pub api: bool,
+    pub dispatch: bool,
+    pub maintenance: bool,
+}
+
+impl Roles {
+    pub const ALL: Roles = Roles {
+        api: true,
+        dispatch: true,
+        maintenance: true,
+    };
+    /// Accepts and serves jobs but sends nothing: work stays queued (tests, API-only nodes).
+    pub const API_ONLY: Roles = Roles {
+        api: true,
+        dispatch: false,
+        maintenance: false,
+    };
+}
+
+/// A running broker.
+pub struct Broker {
+    /// Where the API listens (when it runs).
+    pub addr: Option<SocketAddr>,
+    pub state: AppState,
+    pub dispatcher: Option<Dispatcher>,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Broker {
+    /// Starts the roles on `pool` (already migrated). The API serves on `listener`.
+    pub async fn start(
+        config: Arc<Config>,
+        pool: PgPool,
+        listener: Option<TcpListener>,
+        roles: Roles,
+    ) -> anyhow::Result<Self> {
+        let cancel = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let notifications = Notifications::default();
+        notifications.spawn_listener(pool.clone(), &tracker, cancel.clone());
+        let tenants = TenantDirectory::from_config(&config).map_err(anyhow::Error::msg)?;
+        let state = AppState {
+            pool: pool.clone(),
+            config: config.clone(),
+            tenants: Arc::new(tenants),
+            notifications: notifications.clone(),
+        };
+        let mut addr = None;
+        if roles.api {
+            let listener = listener.context("the API role needs a listener")?;
+            addr = Some(listener.local_addr()?);
+            let app = crate::router(state.clone());
+            let stop = cancel.clone();
+            tracker.spawn(async move {
+                let served = axum::serve(listener, app)
+                    .with_graceful_shutdown(async move { stop.cancelled().await })
+                    .await;
+                if let Err(e) = served {
+                    tracing::error!(error = %e, "API server stopped");
+                }
+            });
+        }
+        let mut dispatcher = None;
+        if roles.dispatch {
+            let providers = Providers::from_config(&config)?;
+            let d = Dispatcher::new(pool.clone(), config.clone(), providers, notifications.clone());
+            tracker.spawn(d.clone().run(cancel.clone()));
+            dispatcher = Some(d);
+        }
+        if roles.maintenance {
+            let m = Maintenance::new(
+                pool.clone(),
+                Duration::from_millis(config.dispatch.maintenance_interval_ms),
+            );
+            tracker.spawn(m.run(cancel.clone()));
+        }
+        tracker.close();
+        Ok(Self {
+            addr,
+            state,
+            dispatcher,
+            cancel,
+            tracker,
+        })
+    }
+
+    /// A token that stops the broker when cancelled.
+    pub fn cancel_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// Resolves when every role has stopped (after [`Broker::shutdown`] or the token).
+    pub async fn stopped(&self) {
+        self.tracker.wait().await;
+    }
+
+    /// The shutdown sequence; returns when every role has stopped.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        self.tracker.wait().await;
+    }
+}

@@ -1,0 +1,113 @@
+//! `POST /v1/chat/completions`: the OpenAI-compatible synchronous endpoint. The request
+//! is queued as an `interactive` job like any other — so it waits its turn instead of
+//! meeting a provider 429 — and the handler waits for the result. An existing OpenAI SDK
+//! app points its `base_url` at tollgate and changes nothing else.
+//!
+//! If the job cannot finish within `server.sync_timeout_secs` (or its deadline), the
+//! answer is 429 with `Retry-After` and a reason code, and the job is cancelled so it does
+//! not spend capacity for a caller who has gone.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use chrono::Utc;
+use serde_json::Value;
+use tollgate::model::{JobClass, JobState};
+use tollgate::store::{self, Inserted};
+
+use crate::AppState;
+use crate::auth::AuthTenant;
+use crate::error::ApiError;
+use crate::jobs::{Submission, enqueue, json_body, wait_terminal};
+
+pub(crate) async fn completions(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let request = json_body(body)?;
+    if request.get("stream").and_then(Value::as_bool) == Some(true) {
+        return Err(ApiError::bad_request(
+            "stream_not_supported",
+            "streaming is not supported yet; send the request without `stream`",
+        )
+        .with_param("stream"));
+    }
+    let timeout = Duration::from_secs(state.config.server.sync_timeout_secs);
+    let inserted = enqueue(
+        &state,
+        &tenant,
+        Submission {
+            request,
+            class: JobClass::Interactive,
+            deadline: Some(Utc::now() + timeout),
+            priority: 0,
+            idempotency_key: None,
+            metadata: None,
+        },
+    )
+    .await
+    .map_err(|e| ApiError {
+        param: e.param.map(|p| p.trim_start_matches("request.").to_owned()),
+        ..e
+    })?;
+    let (Inserted::New(job) | Inserted::Existing(job)) = inserted;
+    let finished = wait_terminal(&state, &tenant.name, job.id, timeout + Duration::from_secs(1))
+        .await?
+        .ok_or_else(|| ApiError::internal("a job vanished while its caller waited"))?;
+    let job_id = HeaderValue::from_str(&finished.id.to_string()).ok();
+    let with_id = |mut r: Response| {
+        if let Some(v) = job_id.clone() {
+            r.headers_mut().insert("x-tollgate-job-id", v);
+        }
+        r
+    };
+    match finished.state {
+        JobState::Succeeded => {
+            let body = finished.result.unwrap_or(Value::Null);
+            Ok(with_id((StatusCode::OK, axum::Json(body)).into_response()))
+        }
+        JobState::Queued | JobState::Running => {
+            // Out of time: give the slot back and tell the caller when to try again.
+            if let Err(e) = store::cancel_job(&state.pool, &tenant.name, finished.id, Utc::now()).await {
+                tracing::warn!(error = %e, "could not cancel a timed-out synchronous job");
+            }
+            Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "queue_timeout",
+                "the request could not be served in time; retry later",
+            )
+            .with_retry_after(Duration::from_secs(2)))
+        }
+        JobState::Failed | JobState::Cancelled => {
+            let code = finished.error_code.unwrap_or_else(|| "failed".to_owned());
+            let message = finished.error_message.unwrap_or_default();
+            Err(failure_response(&code, message))
+        }
+    }
+}
+
+/// Maps a job's reason code to the HTTP answer an OpenAI client expects.
+fn failure_response(code: &str, message: String) -> ApiError {
+    let (status, code): (StatusCode, &'static str) = match code {
+        "deadline_exceeded" => (StatusCode::TOO_MANY_REQUESTS, "deadline_exceeded"),
+        "provider_rejected_request" => (StatusCode::BAD_REQUEST, "provider_rejected_request"),
+        "request_too_large" => (StatusCode::BAD_REQUEST, "request_too_large"),
+        "cancelled" => (StatusCode::CONFLICT, "cancelled"),
+        "upstream_auth_failed" => (StatusCode::BAD_GATEWAY, "upstream_auth_failed"),
+        "insufficient_quota" => (StatusCode::BAD_GATEWAY, "insufficient_quota"),
+        "spend_limit_reached" => (StatusCode::TOO_MANY_REQUESTS, "spend_limit_reached"),
+        "unknown_model" => (StatusCode::BAD_REQUEST, "unknown_model"),
+        _ => (StatusCode::BAD_GATEWAY, "upstream_failed"),
+    };
+    let err = ApiError::new(status, code, message);
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        err.with_retry_after(Duration::from_secs(2))
+    } else {
+        err
+    }
+}

@@ -1,0 +1,432 @@
+//! The jobs API: submit (`POST /v1/jobs`), read with optional long-poll
+//! (`GET /v1/jobs/{id}?wait=`), list with cursor paging (`GET /v1/jobs`), cancel
+//! (`POST /v1/jobs/{id}/cancel`). Also the pieces the OpenAI-compatible endpoint shares:
+//! validating a chat request, enqueueing it, waiting for a job to finish.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::broadcast::error::RecvError;
+use tollgate::estimate;
+use tollgate::model::{Job, JobClass, JobId, JobState, NewJob};
+use tollgate::notify::JobDone;
+use tollgate::routing;
+use tollgate::store::{self, Cancelled, Inserted};
+use tollgate::tenants::Tenant;
+
+use crate::AppState;
+use crate::auth::AuthTenant;
+use crate::error::ApiError;
+
+/// Longest idempotency key accepted.
+const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+/// Largest `metadata` object accepted, serialized.
+const MAX_METADATA_BYTES: usize = 16 * 1024;
+/// Priorities outside this range are rejected (higher runs first within a class).
+const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -1000..=1000;
+
+/// Reads a JSON body, mapping every failure to a clear 4xx.
+pub(crate) fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+    let bytes = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                "the request body is larger than the server accepts (server.max_body_bytes)",
+            )
+        } else {
+            ApiError::bad_request("unreadable_body", rejection.body_text())
+        }
+    })?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}")))
+}
+
+/// Checks an OpenAI Chat Completions body enough that a provider will not reject its
+/// shape; returns the requested model.
+pub(crate) fn validate_chat_request(request: &Value, param_prefix: &str) -> Result<String, ApiError> {
+    let p = |name: &str| format!("{param_prefix}{name}");
+    let obj = request.as_object().ok_or_else(|| {
+        ApiError::bad_request("invalid_request", "the chat request must be a JSON object")
+            .with_param(param_prefix.trim_end_matches('.'))
+    })?;
+    let model = match obj.get("model") {
+        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+        Some(_) => {
+            return Err(
+                ApiError::bad_request("invalid_request", "`model` must be a non-empty string")
+                    .with_param(p("model")),
+            );
+        }
+        None => {
+            return Err(ApiError::bad_request("missing_field", "`model` is required").with_param(p("model")));
+        }
+    };
+    let messages = match obj.get("messages") {
+        Some(Value::Array(m)) if !m.is_empty() => m,
+        Some(Value::Array(_)) => {
+            return Err(
+                ApiError::bad_request("invalid_request", "`messages` must not be empty")
+                    .with_param(p("messages")),
+            );
+        }
+        Some(_) => {
+            return Err(
+                ApiError::bad_request("invalid_request", "`messages` must be an array")
+                    .with_param(p("messages")),
+            );
+        }
+        None => {
+            return Err(
+                ApiError::bad_request("missing_field", "`messages` is required").with_param(p("messages"))
+            );
+        }
+    };
+    for (i, m) in messages.iter().enumerate() {
+        let at = p(&format!("messages[{i}]"));
+        let role = m.get("role").and_then(Value::as_str);
+        if !matches!(role, Some("system" | "developer" | "user" | "assistant" | "tool")) {
+            return Err(ApiError::bad_request(
+                "invalid_request",
+                "each message needs `role`: system, developer, user, assistant or tool",
+            )
+            .with_param(format!("{at}.role")));
+        }
+        match m.get("content") {
+            Some(Value::String(_) | Value::Array(_) | Value::Null) | None => {}
+            Some(_) => {
+                return Err(ApiError::bad_request(
+                    "invalid_request",
+                    "message `content` must be a string or an array of parts",
+                )
+                .with_param(format!("{at}.content")));
+            }
+        }
+    }
+    for cap in ["max_tokens", "max_completion_tokens"] {
+        if let Some(v) = obj.get(cap)
+            && v.as_i64().is_none_or(|n| n < 1)
+        {
+            return Err(ApiError::bad_request(
+                "invalid_request",
+                format!("`{cap}` must be a positive integer"),
+            )
+            .with_param(p(cap)));
+        }
+    }
+    Ok(model)
+}
+
+/// What a client may send to `POST /v1/jobs`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubmitJob {
+    request: Value,
+    class: Option<JobClass>,
+    deadline: Option<DateTime<Utc>>,
+    priority: Option<i32>,
+    idempotency_key: Option<String>,
+    metadata: Option<Value>,
+}
+
+/// A validated submission, ready to insert.
+pub(crate) struct Submission {
+    pub request: Value,
+    pub class: JobClass,
+    pub deadline: Option<DateTime<Utc>>,
+    pub priority: i32,
+    pub idempotency_key: Option<String>,
+    pub metadata: Option<Value>,
+}
+
+/// Validates and inserts; the row is committed when this returns.
+pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) -> Result<Inserted, ApiError> {
+    let model = validate_chat_request(&s.request, "request.")?;
+    if routing::resolve(&state.config, &model).is_none() {
+        return Err(ApiError::bad_request(
+            "unknown_model",
+            format!("model {model:?} is neither a route alias nor a configured provider/model"),
+        )
+        .with_param("request.model"));
+    }
+    let now = Utc::now();
+    let default_deadline = state.config.classes.get(s.class).default_deadline_secs;
+    let deadline = s
+        .deadline
+        .unwrap_or(now + chrono::Duration::seconds(default_deadline.min(i64::MAX as u64) as i64));
+    if deadline <= now {
+        return Err(
+            ApiError::bad_request("invalid_deadline", "`deadline` must be in the future")
+                .with_param("deadline"),
+        );
+    }
+    let job = NewJob {
+        id: JobId::new(),
+        tenant: tenant.name.clone(),
+        class: s.class,
+        priority: s.priority,
+        estimated_input_tokens: estimate::input_tokens(&s.request),
+        estimated_output_tokens: estimate::output_tokens(&s.request),
+        request: s.request,
+        model,
+        idempotency_key: s.idempotency_key,
+        metadata: s.metadata,
+        deadline,
+        max_attempts: state.config.retry.max_attempts.min(i32::MAX as u32) as i32,
+        created_at: now,
+    };
+    let inserted = store::insert_job(&state.pool, &job).await?;
+    if let Inserted::New(_) = inserted {
+        state.notifications.wake_dispatchers();
+        if let Err(e) = store::notify_jobs_ready(&state.pool).await {
+            tracing::warn!(error = %e, "could not notify other dispatchers; they will poll");
+        }
+    }
+    if let Inserted::Existing(existing) = &inserted
+        && existing.request != job.request
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "idempotency_key_reused",
+            "this idempotency key was used for a different request",
+        )
+        .with_param("idempotency_key"));
+    }
+    Ok(inserted)
+}
+
+pub(crate) async fn submit(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let value = json_body(body)?;
+    if !value.is_object() {
+        return Err(ApiError::bad_request(
+            "invalid_request",
+            "the body must be a JSON object",
+        ));
+    }
+    let submit: SubmitJob = serde_json::from_value(value)
+        .map_err(|e| ApiError::bad_request("invalid_request", format!("invalid job: {e}")))?;
+    if submit.request.get("stream").and_then(Value::as_bool) == Some(true) {
+        return Err(ApiError::bad_request(
+            "stream_not_supported",
+            "queued jobs cannot stream; use POST /v1/chat/completions for streaming",
+        )
+        .with_param("request.stream"));
+    }
+    let priority = submit.priority.unwrap_or(0);
+    if !PRIORITY_RANGE.contains(&priority) {
+        return Err(
+            ApiError::bad_request("invalid_request", "`priority` must be between -1000 and 1000")
+                .with_param("priority"),
+        );
+    }
+    let header_key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let idempotency_key = submit.idempotency_key.or(header_key);
+    if idempotency_key
+        .as_ref()
+        .is_some_and(|k| k.is_empty() || k.len() > MAX_IDEMPOTENCY_KEY_LEN)
+    {
+        return Err(
+            ApiError::bad_request("invalid_request", "`idempotency_key` must be 1 to 255 bytes")
+                .with_param("idempotency_key"),
+        );
+    }
+    if let Some(meta) = &submit.metadata
+        && (!meta.is_object() || meta.to_string().len() > MAX_METADATA_BYTES)
+    {
+        return Err(ApiError::bad_request(
+            "invalid_request",
+            "`metadata` must be an object of at most 16 KiB",
+        )
+        .with_param("metadata"));
+    }
+    let inserted = enqueue(
+        &state,
+        &tenant,
+        Submission {
+            request: submit.request,
+            class: submit.class.unwrap_or(JobClass::Standard),
+            deadline: submit.deadline,
+            priority,
+            idempotency_key,
+            metadata: submit.metadata,
+        },
+    )
+    .await?;
+    Ok(match inserted {
+        Inserted::New(job) => (StatusCode::ACCEPTED, Json(job_view(&job))).into_response(),
+        Inserted::Existing(job) => (StatusCode::OK, Json(job_view(&job))).into_response(),
+    })
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct GetParams {
+    /// Seconds to wait for the job to finish (long-poll); clamped to server.max_wait_secs.
+    wait: Option<f64>,
+}
+
+fn parse_id(id: &str) -> Result<JobId, ApiError> {
+    id.parse().map_err(|_| ApiError::not_found("job"))
+}
+
+pub(crate) async fn get(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    Path(id): Path<String>,
+    Query(params): Query<GetParams>,
+) -> Result<Json<Value>, ApiError> {
+    let id = parse_id(&id)?;
+    let wait = params.wait.unwrap_or(0.0);
+    if !wait.is_finite() || wait < 0.0 {
+        return Err(ApiError::bad_request(
+            "invalid_request",
+            "`wait` must be a non-negative number of seconds",
+        )
+        .with_param("wait"));
+    }
+    let wait = Duration::from_secs_f64(wait.min(state.config.server.max_wait_secs as f64));
+    let job = wait_terminal(&state, &tenant.name, id, wait)
+        .await?
+        .ok_or_else(|| ApiError::not_found("job"))?;
+    Ok(Json(job_view(&job)))
+}
+
+/// Reads the job, waiting up to `wait` for it to reach a terminal state. `None` if the
+/// tenant has no such job.
+pub(crate) async fn wait_terminal(
+    state: &AppState,
+    tenant: &str,
+    id: JobId,
+    wait: Duration,
+) -> Result<Option<Job>, ApiError> {
+    // Subscribe before the first read so a completion in between is not missed.
+    let mut done = state.notifications.subscribe_job_done();
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let job = store::get_job(&state.pool, tenant, id).await?;
+        match &job {
+            Some(j) if !j.state.is_terminal() && tokio::time::Instant::now() < deadline => {}
+            _ => return Ok(job),
+        }
+        // Wait for this job's notification (or a resync), then read again.
+        loop {
+            match tokio::time::timeout_at(deadline, done.recv()).await {
+                Err(_) => break, // timed out: the final read above decides
+                Ok(Ok(JobDone::Job(done_id))) if done_id != id => continue,
+                Ok(Ok(_)) | Ok(Err(RecvError::Lagged(_))) => break,
+                Ok(Err(RecvError::Closed)) => return Ok(job),
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(store::get_job(&state.pool, tenant, id).await?);
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListParams {
+    state: Option<JobState>,
+    limit: Option<i64>,
+    after: Option<String>,
+}
+
+pub(crate) async fn list(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    params: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(params) = params.map_err(|e| ApiError::bad_request("invalid_request", e.body_text()))?;
+    let limit = params.limit.unwrap_or(20);
+    if !(1..=100).contains(&limit) {
+        return Err(ApiError::bad_request("invalid_request", "`limit` must be 1 to 100").with_param("limit"));
+    }
+    let after = params
+        .after
+        .as_deref()
+        .map(|a| {
+            a.parse::<JobId>().map_err(|_| {
+                ApiError::bad_request("invalid_request", "`after` must be a job id").with_param("after")
+            })
+        })
+        .transpose()?;
+    let mut jobs = store::list_jobs(&state.pool, &tenant.name, params.state, after, limit + 1).await?;
+    let has_more = jobs.len() as i64 > limit;
+    jobs.truncate(limit as usize);
+    let data: Vec<Value> = jobs.iter().map(job_view).collect();
+    Ok(Json(json!({
+        "object": "list",
+        "data": data,
+        "first_id": jobs.first().map(|j| j.id),
+        "last_id": jobs.last().map(|j| j.id),
+        "has_more": has_more,
+    })))
+}
+
+pub(crate) async fn cancel(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let id = parse_id(&id)?;
+    match store::cancel_job(&state.pool, &tenant.name, id, Utc::now()).await? {
+        Cancelled::Now(job) => Ok(Json(job_view(&job))),
+        Cancelled::AlreadyFinished(job) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "job_already_finished",
+            format!("the job already finished as {}", job.state.as_str()),
+        )),
+        Cancelled::NotFound => Err(ApiError::not_found("job")),
+    }
+}
+
+/// The job as clients see it.
+pub(crate) fn job_view(job: &Job) -> Value {
+    let error = job
+        .error_code
+        .as_ref()
+        .map(|code| json!({"code": code, "message": job.error_message}));
+    json!({
+        "id": job.id,
+        "object": "job",
+        "state": job.state,
+        "class": job.class,
+        "priority": job.priority,
+        "model": job.model,
+        "provider": job.provider,
+        "provider_model": job.provider_model,
+        "provider_request_id": job.provider_request_id,
+        "attempts": job.attempt,
+        "max_attempts": job.max_attempts,
+        "deadline": job.deadline,
+        "not_before": (job.state == JobState::Queued).then_some(job.not_before),
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+        "estimate": {
+            "input_tokens": job.estimated_input_tokens,
+            "output_tokens": job.estimated_output_tokens,
+        },
+        "usage": job.usage,
+        "result": job.result,
+        // While queued for a retry, `error` is the last attempt's error.
+        "error": error,
+        "idempotency_key": job.idempotency_key,
+        "metadata": job.metadata,
+    })
+}

@@ -1,0 +1,152 @@
+//! The `tollgate` binary: parse the command line, load config, run until stopped.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tollgate::config::Config;
+use tollgate::db::Database;
+use tollgate_api::broker::{Broker, Roles};
+use tollgate_workers::mock_provider::{MockConfig, MockProvider};
+
+/// tollgate: a durable job-queue broker for LLM API work.
+///
+/// With DATABASE_URL unset, tollgate starts a private PostgreSQL from the server binaries
+/// installed on this machine (data under `.tollgate/pg`), migrates it, and stops it on exit.
+#[derive(Parser)]
+#[command(version, about, long_about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run every role in one process: API, dispatcher, maintenance.
+    Serve {
+        /// Config file (TOML); see tollgate.example.toml.
+        #[arg(long, env = "TOLLGATE_CONFIG")]
+        config: PathBuf,
+        /// Address for the API; overrides `server.listen`.
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+    },
+    /// Apply database migrations and exit.
+    Migrate {
+        #[arg(long, env = "TOLLGATE_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Run the mock LLM provider (OpenAI and Anthropic APIs, limits and errors included).
+    MockProvider {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:18080")]
+        listen: std::net::SocketAddr,
+        /// Mock config (TOML); defaults give one OpenAI and one Anthropic project.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Start everything (embedded PostgreSQL, mock provider, broker), run a sample
+    /// workload from three tenants across two providers, and print a summary.
+    Demo(tollgate_api::demo::DemoArgs),
+    /// Measure end-to-end throughput against the mock provider, beside a baseline that
+    /// calls the mock directly; prints a Markdown table for BENCHMARKS.md.
+    Bench(tollgate_api::bench::BenchArgs),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,sqlx=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Serve { config, listen } => serve(config, listen).await,
+        Command::Migrate { config } => {
+            let db_config = match config {
+                Some(path) => Config::load(&path)?.database,
+                None => Default::default(),
+            };
+            let db = Database::open(&db_config).await?;
+            tracing::info!(database = %db.display_url, "migrations applied");
+            db.close().await?;
+            Ok(())
+        }
+        Command::MockProvider { listen, config } => {
+            let config = match config {
+                Some(path) => MockConfig::load(&path)?,
+                None => tollgate_api::demo::default_mock_config(),
+            };
+            let listener = TcpListener::bind(listen)
+                .await
+                .with_context(|| format!("binding {listen}"))?;
+            tracing::info!(addr = %listener.local_addr()?, "mock provider listening");
+            let cancel = CancellationToken::new();
+            let served = MockProvider::new(config).serve(listener, cancel.clone());
+            tokio::pin!(served);
+            tokio::select! {
+                r = &mut served => return Ok(r?),
+                _ = shutdown_signal() => {}
+            }
+            cancel.cancel();
+            served.await?;
+            Ok(())
+        }
+        Command::Bench(args) => tollgate_api::bench::run(args).await,
+        Command::Demo(args) => {
+            let ok = tollgate_api::demo::run(args).await?;
+            if !ok {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn serve(config_path: PathBuf, listen: Option<std::net::SocketAddr>) -> anyhow::Result<()> {
+    let config = Config::load(&config_path)?;
+    let db = Database::open(&config.database).await?;
+    tracing::info!(database = %db.display_url, "database ready");
+    let addr = listen.unwrap_or(config.server.listen);
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    let broker = Broker::start(Arc::new(config), db.pool.clone(), Some(listener), Roles::ALL).await?;
+    if let Some(addr) = broker.addr {
+        tracing::info!(%addr, "tollgate serving");
+    }
+    tokio::select! {
+        _ = shutdown_signal() => tracing::info!("shutting down: draining in-flight calls"),
+        _ = broker.stopped() => tracing::warn!("a role stopped on its own; shutting down"),
+    }
+    broker.shutdown().await;
+    db.close().await?;
+    Ok(())
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

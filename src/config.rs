@@ -1,0 +1,523 @@
+//! Configuration: the TOML file (`--config` or `TOLLGATE_CONFIG`), its defaults, and
+//! validation at start with errors that name the offending field.
+//!
+//! Every field is documented in the README's configuration reference; a field added here
+//! is added there in the same commit.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use secrecy::SecretString;
+use serde::Deserialize;
+
+use crate::model::JobClass;
+
+/// Why a configuration could not be used. Messages name the file and field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config {origin}: {message}")]
+    Parse { origin: String, message: String },
+    #[error("config field `{field}`: {reason}")]
+    Invalid { field: String, reason: String },
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub database: DatabaseConfig,
+    #[serde(default)]
+    pub dispatch: DispatchConfig,
+    #[serde(default)]
+    pub retry: RetryConfig,
+    #[serde(default)]
+    pub classes: ClassesConfig,
+    pub providers: Vec<ProviderConfig>,
+    #[serde(default)]
+    pub routes: Vec<RouteConfig>,
+    pub tenants: Vec<TenantConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address the API listens on.
+    pub listen: SocketAddr,
+    /// Largest request body accepted; larger bodies get 413 `body_too_large`.
+    pub max_body_bytes: usize,
+    /// Longest `?wait=` a long-poll may ask for, in seconds; longer asks are clamped.
+    pub max_wait_secs: u64,
+    /// How long `POST /v1/chat/completions` waits for its job before answering 429.
+    pub sync_timeout_secs: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            max_body_bytes: 2 * 1024 * 1024,
+            max_wait_secs: 60,
+            sync_timeout_secs: 120,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseConfig {
+    /// PostgreSQL URL. `DATABASE_URL` in the environment wins over this field; with
+    /// neither, tollgate starts its embedded PostgreSQL.
+    pub url: Option<String>,
+    /// Where the embedded PostgreSQL keeps its data (relative to the working directory).
+    pub embedded_dir: PathBuf,
+    /// Connections in this process's pool.
+    pub max_connections: u32,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        Self {
+            url: None,
+            embedded_dir: PathBuf::from(".tollgate/pg"),
+            max_connections: 16,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DispatchConfig {
+    /// Provider calls in flight at once in this process.
+    pub concurrency: usize,
+    /// A claimed job's lease; a dispatcher that dies loses its jobs to the rescuer after this.
+    pub lease_secs: u64,
+    /// How often a live dispatcher extends the leases of its in-flight jobs.
+    pub heartbeat_secs: u64,
+    /// Fallback poll when no notification arrives, in milliseconds.
+    pub poll_interval_ms: u64,
+    /// On shutdown, how long in-flight calls may run before their leases are released.
+    pub drain_timeout_secs: u64,
+    /// Timeout of one provider call.
+    pub request_timeout_secs: u64,
+    /// How often the maintenance loop rescues expired leases and expires deadlines.
+    pub maintenance_interval_ms: u64,
+}
+
+impl Default for DispatchConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: 64,
+            lease_secs: 30,
+            heartbeat_secs: 10,
+            poll_interval_ms: 1000,
+            drain_timeout_secs: 20,
+            request_timeout_secs: 600,
+            maintenance_interval_ms: 1000,
+        }
+    }
+}
+
+impl DispatchConfig {
+    pub fn lease(&self) -> Duration {
+        Duration::from_secs(self.lease_secs)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Provider calls one job may make, first included.
+    pub max_attempts: u32,
+    /// First backoff; doubles per attempt, with jitter.
+    pub base_delay_ms: u64,
+    /// Cap of the exponential backoff (a provider's Retry-After may ask for longer).
+    pub max_delay_ms: u64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            max_attempts: 6,
+            base_delay_ms: 500,
+            max_delay_ms: 30_000,
+        }
+    }
+}
+
+/// Per-class defaults. Interactive work is short-lived; batch work may wait a day.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClassesConfig {
+    pub interactive: ClassConfig,
+    pub standard: ClassConfig,
+    pub background: ClassConfig,
+    pub batch: ClassConfig,
+}
+
+impl Default for ClassesConfig {
+    fn default() -> Self {
+        let with = |secs| ClassConfig {
+            default_deadline_secs: secs,
+        };
+        Self {
+            interactive: with(120),
+            standard: with(3600),
+            background: with(6 * 3600),
+            batch: with(24 * 3600),
+        }
+    }
+}
+
+impl ClassesConfig {
+    pub fn get(&self, class: JobClass) -> &ClassConfig {
+        match class {
+            JobClass::Interactive => &self.interactive,
+            JobClass::Standard => &self.standard,
+            JobClass::Background => &self.background,
+            JobClass::Batch => &self.batch,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassConfig {
+    /// Deadline of a job that names none, counted from acceptance.
+    pub default_deadline_secs: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProviderKind {
+    /// OpenAI Chat Completions at `{base_url}/chat/completions`.
+    Openai,
+    /// Anthropic Messages at `{base_url}/v1/messages`.
+    Anthropic,
+    /// Any server speaking OpenAI Chat Completions (Groq, Mistral, Together, vLLM, …).
+    OpenaiCompatible,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// Referenced by routes and clients as `<name>/<model>`.
+    pub name: String,
+    pub kind: ProviderKind,
+    /// As the provider's own SDK takes it: OpenAI-style ones include `/v1`, Anthropic's is
+    /// the API root.
+    pub base_url: String,
+    pub keys: Vec<KeyConfig>,
+    /// Models this provider serves; `<name>/<model>` is valid only for these.
+    pub models: Vec<String>,
+    /// Configured limits per model (`"*"` for all models). Enforced by the gate.
+    #[serde(default)]
+    pub limits: BTreeMap<String, ModelLimits>,
+    /// `anthropic-version` header sent to Anthropic.
+    #[serde(default = "default_anthropic_version")]
+    pub anthropic_version: String,
+}
+
+fn default_anthropic_version() -> String {
+    "2023-06-01".to_owned()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyConfig {
+    pub name: String,
+    /// The key itself. Prefer `env` outside tests and demos.
+    pub value: Option<SecretString>,
+    /// Name of the environment variable holding the key.
+    pub env: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelLimits {
+    pub rpm: Option<u64>,
+    pub tpm: Option<u64>,
+    pub itpm: Option<u64>,
+    pub otpm: Option<u64>,
+    pub rpd: Option<u64>,
+    pub concurrency: Option<u64>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// What clients put in `model`.
+    pub alias: String,
+    /// `provider/model` targets in order of preference.
+    pub targets: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    pub name: String,
+    /// The tenant's API key; only its SHA-256 is kept in memory.
+    pub api_key: Option<SecretString>,
+    /// Name of the environment variable holding the tenant's API key.
+    pub api_key_env: Option<String>,
+    /// Share of contended capacity relative to other tenants.
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+impl Config {
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates config text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            origin: origin.to_owned(),
+            message: e.to_string().trim_end().replace('\n', " "),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what serde cannot: references, uniqueness, secrets present.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.providers.is_empty() {
+            return Err(invalid("providers", "at least one provider is required"));
+        }
+        if self.tenants.is_empty() {
+            return Err(invalid("tenants", "at least one tenant is required"));
+        }
+        if self.dispatch.concurrency == 0 {
+            return Err(invalid("dispatch.concurrency", "must be at least 1"));
+        }
+        if self.dispatch.heartbeat_secs == 0 || self.dispatch.heartbeat_secs >= self.dispatch.lease_secs {
+            return Err(invalid(
+                "dispatch.heartbeat_secs",
+                "must be at least 1 and shorter than dispatch.lease_secs",
+            ));
+        }
+        if self.retry.max_attempts == 0 {
+            return Err(invalid("retry.max_attempts", "must be at least 1"));
+        }
+        let mut names = HashSet::new();
+        for (i, p) in self.providers.iter().enumerate() {
+            let at = |f: &str| format!("providers[{i}].{f}");
+            if p.name.is_empty() || p.name.contains('/') {
+                return Err(invalid(at("name"), "must be non-empty and contain no '/'"));
+            }
+            if !names.insert(p.name.as_str()) {
+                return Err(invalid(
+                    at("name"),
+                    format!("duplicate provider name {:?}", p.name),
+                ));
+            }
+            let url = reqwest_free_url_check(&p.base_url);
+            if let Err(reason) = url {
+                return Err(invalid(at("base_url"), reason));
+            }
+            if p.keys.is_empty() {
+                return Err(invalid(at("keys"), "at least one key is required"));
+            }
+            for (k, key) in p.keys.iter().enumerate() {
+                key.resolve()
+                    .map_err(|reason| invalid(format!("providers[{i}].keys[{k}]"), reason))?;
+            }
+            if p.models.is_empty() {
+                return Err(invalid(at("models"), "at least one model is required"));
+            }
+            for model in p.limits.keys() {
+                if model != "*" && !p.models.contains(model) {
+                    return Err(invalid(
+                        format!("providers[{i}].limits.{model}"),
+                        "names a model not in this provider's `models` (use \"*\" for all)",
+                    ));
+                }
+            }
+        }
+        let mut aliases = HashSet::new();
+        for (i, r) in self.routes.iter().enumerate() {
+            if r.alias.is_empty() || r.alias.contains('/') {
+                return Err(invalid(
+                    format!("routes[{i}].alias"),
+                    "must be non-empty and contain no '/'",
+                ));
+            }
+            if !aliases.insert(r.alias.as_str()) {
+                return Err(invalid(
+                    format!("routes[{i}].alias"),
+                    format!("duplicate alias {:?}", r.alias),
+                ));
+            }
+            if r.targets.is_empty() {
+                return Err(invalid(
+                    format!("routes[{i}].targets"),
+                    "at least one target is required",
+                ));
+            }
+            for (t, target) in r.targets.iter().enumerate() {
+                if self.provider_target(target).is_none() {
+                    return Err(invalid(
+                        format!("routes[{i}].targets[{t}]"),
+                        format!("{target:?} is not <provider>/<model> of a configured provider and model"),
+                    ));
+                }
+            }
+        }
+        let mut tenant_names = HashSet::new();
+        for (i, t) in self.tenants.iter().enumerate() {
+            if t.name.is_empty() {
+                return Err(invalid(format!("tenants[{i}].name"), "must be non-empty"));
+            }
+            if !tenant_names.insert(t.name.as_str()) {
+                return Err(invalid(
+                    format!("tenants[{i}].name"),
+                    format!("duplicate tenant {:?}", t.name),
+                ));
+            }
+            if t.weight == 0 {
+                return Err(invalid(format!("tenants[{i}].weight"), "must be at least 1"));
+            }
+            t.resolve_key()
+                .map_err(|reason| invalid(format!("tenants[{i}]"), reason))?;
+        }
+        Ok(())
+    }
+
+    pub fn provider(&self, name: &str) -> Option<&ProviderConfig> {
+        self.providers.iter().find(|p| p.name == name)
+    }
+
+    /// `provider/model` → the provider, if it serves that model.
+    pub fn provider_target(&self, target: &str) -> Option<(&ProviderConfig, &str)> {
+        let (provider, model) = target.split_once('/')?;
+        let provider = self.provider(provider)?;
+        let model = provider.models.iter().find(|m| *m == model)?;
+        Some((provider, model.as_str()))
+    }
+}
+
+/// A URL check without pulling an HTTP client into the core crate: scheme and host only.
+fn reqwest_free_url_check(url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or_else(|| format!("{url:?} must start with http:// or https://"))?;
+    if rest.is_empty() || rest.starts_with('/') {
+        return Err(format!("{url:?} has no host"));
+    }
+    Ok(())
+}
+
+impl KeyConfig {
+    /// The key's secret, from `value` or the environment variable `env`.
+    pub fn resolve(&self) -> Result<SecretString, String> {
+        match (&self.value, &self.env) {
+            (Some(v), None) => Ok(v.clone()),
+            (None, Some(var)) => std::env::var(var)
+                .map(SecretString::from)
+                .map_err(|_| format!("environment variable {var} (named by `env`) is not set")),
+            (Some(_), Some(_)) => Err("give `value` or `env`, not both".to_owned()),
+            (None, None) => Err("needs `value` or `env`".to_owned()),
+        }
+    }
+}
+
+impl TenantConfig {
+    pub fn resolve_key(&self) -> Result<SecretString, String> {
+        match (&self.api_key, &self.api_key_env) {
+            (Some(v), None) => Ok(v.clone()),
+            (None, Some(var)) => std::env::var(var)
+                .map(SecretString::from)
+                .map_err(|_| format!("environment variable {var} (named by `api_key_env`) is not set")),
+            (Some(_), Some(_)) => Err("give `api_key` or `api_key_env`, not both".to_owned()),
+            (None, None) => Err("needs `api_key` or `api_key_env`".to_owned()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[[providers]]
+name = "oai"
+kind = "openai"
+base_url = "http://127.0.0.1:18080/v1"
+keys = [{ name = "k1", value = "sk-1" }]
+models = ["gpt-4o-mini"]
+[providers.limits."gpt-4o-mini"]
+rpm = 600
+tpm = 100000
+
+[[routes]]
+alias = "fast"
+targets = ["oai/gpt-4o-mini"]
+
+[[tenants]]
+name = "acme"
+api_key = "tk-acme"
+weight = 3
+"#;
+
+    fn err(text: &str) -> String {
+        match Config::parse(text, "test.toml") {
+            Ok(_) => panic!("config should have been rejected"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn accepts_the_documented_shape() {
+        let c = Config::parse(GOOD, "test.toml").unwrap();
+        assert_eq!(c.providers[0].limits["gpt-4o-mini"].rpm, Some(600));
+        assert_eq!(c.tenants[0].weight, 3);
+        assert_eq!(c.dispatch.lease_secs, 30);
+        let (p, m) = c.provider_target("oai/gpt-4o-mini").unwrap();
+        assert_eq!((p.name.as_str(), m), ("oai", "gpt-4o-mini"));
+        assert!(c.provider_target("oai/gpt-5").is_none());
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = err(&GOOD.replace("oai/gpt-4o-mini\"]", "oai/nope\"]"));
+        assert!(e.contains("routes[0].targets[0]"), "{e}");
+        let e = err(&GOOD.replace("{ name = \"k1\", value = \"sk-1\" }", "{ name = \"k1\" }"));
+        assert!(e.contains("providers[0].keys[0]"), "{e}");
+        let e = err(&GOOD.replace("kind = \"openai\"", "kind = \"cohere\""));
+        assert!(e.contains("kind") && e.contains("test.toml"), "{e}");
+        let e = err(&GOOD.replace("weight = 3", "weight = 0"));
+        assert!(e.contains("tenants[0].weight"), "{e}");
+        let e = err(&GOOD.replace("http://127", "ftp://127"));
+        assert!(e.contains("providers[0].base_url"), "{e}");
+        let e = err(&format!("{GOOD}\nunknown_field = 1"));
+        assert!(e.contains("unknown_field"), "{e}");
+        let e = err(&GOOD.replace(
+            "api_key = \"tk-acme\"",
+            "api_key_env = \"TOLLGATE_TEST_UNSET_VAR\"",
+        ));
+        assert!(e.contains("TOLLGATE_TEST_UNSET_VAR"), "{e}");
+    }
+}

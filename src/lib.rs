@@ -1,0 +1,30 @@
+//! tollgate core: what every role shares.
+//!
+//! - [`config`]: the TOML configuration, its defaults and validation.
+//! - [`model`]: jobs, their ids, states and classes.
+//! - [`store`]: all SQL — insert, claim, complete, rescue — as small functions.
+//! - [`db`]: connecting (URL or [`embedded`] PostgreSQL) and migrating ([`MIGRATOR`]).
+//! - [`notify`]: one LISTEN connection per process, fanned out to waiters.
+//! - [`tenants`]: API key → tenant.
+//! - [`routing`]: requested model (route alias or `provider/model`) → provider targets.
+//! - [`estimate`]: token demand of a request, made at submit time.
+//! - [`retry`]: failure classification and the retry policy.
+//!
+//! Data flow: the API (`tollgate-api`) authenticates through `tenants`, resolves through
+//! `routing`, estimates, and inserts through `store`; dispatchers (`tollgate-workers`)
+//! claim through `store`, call providers, classify failures through `retry`, and write
+//! results back through `store`, whose NOTIFYs reach waiters through `notify`.
+
+pub mod config;
+pub mod db;
+pub mod embedded;
+pub mod estimate;
+pub mod model;
+pub mod notify;
+pub mod retry;
+pub mod routing;
+pub mod store;
+pub mod tenants;
+
+/// The schema's migrations; every crate's database code and tests use this one.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");

@@ -1,0 +1,135 @@
+//! The job model: ids, states, classes, the job row and what a provider call reports.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// A job's id: a UUIDv7, so ids sort by creation time (cursor paging relies on it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type)]
+#[serde(transparent)]
+#[sqlx(transparent)]
+pub struct JobId(pub Uuid);
+
+impl JobId {
+    pub fn new() -> Self {
+        Self(Uuid::now_v7())
+    }
+}
+
+impl Default for JobId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Display for JobId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::str::FromStr for JobId {
+    type Err = uuid::Error;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Uuid::parse_str(s).map(Self)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type)]
+#[sqlx(type_name = "job_state", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Waiting to be claimed (possibly not before `not_before`).
+    Queued,
+    /// Claimed by a dispatcher holding a lease; a provider call may be in flight.
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Workload class; declaration order is precedence (PostgreSQL enums sort the same way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type)]
+#[sqlx(type_name = "job_class", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum JobClass {
+    Interactive,
+    Standard,
+    Background,
+    Batch,
+}
+
+/// Token usage as the provider reported it, in OpenAI's terms.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    #[serde(default)]
+    pub cached_tokens: i64,
+}
+
+/// A row of `jobs`.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Job {
+    pub id: JobId,
+    pub tenant: String,
+    pub class: JobClass,
+    pub priority: i32,
+    pub state: JobState,
+    pub request: serde_json::Value,
+    pub model: String,
+    pub idempotency_key: Option<String>,
+    pub metadata: Option<serde_json::Value>,
+    pub deadline: DateTime<Utc>,
+    pub not_before: DateTime<Utc>,
+    pub attempt: i32,
+    pub max_attempts: i32,
+    pub lease_owner: Option<String>,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    pub provider: Option<String>,
+    pub provider_model: Option<String>,
+    pub provider_request_id: Option<String>,
+    pub estimated_input_tokens: i32,
+    pub estimated_output_tokens: i32,
+    pub usage: Option<serde_json::Value>,
+    pub result: Option<serde_json::Value>,
+    pub error_code: Option<String>,
+    pub error_message: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// What the API inserts.
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    pub id: JobId,
+    pub tenant: String,
+    pub class: JobClass,
+    pub priority: i32,
+    pub request: serde_json::Value,
+    pub model: String,
+    pub idempotency_key: Option<String>,
+    pub metadata: Option<serde_json::Value>,
+    pub deadline: DateTime<Utc>,
+    pub max_attempts: i32,
+    pub estimated_input_tokens: i32,
+    pub estimated_output_tokens: i32,
+    pub created_at: DateTime<Utc>,
+}

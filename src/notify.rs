@@ -1,0 +1,127 @@
+//! One LISTEN connection per process, fanned out to whoever waits: long-polls wait for a
+//! job to finish, idle dispatchers wait for new work. Notifications are hints; every
+//! waiter re-reads the database after waking, so a lost notification (the listener
+//! reconnecting) costs latency, never correctness — and after a reconnect everyone is
+//! woken to re-check.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use tokio::sync::{Notify, broadcast};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::model::JobId;
+use crate::store::{CHANNEL_JOB_DONE, CHANNEL_JOBS_READY};
+
+/// A wake-up for job waiters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobDone {
+    /// This job reached a terminal state.
+    Job(JobId),
+    /// Notifications may have been missed: every waiter re-checks.
+    All,
+}
+
+/// The process's notification hub. Cheap to clone.
+#[derive(Clone)]
+pub struct Notifications {
+    job_done: broadcast::Sender<JobDone>,
+    jobs_ready: Arc<Notify>,
+}
+
+impl Default for Notifications {
+    fn default() -> Self {
+        Self {
+            job_done: broadcast::channel(8192).0,
+            jobs_ready: Arc::new(Notify::new()),
+        }
+    }
+}
+
+impl Notifications {
+    /// Subscribe before reading the job's state, so no completion falls in between.
+    pub fn subscribe_job_done(&self) -> broadcast::Receiver<JobDone> {
+        self.job_done.subscribe()
+    }
+
+    /// Resolves when new work may be claimable (or at once if a wake-up is pending).
+    /// `enable()` it before looking for work so a wake-up in between is not lost.
+    pub fn jobs_ready(&self) -> tokio::sync::futures::Notified<'_> {
+        self.jobs_ready.notified()
+    }
+
+    /// Wakes local dispatchers directly (used after a local insert).
+    pub fn wake_dispatchers(&self) {
+        self.jobs_ready.notify_waiters();
+        self.jobs_ready.notify_one();
+    }
+
+    fn wake_all(&self) {
+        let _ = self.job_done.send(JobDone::All);
+        self.wake_dispatchers();
+    }
+
+    /// Starts the listener task; it reconnects with backoff until `cancel`.
+    pub fn spawn_listener(&self, pool: PgPool, tracker: &TaskTracker, cancel: CancellationToken) {
+        let hub = self.clone();
+        tracker.spawn(async move {
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                let connected = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    r = connect(&pool) => r,
+                };
+                let mut listener = match connected {
+                    Ok(l) => {
+                        backoff = Duration::from_millis(100);
+                        // Anything sent while we were not listening is lost: re-check all.
+                        hub.wake_all();
+                        l
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "LISTEN connection failed; retrying");
+                        tokio::select! {
+                            _ = cancel.cancelled() => return,
+                            _ = tokio::time::sleep(backoff) => {}
+                        }
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                        continue;
+                    }
+                };
+                loop {
+                    let next = tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        n = listener.try_recv() => n,
+                    };
+                    match next {
+                        Ok(Some(n)) if n.channel() == CHANNEL_JOB_DONE => {
+                            if let Ok(id) = n.payload().parse::<JobId>() {
+                                let _ = hub.job_done.send(JobDone::Job(id));
+                            }
+                        }
+                        Ok(Some(_)) => hub.wake_dispatchers(),
+                        Ok(None) => {
+                            // Connection lost; try_recv reconnects on the next call.
+                            hub.wake_all();
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "LISTEN connection broke; reconnecting");
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+async fn connect(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener
+        .listen_all([CHANNEL_JOB_DONE, CHANNEL_JOBS_READY])
+        .await?;
+    Ok(listener)
+}

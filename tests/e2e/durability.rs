@@ -1,0 +1,280 @@
+//! Nothing accepted is lost: a dispatcher that dies loses its jobs to the rescuer, and a
+//! job accepted by a process that is then SIGKILLed completes after a restart, once.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tollgate::model::JobState;
+use tollgate::notify::Notifications;
+use tollgate::store::{self, Holder, Served};
+use tollgate_api::broker::Roles;
+use tollgate_workers::dispatcher::Dispatcher;
+use tollgate_workers::maintenance::Maintenance;
+use tollgate_workers::mock_provider::MockProvider;
+use tollgate_workers::providers::Providers;
+
+use crate::harness::{ACME, TestApp, TestOptions, config_text, eventually, fresh_db, job, mock_config};
+
+#[tokio::test]
+async fn expired_lease_is_rescued_and_the_old_holder_cannot_write() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        ..TestOptions::default()
+    })
+    .await;
+    let (_, accepted) = app.submit(ACME, &job("fast", "rescue me")).await;
+    let pool = &app.db.pool;
+    // A dispatcher claims the job, then dies without a word.
+    let lease = Duration::from_secs(30);
+    let claimed = store::claim_jobs(pool, "ghost", 10, Utc::now(), lease)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let ghost = Holder {
+        id: claimed[0].id,
+        attempt: claimed[0].attempt,
+        owner: "ghost",
+    };
+    let maintenance = Maintenance::new(pool.clone(), Duration::from_secs(1));
+    // Before the lease expires nothing happens.
+    let pass = maintenance.run_once(Utc::now()).await.unwrap();
+    assert_eq!(pass.rescued.requeued, 0);
+    // After it, the job goes back to the queue.
+    let later = Utc::now() + chrono::Duration::seconds(31);
+    let pass = maintenance.run_once(later).await.unwrap();
+    assert_eq!(pass.rescued.requeued, 1);
+    let row = store::get_job_any_tenant(pool, ghost.id).await.unwrap().unwrap();
+    assert_eq!((row.state, row.lease_owner.as_deref()), (JobState::Queued, None));
+    // The ghost's late result is refused: zero rows, not an error.
+    let served = Served {
+        provider: "oai",
+        model: "gpt-4o-mini",
+    };
+    let wrote = store::complete_job(
+        pool,
+        ghost,
+        served,
+        &serde_json::json!({}),
+        Default::default(),
+        None,
+        Utc::now(),
+    )
+    .await
+    .unwrap();
+    assert!(!wrote);
+    // A live dispatcher picks it up and finishes it as attempt 2.
+    let providers = Providers::from_config(&app.config).unwrap();
+    let dispatcher = Dispatcher::new(
+        pool.clone(),
+        app.config.clone(),
+        providers,
+        Notifications::default(),
+    );
+    let step = dispatcher.run_once().await.unwrap();
+    assert_eq!(step.claimed, 1);
+    let done = app.wait_job(ACME, accepted["id"].as_str().unwrap(), 10).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["attempts"], 2);
+    // Out of attempts, an expired lease fails the job with a reason instead.
+    let (_, second) = app.submit(ACME, &job("fast", "no attempts left")).await;
+    sqlx::query("UPDATE jobs SET max_attempts = 1 WHERE id = $1::uuid")
+        .bind(second["id"].as_str().unwrap())
+        .execute(pool)
+        .await
+        .unwrap();
+    store::claim_jobs(pool, "ghost", 10, Utc::now(), lease)
+        .await
+        .unwrap();
+    let pass = maintenance.run_once(later).await.unwrap();
+    assert_eq!(pass.rescued.failed, 1);
+    let (_, failed) = app
+        .get(ACME, &format!("/v1/jobs/{}", second["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(failed["state"], "failed");
+    assert_eq!(failed["error"]["code"], "lease_expired");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn queued_job_past_its_deadline_fails_and_is_never_dispatched() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        ..TestOptions::default()
+    })
+    .await;
+    let mut body = job("fast", "too late");
+    body["deadline"] = Value::String((Utc::now() + chrono::Duration::seconds(2)).to_rfc3339());
+    let (_, accepted) = app.submit(ACME, &body).await;
+    let after_deadline = Utc::now() + chrono::Duration::seconds(3);
+    let claimed = store::claim_jobs(&app.db.pool, "d", 10, after_deadline, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(claimed.is_empty(), "a job past its deadline must not be claimed");
+    let pass = Maintenance::new(app.db.pool.clone(), Duration::from_secs(1))
+        .run_once(after_deadline)
+        .await
+        .unwrap();
+    assert_eq!(pass.deadlines_expired, 1);
+    let (_, j) = app
+        .get(ACME, &format!("/v1/jobs/{}", accepted["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(
+        (j["state"].as_str(), j["error"]["code"].as_str()),
+        (Some("failed"), Some("deadline_exceeded"))
+    );
+    app.shutdown().await;
+}
+
+/// The real `tollgate serve` binary, as a child process.
+struct Serve {
+    child: Child,
+}
+
+impl Serve {
+    fn start(config: &std::path::Path, db_url: &str, port: u16) -> Self {
+        let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["serve", "--config"])
+            .arg(config)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env("DATABASE_URL", db_url)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn tollgate serve");
+        Self { child }
+    }
+
+    fn signal(&mut self, signal: Signal) {
+        kill(Pid::from_raw(self.child.id() as i32), signal).expect("signal tollgate");
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test]
+async fn accepted_job_survives_sigkill_of_the_server_and_completes_once() {
+    let db = fresh_db().await;
+    // A slow provider, so the job is certainly in flight when the server dies.
+    let mut mock_cfg = mock_config();
+    mock_cfg.latency_ms = 1500;
+    let mock = MockProvider::new(mock_cfg);
+    let mock_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mock_addr = mock_listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    tasks.spawn(mock.clone().serve(mock_listener, stop.clone()));
+
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("tollgate.toml");
+    let text = config_text(mock_addr, "")
+        .replace("lease_secs = 30", "lease_secs = 3")
+        .replace("heartbeat_secs = 5", "heartbeat_secs = 1")
+        .replace(
+            "poll_interval_ms = 200",
+            "poll_interval_ms = 100\nmaintenance_interval_ms = 200",
+        );
+    std::fs::write(&config_path, text).unwrap();
+    let port = free_port();
+    let api = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let ready = || async {
+        http.get(format!("{api}/readyz"))
+            .send()
+            .await
+            .ok()
+            .filter(|r| r.status().is_success())
+            .map(|_| ())
+    };
+
+    let mut first = Serve::start(&config_path, &db.url, port);
+    eventually(60, "the first server to be ready", ready).await;
+    let resp = http
+        .post(format!("{api}/v1/jobs"))
+        .bearer_auth(ACME)
+        .json(&job("oai/gpt-4o-mini", "survive"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 202);
+    let id: String = resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let pool = Arc::new(db.pool.clone());
+    let job_id: tollgate::model::JobId = id.parse().unwrap();
+    eventually(30, "the job to be in flight", || {
+        let pool = pool.clone();
+        async move {
+            let j = store::get_job_any_tenant(&*pool, job_id).await.unwrap().unwrap();
+            (j.state == JobState::Running).then_some(())
+        }
+    })
+    .await;
+    first.signal(Signal::SIGKILL);
+    let _ = first.child.wait();
+    assert_eq!(
+        mock.stats().succeeded,
+        0,
+        "the first call must not have finished before the kill"
+    );
+
+    let mut second = Serve::start(&config_path, &db.url, port);
+    eventually(60, "the second server to be ready", ready).await;
+    let done: Value = eventually(60, "the job to finish after the restart", || async {
+        let j: Value = http
+            .get(format!("{api}/v1/jobs/{id}?wait=5"))
+            .bearer_auth(ACME)
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (j["state"] == "succeeded" || j["state"] == "failed").then_some(j)
+    })
+    .await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(
+        done["attempts"], 2,
+        "the killed attempt counts; the second one finished it"
+    );
+    // Written once: one successful attempt on record, and its request id is the job's.
+    let attempts: Vec<(i32, String, Option<String>)> =
+        sqlx::query_as("SELECT attempt, outcome, provider_request_id FROM job_attempts WHERE job_id = $1")
+            .bind(job_id)
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    assert_eq!((attempts[0].0, attempts[0].1.as_str()), (2, "succeeded"));
+    assert_eq!(done["provider_request_id"].as_str(), attempts[0].2.as_deref());
+
+    // SIGTERM drains and exits cleanly.
+    second.signal(Signal::SIGTERM);
+    let status = second.child.wait().unwrap();
+    assert!(status.success(), "graceful shutdown exit status: {status}");
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+}

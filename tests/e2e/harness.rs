@@ -1,0 +1,292 @@
+//! The test harness: one PostgreSQL server per test process (embedded unless
+//! `DATABASE_URL` is set), a fresh database per test, and [`TestApp`]: the broker on port
+//! 0 in front of the mock provider.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio::sync::OnceCell;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tollgate::config::Config;
+use tollgate::db;
+use tollgate::embedded::{EmbeddedOptions, EmbeddedPostgres};
+use tollgate_api::broker::{Broker, Roles};
+use tollgate_workers::mock_provider::{MockConfig, MockProvider};
+
+pub const ACME: &str = "tk-acme";
+pub const GLOBEX: &str = "tk-globex";
+
+/// The server's admin URL; the embedded server lives as long as the test process.
+async fn admin_url() -> String {
+    static SERVER: OnceCell<(String, Option<EmbeddedPostgres>, Option<tempfile::TempDir>)> =
+        OnceCell::const_new();
+    let (url, _, _) = SERVER
+        .get_or_init(|| async {
+            if let Some(url) = std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) {
+                return (url, None, None);
+            }
+            let dir = tempfile::tempdir().expect("tempdir for the embedded PostgreSQL");
+            let mut opts = EmbeddedOptions::new(dir.path().join("pg"));
+            opts.durable = false;
+            let pg = EmbeddedPostgres::start(opts)
+                .await
+                .expect("embedded PostgreSQL starts");
+            (pg.url("postgres"), Some(pg), Some(dir))
+        })
+        .await;
+    url.clone()
+}
+
+/// A fresh, migrated database.
+pub struct TestDb {
+    pub url: String,
+    pub pool: PgPool,
+}
+
+pub async fn fresh_db() -> TestDb {
+    let admin = admin_url().await;
+    let name = format!("tollgate_test_{}", uuid::Uuid::now_v7().simple());
+    db::create_database_if_missing(&admin, &name)
+        .await
+        .expect("create test database");
+    let url = db::with_database(&admin, &name);
+    let pool = db::connect(&url, 10).await.expect("connect to test database");
+    tollgate::MIGRATOR
+        .run(&pool)
+        .await
+        .expect("migrate test database");
+    TestDb { url, pool }
+}
+
+/// The mock's accounts in tests: generous limits unless a test sets its own.
+pub fn mock_config() -> MockConfig {
+    MockConfig::from_toml_str(
+        r#"
+output_tokens = 12
+[[projects]]
+name = "oai-test"
+kind = "openai"
+keys = ["sk-test-1"]
+revoked_keys = ["sk-revoked"]
+rpm = 100000
+tpm = 100000000
+[[projects]]
+name = "ant-test"
+kind = "anthropic"
+keys = ["sk-ant-test"]
+rpm = 100000
+itpm = 100000000
+otpm = 100000000
+"#,
+    )
+    .expect("mock config")
+}
+
+/// The broker's config pointing at the mock on `mock_addr`; `extra` is appended TOML.
+pub fn config_text(mock_addr: std::net::SocketAddr, extra: &str) -> String {
+    format!(
+        r#"
+[server]
+max_body_bytes = 65536
+max_wait_secs = 30
+sync_timeout_secs = 20
+[dispatch]
+concurrency = 16
+poll_interval_ms = 200
+lease_secs = 30
+heartbeat_secs = 5
+drain_timeout_secs = 5
+[retry]
+max_attempts = 4
+base_delay_ms = 50
+max_delay_ms = 1000
+[[providers]]
+name = "oai"
+kind = "openai"
+base_url = "http://{mock_addr}/v1"
+keys = [{{ name = "k1", value = "sk-test-1" }}]
+models = ["gpt-4o-mini"]
+[[providers]]
+name = "ant"
+kind = "anthropic"
+base_url = "http://{mock_addr}"
+keys = [{{ name = "a1", value = "sk-ant-test" }}]
+models = ["claude-3-5-haiku-latest"]
+[[routes]]
+alias = "fast"
+targets = ["oai/gpt-4o-mini"]
+[[tenants]]
+name = "acme"
+api_key = "{ACME}"
+weight = 3
+[[tenants]]
+name = "globex"
+api_key = "{GLOBEX}"
+{extra}
+"#
+    )
+}
+
+pub struct TestOptions {
+    pub roles: Roles,
+    pub mock: MockConfig,
+    pub extra_config: String,
+}
+
+impl Default for TestOptions {
+    fn default() -> Self {
+        Self {
+            roles: Roles::ALL,
+            mock: mock_config(),
+            extra_config: String::new(),
+        }
+    }
+}
+
+/// The broker in this process, its database and its mock provider.
+pub struct TestApp {
+    pub api: String,
+    pub db: TestDb,
+    pub config: Arc<Config>,
+    pub mock: MockProvider,
+    pub mock_addr: std::net::SocketAddr,
+    pub http: reqwest::Client,
+    pub broker: Option<Broker>,
+    mock_stop: CancellationToken,
+    mock_tasks: TaskTracker,
+}
+
+impl TestApp {
+    pub async fn spawn() -> Self {
+        Self::spawn_with(TestOptions::default()).await
+    }
+
+    pub async fn spawn_with(opts: TestOptions) -> Self {
+        let db = fresh_db().await;
+        let mock = MockProvider::new(opts.mock);
+        let mock_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind mock");
+        let mock_addr = mock_listener.local_addr().expect("mock addr");
+        let mock_stop = CancellationToken::new();
+        let mock_tasks = TaskTracker::new();
+        mock_tasks.spawn(mock.clone().serve(mock_listener, mock_stop.clone()));
+        let config = Arc::new(
+            Config::parse(&config_text(mock_addr, &opts.extra_config), "test config")
+                .expect("valid test config"),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind api");
+        let broker = Broker::start(config.clone(), db.pool.clone(), Some(listener), opts.roles)
+            .await
+            .expect("broker starts");
+        let api = format!("http://{}", broker.addr.expect("api address"));
+        Self {
+            api,
+            db,
+            config,
+            mock,
+            mock_addr,
+            http: reqwest::Client::new(),
+            broker: Some(broker),
+            mock_stop,
+            mock_tasks,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.api)
+    }
+
+    /// POSTs a job; returns status and body.
+    pub async fn submit(&self, key: &str, body: &Value) -> (u16, Value) {
+        let r = self
+            .http
+            .post(self.url("/v1/jobs"))
+            .bearer_auth(key)
+            .json(body)
+            .send()
+            .await
+            .expect("POST /v1/jobs");
+        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// GET with the tenant key; returns status and body.
+    pub async fn get(&self, key: &str, path: &str) -> (u16, Value) {
+        let r = self
+            .http
+            .get(self.url(path))
+            .bearer_auth(key)
+            .send()
+            .await
+            .expect("GET");
+        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn post(&self, key: &str, path: &str, body: &Value) -> (u16, Value) {
+        let r = self
+            .http
+            .post(self.url(path))
+            .bearer_auth(key)
+            .json(body)
+            .send()
+            .await
+            .expect("POST");
+        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Long-polls the job until it is terminal (the server waits up to `secs`).
+    pub async fn wait_job(&self, key: &str, id: &str, secs: u64) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            let (status, job) = self.get(key, &format!("/v1/jobs/{id}?wait=10")).await;
+            assert_eq!(status, 200, "GET job: {job}");
+            let state = job["state"].as_str().unwrap_or_default().to_owned();
+            if matches!(state.as_str(), "succeeded" | "failed" | "cancelled")
+                || tokio::time::Instant::now() >= deadline
+            {
+                return job;
+            }
+        }
+    }
+
+    pub async fn shutdown(mut self) {
+        if let Some(b) = self.broker.take() {
+            b.shutdown().await;
+        }
+        self.mock_stop.cancel();
+        self.mock_tasks.close();
+        self.mock_tasks.wait().await;
+    }
+}
+
+/// A minimal valid job body.
+pub fn job(model: &str, text: &str) -> Value {
+    json!({
+        "request": {
+            "model": model,
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": 32
+        }
+    })
+}
+
+/// Polls `check` until it returns `Some`, failing after `secs`.
+pub async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

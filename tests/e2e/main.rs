@@ -1,0 +1,16 @@
+//! End-to-end tests: real PostgreSQL (the embedded bootstrap, or the server named by
+//! `DATABASE_URL`; a fresh database per test), the real broker on port 0, and the
+//! project's mock provider over real HTTP.
+//!
+//! - [`harness`]: fresh databases, the app with its mock provider, HTTP helpers.
+//! - [`lifecycle`]: submit, long-poll, results from both provider kinds, idempotency,
+//!   cancel, listing, tenant isolation, the synchronous endpoint, retries.
+//! - [`bad_input`]: every kind of bad request gets a 4xx with a stable code.
+//! - [`durability`]: rescued leases, and SIGKILL of the real binary mid-job.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test should stop right there
+
+mod bad_input;
+mod durability;
+mod harness;
+mod lifecycle;

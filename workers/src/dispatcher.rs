@@ -1,0 +1,371 @@
+//! The dispatcher: claims runnable jobs (one short `FOR UPDATE SKIP LOCKED` statement,
+//! committed before any provider call), calls the provider, and writes the outcome back
+//! under the (state, attempt, lease owner) guard. A heartbeat extends the leases of what
+//! is in flight; on shutdown it stops claiming, lets in-flight calls finish up to a soft
+//! timeout, and releases the leases of the rest.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use sqlx::PgPool;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tollgate::config::Config;
+use tollgate::model::Job;
+use tollgate::notify::Notifications;
+use tollgate::retry::{Failure, RetryPolicy};
+use tollgate::routing;
+use tollgate::store::{self, AttemptRecord, Holder, Served, StoreError};
+use tracing::Instrument;
+
+use crate::providers::{CallOutcome, Providers};
+
+/// One process's dispatcher. Cheap to clone; clones share the slots and the identity.
+#[derive(Clone)]
+pub struct Dispatcher {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    config: Arc<Config>,
+    providers: Providers,
+    notifications: Notifications,
+    policy: RetryPolicy,
+    /// Identity written as `lease_owner`; unique per process start.
+    owner: String,
+    /// One permit per provider call this process may have in flight.
+    slots: Arc<Semaphore>,
+}
+
+/// What a step of the dispatcher did, for tests and logs.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    pub claimed: usize,
+}
+
+impl Dispatcher {
+    pub fn new(
+        pool: PgPool,
+        config: Arc<Config>,
+        providers: Providers,
+        notifications: Notifications,
+    ) -> Self {
+        let owner = format!(
+            "dispatch-{}-{}",
+            std::process::id(),
+            uuid::Uuid::now_v7().simple()
+        );
+        Self {
+            inner: Arc::new(Inner {
+                slots: Arc::new(Semaphore::new(config.dispatch.concurrency)),
+                policy: RetryPolicy::from(&config.retry),
+                pool,
+                config,
+                providers,
+                notifications,
+                owner,
+            }),
+        }
+    }
+
+    pub fn owner(&self) -> &str {
+        &self.inner.owner
+    }
+
+    /// Claims what fits in the free slots and runs those calls to completion. Tests drive
+    /// the dispatcher with this instead of the loop.
+    pub async fn run_once(&self) -> Result<Step, StoreError> {
+        let free = self.inner.slots.available_permits();
+        let jobs = self.claim(free).await?;
+        let claimed = jobs.len();
+        futures::future::join_all(jobs.into_iter().map(|job| self.execute(job))).await;
+        Ok(Step { claimed })
+    }
+
+    async fn claim(&self, n: usize) -> Result<Vec<Job>, StoreError> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        store::claim_jobs(
+            &self.inner.pool,
+            &self.inner.owner,
+            n as i64,
+            Utc::now(),
+            self.inner.config.dispatch.lease(),
+        )
+        .await
+    }
+
+    /// The loop: claim into free slots, run each call as its own task, wake on NOTIFY or
+    /// the fallback poll. Returns after the shutdown sequence when `cancel` fires.
+    pub async fn run(self, cancel: CancellationToken) {
+        let in_flight = TaskTracker::new();
+        let heartbeat = self.spawn_heartbeat();
+        let poll = Duration::from_millis(self.inner.config.dispatch.poll_interval_ms);
+        let mut db_backoff = Duration::from_millis(100);
+        while !cancel.is_cancelled() {
+            // Wait for a free slot before claiming, so claims never outrun capacity.
+            let permit = tokio::select! {
+                _ = cancel.cancelled() => break,
+                p = self.inner.slots.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+            };
+            let free = self.inner.slots.available_permits() + 1;
+            // Register interest before claiming so a NOTIFY during the claim is not lost.
+            let ready = self.inner.notifications.jobs_ready();
+            tokio::pin!(ready);
+            ready.as_mut().enable();
+            let jobs = match self.claim(free).await {
+                Ok(jobs) => {
+                    db_backoff = Duration::from_millis(100);
+                    jobs
+                }
+                Err(e) => {
+                    drop(permit);
+                    tracing::warn!(error = %e, "claim failed; backing off");
+                    tokio::select! {
+                        _ = cancel.cancelled() => break,
+                        _ = tokio::time::sleep(db_backoff) => {}
+                    }
+                    db_backoff = (db_backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            let full = jobs.len() == free;
+            let mut permit = Some(permit);
+            for job in jobs {
+                let permit = match permit.take() {
+                    Some(p) => p,
+                    None => match self.inner.slots.clone().try_acquire_owned() {
+                        Ok(p) => p,
+                        // Cannot happen (we only claimed `free`), but never run unslotted.
+                        Err(_) => break,
+                    },
+                };
+                let this = self.clone();
+                in_flight.spawn(async move {
+                    this.execute(job).await;
+                    drop(permit);
+                });
+            }
+            drop(permit);
+            if full {
+                continue; // more may be waiting: claim again as soon as a slot frees
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = &mut ready => {}
+                _ = tokio::time::sleep(poll) => {}
+            }
+        }
+        self.shutdown(in_flight, heartbeat).await;
+    }
+
+    /// Extends this process's leases every `heartbeat_secs` until the returned token is
+    /// cancelled — after the drain, so leases stay valid while in-flight calls finish.
+    fn spawn_heartbeat(&self) -> (CancellationToken, TaskTracker) {
+        let stop = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let this = self.clone();
+        let token = stop.clone();
+        tracker.spawn(async move {
+            let every = Duration::from_secs(this.inner.config.dispatch.heartbeat_secs);
+            loop {
+                tokio::select! {
+                    _ = token.cancelled() => return,
+                    _ = tokio::time::sleep(every) => {}
+                }
+                if let Err(e) = store::extend_leases(
+                    &this.inner.pool,
+                    &this.inner.owner,
+                    Utc::now(),
+                    this.inner.config.dispatch.lease(),
+                )
+                .await
+                {
+                    tracing::warn!(error = %e, "lease heartbeat failed");
+                }
+            }
+        });
+        tracker.close();
+        (stop, tracker)
+    }
+
+    /// Stop claiming (done by the caller), drain in-flight calls up to the soft timeout,
+    /// release the leases of whatever did not finish.
+    async fn shutdown(&self, in_flight: TaskTracker, heartbeat: (CancellationToken, TaskTracker)) {
+        in_flight.close();
+        let drain = Duration::from_secs(self.inner.config.dispatch.drain_timeout_secs);
+        let in_flight_tasks = in_flight.len();
+        let drained = tokio::time::timeout(drain, in_flight.wait()).await.is_ok();
+        heartbeat.0.cancel();
+        heartbeat.1.wait().await;
+        match store::release_leases(&self.inner.pool, &self.inner.owner, Utc::now()).await {
+            Ok(released) => tracing::info!(
+                in_flight = in_flight_tasks,
+                drained,
+                released,
+                "dispatcher stopped"
+            ),
+            Err(e) => tracing::warn!(error = %e, "could not release leases; the rescuer will"),
+        }
+    }
+
+    /// One attempt of one job, from target choice to the guarded write of its outcome.
+    async fn execute(&self, job: Job) {
+        let span = tracing::info_span!(
+            "attempt",
+            job_id = %job.id,
+            tenant = %job.tenant,
+            route = %job.model,
+            attempt = job.attempt
+        );
+        self.execute_in_span(job).instrument(span).await;
+    }
+
+    async fn execute_in_span(&self, job: Job) {
+        let inner = &self.inner;
+        let holder = Holder {
+            id: job.id,
+            attempt: job.attempt,
+            owner: &inner.owner,
+        };
+        let Some(target) = routing::resolve(&inner.config, &job.model).and_then(|t| t.into_iter().next())
+        else {
+            let message = format!("model {:?} is no longer configured", job.model);
+            log_write(
+                store::fail_job(&inner.pool, holder, None, "unknown_model", &message, Utc::now()).await,
+            );
+            return;
+        };
+        let served = Served {
+            provider: &target.provider,
+            model: &target.model,
+        };
+        let started_at = Utc::now();
+        let outcome = inner.providers.call(&target, &job.request).await;
+        let finished_at = Utc::now();
+        self.record(&job, served, &outcome, started_at, finished_at).await;
+        let now = Utc::now();
+        let written = match &outcome.result {
+            Ok(success) => {
+                store::complete_job(
+                    &inner.pool,
+                    holder,
+                    served,
+                    &success.body,
+                    success.usage,
+                    outcome.request_id.as_deref(),
+                    now,
+                )
+                .await
+            }
+            Err(failure) => self.after_failure(&job, holder, served, failure).await,
+        };
+        match written {
+            Ok(true) => {}
+            Ok(false) => tracing::info!("outcome discarded: the job was cancelled or rescued meanwhile"),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not write the outcome; the lease will expire and the job will be retried")
+            }
+        }
+    }
+
+    /// Retry with backoff while attempts and the deadline allow; otherwise fail with the
+    /// failure's reason code (or `deadline_exceeded` when the next try would land late).
+    async fn after_failure(
+        &self,
+        job: &Job,
+        holder: Holder<'_>,
+        served: Served<'_>,
+        failure: &Failure,
+    ) -> Result<bool, StoreError> {
+        let inner = &self.inner;
+        let now = Utc::now();
+        let attempts_left = job.attempt < job.max_attempts;
+        if !failure.class.is_retryable() || !attempts_left {
+            let (code, message) = if failure.class.is_retryable() {
+                (
+                    "attempts_exhausted",
+                    format!(
+                        "{} attempts made; last error {}: {}",
+                        job.attempt, failure.code, failure.message
+                    ),
+                )
+            } else {
+                (failure.code, failure.message.clone())
+            };
+            return store::fail_job(&inner.pool, holder, Some(served), code, &message, now).await;
+        }
+        let delay = inner.policy.delay(job.attempt as u32, failure.retry_after);
+        let not_before = now + delay;
+        if not_before >= job.deadline {
+            let message = format!(
+                "the next attempt (in {:.1} s) would start after the deadline; last error {}: {}",
+                delay.as_secs_f64(),
+                failure.code,
+                failure.message
+            );
+            return store::fail_job(
+                &inner.pool,
+                holder,
+                Some(served),
+                "deadline_exceeded",
+                &message,
+                now,
+            )
+            .await;
+        }
+        tracing::info!(
+            code = failure.code,
+            delay_ms = delay.as_millis() as u64,
+            "retrying later"
+        );
+        store::requeue_job(&inner.pool, holder, not_before, failure.code, &failure.message).await
+    }
+
+    async fn record(
+        &self,
+        job: &Job,
+        served: Served<'_>,
+        outcome: &CallOutcome,
+        started_at: chrono::DateTime<Utc>,
+        finished_at: chrono::DateTime<Utc>,
+    ) {
+        let (outcome_label, error_code, usage) = match &outcome.result {
+            Ok(s) => ("succeeded", None, Some(s.usage)),
+            Err(f) => ("failed", Some(f.code), None),
+        };
+        let record = AttemptRecord {
+            job_id: job.id,
+            attempt: job.attempt,
+            provider: served.provider,
+            provider_model: served.model,
+            key_name: &outcome.key_name,
+            status: outcome.status.map(i32::from),
+            outcome: outcome_label,
+            error_code,
+            provider_request_id: outcome.request_id.as_deref(),
+            usage,
+            estimated_input_tokens: job.estimated_input_tokens,
+            estimated_output_tokens: job.estimated_output_tokens,
+            rate_limit: outcome.rate_limit.clone(),
+            started_at,
+            finished_at,
+        };
+        if let Err(e) = store::record_attempt(&self.inner.pool, &record).await {
+            tracing::warn!(error = %e, "could not record the attempt");
+        }
+    }
+}
+
+fn log_write(r: Result<bool, StoreError>) {
+    if let Err(e) = r {
+        tracing::warn!(error = %e, "could not write the job's state");
+    }
+}

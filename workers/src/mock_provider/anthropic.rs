@@ -1,0 +1,386 @@
+//! `POST /v1/messages` in Anthropic's shape (PROVIDERS.md §2.1, §2.2, §2.4): `x-api-key`
+//! and a required `anthropic-version`, `anthropic-ratelimit-*` headers whose resets are
+//! absolute RFC 3339 stamps, `{"type":"error","error":{type,message},"request_id"}`
+//! bodies, `rate_limit_error` 429s with `retry-after`, and `overloaded_error` 529s.
+//!
+//! Header families: `requests` = RPM (or RPD when there is no RPM), `input-tokens` =
+//! ITPM, `output-tokens` = OTPM, `tokens` = TPM, or when there is no TPM the sum of
+//! ITPM and OTPM (reset = the later of the two). Absent limits send no headers.
+//! A request larger than a token limit's capacity gets a 429 without `retry-after`
+//! (retrying cannot help).
+
+use axum::body::{Body, to_bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::Response;
+use chrono::{DateTime, SecondsFormat};
+use serde::Serialize;
+
+use super::buckets::{Admission, BucketView, Charge, Denial, LimitKind, LimitsView};
+use super::request::{MessagesRequest, input_tokens};
+use super::{Inner, KeyLookup, MAX_BODY_BYTES, MockProvider, ProviderKind, ceil_secs, hex_id};
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    error: ErrorDetail<'a>,
+    request_id: &'a str,
+}
+
+#[derive(Serialize)]
+struct ErrorDetail<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    message: &'a str,
+}
+
+#[derive(Serialize)]
+struct Message<'a> {
+    id: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    role: &'static str,
+    model: &'a str,
+    content: [TextBlock<'a>; 1],
+    stop_reason: &'static str,
+    stop_sequence: Option<()>,
+    usage: Usage,
+}
+
+#[derive(Serialize)]
+struct TextBlock<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: &'a str,
+}
+
+#[derive(Serialize)]
+struct Usage {
+    input_tokens: u64,
+    output_tokens: u64,
+}
+
+struct Reply<'a> {
+    inner: &'a Inner,
+    request_id: String,
+    project: Option<usize>,
+}
+
+pub(super) async fn messages(State(p): State<MockProvider>, req: Request) -> Response {
+    let inner = &*p.inner;
+    let _in_flight = inner.totals.begin();
+    let mut reply = Reply {
+        inner,
+        request_id: format!("req_011C{}", hex_id(20)),
+        project: None,
+    };
+    let (parts, body) = req.into_parts();
+
+    let key = parts
+        .headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|k| !k.is_empty());
+    let Some(key) = key else {
+        return reply.unauthorized("x-api-key header is required");
+    };
+    let project = match inner.lookup(ProviderKind::Anthropic, key) {
+        KeyLookup::Valid(idx) => idx,
+        KeyLookup::Revoked | KeyLookup::Unknown => return reply.unauthorized("invalid x-api-key"),
+    };
+    reply.project = Some(project);
+    if !parts.headers.contains_key("anthropic-version") {
+        return reply.bad_request("anthropic-version: header is required");
+    }
+
+    let Ok(bytes) = to_bytes(body, MAX_BODY_BYTES).await else {
+        return reply.bad_request("The request body could not be read.");
+    };
+    let req: MessagesRequest = match serde_json::from_slice(&bytes) {
+        Ok(r) => r,
+        Err(e) if e.is_syntax() || e.is_eof() => {
+            return reply.bad_request("There was an error parsing the body of your request: invalid JSON.");
+        }
+        Err(e) => return reply.bad_request(&format!("Invalid request body: {e}")),
+    };
+    let Some(model) = req.model.as_deref().filter(|m| !m.is_empty()) else {
+        return reply.bad_request("model: Field required");
+    };
+    let Some(messages) = req.messages else {
+        return reply.bad_request("messages: Field required");
+    };
+    if messages.count == 0 {
+        return reply.bad_request("messages: at least one message is required");
+    }
+    let Some(max_tokens) = req.max_tokens else {
+        return reply.bad_request("max_tokens: Field required");
+    };
+    if max_tokens == 0 {
+        return reply.bad_request("max_tokens: Input should be greater than or equal to 1");
+    }
+    if req.stream == Some(true) {
+        return reply.bad_request("stream: the mock provider does not support streaming");
+    }
+    if !inner.model_allowed(project, model) {
+        let msg = format!("model: {model}");
+        let view = inner.view(project);
+        super::stats::bump(&inner.totals.not_found);
+        return reply.error(StatusCode::NOT_FOUND, "not_found_error", &msg, Some(&view));
+    }
+    if let Some(status) = inner.fault(project) {
+        let (kind, msg) = match status.as_u16() {
+            529 => ("overloaded_error", "Overloaded"),
+            500 => ("api_error", "Internal server error"),
+            _ => ("api_error", "Service unavailable"),
+        };
+        let view = inner.view(project);
+        return reply.error(status, kind, msg, Some(&view));
+    }
+
+    let input = input_tokens(&messages, req.system.as_ref());
+    let output = inner.completion_tokens(Some(max_tokens));
+    let charge = Charge {
+        tokens: input.saturating_add(max_tokens),
+        input,
+        output: max_tokens,
+    };
+    let view = match inner.admit(project, charge, input, output) {
+        Admission::Admitted(view) => view,
+        Admission::Denied(denial, view) => return reply.rate_limited(&denial, &view),
+    };
+    let refund = inner.generate(project, &view, max_tokens, output).await;
+
+    let message = Message {
+        id: format!("msg_01{}", super::uuid_v7(inner).simple()),
+        kind: "message",
+        role: "assistant",
+        model,
+        content: [TextBlock {
+            kind: "text",
+            text: inner.text.words(output),
+        }],
+        stop_reason: if output < inner.output_tokens {
+            "max_tokens"
+        } else {
+            "end_turn"
+        },
+        stop_sequence: None,
+        usage: Usage {
+            input_tokens: input,
+            output_tokens: output,
+        },
+    };
+    super::stats::bump(&inner.totals.succeeded);
+    // Correct OTPM before reporting it, as the real API does at the end of a response.
+    drop(refund);
+    let view = if view.otpm.is_some() {
+        inner.view(project)
+    } else {
+        view
+    };
+    reply.json(StatusCode::OK, &message, Some(&view))
+}
+
+impl Reply<'_> {
+    fn json<T: Serialize>(&self, status: StatusCode, body: &T, view: Option<&LimitsView>) -> Response {
+        let (status, bytes) = match serde_json::to_vec(body) {
+            Ok(b) => (status, b),
+            Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, Vec::new()),
+        };
+        let mut resp = Response::new(Body::from(bytes));
+        *resp.status_mut() = status;
+        let h = resp.headers_mut();
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        if let Ok(v) = HeaderValue::from_str(&self.request_id) {
+            h.insert("request-id", v);
+        }
+        if let Some(org) = self.project.and_then(|p| self.inner.projects[p].org.clone()) {
+            h.insert("anthropic-organization-id", org);
+        }
+        if let Some(view) = view.filter(|_| self.inner.send_rate_limit_headers) {
+            rate_limit_headers(h, view);
+        }
+        resp
+    }
+
+    fn error(&self, status: StatusCode, kind: &str, message: &str, view: Option<&LimitsView>) -> Response {
+        let body = ErrorBody {
+            kind: "error",
+            error: ErrorDetail { kind, message },
+            request_id: &self.request_id,
+        };
+        self.json(status, &body, view)
+    }
+
+    fn unauthorized(&self, message: &str) -> Response {
+        super::stats::bump(&self.inner.totals.unauthorized);
+        self.error(StatusCode::UNAUTHORIZED, "authentication_error", message, None)
+    }
+
+    fn bad_request(&self, message: &str) -> Response {
+        super::stats::bump(&self.inner.totals.bad_request);
+        let view = self.project.map(|p| self.inner.view(p));
+        self.error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            message,
+            view.as_ref(),
+        )
+    }
+
+    fn rate_limited(&self, d: &Denial, view: &LimitsView) -> Response {
+        let org = self.project.map_or("", |p| self.inner.projects[p].name.as_str());
+        let what = match d.kind {
+            LimitKind::Rpm => "requests per minute",
+            LimitKind::Rpd => "requests per day",
+            LimitKind::Tpm => "tokens per minute",
+            LimitKind::Itpm => "input tokens per minute",
+            LimitKind::Otpm => "output tokens per minute",
+        };
+        let message = if d.too_large {
+            format!(
+                "This request would exceed the rate limit for your organization (org-{org}) of {} {what} on its own: it needs {}. Please reduce the prompt length or the maximum tokens requested; retrying will not help.",
+                thousands(d.limit),
+                thousands(d.requested)
+            )
+        } else {
+            format!(
+                "This request would exceed the rate limit for your organization (org-{org}) of {} {what}. For details, refer to: https://docs.claude.com/en/api/rate-limits. You can see the response headers for current usage. Please reduce the prompt length or the maximum tokens requested, or try again later. You may also contact sales at https://www.anthropic.com/contact-sales to discuss your options for a rate limit increase.",
+                thousands(d.limit)
+            )
+        };
+        let mut resp = self.error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            &message,
+            Some(view),
+        );
+        if self.inner.send_rate_limit_headers && !d.too_large {
+            resp.headers_mut()
+                .insert("retry-after", HeaderValue::from(ceil_secs(d.wait_ns)));
+        }
+        resp
+    }
+}
+
+fn rate_limit_headers(h: &mut HeaderMap, view: &LimitsView) {
+    let stamp = |b: &BucketView| rfc3339_after(view.unix_ns, b.reset_ns);
+    let mut put = |names: [&'static str; 3], limit: u64, remaining: u64, reset: Option<String>| {
+        h.insert(HeaderName::from_static(names[0]), HeaderValue::from(limit));
+        h.insert(HeaderName::from_static(names[1]), HeaderValue::from(remaining));
+        if let Some(v) = reset.and_then(|r| HeaderValue::from_str(&r).ok()) {
+            h.insert(HeaderName::from_static(names[2]), v);
+        }
+    };
+    if let Some(b) = view.rpm.as_ref().or(view.rpd.as_ref()) {
+        put(
+            [
+                "anthropic-ratelimit-requests-limit",
+                "anthropic-ratelimit-requests-remaining",
+                "anthropic-ratelimit-requests-reset",
+            ],
+            b.limit,
+            b.remaining,
+            stamp(b),
+        );
+    }
+    if let Some(b) = &view.itpm {
+        put(
+            [
+                "anthropic-ratelimit-input-tokens-limit",
+                "anthropic-ratelimit-input-tokens-remaining",
+                "anthropic-ratelimit-input-tokens-reset",
+            ],
+            b.limit,
+            b.remaining,
+            stamp(b),
+        );
+    }
+    if let Some(b) = &view.otpm {
+        put(
+            [
+                "anthropic-ratelimit-output-tokens-limit",
+                "anthropic-ratelimit-output-tokens-remaining",
+                "anthropic-ratelimit-output-tokens-reset",
+            ],
+            b.limit,
+            b.remaining,
+            stamp(b),
+        );
+    }
+    let combined = match (&view.tpm, &view.itpm, &view.otpm) {
+        (Some(t), _, _) => Some(*t),
+        (None, None, None) => None,
+        (None, i, o) => {
+            let parts = [i, o];
+            let mut sum = BucketView {
+                limit: 0,
+                remaining: 0,
+                reset_ns: 0,
+            };
+            for b in parts.into_iter().flatten() {
+                sum.limit += b.limit;
+                sum.remaining += b.remaining;
+                sum.reset_ns = sum.reset_ns.max(b.reset_ns);
+            }
+            Some(sum)
+        }
+    };
+    if let Some(b) = combined {
+        put(
+            [
+                "anthropic-ratelimit-tokens-limit",
+                "anthropic-ratelimit-tokens-remaining",
+                "anthropic-ratelimit-tokens-reset",
+            ],
+            b.limit,
+            b.remaining,
+            stamp(&b),
+        );
+    }
+}
+
+/// `unix_ns + after_ns`, rounded up to the second, as `2026-02-25T20:02:32Z`.
+fn rfc3339_after(unix_ns: i128, after_ns: u64) -> Option<String> {
+    let at = unix_ns + i128::from(after_ns);
+    let secs = at.div_euclid(1_000_000_000) + i128::from(at.rem_euclid(1_000_000_000) > 0);
+    let t = DateTime::from_timestamp(i64::try_from(secs).ok()?, 0)?;
+    Some(t.to_rfc3339_opts(SecondsFormat::Secs, true))
+}
+
+/// `20000` → `20,000`, as in Anthropic's 429 messages.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    let mut until_comma = match digits.len() % 3 {
+        0 => 3,
+        n => n,
+    };
+    for c in digits.chars() {
+        if until_comma == 0 {
+            out.push(',');
+            until_comma = 3;
+        }
+        out.push(c);
+        until_comma -= 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(20_000), "20,000");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+        let t0 = 1_772_049_752_i128 * 1_000_000_000; // 2026-02-25T20:02:32Z
+        assert_eq!(rfc3339_after(t0, 0).as_deref(), Some("2026-02-25T20:02:32Z"));
+        assert_eq!(rfc3339_after(t0, 1).as_deref(), Some("2026-02-25T20:02:33Z"));
+    }
+}

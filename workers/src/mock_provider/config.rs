@@ -1,0 +1,250 @@
+//! Configuration of the mock provider: the TOML schema, its documented defaults and
+//! its validation. Nothing here runs at request time; [`super::MockProvider::new`] turns
+//! a [`MockConfig`] into the runtime state.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Whole mock configuration, usually loaded from TOML.
+///
+/// ```toml
+/// latency_ms = 0                  # base latency per admitted request
+/// latency_per_output_token_us = 0 # extra latency per generated token
+/// output_tokens = 16              # tokens generated per request, capped by max_tokens
+/// send_rate_limit_headers = true  # false = DeepSeek-like: no rate-limit or retry-after headers
+///
+/// [[projects]]
+/// name = "oai-proj"
+/// kind = "openai"
+/// keys = ["sk-mock-1"]
+/// rpm = 600
+/// tpm = 100000
+///
+/// [[faults]]
+/// project = "oai-proj"
+/// start_ms = 0
+/// duration_ms = 20000
+/// status = 503
+/// probability = 1.0
+/// ```
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MockConfig {
+    /// Base latency added to every admitted request, in milliseconds. Default 0.
+    pub latency_ms: u64,
+    /// Extra latency per generated output token, in microseconds. Default 0.
+    pub latency_per_output_token_us: u64,
+    /// Completion tokens generated per request, capped by the request's
+    /// `max_tokens` / `max_completion_tokens`. Default 16.
+    pub output_tokens: u64,
+    /// `false` behaves like DeepSeek: no rate-limit headers and no `retry-after`
+    /// headers on 429s. Default true.
+    pub send_rate_limit_headers: bool,
+    /// Projects (accounts). Keys of one project share its buckets. Default none,
+    /// which makes every model request a 401.
+    pub projects: Vec<ProjectConfig>,
+    /// Optional fault windows. Default none.
+    pub faults: Vec<FaultConfig>,
+}
+
+impl Default for MockConfig {
+    fn default() -> Self {
+        Self {
+            latency_ms: 0,
+            latency_per_output_token_us: 0,
+            output_tokens: 16,
+            send_rate_limit_headers: true,
+            projects: Vec::new(),
+            faults: Vec::new(),
+        }
+    }
+}
+
+/// Which provider's API a project speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    /// `POST /v1/chat/completions`, `Authorization: Bearer`.
+    Openai,
+    /// `POST /v1/messages`, `x-api-key` + `anthropic-version`.
+    Anthropic,
+}
+
+/// One project (an account with its own rate limits).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectConfig {
+    /// Unique name; used in `/mock/limits/{project}` and in error messages
+    /// (`organization org-<name>`).
+    pub name: String,
+    /// Which API the project's keys are accepted on.
+    pub kind: ProviderKind,
+    /// Valid keys; all keys of a project share its buckets.
+    pub keys: Vec<String>,
+    /// Keys answered with a 401 in the provider's shape.
+    #[serde(default)]
+    pub revoked_keys: Vec<String>,
+    /// Accepted models; empty accepts any model, otherwise an unknown model is a 404.
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// Requests per minute; 0 = unlimited.
+    #[serde(default)]
+    pub rpm: u64,
+    /// Tokens per minute, charged `input + max_tokens` (or `output_tokens` when the
+    /// request has no max) at admission and never corrected; 0 = unlimited.
+    #[serde(default)]
+    pub tpm: u64,
+    /// Requests per UTC day (fixed window, resets at UTC midnight), Groq-like; 0 = unlimited.
+    #[serde(default)]
+    pub rpd: u64,
+    /// Input tokens per minute (Anthropic ITPM); 0 = unlimited.
+    #[serde(default)]
+    pub itpm: u64,
+    /// Output tokens per minute (Anthropic OTPM), charged `max_tokens` at admission and
+    /// corrected to the tokens actually generated when the response is done; 0 = unlimited.
+    #[serde(default)]
+    pub otpm: u64,
+}
+
+impl ProjectConfig {
+    /// The project's limits as a [`ProjectLimits`].
+    pub fn limits(&self) -> ProjectLimits {
+        ProjectLimits {
+            rpm: self.rpm,
+            tpm: self.tpm,
+            rpd: self.rpd,
+            itpm: self.itpm,
+            otpm: self.otpm,
+        }
+    }
+}
+
+/// A project's limits; every field 0 = unlimited. Used by
+/// [`super::MockProvider::set_limits`] and `POST /mock/limits/{project}`, where it is a
+/// full replacement: an absent field means unlimited, not "unchanged".
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProjectLimits {
+    /// Requests per minute.
+    pub rpm: u64,
+    /// Tokens per minute (input + max output).
+    pub tpm: u64,
+    /// Requests per UTC day.
+    pub rpd: u64,
+    /// Input tokens per minute.
+    pub itpm: u64,
+    /// Output tokens per minute.
+    pub otpm: u64,
+}
+
+/// A window of time during which (a fraction of) requests fail with a 5xx.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultConfig {
+    /// Project the window applies to; all projects if absent.
+    #[serde(default)]
+    pub project: Option<String>,
+    /// Start, in ms after the provider was created. Default 0.
+    #[serde(default)]
+    pub start_ms: u64,
+    /// Length in ms; 0 = until the provider stops. Default 0.
+    #[serde(default)]
+    pub duration_ms: u64,
+    /// 500, 503 or 529 (529 = Anthropic `overloaded_error`); any 5xx is accepted.
+    /// Default 503.
+    #[serde(default = "default_fault_status")]
+    pub status: u16,
+    /// Fraction of the requests in the window that fail, 0.0..=1.0. Default 1.0.
+    #[serde(default = "default_probability")]
+    pub probability: f64,
+}
+
+fn default_fault_status() -> u16 {
+    503
+}
+
+fn default_probability() -> f64 {
+    1.0
+}
+
+/// Why a mock configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum MockConfigError {
+    /// The file could not be read.
+    #[error("cannot read mock config {path}: {source}")]
+    Read {
+        /// File that was read.
+        path: PathBuf,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+    /// The text is not valid TOML for [`MockConfig`].
+    #[error("invalid mock config TOML: {0}")]
+    Parse(#[from] toml::de::Error),
+    /// The TOML parsed but is inconsistent (duplicate names or keys, bad fault window…).
+    #[error("invalid mock config: {0}")]
+    Invalid(String),
+}
+
+impl MockConfig {
+    /// Parses and validates a TOML document.
+    pub fn from_toml_str(s: &str) -> Result<Self, MockConfigError> {
+        let config: MockConfig = toml::from_str(s)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates a TOML file.
+    pub fn load(path: &Path) -> Result<Self, MockConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| MockConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml_str(&text)
+    }
+
+    /// Checks what serde cannot: unique project names and keys, known fault projects,
+    /// 5xx fault statuses and probabilities in 0..=1. [`super::MockProvider::new`]
+    /// tolerates an invalid config (first name/key wins), so call this on configs
+    /// built in code.
+    pub fn validate(&self) -> Result<(), MockConfigError> {
+        let invalid = |msg: String| Err(MockConfigError::Invalid(msg));
+        let mut names = HashSet::new();
+        let mut keys = HashSet::new();
+        for p in &self.projects {
+            if p.name.is_empty() || p.name.contains('/') {
+                return invalid(format!("project name {:?} must be non-empty without '/'", p.name));
+            }
+            if !names.insert(p.name.as_str()) {
+                return invalid(format!("duplicate project name {:?}", p.name));
+            }
+            for k in p.keys.iter().chain(&p.revoked_keys) {
+                if k.is_empty() {
+                    return invalid(format!("project {:?} has an empty key", p.name));
+                }
+                if !keys.insert(k.as_str()) {
+                    // The key itself is not echoed: configs may hold realistic-looking keys.
+                    return invalid(format!("project {:?} repeats a key used elsewhere", p.name));
+                }
+            }
+        }
+        for (i, f) in self.faults.iter().enumerate() {
+            let unknown = f.project.as_ref().filter(|p| !names.contains(p.as_str()));
+            if let Some(project) = unknown {
+                return invalid(format!("fault #{i} names unknown project {project:?}"));
+            }
+            if !(500..=599).contains(&f.status) {
+                return invalid(format!("fault #{i} status {} is not a 5xx", f.status));
+            }
+            if !(0.0..=1.0).contains(&f.probability) {
+                return invalid(format!(
+                    "fault #{i} probability {} is not in 0..=1",
+                    f.probability
+                ));
+            }
+        }
+        Ok(())
+    }
+}

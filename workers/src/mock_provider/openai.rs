@@ -1,0 +1,424 @@
+//! `POST /v1/chat/completions` in OpenAI's shape (PROVIDERS.md §1.1, §1.2, §1.4):
+//! `Authorization: Bearer` keys, `x-ratelimit-*` headers with Go-style relative
+//! durations, `{"error":{message,type,param,code}}` bodies, 429s of type `requests` /
+//! `tokens` with `retry-after` and `retry-after-ms`, and the non-retryable
+//! "Request too large" 429.
+//!
+//! The `requests` headers report RPM, or RPD when the project has no RPM (Groq-like);
+//! the `tokens` headers report TPM. Absent limits send no headers.
+
+use std::time::Instant;
+
+use axum::body::{Body, to_bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::Response;
+use serde::Serialize;
+
+use super::buckets::{Admission, BucketView, Charge, Denial, LimitKind, LimitsView};
+use super::request::{ChatRequest, input_tokens};
+use super::{Inner, KeyLookup, MAX_BODY_BYTES, MockProvider, ProviderKind, ceil_secs, hex_id};
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: ErrorDetail<'a>,
+}
+
+#[derive(Serialize)]
+struct ErrorDetail<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct ChatCompletion<'a> {
+    id: String,
+    object: &'static str,
+    created: i64,
+    model: &'a str,
+    choices: [Choice<'a>; 1],
+    usage: Usage,
+}
+
+#[derive(Serialize)]
+struct Choice<'a> {
+    index: u32,
+    message: AssistantMessage<'a>,
+    logprobs: Option<()>,
+    finish_reason: &'static str,
+}
+
+#[derive(Serialize)]
+struct AssistantMessage<'a> {
+    role: &'static str,
+    content: &'a str,
+    refusal: Option<()>,
+}
+
+#[derive(Serialize)]
+struct Usage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    total_tokens: u64,
+}
+
+/// Per-request context for building responses.
+struct Reply<'a> {
+    inner: &'a Inner,
+    started: Instant,
+    request_id: String,
+    project: Option<usize>,
+}
+
+const RATE_LIMIT_DOCS: &str = "Visit https://platform.openai.com/account/rate-limits to learn more.";
+
+pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request) -> Response {
+    let inner = &*p.inner;
+    let _in_flight = inner.totals.begin();
+    let mut reply = Reply {
+        inner,
+        started: Instant::now(),
+        request_id: format!("req_{}", hex_id(32)),
+        project: None,
+    };
+    let (parts, body) = req.into_parts();
+
+    let key = parts
+        .headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|k| !k.is_empty());
+    let Some(key) = key else {
+        return reply.unauthorized(
+            "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or as the password field (with blank username) if you're accessing the API from your browser and are prompted for a username and password. You can obtain an API key from https://platform.openai.com/account/api-keys.",
+            None,
+        );
+    };
+    let project = match inner.lookup(ProviderKind::Openai, key) {
+        KeyLookup::Valid(idx) => idx,
+        KeyLookup::Revoked | KeyLookup::Unknown => {
+            let msg = format!(
+                "Incorrect API key provided: {}. You can find your API key at https://platform.openai.com/account/api-keys.",
+                redact(key)
+            );
+            return reply.unauthorized(&msg, Some("invalid_api_key"));
+        }
+    };
+    reply.project = Some(project);
+
+    let Ok(bytes) = to_bytes(body, MAX_BODY_BYTES).await else {
+        return reply.bad_request("The request body could not be read.");
+    };
+    let req: ChatRequest = match serde_json::from_slice(&bytes) {
+        Ok(r) => r,
+        Err(e) if e.is_syntax() || e.is_eof() => {
+            return reply.bad_request(
+                "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The OpenAI API expects a JSON payload, but what was sent was not valid JSON. If you have trouble figuring out how to fix this, please contact us through our help center at help.openai.com.)",
+            );
+        }
+        Err(e) => return reply.bad_request(&format!("Invalid request body: {e}")),
+    };
+    let Some(model) = req.model.as_deref().filter(|m| !m.is_empty()) else {
+        return reply.bad_request("you must provide a model parameter");
+    };
+    let Some(messages) = req.messages else {
+        return reply.bad_request("Missing required parameter: 'messages'.");
+    };
+    if messages.count == 0 {
+        return reply.bad_request("[] is too short - 'messages'");
+    }
+    if req.stream == Some(true) {
+        return reply.bad_request("The mock provider does not support stream=true.");
+    }
+    let max_out = req.max_completion_tokens.or(req.max_tokens);
+    if max_out == Some(0) {
+        return reply.bad_request("max_tokens must be at least 1.");
+    }
+    if !inner.model_allowed(project, model) {
+        let msg = format!("The model `{model}` does not exist or you do not have access to it.");
+        return reply.error(
+            StatusCode::NOT_FOUND,
+            &msg,
+            "invalid_request_error",
+            Some("model_not_found"),
+            &inner.totals.not_found,
+        );
+    }
+    if let Some(status) = inner.fault(project) {
+        return reply.fault(status);
+    }
+
+    let input = input_tokens(&messages, None);
+    let reserved = max_out.unwrap_or(inner.output_tokens);
+    let output = inner.completion_tokens(max_out);
+    let charge = Charge {
+        tokens: input.saturating_add(reserved),
+        input,
+        output: reserved,
+    };
+    let view = match inner.admit(project, charge, input, output) {
+        Admission::Admitted(view) => view,
+        Admission::Denied(denial, view) => return reply.rate_limited(model, &denial, &view),
+    };
+    let refund = inner.generate(project, &view, reserved, output).await;
+
+    let completion = ChatCompletion {
+        id: format!("chatcmpl-{}", super::uuid_v7(inner)),
+        object: "chat.completion",
+        created: inner.unix_secs(),
+        model,
+        choices: [Choice {
+            index: 0,
+            message: AssistantMessage {
+                role: "assistant",
+                content: inner.text.words(output),
+                refusal: None,
+            },
+            logprobs: None,
+            finish_reason: if output < inner.output_tokens {
+                "length"
+            } else {
+                "stop"
+            },
+        }],
+        usage: Usage {
+            prompt_tokens: input,
+            completion_tokens: output,
+            total_tokens: input + output,
+        },
+    };
+    super::stats::bump(&inner.totals.succeeded);
+    let response = reply.json(StatusCode::OK, &completion, Some(&view));
+    drop(refund);
+    response
+}
+
+impl Reply<'_> {
+    fn json<T: Serialize>(&self, status: StatusCode, body: &T, view: Option<&LimitsView>) -> Response {
+        let (status, bytes) = match serde_json::to_vec(body) {
+            Ok(b) => (status, b),
+            Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, Vec::new()),
+        };
+        let mut resp = Response::new(Body::from(bytes));
+        *resp.status_mut() = status;
+        let h = resp.headers_mut();
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        if let Ok(v) = HeaderValue::from_str(&self.request_id) {
+            h.insert("x-request-id", v);
+        }
+        h.insert("openai-version", HeaderValue::from_static("2020-10-01"));
+        h.insert(
+            "openai-processing-ms",
+            HeaderValue::from(u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)),
+        );
+        if let Some(org) = self.project.and_then(|p| self.inner.projects[p].org.clone()) {
+            h.insert("openai-organization", org);
+        }
+        if let Some(view) = view.filter(|_| self.inner.send_rate_limit_headers) {
+            rate_limit_headers(h, view);
+        }
+        resp
+    }
+
+    /// An error in OpenAI's shape, with the project's limits in the headers if known.
+    fn error(
+        &self,
+        status: StatusCode,
+        message: &str,
+        kind: &str,
+        code: Option<&str>,
+        counter: &std::sync::atomic::AtomicU64,
+    ) -> Response {
+        super::stats::bump(counter);
+        let view = self.project.map(|p| self.inner.view(p));
+        let body = ErrorBody {
+            error: ErrorDetail {
+                message,
+                kind,
+                param: None,
+                code,
+            },
+        };
+        self.json(status, &body, view.as_ref())
+    }
+
+    fn unauthorized(&self, message: &str, code: Option<&str>) -> Response {
+        self.error(
+            StatusCode::UNAUTHORIZED,
+            message,
+            "invalid_request_error",
+            code,
+            &self.inner.totals.unauthorized,
+        )
+    }
+
+    fn bad_request(&self, message: &str) -> Response {
+        self.error(
+            StatusCode::BAD_REQUEST,
+            message,
+            "invalid_request_error",
+            None,
+            &self.inner.totals.bad_request,
+        )
+    }
+
+    fn fault(&self, status: StatusCode) -> Response {
+        let message = match status.as_u16() {
+            500 => "The server had an error while processing your request. Sorry about that!",
+            _ => "The server is overloaded or not ready yet.",
+        };
+        let view = self.project.map(|p| self.inner.view(p));
+        let body = ErrorBody {
+            error: ErrorDetail {
+                message,
+                kind: "server_error",
+                param: None,
+                code: None,
+            },
+        };
+        self.json(status, &body, view.as_ref())
+    }
+
+    fn rate_limited(&self, model: &str, d: &Denial, view: &LimitsView) -> Response {
+        let org = self.project.map_or("", |p| self.inner.projects[p].name.as_str());
+        let (what, abbr, kind) = match d.kind {
+            LimitKind::Rpm => ("requests per min", "RPM", "requests"),
+            LimitKind::Rpd => ("requests per day", "RPD", "requests"),
+            LimitKind::Tpm => ("tokens per min", "TPM", "tokens"),
+            LimitKind::Itpm => ("input tokens per min", "ITPM", "tokens"),
+            LimitKind::Otpm => ("output tokens per min", "OTPM", "tokens"),
+        };
+        let message = if d.too_large {
+            format!(
+                "Request too large for {model} in organization org-{org} on {what} ({abbr}): Limit {}, Requested {}. The input or output tokens must be reduced in order to run successfully. {RATE_LIMIT_DOCS}",
+                d.limit, d.requested
+            )
+        } else {
+            format!(
+                "Rate limit reached for {model} in organization org-{org} on {what} ({abbr}): Limit {}, Used {}, Requested {}. Please try again in {}. {RATE_LIMIT_DOCS}",
+                d.limit,
+                d.used,
+                d.requested,
+                go_duration(d.wait_ns)
+            )
+        };
+        let body = ErrorBody {
+            error: ErrorDetail {
+                message: &message,
+                kind,
+                param: None,
+                code: Some("rate_limit_exceeded"),
+            },
+        };
+        let mut resp = self.json(StatusCode::TOO_MANY_REQUESTS, &body, Some(view));
+        if self.inner.send_rate_limit_headers && !d.too_large {
+            let h = resp.headers_mut();
+            h.insert("retry-after", HeaderValue::from(ceil_secs(d.wait_ns)));
+            h.insert("retry-after-ms", HeaderValue::from(d.wait_ns.div_ceil(1_000_000)));
+        }
+        resp
+    }
+}
+
+fn rate_limit_headers(h: &mut HeaderMap, view: &LimitsView) {
+    fn put(h: &mut HeaderMap, names: [&'static str; 3], b: &BucketView) {
+        h.insert(HeaderName::from_static(names[0]), HeaderValue::from(b.limit));
+        h.insert(HeaderName::from_static(names[1]), HeaderValue::from(b.remaining));
+        if let Ok(v) = HeaderValue::from_str(&go_duration(b.reset_ns)) {
+            h.insert(HeaderName::from_static(names[2]), v);
+        }
+    }
+    if let Some(b) = view.rpm.as_ref().or(view.rpd.as_ref()) {
+        put(
+            h,
+            [
+                "x-ratelimit-limit-requests",
+                "x-ratelimit-remaining-requests",
+                "x-ratelimit-reset-requests",
+            ],
+            b,
+        );
+    }
+    if let Some(b) = &view.tpm {
+        put(
+            h,
+            [
+                "x-ratelimit-limit-tokens",
+                "x-ratelimit-remaining-tokens",
+                "x-ratelimit-reset-tokens",
+            ],
+            b,
+        );
+    }
+}
+
+/// Shows a key the way OpenAI does in 401 messages: a prefix, stars, the last 4.
+fn redact(key: &str) -> String {
+    let chars: Vec<char> = key.chars().collect();
+    if chars.len() <= 8 {
+        return "*".repeat(chars.len());
+    }
+    let head: String = chars[..3].iter().collect();
+    let tail: String = chars[chars.len() - 4..].iter().collect();
+    format!("{head}{}{tail}", "*".repeat(chars.len() - 7))
+}
+
+/// Go-style duration as OpenAI sends it, rounded up to the millisecond: `0s`, `12ms`,
+/// `1s`, `9.816s`, `2m59.56s`, `6m0s`, `1h2m3s`.
+pub(crate) fn go_duration(ns: u64) -> String {
+    let ms = ns.div_ceil(1_000_000);
+    if ms == 0 {
+        return "0s".to_owned();
+    }
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let hours = ms / 3_600_000;
+    let minutes = (ms / 60_000) % 60;
+    let sec_ms = ms % 60_000;
+    let mut secs = (sec_ms / 1000).to_string();
+    let frac = sec_ms % 1000;
+    if frac > 0 {
+        let f = format!("{frac:03}");
+        secs.push('.');
+        secs.push_str(f.trim_end_matches('0'));
+    }
+    if hours > 0 {
+        format!("{hours}h{minutes}m{secs}s")
+    } else if minutes > 0 {
+        format!("{minutes}m{secs}s")
+    } else {
+        format!("{secs}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations() {
+        let ms = 1_000_000;
+        assert_eq!(go_duration(0), "0s");
+        assert_eq!(go_duration(1), "1ms");
+        assert_eq!(go_duration(12 * ms), "12ms");
+        assert_eq!(go_duration(1000 * ms), "1s");
+        assert_eq!(go_duration(9816 * ms), "9.816s");
+        assert_eq!(go_duration(20_000 * ms), "20s");
+        assert_eq!(go_duration(179_560 * ms), "2m59.56s");
+        assert_eq!(go_duration(360_000 * ms), "6m0s");
+        assert_eq!(go_duration(3_723_000 * ms), "1h2m3s");
+        assert_eq!(go_duration(500 * ms + 1), "501ms");
+    }
+
+    #[test]
+    fn redacts_keys() {
+        assert_eq!(redact("sk-mock-revoked"), "sk-********oked");
+        assert_eq!(redact("short"), "*****");
+    }
+}

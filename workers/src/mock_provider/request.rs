@@ -1,0 +1,303 @@
+//! Request bodies of both APIs as far as the mock needs them, the token-count rule, and
+//! the canned completion text.
+//!
+//! Token count (both kinds; also what `usage` reports as input/prompt tokens):
+//! `input_tokens = 3 + Σ over messages (4 + ceil(chars(text)/4))`, where `chars` counts
+//! Unicode scalar values of the message's text: `content` as a string, or the sum of the
+//! `text` fields of its parts when it is an array (`[{"type":"text","text":…}, …]`; other
+//! parts count 0). For Anthropic, a top-level `system` (string or text blocks) counts as
+//! one more message. Messages are summed while parsing, so no message is kept in memory.
+
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+/// The Chat Completions fields the mock reads; others are ignored.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ChatRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub messages: Option<MessagesTokens>,
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    #[serde(default)]
+    pub max_completion_tokens: Option<u64>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+}
+
+/// The Messages API fields the mock reads; others are ignored.
+#[derive(Debug, Deserialize)]
+pub(crate) struct MessagesRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub messages: Option<MessagesTokens>,
+    #[serde(default)]
+    pub system: Option<TextChars>,
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+}
+
+/// Per-message overhead in the token rule.
+const PER_MESSAGE: u64 = 4;
+/// Reply priming in the token rule.
+const PRIMING: u64 = 3;
+
+/// Tokens of one message of `chars` characters.
+pub(crate) fn message_tokens(chars: u64) -> u64 {
+    PER_MESSAGE + chars.div_ceil(4)
+}
+
+/// `input_tokens` of a request: priming plus its messages (and Anthropic's `system`).
+pub(crate) fn input_tokens(messages: &MessagesTokens, system: Option<&TextChars>) -> u64 {
+    PRIMING + messages.tokens + system.map_or(0, |s| message_tokens(s.0))
+}
+
+/// A `messages` array, reduced while parsing to its count and summed message tokens.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct MessagesTokens {
+    pub count: u64,
+    pub tokens: u64,
+}
+
+impl<'de> Deserialize<'de> for MessagesTokens {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = MessagesTokens;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an array of messages")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = MessagesTokens::default();
+                while let Some(m) = seq.next_element::<Message>()? {
+                    out.count += 1;
+                    out.tokens += message_tokens(m.content.0);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct Message {
+    #[serde(default)]
+    content: TextChars,
+}
+
+/// Character count of a text content: a string, null, or an array of parts whose
+/// `text` fields are summed.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct TextChars(pub u64);
+
+fn count_chars(s: &str) -> u64 {
+    s.chars().count() as u64
+}
+
+impl<'de> Deserialize<'de> for TextChars {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = TextChars;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string, null or an array of content parts")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(TextChars(count_chars(v)))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(TextChars(0))
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(TextChars(0))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut n = 0;
+                while let Some(p) = seq.next_element::<PartChars>()? {
+                    n += p.0;
+                }
+                Ok(TextChars(n))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// One content part: the characters of its `text` string field, other fields ignored.
+struct PartChars(u64);
+
+impl<'de> Deserialize<'de> for PartChars {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = PartChars;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a content part object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut n = 0;
+                while let Some(key) = map.next_key::<Key>()? {
+                    match key {
+                        Key::Text => n += map.next_value::<StrChars>()?.0,
+                        Key::Other => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(PartChars(n))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+enum Key {
+    Text,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Key {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Key;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(if v == "text" { Key::Text } else { Key::Other })
+            }
+        }
+        d.deserialize_identifier(V)
+    }
+}
+
+/// Characters of a string value (null counts 0).
+struct StrChars(u64);
+
+impl<'de> Deserialize<'de> for StrChars {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = StrChars;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(StrChars(count_chars(v)))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(StrChars(0))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The completion text, built once: `words(n)` is a prefix of `n` words (one word ≈ one
+/// token), so responses borrow it instead of generating text per request.
+#[derive(Debug)]
+pub(crate) struct CannedText {
+    text: String,
+    /// `ends[n]` = byte length of the first `n` words.
+    ends: Vec<usize>,
+}
+
+const WORDS: [&str; 16] = [
+    "lorem",
+    "ipsum",
+    "dolor",
+    "sit",
+    "amet",
+    "consectetur",
+    "adipiscing",
+    "elit",
+    "sed",
+    "do",
+    "eiusmod",
+    "tempor",
+    "incididunt",
+    "ut",
+    "labore",
+    "et",
+];
+
+/// More words than this are not pre-built: a longer completion returns this many words
+/// while `usage` still reports the full count.
+const MAX_CANNED_WORDS: u64 = 1 << 16;
+
+impl CannedText {
+    pub(crate) fn new(max_words: u64) -> Self {
+        let max_words = max_words.min(MAX_CANNED_WORDS);
+        let mut text = String::new();
+        let mut ends = vec![0];
+        for i in 0..max_words {
+            if i > 0 {
+                text.push(' ');
+            }
+            text.push_str(WORDS[(i % WORDS.len() as u64) as usize]);
+            ends.push(text.len());
+        }
+        Self { text, ends }
+    }
+
+    /// The first `n` words (capped at what was pre-built).
+    pub(crate) fn words(&self, n: u64) -> &str {
+        let i = usize::try_from(n).unwrap_or(usize::MAX).min(self.ends.len() - 1);
+        &self.text[..self.ends[i]]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_rule_for_strings_and_parts() {
+        let r: ChatRequest = serde_json::from_str(
+            r#"{"model":"m","messages":[
+                {"role":"system","content":"12345678"},
+                {"role":"user","content":[{"type":"text","text":"héllo"},{"type":"image_url","image_url":{"url":"x"}}]},
+                {"role":"assistant","content":null}
+            ],"max_tokens":5}"#,
+        )
+        .unwrap();
+        let m = r.messages.unwrap();
+        assert_eq!(m.count, 3);
+        // 3 + (4+2) + (4+ceil(5/4)=2) + (4+0)
+        assert_eq!(input_tokens(&m, None), 3 + 6 + 6 + 4);
+    }
+
+    #[test]
+    fn anthropic_system_counts_as_a_message() {
+        let r: MessagesRequest = serde_json::from_str(
+            r#"{"model":"c","max_tokens":9,"system":[{"type":"text","text":"abcd"}],
+                "messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .unwrap();
+        let m = r.messages.unwrap();
+        assert_eq!(input_tokens(&m, r.system.as_ref()), 3 + 5 + 5);
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        assert!(serde_json::from_str::<ChatRequest>(r#"{"messages":{}}"#).is_err());
+        assert!(serde_json::from_str::<ChatRequest>(r#"{"messages":[{"content":5}]}"#).is_err());
+        assert!(serde_json::from_str::<ChatRequest>(r#"{"max_tokens":"x"}"#).is_err());
+    }
+
+    #[test]
+    fn canned_text_prefixes() {
+        let t = CannedText::new(3);
+        assert_eq!(t.words(0), "");
+        assert_eq!(t.words(2), "lorem ipsum");
+        assert_eq!(t.words(9), "lorem ipsum dolor");
+    }
+}

@@ -1,0 +1,163 @@
+//! Counters behind `GET /mock/stats`: lock-free atomics on the hot path, and the
+//! serialisable [`MockStats`] snapshot built from them.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use serde::{Deserialize, Serialize};
+
+use super::config::ProjectLimits;
+
+/// Snapshot of what the mock has seen since start (or the last `/mock/reset`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MockStats {
+    /// Model requests received (both APIs, any outcome).
+    pub requests: u64,
+    /// 200 responses.
+    pub succeeded: u64,
+    /// 429 responses (including non-retryable "request too large").
+    pub rate_limited_429: u64,
+    /// Injected 5xx faults.
+    pub faults_5xx: u64,
+    /// 401 responses (missing, unknown or revoked key).
+    pub unauthorized: u64,
+    /// 400 responses (bad JSON, missing fields, missing `anthropic-version`).
+    pub bad_request: u64,
+    /// 404 responses (model not in the project's list).
+    pub not_found: u64,
+    /// Model requests being handled right now.
+    pub in_flight: u64,
+    /// Highest `in_flight` observed.
+    pub max_in_flight: u64,
+    /// Sum of the projects' `limit_violations`; anything but 0 is a bug in the mock.
+    pub limit_violations: u64,
+    /// Per project, by name.
+    pub projects: BTreeMap<String, ProjectStats>,
+}
+
+/// One project's share of [`MockStats`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProjectStats {
+    /// Requests admitted by the limiter (and so answered 200).
+    pub requests_admitted: u64,
+    /// Input tokens of admitted requests (the token rule of this module).
+    pub input_tokens_admitted: u64,
+    /// Completion tokens generated for admitted requests.
+    pub output_tokens_admitted: u64,
+    /// 429 responses.
+    pub rate_limited_429: u64,
+    /// Injected 5xx faults.
+    pub faults_5xx: u64,
+    /// Admissions that broke a limit according to the independent audit; must be 0.
+    pub limit_violations: u64,
+    /// Limits in force now.
+    pub limits: ProjectLimits,
+}
+
+/// Server-wide counters.
+#[derive(Debug, Default)]
+pub(crate) struct Totals {
+    pub requests: AtomicU64,
+    pub succeeded: AtomicU64,
+    pub rate_limited_429: AtomicU64,
+    pub faults_5xx: AtomicU64,
+    pub unauthorized: AtomicU64,
+    pub bad_request: AtomicU64,
+    pub not_found: AtomicU64,
+    pub in_flight: AtomicU64,
+    pub max_in_flight: AtomicU64,
+}
+
+/// Per-project counters.
+#[derive(Debug, Default)]
+pub(crate) struct ProjectCounters {
+    pub requests_admitted: AtomicU64,
+    pub input_tokens_admitted: AtomicU64,
+    pub output_tokens_admitted: AtomicU64,
+    pub rate_limited_429: AtomicU64,
+    pub faults_5xx: AtomicU64,
+}
+
+/// Adds one to a counter.
+pub(crate) fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Relaxed);
+}
+
+impl Totals {
+    /// Marks a request as in flight until the guard drops (also when the client goes away).
+    pub(crate) fn begin(&self) -> InFlight<'_> {
+        bump(&self.requests);
+        let now = self.in_flight.fetch_add(1, Relaxed) + 1;
+        self.max_in_flight.fetch_max(now, Relaxed);
+        InFlight(self)
+    }
+
+    pub(crate) fn fill(&self, s: &mut MockStats) {
+        s.requests = self.requests.load(Relaxed);
+        s.succeeded = self.succeeded.load(Relaxed);
+        s.rate_limited_429 = self.rate_limited_429.load(Relaxed);
+        s.faults_5xx = self.faults_5xx.load(Relaxed);
+        s.unauthorized = self.unauthorized.load(Relaxed);
+        s.bad_request = self.bad_request.load(Relaxed);
+        s.not_found = self.not_found.load(Relaxed);
+        s.in_flight = self.in_flight.load(Relaxed);
+        s.max_in_flight = self.max_in_flight.load(Relaxed);
+    }
+
+    /// Zeroes the counters; `in_flight` is a gauge and stays, `max_in_flight` restarts from it.
+    pub(crate) fn reset(&self) {
+        for c in [
+            &self.requests,
+            &self.succeeded,
+            &self.rate_limited_429,
+            &self.faults_5xx,
+            &self.unauthorized,
+            &self.bad_request,
+            &self.not_found,
+        ] {
+            c.store(0, Relaxed);
+        }
+        self.max_in_flight.store(self.in_flight.load(Relaxed), Relaxed);
+    }
+}
+
+/// Decrements `in_flight` on drop.
+pub(crate) struct InFlight<'a>(&'a Totals);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Relaxed);
+    }
+}
+
+impl ProjectCounters {
+    pub(crate) fn admitted(&self, input: u64, output: u64) {
+        bump(&self.requests_admitted);
+        self.input_tokens_admitted.fetch_add(input, Relaxed);
+        self.output_tokens_admitted.fetch_add(output, Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self, limits: ProjectLimits, limit_violations: u64) -> ProjectStats {
+        ProjectStats {
+            requests_admitted: self.requests_admitted.load(Relaxed),
+            input_tokens_admitted: self.input_tokens_admitted.load(Relaxed),
+            output_tokens_admitted: self.output_tokens_admitted.load(Relaxed),
+            rate_limited_429: self.rate_limited_429.load(Relaxed),
+            faults_5xx: self.faults_5xx.load(Relaxed),
+            limit_violations,
+            limits,
+        }
+    }
+
+    pub(crate) fn reset(&self) {
+        for c in [
+            &self.requests_admitted,
+            &self.input_tokens_admitted,
+            &self.output_tokens_admitted,
+            &self.rate_limited_429,
+            &self.faults_5xx,
+        ] {
+            c.store(0, Relaxed);
+        }
+    }
+}

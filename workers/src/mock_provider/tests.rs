@@ -1,0 +1,891 @@
+//! End-to-end tests of the mock over real HTTP (server on 127.0.0.1:0, reqwest client).
+//! Most use a pinned clock so limits, headers and waits are exact without sleeping.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::clock::{Clock, ManualClock};
+use super::*;
+
+struct Harness {
+    base: String,
+    client: reqwest::Client,
+    provider: MockProvider,
+    clock: Arc<ManualClock>,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        self.tracker.close();
+    }
+}
+
+fn start_wall() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 3, 1, 12, 0, 0).unwrap()
+}
+
+async fn start(toml: &str) -> Harness {
+    start_at(toml, start_wall(), true).await
+}
+
+async fn start_at(toml: &str, wall: DateTime<Utc>, pinned: bool) -> Harness {
+    let config = MockConfig::from_toml_str(toml).unwrap();
+    let clock = ManualClock::new(wall);
+    let provider = if pinned {
+        MockProvider::with_clock(config, Clock::Manual(clock.clone()))
+    } else {
+        MockProvider::new(config)
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let cancel = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    tracker.spawn(provider.clone().serve(listener, cancel.clone()));
+    Harness {
+        base,
+        client: reqwest::Client::new(),
+        provider,
+        clock,
+        cancel,
+        tracker,
+    }
+}
+
+impl Harness {
+    async fn openai(&self, key: &str, body: Value) -> reqwest::Response {
+        self.client
+            .post(format!("{}/v1/chat/completions", self.base))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn anthropic(&self, key: &str, body: Value) -> reqwest::Response {
+        self.client
+            .post(format!("{}/v1/messages", self.base))
+            .header("x-api-key", key)
+            .header("anthropic-version", "2023-06-01")
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn stats(&self) -> MockStats {
+        let r = self
+            .client
+            .get(format!("{}/mock/stats", self.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.json().await.unwrap()
+    }
+
+    fn advance(&self, d: Duration) {
+        self.clock.advance(d);
+    }
+}
+
+fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
+    r.headers()
+        .get(name)
+        .unwrap_or_else(|| panic!("missing header {name}"))
+        .to_str()
+        .unwrap()
+}
+
+fn header_u64(r: &reqwest::Response, name: &str) -> u64 {
+    header(r, name).parse().unwrap()
+}
+
+/// 12 characters: 3 + (4 + 3) = 10 input tokens.
+fn chat(max_tokens: Option<u64>) -> Value {
+    let mut body = json!({
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "user", "content": "hello world!"}],
+    });
+    if let Some(m) = max_tokens {
+        body["max_tokens"] = json!(m);
+    }
+    body
+}
+
+/// 3 + (4 + 3) = 10 input tokens.
+fn claude(max_tokens: u64) -> Value {
+    json!({
+        "model": "claude-sonnet-4-5",
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "hello world!"}],
+    })
+}
+
+const OPENAI: &str = r#"
+[[projects]]
+name = "oai"
+kind = "openai"
+keys = ["sk-1", "sk-2"]
+revoked_keys = ["sk-revoked"]
+models = ["gpt-4o-mini"]
+rpm = 60
+tpm = 1000
+"#;
+
+const ANTHROPIC: &str = r#"
+[[projects]]
+name = "ant"
+kind = "anthropic"
+keys = ["ak-1"]
+revoked_keys = ["ak-revoked"]
+rpm = 50
+itpm = 30000
+otpm = 8000
+"#;
+
+#[tokio::test]
+async fn openai_success_shape_and_usage() {
+    let h = start(OPENAI).await;
+    let r = h.openai("sk-1", chat(Some(5))).await;
+    assert_eq!(r.status(), 200);
+    assert!(header(&r, "x-request-id").starts_with("req_"));
+    header(&r, "openai-processing-ms").parse::<u64>().unwrap();
+    let b: Value = r.json().await.unwrap();
+    assert!(b["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    uuid::Uuid::parse_str(&b["id"].as_str().unwrap()["chatcmpl-".len()..]).unwrap();
+    assert_eq!(b["object"], "chat.completion");
+    assert_eq!(b["created"], start_wall().timestamp());
+    assert_eq!(b["model"], "gpt-4o-mini");
+    assert_eq!(b["choices"][0]["index"], 0);
+    assert_eq!(b["choices"][0]["message"]["role"], "assistant");
+    let text = b["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(text.split(' ').count(), 5);
+    assert_eq!(b["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        b["usage"],
+        json!({"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15})
+    );
+
+    // No max_tokens: output_tokens (default 16), finish "stop"; max_completion_tokens wins.
+    let b: Value = h.openai("sk-1", chat(None)).await.json().await.unwrap();
+    assert_eq!(b["usage"]["completion_tokens"], 16);
+    assert_eq!(b["choices"][0]["finish_reason"], "stop");
+    let mut body = chat(Some(100));
+    body["max_completion_tokens"] = json!(3);
+    let b: Value = h.openai("sk-1", body).await.json().await.unwrap();
+    assert_eq!(b["usage"]["completion_tokens"], 3);
+
+    let s = h.stats().await;
+    assert_eq!((s.requests, s.succeeded), (3, 3));
+    let p = &s.projects["oai"];
+    assert_eq!(p.requests_admitted, 3);
+    assert_eq!(p.input_tokens_admitted, 30);
+    assert_eq!(p.output_tokens_admitted, 5 + 16 + 3);
+}
+
+#[tokio::test]
+async fn anthropic_success_shape_and_usage() {
+    let h = start(ANTHROPIC).await;
+    let body = json!({
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 100,
+        "system": "You are terse.",
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "abcdefgh"}, {"type": "text", "text": "ij"}]},
+        ],
+    });
+    let r = h.anthropic("ak-1", body).await;
+    assert_eq!(r.status(), 200);
+    assert!(header(&r, "request-id").starts_with("req_"));
+    let b: Value = r.json().await.unwrap();
+    assert!(b["id"].as_str().unwrap().starts_with("msg_"));
+    assert_eq!(b["type"], "message");
+    assert_eq!(b["role"], "assistant");
+    assert_eq!(b["model"], "claude-sonnet-4-5");
+    assert_eq!(b["content"][0]["type"], "text");
+    assert_eq!(b["content"][0]["text"].as_str().unwrap().split(' ').count(), 16);
+    assert_eq!(b["stop_reason"], "end_turn");
+    assert_eq!(b["stop_sequence"], Value::Null);
+    // 3 + system (4 + ceil(14/4)=4) + message (4 + ceil(10/4)=3) = 18
+    assert_eq!(b["usage"], json!({"input_tokens": 18, "output_tokens": 16}));
+
+    let b: Value = h.anthropic("ak-1", claude(4)).await.json().await.unwrap();
+    assert_eq!(b["stop_reason"], "max_tokens");
+    assert_eq!(b["usage"]["output_tokens"], 4);
+}
+
+#[tokio::test]
+async fn openai_headers_present_and_parse() {
+    let h = start(OPENAI).await;
+    let r = h.openai("sk-1", chat(Some(5))).await;
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-requests"), 60);
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-requests"), 59);
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 1000);
+    // Charged input 10 + max_tokens 5.
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-tokens"), 985);
+    // One request at 1/s; 15 tokens at 1000/60 per s = 0.9 s.
+    assert_eq!(header(&r, "x-ratelimit-reset-requests"), "1s");
+    assert_eq!(header(&r, "x-ratelimit-reset-tokens"), "900ms");
+    assert_eq!(header(&r, "openai-organization"), "org-oai");
+
+    h.advance(Duration::from_millis(500));
+    let r = h.openai("sk-2", chat(Some(5))).await;
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-requests"), 58);
+    assert_eq!(header(&r, "x-ratelimit-reset-requests"), "1.5s");
+    // 15 missing, 8.33 refilled, 15 more taken: 21.67 tokens at 16.67/s.
+    assert_eq!(header(&r, "x-ratelimit-reset-tokens"), "1.3s");
+}
+
+#[tokio::test]
+async fn anthropic_headers_present_and_parse() {
+    let h = start(ANTHROPIC).await;
+    let r = h.anthropic("ak-1", claude(1000)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header_u64(&r, "anthropic-ratelimit-requests-limit"), 50);
+    assert_eq!(header_u64(&r, "anthropic-ratelimit-requests-remaining"), 49);
+    assert_eq!(header_u64(&r, "anthropic-ratelimit-input-tokens-limit"), 30000);
+    assert_eq!(
+        header_u64(&r, "anthropic-ratelimit-input-tokens-remaining"),
+        29990
+    );
+    assert_eq!(header_u64(&r, "anthropic-ratelimit-output-tokens-limit"), 8000);
+    // Charged max_tokens 1000 at start, corrected to the 16 generated at the end.
+    assert_eq!(
+        header_u64(&r, "anthropic-ratelimit-output-tokens-remaining"),
+        7984
+    );
+    assert_eq!(header_u64(&r, "anthropic-ratelimit-tokens-limit"), 38000);
+    assert_eq!(
+        header_u64(&r, "anthropic-ratelimit-tokens-remaining"),
+        29990 + 7984
+    );
+    let reset = header(&r, "anthropic-ratelimit-requests-reset");
+    assert!(reset.ends_with('Z') && !reset.contains('.'), "{reset}");
+    // 1 request at 50/min refills in 1.2 s, rounded up to the second.
+    let t = DateTime::parse_from_rfc3339(reset).unwrap();
+    assert_eq!(t, start_wall() + chrono::Duration::seconds(2));
+    for name in ["input-tokens", "output-tokens", "tokens"] {
+        let v = header(&r, &format!("anthropic-ratelimit-{name}-reset"));
+        DateTime::parse_from_rfc3339(v).unwrap();
+    }
+    assert_eq!(h.stats().await.projects["ant"].output_tokens_admitted, 16);
+}
+
+#[tokio::test]
+async fn rpm_exhaustion_gives_exact_429_and_retry_after() {
+    let h = start(
+        r#"
+        [[projects]]
+        name = "oai"
+        kind = "openai"
+        keys = ["sk-1"]
+        rpm = 2
+        "#,
+    )
+    .await;
+    for _ in 0..2 {
+        assert_eq!(h.openai("sk-1", chat(None)).await.status(), 200);
+    }
+    let r = h.openai("sk-1", chat(None)).await;
+    assert_eq!(r.status(), 429);
+    // 2 per minute: one more fits after 30 s.
+    assert_eq!(header(&r, "retry-after"), "30");
+    assert_eq!(header(&r, "retry-after-ms"), "30000");
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-requests"), 0);
+    assert_eq!(header(&r, "x-ratelimit-reset-requests"), "1m0s");
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(
+        b,
+        json!({"error": {
+            "message": "Rate limit reached for gpt-4o-mini in organization org-oai on requests per min (RPM): Limit 2, Used 2, Requested 1. Please try again in 30s. Visit https://platform.openai.com/account/rate-limits to learn more.",
+            "type": "requests",
+            "param": null,
+            "code": "rate_limit_exceeded",
+        }})
+    );
+
+    h.advance(Duration::from_millis(29_999));
+    assert_eq!(h.openai("sk-1", chat(None)).await.status(), 429);
+    h.advance(Duration::from_millis(1));
+    assert_eq!(h.openai("sk-1", chat(None)).await.status(), 200);
+    let s = h.stats().await;
+    assert_eq!(s.rate_limited_429, 2);
+    assert_eq!(s.projects["oai"].rate_limited_429, 2);
+    assert_eq!(s.limit_violations, 0);
+}
+
+#[tokio::test]
+async fn anthropic_429_shape_and_retry_after() {
+    let h = start(
+        r#"
+        [[projects]]
+        name = "ant"
+        kind = "anthropic"
+        keys = ["ak-1"]
+        itpm = 20000
+        "#,
+    )
+    .await;
+    let big = "x".repeat(4 * 15_000);
+    let body = json!({"model": "c", "max_tokens": 10, "messages": [{"role": "user", "content": big}]});
+    assert_eq!(h.anthropic("ak-1", body.clone()).await.status(), 200);
+    let r = h.anthropic("ak-1", body).await;
+    assert_eq!(r.status(), 429);
+    let rid = header(&r, "request-id").to_owned();
+    // 15,007 input tokens needed, 4,993 left, 20,000/min: 30.042 s.
+    assert_eq!(header(&r, "retry-after"), "31");
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(b["type"], "error");
+    assert_eq!(b["error"]["type"], "rate_limit_error");
+    assert_eq!(b["request_id"], rid.as_str());
+    let msg = b["error"]["message"].as_str().unwrap();
+    assert!(msg.starts_with("This request would exceed the rate limit for your organization (org-ant) of 20,000 input tokens per minute."), "{msg}");
+}
+
+#[tokio::test]
+async fn tpm_counts_max_tokens_and_too_large_is_final() {
+    let h = start(
+        r#"
+        [[projects]]
+        name = "oai"
+        kind = "openai"
+        keys = ["sk-1"]
+        tpm = 100
+        "#,
+    )
+    .await;
+    // 10 input + 80 max_tokens = 90, although only 16 are generated.
+    let r = h.openai("sk-1", chat(Some(80))).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-tokens"), 10);
+    let r = h.openai("sk-1", chat(Some(80))).await;
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().contains_key("retry-after"));
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(b["error"]["type"], "tokens");
+    assert_eq!(b["error"]["code"], "rate_limit_exceeded");
+    let msg = b["error"]["message"].as_str().unwrap();
+    // 90 needed, 10 left at 100/min: 48 s.
+    assert!(
+        msg.contains("on tokens per min (TPM): Limit 100, Used 90, Requested 90. Please try again in 48s."),
+        "{msg}"
+    );
+    // Without max_tokens the default output_tokens (16) is charged: 26 > 10.
+    assert_eq!(h.openai("sk-1", chat(None)).await.status(), 429);
+
+    let r = h.openai("sk-1", chat(Some(200))).await;
+    assert_eq!(r.status(), 429);
+    assert!(!r.headers().contains_key("retry-after"));
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(b["error"]["type"], "tokens");
+    assert_eq!(
+        b["error"]["message"],
+        "Request too large for gpt-4o-mini in organization org-oai on tokens per min (TPM): Limit 100, Requested 210. The input or output tokens must be reduced in order to run successfully. Visit https://platform.openai.com/account/rate-limits to learn more."
+    );
+}
+
+#[tokio::test]
+async fn keys_of_one_project_share_buckets() {
+    let h = start(
+        r#"
+        [[projects]]
+        name = "oai"
+        kind = "openai"
+        keys = ["sk-1", "sk-2"]
+        rpm = 1
+        [[projects]]
+        name = "other"
+        kind = "openai"
+        keys = ["sk-3"]
+        rpm = 1
+        "#,
+    )
+    .await;
+    assert_eq!(h.openai("sk-1", chat(None)).await.status(), 200);
+    assert_eq!(h.openai("sk-2", chat(None)).await.status(), 429);
+    assert_eq!(h.openai("sk-3", chat(None)).await.status(), 200);
+}
+
+#[tokio::test]
+async fn revoked_and_unknown_keys_get_401() {
+    let h = start(&format!("{OPENAI}{ANTHROPIC}")).await;
+    for key in ["sk-revoked", "sk-nope", "ak-1"] {
+        let r = h.openai(key, chat(None)).await;
+        assert_eq!(r.status(), 401, "{key}");
+        let b: Value = r.json().await.unwrap();
+        assert_eq!(b["error"]["type"], "invalid_request_error");
+        assert_eq!(b["error"]["code"], "invalid_api_key");
+        assert_eq!(b["error"]["param"], Value::Null);
+        assert!(!b["error"]["message"].as_str().unwrap().contains(key));
+    }
+    let r = h
+        .client
+        .post(format!("{}/v1/chat/completions", h.base))
+        .json(&chat(None))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+
+    for key in ["ak-revoked", "sk-1"] {
+        let r = h.anthropic(key, claude(5)).await;
+        assert_eq!(r.status(), 401);
+        let b: Value = r.json().await.unwrap();
+        assert_eq!(b["type"], "error");
+        assert_eq!(b["error"]["type"], "authentication_error");
+        assert!(b["request_id"].as_str().unwrap().starts_with("req_"));
+    }
+    assert_eq!(h.stats().await.unauthorized, 6);
+}
+
+#[tokio::test]
+async fn bad_requests_and_unknown_models() {
+    let h = start(&format!("{OPENAI}{ANTHROPIC}")).await;
+    let bad = |b: Value| {
+        assert_eq!(b["error"]["type"], "invalid_request_error");
+        assert_eq!(b["error"]["param"], Value::Null);
+        assert_eq!(b["error"]["code"], Value::Null);
+    };
+    let r = h
+        .client
+        .post(format!("{}/v1/chat/completions", h.base))
+        .bearer_auth("sk-1")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    bad(r.json().await.unwrap());
+    let r = h.openai("sk-1", json!({"model": "gpt-4o-mini"})).await;
+    assert_eq!(r.status(), 400);
+    bad(r.json().await.unwrap());
+    let r = h
+        .openai("sk-1", json!({"messages": [{"role": "user", "content": "x"}]}))
+        .await;
+    assert_eq!(r.status(), 400);
+    bad(r.json().await.unwrap());
+
+    let mut body = chat(None);
+    body["model"] = json!("gpt-5");
+    let r = h.openai("sk-1", body).await;
+    assert_eq!(r.status(), 404);
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(b["error"]["code"], "model_not_found");
+
+    let r = h
+        .client
+        .post(format!("{}/v1/messages", h.base))
+        .header("x-api-key", "ak-1")
+        .json(&claude(5))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(b["error"]["type"], "invalid_request_error");
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("anthropic-version")
+    );
+    let r = h
+        .anthropic(
+            "ak-1",
+            json!({"model": "c", "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(b["error"]["message"], "max_tokens: Field required");
+
+    let s = h.stats().await;
+    assert_eq!((s.bad_request, s.not_found, s.succeeded), (5, 1, 0));
+    // Nothing was charged.
+    assert_eq!(s.projects["oai"].requests_admitted, 0);
+}
+
+#[tokio::test]
+async fn fault_windows_fail_then_recover() {
+    let h = start(&format!(
+        r#"{OPENAI}{ANTHROPIC}
+        [[faults]]
+        project = "oai"
+        start_ms = 1000
+        duration_ms = 2000
+        status = 503
+        [[faults]]
+        project = "ant"
+        status = 529
+        duration_ms = 1000
+        [[faults]]
+        status = 500
+        probability = 0.0
+        "#
+    ))
+    .await;
+    assert_eq!(h.openai("sk-1", chat(None)).await.status(), 200);
+    let r = h.anthropic("ak-1", claude(5)).await;
+    assert_eq!(r.status(), 529);
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(b["type"], "error");
+    assert_eq!(
+        b["error"],
+        json!({"type": "overloaded_error", "message": "Overloaded"})
+    );
+
+    h.advance(Duration::from_millis(1000));
+    assert_eq!(h.anthropic("ak-1", claude(5)).await.status(), 200);
+    let r = h.openai("sk-1", chat(None)).await;
+    assert_eq!(r.status(), 503);
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(b["error"]["type"], "server_error");
+    assert_eq!(b["error"]["code"], Value::Null);
+
+    h.advance(Duration::from_millis(2000));
+    assert_eq!(h.openai("sk-1", chat(None)).await.status(), 200);
+    let s = h.stats().await;
+    assert_eq!(s.faults_5xx, 2);
+    // Faults are not charged to the buckets.
+    assert_eq!(s.projects["oai"].requests_admitted, 2);
+    assert_eq!(s.projects["ant"].faults_5xx, 1);
+}
+
+#[tokio::test]
+async fn set_limits_halves_capacity() {
+    let h = start(
+        r#"
+        [[projects]]
+        name = "oai"
+        kind = "openai"
+        keys = ["sk-1"]
+        rpm = 10
+        "#,
+    )
+    .await;
+    assert_eq!(h.openai("sk-1", chat(None)).await.status(), 200);
+    assert!(h.provider.set_limits(
+        "oai",
+        ProjectLimits {
+            rpm: 5,
+            ..Default::default()
+        }
+    ));
+    assert!(!h.provider.set_limits("nope", ProjectLimits::default()));
+    // 9 left, clamped to the new capacity of 5.
+    let r = h.openai("sk-1", chat(None)).await;
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-requests"), 5);
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-requests"), 4);
+    for _ in 0..4 {
+        assert_eq!(h.openai("sk-1", chat(None)).await.status(), 200);
+    }
+    let r = h.openai("sk-1", chat(None)).await;
+    assert_eq!(r.status(), 429);
+    // Refill is now 5/min: 12 s per request.
+    assert_eq!(header(&r, "retry-after"), "12");
+
+    // The HTTP route: full replacement, 0 / absent = unlimited.
+    let r = h
+        .client
+        .post(format!("{}/mock/limits/oai", h.base))
+        .json(&json!({"tpm": 1000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = h.openai("sk-1", chat(None)).await;
+    assert_eq!(r.status(), 200);
+    assert!(!r.headers().contains_key("x-ratelimit-limit-requests"));
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 1000);
+    let r = h
+        .client
+        .post(format!("{}/mock/limits/nope", h.base))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let s = h.stats().await;
+    assert_eq!(s.projects["oai"].limits.tpm, 1000);
+    assert_eq!(s.limit_violations, 0);
+}
+
+#[tokio::test]
+async fn otpm_is_corrected_to_actual_output() {
+    let h = start(
+        r#"
+        output_tokens = 10
+        [[projects]]
+        name = "ant"
+        kind = "anthropic"
+        keys = ["ak-1"]
+        otpm = 100
+        "#,
+    )
+    .await;
+    // Each request reserves 60 but uses 10: without the correction the second would wait.
+    for remaining in [90, 80, 70] {
+        let r = h.anthropic("ak-1", claude(60)).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(
+            header_u64(&r, "anthropic-ratelimit-output-tokens-remaining"),
+            remaining
+        );
+    }
+    let r = h.anthropic("ak-1", claude(101)).await;
+    assert_eq!(r.status(), 429);
+    assert!(!r.headers().contains_key("retry-after"));
+}
+
+#[tokio::test]
+async fn rpd_resets_at_utc_midnight() {
+    let wall = Utc.with_ymd_and_hms(2026, 3, 1, 23, 59, 0).unwrap();
+    let h = start_at(
+        r#"
+        [[projects]]
+        name = "groq"
+        kind = "openai"
+        keys = ["gsk-1"]
+        rpd = 2
+        "#,
+        wall,
+        true,
+    )
+    .await;
+    let r = h.openai("gsk-1", chat(None)).await;
+    // Groq-like: the requests headers report the daily limit.
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-requests"), 2);
+    assert_eq!(header(&r, "x-ratelimit-reset-requests"), "1m0s");
+    assert_eq!(h.openai("gsk-1", chat(None)).await.status(), 200);
+    let r = h.openai("gsk-1", chat(None)).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(header(&r, "retry-after"), "60");
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(b["error"]["type"], "requests");
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("requests per day (RPD): Limit 2, Used 2")
+    );
+    h.advance(Duration::from_secs(60));
+    assert_eq!(h.openai("gsk-1", chat(None)).await.status(), 200);
+}
+
+#[tokio::test]
+async fn burst_with_moving_clock_has_no_limit_violations() {
+    let h = Arc::new(
+        start(
+            r#"
+            [[projects]]
+            name = "oai"
+            kind = "openai"
+            keys = ["sk-1"]
+            rpm = 30
+            tpm = 600
+            [[projects]]
+            name = "ant"
+            kind = "anthropic"
+            keys = ["ak-1"]
+            rpm = 40
+            itpm = 300
+            otpm = 400
+            "#,
+        )
+        .await,
+    );
+    let tracker = TaskTracker::new();
+    for i in 0..200u64 {
+        let client = h.clone();
+        tracker.spawn(async move {
+            if i % 2 == 0 {
+                client.openai("sk-1", chat(Some(i % 20 + 1))).await.status()
+            } else {
+                client.anthropic("ak-1", claude(i % 30 + 1)).await.status()
+            }
+        });
+        if i % 10 == 0 {
+            h.advance(Duration::from_millis(700));
+        }
+    }
+    tracker.close();
+    tracker.wait().await;
+    let s = h.stats().await;
+    assert_eq!(s.requests, 200);
+    assert_eq!(s.succeeded + s.rate_limited_429, 200);
+    assert!(s.rate_limited_429 > 0, "the burst should hit the limits");
+    assert_eq!(s.limit_violations, 0);
+    // 14 s passed: at most capacity + 14/60 of it.
+    assert!(s.projects["oai"].requests_admitted <= 30 + 7);
+    assert!(s.projects["ant"].requests_admitted <= 40 + 9);
+}
+
+#[tokio::test]
+async fn burst_on_real_clock_has_no_limit_violations() {
+    let h = Arc::new(
+        start_at(
+            r#"
+            latency_ms = 20
+            [[projects]]
+            name = "oai"
+            kind = "openai"
+            keys = ["sk-1"]
+            rpm = 100
+            tpm = 2000
+            "#,
+            start_wall(),
+            false,
+        )
+        .await,
+    );
+    let tracker = TaskTracker::new();
+    for _ in 0..300 {
+        let h = h.clone();
+        tracker.spawn(async move { h.openai("sk-1", chat(Some(3))).await.status() });
+    }
+    tracker.close();
+    tracker.wait().await;
+    let s = h.stats().await;
+    assert_eq!(s.limit_violations, 0);
+    assert_eq!(s.succeeded + s.rate_limited_429, 300);
+    assert!(s.projects["oai"].requests_admitted >= 100);
+    assert!(s.max_in_flight >= 2, "{}", s.max_in_flight);
+    assert_eq!(s.in_flight, 0);
+}
+
+#[tokio::test]
+async fn no_headers_when_disabled() {
+    let h = start(
+        r#"
+        send_rate_limit_headers = false
+        [[projects]]
+        name = "ds"
+        kind = "openai"
+        keys = ["sk-1"]
+        rpm = 1
+        tpm = 1000
+        [[projects]]
+        name = "ant"
+        kind = "anthropic"
+        keys = ["ak-1"]
+        rpm = 1
+        "#,
+    )
+    .await;
+    let ok = h.openai("sk-1", chat(None)).await;
+    let limited = h.openai("sk-1", chat(None)).await;
+    assert_eq!((ok.status().as_u16(), limited.status().as_u16()), (200, 429));
+    let a_ok = h.anthropic("ak-1", claude(5)).await;
+    let a_limited = h.anthropic("ak-1", claude(5)).await;
+    assert_eq!((a_ok.status().as_u16(), a_limited.status().as_u16()), (200, 429));
+    for r in [&ok, &limited, &a_ok, &a_limited] {
+        for name in r.headers().keys() {
+            let n = name.as_str();
+            assert!(!n.contains("ratelimit") && !n.starts_with("retry-after"), "{n}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn stats_reset_and_in_flight() {
+    let h = start(
+        r#"
+        latency_ms = 200
+        [[projects]]
+        name = "oai"
+        kind = "openai"
+        keys = ["sk-1"]
+        "#,
+    )
+    .await;
+    let (a, b, c) = tokio::join!(
+        h.openai("sk-1", chat(None)),
+        h.openai("sk-1", chat(None)),
+        h.openai("sk-1", chat(None)),
+    );
+    for r in [&a, &b, &c] {
+        assert_eq!(r.status(), 200);
+    }
+    let s = h.stats().await;
+    assert!(s.max_in_flight >= 2, "{}", s.max_in_flight);
+    assert_eq!(s.projects["oai"].requests_admitted, 3);
+    assert_eq!(s, h.provider.stats());
+    let r = h
+        .client
+        .post(format!("{}/mock/reset", h.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let s = h.stats().await;
+    assert_eq!((s.requests, s.succeeded, s.max_in_flight), (0, 0, 0));
+    assert_eq!(s.projects["oai"].requests_admitted, 0);
+}
+
+#[tokio::test]
+async fn serve_stops_on_cancel() {
+    let h = start(OPENAI).await;
+    h.cancel.cancel();
+    h.tracker.close();
+    tokio::time::timeout(Duration::from_secs(5), h.tracker.wait())
+        .await
+        .unwrap();
+}
+
+#[test]
+fn config_defaults_and_validation() {
+    let c = MockConfig::from_toml_str("").unwrap();
+    assert_eq!(c.latency_ms, 0);
+    assert_eq!(c.latency_per_output_token_us, 0);
+    assert_eq!(c.output_tokens, 16);
+    assert!(c.send_rate_limit_headers);
+    assert!(c.projects.is_empty() && c.faults.is_empty());
+
+    let c = MockConfig::from_toml_str(
+        r#"
+        [[projects]]
+        name = "p"
+        kind = "anthropic"
+        keys = ["k"]
+        [[faults]]
+        duration_ms = 5
+        "#,
+    )
+    .unwrap();
+    assert_eq!(c.projects[0].limits(), ProjectLimits::default());
+    assert_eq!(c.faults[0].status, 503);
+    assert_eq!(c.faults[0].probability, 1.0);
+    assert_eq!(c.faults[0].project, None);
+
+    let invalid = |s: &str| matches!(MockConfig::from_toml_str(s), Err(MockConfigError::Invalid(_)));
+    assert!(invalid(
+        "[[projects]]\nname='a'\nkind='openai'\nkeys=['k']\n[[projects]]\nname='a'\nkind='openai'\nkeys=['j']"
+    ));
+    assert!(invalid(
+        "[[projects]]\nname='a'\nkind='openai'\nkeys=['k']\n[[projects]]\nname='b'\nkind='anthropic'\nkeys=['k']"
+    ));
+    assert!(invalid("[[faults]]\nproject='x'"));
+    assert!(invalid("[[faults]]\nstatus=429"));
+    assert!(invalid("[[faults]]\nprobability=1.5"));
+    assert!(matches!(
+        MockConfig::from_toml_str("latency = 3"),
+        Err(MockConfigError::Parse(_))
+    ));
+    assert!(matches!(
+        MockConfig::from_toml_str("[[projects]]\nname='a'\nkind='gemini'\nkeys=[]"),
+        Err(MockConfigError::Parse(_))
+    ));
+    assert!(matches!(
+        MockConfig::load(std::path::Path::new("/nonexistent/mock.toml")),
+        Err(MockConfigError::Read { .. })
+    ));
+}

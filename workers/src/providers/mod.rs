@@ -1,0 +1,255 @@
+//! Provider adapters: one OpenAI-format request in, one OpenAI-format response (or a
+//! classified [`Failure`]) out. Adapters never retry — retrying is the dispatcher's call.
+//!
+//! - [`openai`]: OpenAI Chat Completions and every OpenAI-compatible server.
+//! - [`anthropic`]: Anthropic Messages, translated to and from the OpenAI chat format.
+
+pub mod anthropic;
+pub mod openai;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use reqwest::header::HeaderMap;
+use secrecy::SecretString;
+use serde_json::{Map, Value};
+use tollgate::config::{Config, ProviderConfig, ProviderKind};
+use tollgate::model::Usage;
+use tollgate::retry::{Failure, classify_response};
+use tollgate::routing::Target;
+
+/// A provider key; the secret is never logged, serialized or returned.
+pub struct ProviderKey {
+    pub name: String,
+    secret: SecretString,
+}
+
+/// One configured provider with its keys.
+pub struct ProviderClient {
+    pub name: String,
+    pub kind: ProviderKind,
+    base_url: String,
+    anthropic_version: String,
+    keys: Vec<ProviderKey>,
+    next_key: AtomicUsize,
+}
+
+/// A successful call, already in OpenAI chat format.
+#[derive(Debug, Clone)]
+pub struct Success {
+    pub body: Value,
+    pub usage: Usage,
+}
+
+/// What one provider call came to, with what the record of the attempt needs.
+#[derive(Debug)]
+pub struct CallOutcome {
+    pub key_name: String,
+    pub status: Option<u16>,
+    pub request_id: Option<String>,
+    /// The rate-limit headers as sent (names lower-case), for the attempt record.
+    pub rate_limit: Option<Value>,
+    pub result: Result<Success, Failure>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderSetupError {
+    #[error("provider {provider}: key {key}: {reason}")]
+    Key {
+        provider: String,
+        key: String,
+        reason: String,
+    },
+    #[error("HTTP client: {0}")]
+    Http(#[from] reqwest::Error),
+}
+
+/// Every configured provider, sharing one pooled HTTP client.
+#[derive(Clone)]
+pub struct Providers {
+    http: reqwest::Client,
+    by_name: Arc<HashMap<String, ProviderClient>>,
+}
+
+impl Providers {
+    pub fn from_config(config: &Config) -> Result<Self, ProviderSetupError> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(config.dispatch.request_timeout_secs))
+            .connect_timeout(Duration::from_secs(10))
+            .pool_max_idle_per_host(config.dispatch.concurrency.max(8))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
+        let mut by_name = HashMap::new();
+        for p in &config.providers {
+            by_name.insert(p.name.clone(), ProviderClient::new(p)?);
+        }
+        Ok(Self {
+            http,
+            by_name: Arc::new(by_name),
+        })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&ProviderClient> {
+        self.by_name.get(name)
+    }
+
+    /// Sends `request` (OpenAI chat format) to `target` with the provider's next key.
+    pub async fn call(&self, target: &Target, request: &Value) -> CallOutcome {
+        let Some(client) = self.get(&target.provider) else {
+            return CallOutcome {
+                key_name: String::new(),
+                status: None,
+                request_id: None,
+                rate_limit: None,
+                result: Err(Failure {
+                    class: tollgate::retry::FailureClass::Request,
+                    code: "unknown_provider",
+                    message: format!("provider {:?} is not configured", target.provider),
+                    status: None,
+                    retry_after: None,
+                }),
+            };
+        };
+        client.call(&self.http, &target.model, request).await
+    }
+}
+
+impl ProviderClient {
+    fn new(p: &ProviderConfig) -> Result<Self, ProviderSetupError> {
+        let keys = p
+            .keys
+            .iter()
+            .map(|k| {
+                k.resolve()
+                    .map(|secret| ProviderKey {
+                        name: k.name.clone(),
+                        secret,
+                    })
+                    .map_err(|reason| ProviderSetupError::Key {
+                        provider: p.name.clone(),
+                        key: k.name.clone(),
+                        reason,
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            name: p.name.clone(),
+            kind: p.kind,
+            base_url: p.base_url.trim_end_matches('/').to_owned(),
+            anthropic_version: p.anthropic_version.clone(),
+            keys,
+            next_key: AtomicUsize::new(0),
+        })
+    }
+
+    /// Round robin over the provider's keys.
+    fn pick_key(&self) -> &ProviderKey {
+        let i = self.next_key.fetch_add(1, Ordering::Relaxed) % self.keys.len().max(1);
+        &self.keys[i]
+    }
+
+    async fn call(&self, http: &reqwest::Client, model: &str, request: &Value) -> CallOutcome {
+        let key = self.pick_key();
+        let built = match self.kind {
+            ProviderKind::Openai | ProviderKind::OpenaiCompatible => {
+                openai::build(http, &self.base_url, &key.secret, model, request)
+            }
+            ProviderKind::Anthropic => anthropic::build(
+                http,
+                &self.base_url,
+                &key.secret,
+                &self.anthropic_version,
+                model,
+                request,
+            ),
+        };
+        let mut outcome = CallOutcome {
+            key_name: key.name.clone(),
+            status: None,
+            request_id: None,
+            rate_limit: None,
+            result: Err(Failure::network("request was not sent")),
+        };
+        let response = match built.send().await {
+            Ok(r) => r,
+            Err(e) => {
+                outcome.result = Err(send_failure(e));
+                return outcome;
+            }
+        };
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        outcome.status = Some(status);
+        outcome.request_id = request_id(&headers);
+        outcome.rate_limit = rate_limit_headers(&headers);
+        let body = match response.bytes().await {
+            Ok(b) => b,
+            Err(e) => {
+                outcome.result = Err(send_failure(e));
+                return outcome;
+            }
+        };
+        outcome.result = if (200..300).contains(&status) {
+            let parsed = match self.kind {
+                ProviderKind::Openai | ProviderKind::OpenaiCompatible => openai::parse_success(&body),
+                ProviderKind::Anthropic => anthropic::parse_success(&body),
+            };
+            parsed.map_err(|reason| Failure {
+                class: tollgate::retry::FailureClass::Network,
+                code: "provider_bad_response",
+                message: reason,
+                status: Some(status),
+                retry_after: None,
+            })
+        } else {
+            Err(classify_response(status, &headers, &body))
+        };
+        outcome
+    }
+}
+
+fn send_failure(e: reqwest::Error) -> Failure {
+    // reqwest's Display of a send error can include the URL but never headers or keys.
+    let timed_out = e.is_timeout();
+    let message = format!("{}", e.without_url());
+    if timed_out {
+        Failure::timeout(message)
+    } else {
+        Failure::network(message)
+    }
+}
+
+fn request_id(headers: &HeaderMap) -> Option<String> {
+    ["x-request-id", "request-id"]
+        .iter()
+        .find_map(|h| headers.get(*h))
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// Keeps the headers that carry rate-limit state, for the attempt record.
+fn rate_limit_headers(headers: &HeaderMap) -> Option<Value> {
+    let mut map = Map::new();
+    for (name, value) in headers {
+        let n = name.as_str();
+        let keep = n.starts_with("x-ratelimit-")
+            || n.starts_with("anthropic-ratelimit-")
+            || n.starts_with("x-tokenlimit-")
+            || n == "retry-after"
+            || n == "retry-after-ms";
+        if keep && let Ok(v) = value.to_str() {
+            map.insert(n.to_owned(), Value::String(v.to_owned()));
+        }
+    }
+    (!map.is_empty()).then_some(Value::Object(map))
+}
+
+/// Reads an integer field of a usage object, 0 when absent.
+pub(crate) fn int(v: &Value, path: &[&str]) -> i64 {
+    path.iter()
+        .try_fold(v, |v, k| v.get(*k))
+        .and_then(Value::as_i64)
+        .unwrap_or(0)
+}
