@@ -44,6 +44,8 @@ pub struct Config {
     #[serde(default)]
     pub retry: RetryConfig,
     #[serde(default)]
+    pub gate: GateConfig,
+    #[serde(default)]
     pub classes: ClassesConfig,
     pub providers: Vec<ProviderConfig>,
     #[serde(default)]
@@ -157,6 +159,32 @@ impl Default for RetryConfig {
     }
 }
 
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GateConfig {
+    /// Most jobs admitted in one gate round (one transaction).
+    pub batch: usize,
+    /// Tokens a newly active tenant may run ahead of the others (burst credit), per unit of
+    /// weight.
+    pub burst_credit_tokens: u64,
+    /// Provider buckets keep this many seconds of refill in reserve, covering the time
+    /// between admission and the provider's receipt of the request.
+    pub headroom_secs: f64,
+    /// Fallback period of the gate when nothing wakes it, in milliseconds.
+    pub poll_interval_ms: u64,
+}
+
+impl Default for GateConfig {
+    fn default() -> Self {
+        Self {
+            batch: 512,
+            burst_credit_tokens: 8192,
+            headroom_secs: 0.25,
+            poll_interval_ms: 1000,
+        }
+    }
+}
+
 /// Per-class defaults. Interactive work is short-lived; batch work may wait a day.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -171,6 +199,8 @@ impl Default for ClassesConfig {
     fn default() -> Self {
         let with = |secs| ClassConfig {
             default_deadline_secs: secs,
+            max_queued_per_tenant: None,
+            starve_after_secs: 60,
         };
         Self {
             interactive: with(120),
@@ -197,6 +227,18 @@ impl ClassesConfig {
 pub struct ClassConfig {
     /// Deadline of a job that names none, counted from acceptance.
     pub default_deadline_secs: u64,
+    /// Jobs a tenant may have waiting in this class; past it, submissions get 429
+    /// `queue_full` with Retry-After. None = no cap (always queue).
+    #[serde(default)]
+    pub max_queued_per_tenant: Option<u64>,
+    /// A job waiting longer than this is considered with the interactive class, so a
+    /// busy higher class cannot starve it.
+    #[serde(default = "default_starve_after")]
+    pub starve_after_secs: u64,
+}
+
+fn default_starve_after() -> u64 {
+    60
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -225,9 +267,36 @@ pub struct ProviderConfig {
     /// Configured limits per model (`"*"` for all models). Enforced by the gate.
     #[serde(default)]
     pub limits: BTreeMap<String, ModelLimits>,
+    /// Prices per model (`"*"` for all models), for spend estimates and budgets.
+    #[serde(default)]
+    pub prices: BTreeMap<String, ModelPrice>,
     /// `anthropic-version` header sent to Anthropic.
     #[serde(default = "default_anthropic_version")]
     pub anthropic_version: String,
+}
+
+/// USD per million tokens.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPrice {
+    pub input_per_mtok: f64,
+    pub output_per_mtok: f64,
+    #[serde(default)]
+    pub cached_input_per_mtok: Option<f64>,
+    /// Fraction of the price charged through the provider's batch API (e.g. 0.5).
+    #[serde(default)]
+    pub batch_discount: Option<f64>,
+}
+
+impl ProviderConfig {
+    /// The configured limits of `model` (its own entry, else `"*"`).
+    pub fn limits_for(&self, model: &str) -> Option<&ModelLimits> {
+        self.limits.get(model).or_else(|| self.limits.get("*"))
+    }
+
+    pub fn price_for(&self, model: &str) -> Option<&ModelPrice> {
+        self.prices.get(model).or_else(|| self.prices.get("*"))
+    }
 }
 
 fn default_anthropic_version() -> String {
@@ -275,6 +344,21 @@ pub struct TenantConfig {
     /// Share of contended capacity relative to other tenants.
     #[serde(default = "default_weight")]
     pub weight: u32,
+    /// Requests per minute across all the tenant's jobs.
+    #[serde(default)]
+    pub rpm: Option<u64>,
+    /// Tokens (input + output) per minute.
+    #[serde(default)]
+    pub tpm: Option<u64>,
+    /// Requests per UTC day.
+    #[serde(default)]
+    pub rpd: Option<u64>,
+    /// Provider calls in flight at once.
+    #[serde(default)]
+    pub concurrency: Option<u64>,
+    /// Spend per UTC day, in USD, priced with `providers[].prices`.
+    #[serde(default)]
+    pub daily_spend_usd: Option<f64>,
 }
 
 fn default_weight() -> u32 {
@@ -318,6 +402,12 @@ impl Config {
                 "must be at least 1 and shorter than dispatch.lease_secs",
             ));
         }
+        if self.gate.batch == 0 {
+            return Err(invalid("gate.batch", "must be at least 1"));
+        }
+        if !(self.gate.headroom_secs.is_finite() && self.gate.headroom_secs >= 0.0) {
+            return Err(invalid("gate.headroom_secs", "must be a non-negative number"));
+        }
         if self.retry.max_attempts == 0 {
             return Err(invalid("retry.max_attempts", "must be at least 1"));
         }
@@ -346,6 +436,14 @@ impl Config {
             }
             if p.models.is_empty() {
                 return Err(invalid(at("models"), "at least one model is required"));
+            }
+            for model in p.prices.keys() {
+                if model != "*" && !p.models.contains(model) {
+                    return Err(invalid(
+                        format!("providers[{i}].prices.{model}"),
+                        "names a model not in this provider's `models` (use \"*\" for all)",
+                    ));
+                }
             }
             for model in p.limits.keys() {
                 if model != "*" && !p.models.contains(model) {
@@ -394,6 +492,14 @@ impl Config {
                 return Err(invalid(
                     format!("tenants[{i}].name"),
                     format!("duplicate tenant {:?}", t.name),
+                ));
+            }
+            if t.daily_spend_usd
+                .is_some_and(|usd| !(usd.is_finite() && usd >= 0.0))
+            {
+                return Err(invalid(
+                    format!("tenants[{i}].daily_spend_usd"),
+                    "must be a non-negative number",
                 ));
             }
             if t.weight == 0 {

@@ -8,17 +8,23 @@
 //! - [`tenants`]: API key → tenant.
 //! - [`routing`]: requested model (route alias or `provider/model`) → provider targets.
 //! - [`estimate`]: token demand of a request, made at submit time.
+//! - [`buckets`]: limits as buckets, a job's path through them, their arithmetic.
+//! - [`gate`]: admission — weighted fair queuing over tenants, all-or-nothing reservations.
 //! - [`retry`]: failure classification and the retry policy.
 //!
 //! Data flow: the API (`tollgate-api`) authenticates through `tenants`, resolves through
-//! `routing`, estimates, and inserts through `store`; dispatchers (`tollgate-workers`)
-//! claim through `store`, call providers, classify failures through `retry`, and write
-//! results back through `store`, whose NOTIFYs reach waiters through `notify`.
+//! `routing`, estimates, and inserts through `store` (state `queued`); the `gate` admits
+//! queued jobs whose `buckets` can hold them (state `admitted`, reservations held);
+//! dispatchers (`tollgate-workers`) claim admitted jobs through `store`, call providers,
+//! classify failures through `retry`, and write results back through `store`, settling
+//! the reservations; NOTIFYs reach waiters through `notify`.
 
+pub mod buckets;
 pub mod config;
 pub mod db;
 pub mod embedded;
 pub mod estimate;
+pub mod gate;
 pub mod model;
 pub mod notify;
 pub mod retry;

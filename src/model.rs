@@ -39,8 +39,11 @@ impl std::str::FromStr for JobId {
 #[sqlx(type_name = "job_state", rename_all = "lowercase")]
 #[serde(rename_all = "lowercase")]
 pub enum JobState {
-    /// Waiting to be claimed (possibly not before `not_before`).
+    /// Waiting for the gate (possibly not before `not_before`).
     Queued,
+    /// Admitted by the gate: every bucket on its path holds its reservation; waiting for a
+    /// dispatcher.
+    Admitted,
     /// Claimed by a dispatcher holding a lease; a provider call may be in flight.
     Running,
     Succeeded,
@@ -56,6 +59,7 @@ impl JobState {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Queued => "queued",
+            Self::Admitted => "admitted",
             Self::Running => "running",
             Self::Succeeded => "succeeded",
             Self::Failed => "failed",
@@ -114,6 +118,11 @@ pub struct Job {
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
+    pub admitted_at: Option<DateTime<Utc>>,
+    pub reserved_buckets: Option<Vec<i64>>,
+    pub reserved_amounts: Option<Vec<f64>>,
+    /// The gate's explanation of why a queued job still waits.
+    pub admission: Option<serde_json::Value>,
 }
 
 /// What the API inserts.

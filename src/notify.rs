@@ -1,5 +1,6 @@
 //! One LISTEN connection per process, fanned out to whoever waits: long-polls wait for a
-//! job to finish, idle dispatchers wait for new work. Notifications are hints; every
+//! job to finish, idle dispatchers wait for admitted work, the gate waits for queued work
+//! or freed capacity. Notifications are hints; every
 //! waiter re-reads the database after waking, so a lost notification (the listener
 //! reconnecting) costs latency, never correctness — and after a reconnect everyone is
 //! woken to re-check.
@@ -14,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::model::JobId;
-use crate::store::{CHANNEL_JOB_DONE, CHANNEL_JOBS_READY};
+use crate::store::{CHANNEL_GATE, CHANNEL_JOB_DONE, CHANNEL_JOBS_READY};
 
 /// A wake-up for job waiters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,7 +30,10 @@ pub enum JobDone {
 #[derive(Clone)]
 pub struct Notifications {
     job_done: broadcast::Sender<JobDone>,
+    /// Admitted work for dispatchers.
     jobs_ready: Arc<Notify>,
+    /// Queued work or freed capacity for the gate.
+    gate: Arc<Notify>,
 }
 
 impl Default for Notifications {
@@ -37,6 +41,7 @@ impl Default for Notifications {
         Self {
             job_done: broadcast::channel(8192).0,
             jobs_ready: Arc::new(Notify::new()),
+            gate: Arc::new(Notify::new()),
         }
     }
 }
@@ -53,15 +58,27 @@ impl Notifications {
         self.jobs_ready.notified()
     }
 
-    /// Wakes local dispatchers directly (used after a local insert).
+    /// Wakes local dispatchers directly.
     pub fn wake_dispatchers(&self) {
         self.jobs_ready.notify_waiters();
         self.jobs_ready.notify_one();
     }
 
+    /// Resolves when queued work or capacity may have appeared; `enable()` it first.
+    pub fn gate_ready(&self) -> tokio::sync::futures::Notified<'_> {
+        self.gate.notified()
+    }
+
+    /// Wakes the local gate directly (used after a local insert).
+    pub fn wake_gate(&self) {
+        self.gate.notify_waiters();
+        self.gate.notify_one();
+    }
+
     fn wake_all(&self) {
         let _ = self.job_done.send(JobDone::All);
         self.wake_dispatchers();
+        self.wake_gate();
     }
 
     /// Starts the listener task; it reconnects with backoff until `cancel`.
@@ -101,7 +118,10 @@ impl Notifications {
                             if let Ok(id) = n.payload().parse::<JobId>() {
                                 let _ = hub.job_done.send(JobDone::Job(id));
                             }
+                            // A finished job may have freed capacity.
+                            hub.wake_gate();
                         }
+                        Ok(Some(n)) if n.channel() == CHANNEL_GATE => hub.wake_gate(),
                         Ok(Some(_)) => hub.wake_dispatchers(),
                         Ok(None) => {
                             // Connection lost; try_recv reconnects on the next call.

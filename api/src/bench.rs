@@ -80,7 +80,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         broker_config(addr, concurrency)
     })
     .await?;
-    let http = reqwest::Client::builder().pool_max_idle_per_host(args.clients).build()?;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.clients)
+        .build()?;
 
     // Baseline: straight to the mock.
     let direct_url = format!("http://{}/v1/chat/completions", stack.mock_addr);
@@ -90,7 +92,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             let http = http.clone();
             let url = direct_url.clone();
             async move {
-                let body = json!({"model": "gpt-4o-mini", "messages": request(i)["messages"], "max_tokens": 8});
+                let body =
+                    json!({"model": "gpt-4o-mini", "messages": request(i)["messages"], "max_tokens": 8});
                 let r = http.post(url).bearer_auth("sk-bench").json(&body).send().await;
                 match r {
                     Ok(resp) => !resp.status().is_success() || resp.bytes().await.is_err(),
@@ -144,7 +147,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
     let direct_rate = rate(args.jobs, direct);
     let e2e_rate = rate(args.jobs, through);
-    println!("tollgate bench: {} jobs, {} clients, dispatch.concurrency {}", args.jobs, args.clients, concurrency);
+    println!(
+        "tollgate bench: {} jobs, {} clients, dispatch.concurrency {}",
+        args.jobs, args.clients, concurrency
+    );
     println!("| case | wall s | jobs/s | failures |");
     println!("|---|---:|---:|---:|");
     println!(
@@ -166,6 +172,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         failed
     );
     println!("ratio end-to-end / baseline: {:.2}", e2e_rate / direct_rate);
-    anyhow::ensure!(succeeded == expected, "only {succeeded} of {expected} jobs succeeded");
+    anyhow::ensure!(
+        succeeded == expected,
+        "only {succeeded} of {expected} jobs succeeded"
+    );
     Ok(())
 }

@@ -1,5 +1,5 @@
-//! One tollgate process: the API, a dispatcher, maintenance and the notification
-//! listener, on one database. [`Broker::start`] brings them up; [`Broker::shutdown`] runs
+//! One tollgate process: the API, the gate (when elected), a dispatcher, maintenance and
+//! the notification listener, on one database. [`Broker::start`] brings them up; [`Broker::shutdown`] runs
 //! the written shutdown sequence: stop accepting and claiming → drain in-flight provider
 //! calls up to `dispatch.drain_timeout_secs` → release the leases of what did not finish
 //! → exit.
@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tollgate::config::Config;
+use tollgate::gate::Gate;
 use tollgate::notify::Notifications;
 use tollgate::tenants::TenantDirectory;
 use tollgate_workers::dispatcher::Dispatcher;
@@ -26,6 +27,8 @@ use crate::AppState;
 #[derive(Debug, Clone, Copy)]
 pub struct Roles {
     pub api: bool,
+    /// Competes for the active gate (one process at a time admits).
+    pub gate: bool,
     pub dispatch: bool,
     pub maintenance: bool,
 }
@@ -33,12 +36,14 @@ pub struct Roles {
 impl Roles {
     pub const ALL: Roles = Roles {
         api: true,
+        gate: true,
         dispatch: true,
         maintenance: true,
     };
     /// Accepts and serves jobs but sends nothing: work stays queued (tests, API-only nodes).
     pub const API_ONLY: Roles = Roles {
         api: true,
+        gate: false,
         dispatch: false,
         maintenance: false,
     };
@@ -65,6 +70,9 @@ impl Broker {
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
         let notifications = Notifications::default();
+        tollgate::store::sync_buckets(&pool, &tollgate::buckets::configured(&config), chrono::Utc::now())
+            .await
+            .context("syncing the configured buckets")?;
         notifications.spawn_listener(pool.clone(), &tracker, cancel.clone());
         let tenants = TenantDirectory::from_config(&config).map_err(anyhow::Error::msg)?;
         let state = AppState {
@@ -94,6 +102,10 @@ impl Broker {
             let d = Dispatcher::new(pool.clone(), config.clone(), providers, notifications.clone());
             tracker.spawn(d.clone().run(cancel.clone()));
             dispatcher = Some(d);
+        }
+        if roles.gate {
+            let gate = Gate::new(pool.clone(), config.clone(), notifications.clone());
+            tracker.spawn(gate.run(cancel.clone()));
         }
         if roles.maintenance {
             let m = Maintenance::new(

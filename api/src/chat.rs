@@ -71,7 +71,7 @@ pub(crate) async fn completions(
             let body = finished.result.unwrap_or(Value::Null);
             Ok(with_id((StatusCode::OK, axum::Json(body)).into_response()))
         }
-        JobState::Queued | JobState::Running => {
+        JobState::Queued | JobState::Admitted | JobState::Running => {
             // Out of time: give the slot back and tell the caller when to try again.
             if let Err(e) = store::cancel_job(&state.pool, &tenant.name, finished.id, Utc::now()).await {
                 tracing::warn!(error = %e, "could not cancel a timed-out synchronous job");

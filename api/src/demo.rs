@@ -1,6 +1,7 @@
 //! `tollgate demo`: the whole system on this machine in one command. It starts PostgreSQL
 //! (embedded unless `DATABASE_URL` is set) with a fresh database, the mock provider with
-//! realistic limits for one OpenAI-style and one Anthropic-style account, and a broker;
+//! limits for one OpenAI-style and one Anthropic-style account (tight enough that the
+//! workload hits them: the broker must hold jobs back rather than meet 429s), and a broker;
 //! submits jobs from three tenants across both providers over HTTP; shows progress; and
 //! ends with a summary. It succeeds only if every job finished.
 
@@ -39,15 +40,15 @@ output_tokens = 24
 name = "oai-demo"
 kind = "openai"
 keys = ["sk-demo-1", "sk-demo-2"]
-rpm = 30000
-tpm = 3000000
+rpm = 1200
+tpm = 200000
 [[projects]]
 name = "ant-demo"
 kind = "anthropic"
 keys = ["sk-ant-demo"]
-rpm = 4000
-itpm = 400000
-otpm = 80000
+rpm = 600
+itpm = 100000
+otpm = 40000
 "#;
     MockConfig::from_toml_str(text).unwrap_or_default()
 }
@@ -57,7 +58,7 @@ fn demo_config(mock_addr: std::net::SocketAddr) -> anyhow::Result<Config> {
     let text = format!(
         r#"
 [dispatch]
-concurrency = 8
+concurrency = 64
 [[providers]]
 name = "oai"
 kind = "openai"
@@ -65,8 +66,8 @@ base_url = "http://{mock_addr}/v1"
 keys = [{{ name = "k1", value = "sk-demo-1" }}, {{ name = "k2", value = "sk-demo-2" }}]
 models = ["gpt-4o-mini"]
 [providers.limits."gpt-4o-mini"]
-rpm = 30000
-tpm = 3000000
+rpm = 1200
+tpm = 200000
 [[providers]]
 name = "ant"
 kind = "anthropic"
@@ -74,9 +75,9 @@ base_url = "http://{mock_addr}"
 keys = [{{ name = "k1", value = "sk-ant-demo" }}]
 models = ["claude-3-5-haiku-latest"]
 [providers.limits."claude-3-5-haiku-latest"]
-rpm = 4000
-itpm = 400000
-otpm = 80000
+rpm = 600
+itpm = 100000
+otpm = 40000
 [[routes]]
 alias = "fast"
 targets = ["oai/gpt-4o-mini", "ant/claude-3-5-haiku-latest"]
@@ -121,7 +122,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
     stack.stop().await?;
     let (summary, report) = summary?;
     let ok = summary.failed == 0 && summary.succeeded as usize == report.submitted;
-    print_summary(&summary, &report, stats.rate_limited_429, stats.requests, started.elapsed());
+    print_summary(
+        &summary,
+        &report,
+        stats.rate_limited_429,
+        stats.requests,
+        started.elapsed(),
+    );
     Ok(ok)
 }
 

@@ -183,11 +183,25 @@ pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) ->
         max_attempts: state.config.retry.max_attempts.min(i32::MAX as u32) as i32,
         created_at: now,
     };
+    if let Some(cap) = state.config.classes.get(s.class).max_queued_per_tenant {
+        let waiting = store::waiting_count(&state.pool, &tenant.name, s.class).await?;
+        if waiting as u64 >= cap {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "queue_full",
+                format!(
+                    "{waiting} jobs of class {:?} are already waiting for this tenant (limit {cap}); retry later",
+                    s.class
+                ),
+            )
+            .with_retry_after(Duration::from_secs(5)));
+        }
+    }
     let inserted = store::insert_job(&state.pool, &job).await?;
     if let Inserted::New(_) = inserted {
-        state.notifications.wake_dispatchers();
-        if let Err(e) = store::notify_jobs_ready(&state.pool).await {
-            tracing::warn!(error = %e, "could not notify other dispatchers; they will poll");
+        state.notifications.wake_gate();
+        if let Err(e) = store::notify_gate(&state.pool).await {
+            tracing::warn!(error = %e, "could not notify the gate; it will poll");
         }
     }
     if let Inserted::Existing(existing) = &inserted
@@ -416,6 +430,7 @@ pub(crate) fn job_view(job: &Job) -> Value {
         "deadline": job.deadline,
         "not_before": (job.state == JobState::Queued).then_some(job.not_before),
         "created_at": job.created_at,
+        "admitted_at": job.admitted_at,
         "started_at": job.started_at,
         "finished_at": job.finished_at,
         "estimate": {
@@ -426,6 +441,8 @@ pub(crate) fn job_view(job: &Job) -> Value {
         "result": job.result,
         // While queued for a retry, `error` is the last attempt's error.
         "error": error,
+        // While queued: why it waits (the bucket that stops it, its limit and what remains).
+        "admission": (job.state == JobState::Queued).then_some(&job.admission),
         "idempotency_key": job.idempotency_key,
         "metadata": job.metadata,
     })

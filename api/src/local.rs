@@ -50,7 +50,10 @@ impl LocalStack {
         let database = format!("tollgate_{purpose}_{}", uuid::Uuid::now_v7().simple());
         db::create_database_if_missing(&admin_url, &database).await?;
         let pool = db::connect(&db::with_database(&admin_url, &database), 32).await?;
-        tollgate::MIGRATOR.run(&pool).await.context("migrating the database")?;
+        tollgate::MIGRATOR
+            .run(&pool)
+            .await
+            .context("migrating the database")?;
 
         let mock = MockProvider::new(mock_config);
         let mock_listener = TcpListener::bind("127.0.0.1:0").await?;

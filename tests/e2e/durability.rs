@@ -12,9 +12,10 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tollgate::gate::Gate;
 use tollgate::model::JobState;
 use tollgate::notify::Notifications;
-use tollgate::store::{self, Holder, Served};
+use tollgate::store::{self, Finish, Holder, Served, Settlement};
 use tollgate_api::broker::Roles;
 use tollgate_workers::dispatcher::Dispatcher;
 use tollgate_workers::maintenance::Maintenance;
@@ -32,6 +33,8 @@ async fn expired_lease_is_rescued_and_the_old_holder_cannot_write() {
     .await;
     let (_, accepted) = app.submit(ACME, &job("fast", "rescue me")).await;
     let pool = &app.db.pool;
+    let gate = Gate::new(pool.clone(), app.config.clone(), Notifications::default());
+    assert_eq!(gate.run_once(Utc::now()).await.unwrap().admitted, 1);
     // A dispatcher claims the job, then dies without a word.
     let lease = Duration::from_secs(30);
     let claimed = store::claim_jobs(pool, "ghost", 10, Utc::now(), lease)
@@ -58,19 +61,24 @@ async fn expired_lease_is_rescued_and_the_old_holder_cannot_write() {
         provider: "oai",
         model: "gpt-4o-mini",
     };
-    let wrote = store::complete_job(
+    let finish = Finish::Succeeded {
+        result: &serde_json::json!({}),
+        usage: Default::default(),
+        provider_request_id: None,
+    };
+    let wrote = store::finish_attempt(
         pool,
         ghost,
-        served,
-        &serde_json::json!({}),
-        Default::default(),
-        None,
+        Some(served),
+        finish,
+        Settlement::SENT_UNKNOWN,
         Utc::now(),
     )
     .await
     .unwrap();
     assert!(!wrote);
-    // A live dispatcher picks it up and finishes it as attempt 2.
+    // A live dispatcher picks it up (after the gate admits it again) and finishes it as attempt 2.
+    assert_eq!(gate.run_once(Utc::now()).await.unwrap().admitted, 1);
     let providers = Providers::from_config(&app.config).unwrap();
     let dispatcher = Dispatcher::new(
         pool.clone(),
@@ -90,6 +98,7 @@ async fn expired_lease_is_rescued_and_the_old_holder_cannot_write() {
         .execute(pool)
         .await
         .unwrap();
+    assert_eq!(gate.run_once(Utc::now()).await.unwrap().admitted, 1);
     store::claim_jobs(pool, "ghost", 10, Utc::now(), lease)
         .await
         .unwrap();

@@ -12,12 +12,13 @@ use sqlx::PgPool;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tollgate::buckets;
 use tollgate::config::Config;
-use tollgate::model::Job;
+use tollgate::model::{Job, Usage};
 use tollgate::notify::Notifications;
 use tollgate::retry::{Failure, RetryPolicy};
-use tollgate::routing;
-use tollgate::store::{self, AttemptRecord, Holder, Served, StoreError};
+use tollgate::routing::{self, Target};
+use tollgate::store::{self, AttemptRecord, Finish, Holder, Served, Settlement, StoreError};
 use tracing::Instrument;
 
 use crate::providers::{CallOutcome, Providers};
@@ -228,6 +229,38 @@ impl Dispatcher {
         self.execute_in_span(job).instrument(span).await;
     }
 
+    /// The target the gate admitted the job for (its reservation is for that target).
+    fn target(&self, job: &Job) -> Option<Target> {
+        let (provider, model) = (job.provider.as_deref()?, job.provider_model.as_deref()?);
+        let kind = self.inner.config.provider(provider)?.kind;
+        Some(Target {
+            provider: provider.to_owned(),
+            kind,
+            model: model.to_owned(),
+        })
+    }
+
+    /// What the reservation is settled with: actual usage and its price.
+    fn settlement(&self, target: &Target, usage: Option<Usage>) -> Settlement {
+        let price = self
+            .inner
+            .config
+            .provider(&target.provider)
+            .and_then(|p| p.price_for(&target.model));
+        Settlement {
+            usage,
+            actual_spend: usage.map_or(0.0, |u| {
+                buckets::spend_micro_usd(
+                    price,
+                    u.input_tokens as f64,
+                    u.cached_tokens as f64,
+                    u.output_tokens as f64,
+                )
+            }),
+            sent: true,
+        }
+    }
+
     async fn execute_in_span(&self, job: Job) {
         let inner = &self.inner;
         let holder = Holder {
@@ -235,11 +268,18 @@ impl Dispatcher {
             attempt: job.attempt,
             owner: &inner.owner,
         };
-        let Some(target) = routing::resolve(&inner.config, &job.model).and_then(|t| t.into_iter().next())
-        else {
+        let target = self
+            .target(&job)
+            .or_else(|| routing::resolve(&inner.config, &job.model).and_then(|t| t.into_iter().next()));
+        let Some(target) = target else {
             let message = format!("model {:?} is no longer configured", job.model);
+            let finish = Finish::Failed {
+                code: "unknown_model",
+                message: &message,
+            };
             log_write(
-                store::fail_job(&inner.pool, holder, None, "unknown_model", &message, Utc::now()).await,
+                store::finish_attempt(&inner.pool, holder, None, finish, Settlement::UNSENT, Utc::now())
+                    .await,
             );
             return;
         };
@@ -251,21 +291,26 @@ impl Dispatcher {
         let outcome = inner.providers.call(&target, &job.request).await;
         let finished_at = Utc::now();
         self.record(&job, served, &outcome, started_at, finished_at).await;
-        let now = Utc::now();
         let written = match &outcome.result {
             Ok(success) => {
-                store::complete_job(
-                    &inner.pool,
-                    holder,
-                    served,
-                    &success.body,
-                    success.usage,
-                    outcome.request_id.as_deref(),
-                    now,
-                )
-                .await
+                let finish = Finish::Succeeded {
+                    result: &success.body,
+                    usage: success.usage,
+                    provider_request_id: outcome.request_id.as_deref(),
+                };
+                let settlement = self.settlement(&target, Some(success.usage));
+                store::finish_attempt(&inner.pool, holder, Some(served), finish, settlement, Utc::now()).await
             }
-            Err(failure) => self.after_failure(&job, holder, served, failure).await,
+            Err(failure) => {
+                let sent = outcome.status.is_some();
+                let settlement = if sent {
+                    self.settlement(&target, None)
+                } else {
+                    Settlement::UNSENT
+                };
+                self.after_failure(&job, holder, served, failure, settlement)
+                    .await
+            }
         };
         match written {
             Ok(true) => {}
@@ -284,49 +329,50 @@ impl Dispatcher {
         holder: Holder<'_>,
         served: Served<'_>,
         failure: &Failure,
+        settlement: Settlement,
     ) -> Result<bool, StoreError> {
         let inner = &self.inner;
         let now = Utc::now();
         let attempts_left = job.attempt < job.max_attempts;
-        if !failure.class.is_retryable() || !attempts_left {
-            let (code, message) = if failure.class.is_retryable() {
-                (
-                    "attempts_exhausted",
-                    format!(
-                        "{} attempts made; last error {}: {}",
-                        job.attempt, failure.code, failure.message
-                    ),
-                )
-            } else {
-                (failure.code, failure.message.clone())
-            };
-            return store::fail_job(&inner.pool, holder, Some(served), code, &message, now).await;
-        }
         let delay = inner.policy.delay(job.attempt as u32, failure.retry_after);
         let not_before = now + delay;
-        if not_before >= job.deadline {
+        let failed: Option<(&str, String)> = if !failure.class.is_retryable() {
+            Some((failure.code, failure.message.clone()))
+        } else if !attempts_left {
+            let message = format!(
+                "{} attempts made; last error {}: {}",
+                job.attempt, failure.code, failure.message
+            );
+            Some(("attempts_exhausted", message))
+        } else if not_before >= job.deadline {
             let message = format!(
                 "the next attempt (in {:.1} s) would start after the deadline; last error {}: {}",
                 delay.as_secs_f64(),
                 failure.code,
                 failure.message
             );
-            return store::fail_job(
-                &inner.pool,
-                holder,
-                Some(served),
-                "deadline_exceeded",
-                &message,
-                now,
-            )
-            .await;
+            Some(("deadline_exceeded", message))
+        } else {
+            None
+        };
+        if let Some((code, message)) = failed {
+            let finish = Finish::Failed {
+                code,
+                message: &message,
+            };
+            return store::finish_attempt(&inner.pool, holder, Some(served), finish, settlement, now).await;
         }
         tracing::info!(
             code = failure.code,
             delay_ms = delay.as_millis() as u64,
             "retrying later"
         );
-        store::requeue_job(&inner.pool, holder, not_before, failure.code, &failure.message).await
+        let finish = Finish::Retry {
+            not_before,
+            code: failure.code,
+            message: &failure.message,
+        };
+        store::finish_attempt(&inner.pool, holder, Some(served), finish, settlement, now).await
     }
 
     async fn record(

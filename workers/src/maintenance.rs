@@ -1,5 +1,6 @@
 //! Maintenance: rescues jobs whose lease expired (their dispatcher died or lost the
-//! database) and fails queued jobs whose deadline passed. Safe to run in every process at
+//! database), settling the reservations they held, and fails queued or admitted jobs
+//! whose deadline passed. Safe to run in every process at
 //! once: each statement locks with SKIP LOCKED and changes a row only once.
 
 use std::time::Duration;

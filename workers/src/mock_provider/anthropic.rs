@@ -18,6 +18,7 @@ use serde::Serialize;
 
 use super::buckets::{Admission, BucketView, Charge, Denial, LimitKind, LimitsView};
 use super::request::{MessagesRequest, input_tokens};
+use super::stream::{self, Shape, StreamGuard};
 use super::{Inner, KeyLookup, MAX_BODY_BYTES, MockProvider, ProviderKind, ceil_secs, hex_id};
 
 #[derive(Serialize)]
@@ -69,7 +70,7 @@ struct Reply<'a> {
 
 pub(super) async fn messages(State(p): State<MockProvider>, req: Request) -> Response {
     let inner = &*p.inner;
-    let _in_flight = inner.totals.begin();
+    let in_flight = inner.totals.begin();
     let mut reply = Reply {
         inner,
         request_id: format!("req_011C{}", hex_id(20)),
@@ -120,9 +121,6 @@ pub(super) async fn messages(State(p): State<MockProvider>, req: Request) -> Res
     if max_tokens == 0 {
         return reply.bad_request("max_tokens: Input should be greater than or equal to 1");
     }
-    if req.stream == Some(true) {
-        return reply.bad_request("stream: the mock provider does not support streaming");
-    }
     if !inner.model_allowed(project, model) {
         let msg = format!("model: {model}");
         let view = inner.view(project);
@@ -150,10 +148,31 @@ pub(super) async fn messages(State(p): State<MockProvider>, req: Request) -> Res
         Admission::Admitted(view) => view,
         Admission::Denied(denial, view) => return reply.rate_limited(&denial, &view),
     };
+    let stop_reason = if output < inner.output_tokens {
+        "max_tokens"
+    } else {
+        "end_turn"
+    };
+    let id = format!("msg_01{}", super::uuid_v7(inner).simple());
+    if req.stream == Some(true) {
+        super::stats::bump(&inner.totals.succeeded);
+        in_flight.hand_over();
+        let otpm_reserved = if view.otpm.is_some() { max_tokens } else { 0 };
+        let guard = StreamGuard::new(p.clone(), project, output, otpm_reserved);
+        let shape = Shape::Anthropic {
+            id,
+            model: model.to_owned(),
+            stop_reason,
+            input,
+        };
+        // The headers show OTPM as reserved at admission; it is corrected when the
+        // stream ends, as the real API does.
+        return reply.stream(stream::body(guard, shape), &view);
+    }
     let refund = inner.generate(project, &view, max_tokens, output).await;
 
     let message = Message {
-        id: format!("msg_01{}", super::uuid_v7(inner).simple()),
+        id,
         kind: "message",
         role: "assistant",
         model,
@@ -161,11 +180,7 @@ pub(super) async fn messages(State(p): State<MockProvider>, req: Request) -> Res
             kind: "text",
             text: inner.text.words(output),
         }],
-        stop_reason: if output < inner.output_tokens {
-            "max_tokens"
-        } else {
-            "end_turn"
-        },
+        stop_reason,
         stop_sequence: None,
         usage: Usage {
             input_tokens: input,
@@ -189,10 +204,29 @@ impl Reply<'_> {
             Ok(b) => (status, b),
             Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, Vec::new()),
         };
-        let mut resp = Response::new(Body::from(bytes));
+        self.respond(status, Body::from(bytes), "application/json", view)
+    }
+
+    /// A 200 `text/event-stream` response with the usual headers (rate limits as of
+    /// the admission).
+    fn stream(&self, body: Body, view: &LimitsView) -> Response {
+        let mut resp = self.respond(StatusCode::OK, body, "text/event-stream", Some(view));
+        resp.headers_mut()
+            .insert("cache-control", HeaderValue::from_static("no-cache"));
+        resp
+    }
+
+    fn respond(
+        &self,
+        status: StatusCode,
+        body: Body,
+        content_type: &'static str,
+        view: Option<&LimitsView>,
+    ) -> Response {
+        let mut resp = Response::new(body);
         *resp.status_mut() = status;
         let h = resp.headers_mut();
-        h.insert("content-type", HeaderValue::from_static("application/json"));
+        h.insert("content-type", HeaderValue::from_static(content_type));
         if let Ok(v) = HeaderValue::from_str(&self.request_id) {
             h.insert("request-id", v);
         }

@@ -32,9 +32,11 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MockConfig {
-    /// Base latency added to every admitted request, in milliseconds. Default 0.
+    /// Base latency added to every admitted request, in milliseconds; a stream spends it
+    /// before its first event. Default 0.
     pub latency_ms: u64,
-    /// Extra latency per generated output token, in microseconds. Default 0.
+    /// Extra latency per generated output token, in microseconds; a stream spends it
+    /// before each token event. Default 0.
     pub latency_per_output_token_us: u64,
     /// Completion tokens generated per request, capped by the request's
     /// `max_tokens` / `max_completion_tokens`. Default 16.
@@ -103,7 +105,8 @@ pub struct ProjectConfig {
     #[serde(default)]
     pub itpm: u64,
     /// Output tokens per minute (Anthropic OTPM), charged `max_tokens` at admission and
-    /// corrected to the tokens actually generated when the response is done; 0 = unlimited.
+    /// corrected to the tokens actually generated when the response is done (for a
+    /// stream the client dropped: the tokens sent until then); 0 = unlimited.
     #[serde(default)]
     pub otpm: u64,
 }

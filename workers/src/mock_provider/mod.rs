@@ -11,12 +11,16 @@
 //! - `buckets`: per-project limiter — continuous-refill per-minute buckets (RPM, TPM,
 //!   ITPM, OTPM) and a UTC-day RPD window, admitting all-or-nothing.
 //! - `audit`: an independent check that what was admitted never exceeds the limits.
+//! - `stream`: the SSE bodies of `"stream": true` requests and their accounting.
 //! - `stats`: atomic counters and the [`MockStats`] snapshot.
 //! - `clock`: time since start (tests pin it).
 //!
 //! A model request flows: key → project (401) → body (400) → model (404) → fault window
 //! (5xx, nothing charged) → limiter under the project's mutex (429, nothing charged) →
-//! latency sleep with no lock held → OTPM correction → 200. Control routes:
+//! latency sleep with no lock held → OTPM correction → 200. A `"stream": true` request
+//! is admitted the same way (errors stay plain JSON responses), then answered 200 with
+//! an SSE body that spends the latency between its events and settles OTPM when it ends
+//! or the client drops it (`stream`). Control routes:
 //! `GET /mock/stats`, `POST /mock/limits/{project}`, `POST /mock/reset`.
 
 mod anthropic;
@@ -27,6 +31,7 @@ mod config;
 mod openai;
 mod request;
 mod stats;
+mod stream;
 
 #[cfg(test)]
 mod tests;

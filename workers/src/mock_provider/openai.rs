@@ -17,6 +17,7 @@ use serde::Serialize;
 
 use super::buckets::{Admission, BucketView, Charge, Denial, LimitKind, LimitsView};
 use super::request::{ChatRequest, input_tokens};
+use super::stream::{self, Shape, StreamGuard};
 use super::{Inner, KeyLookup, MAX_BODY_BYTES, MockProvider, ProviderKind, ceil_secs, hex_id};
 
 #[derive(Serialize)]
@@ -77,7 +78,7 @@ const RATE_LIMIT_DOCS: &str = "Visit https://platform.openai.com/account/rate-li
 
 pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request) -> Response {
     let inner = &*p.inner;
-    let _in_flight = inner.totals.begin();
+    let in_flight = inner.totals.begin();
     let mut reply = Reply {
         inner,
         started: Instant::now(),
@@ -132,9 +133,6 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
     if messages.count == 0 {
         return reply.bad_request("[] is too short - 'messages'");
     }
-    if req.stream == Some(true) {
-        return reply.bad_request("The mock provider does not support stream=true.");
-    }
     let max_out = req.max_completion_tokens.or(req.max_tokens);
     if max_out == Some(0) {
         return reply.bad_request("max_tokens must be at least 1.");
@@ -165,6 +163,26 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
         Admission::Admitted(view) => view,
         Admission::Denied(denial, view) => return reply.rate_limited(model, &denial, &view),
     };
+    let finish_reason = if output < inner.output_tokens {
+        "length"
+    } else {
+        "stop"
+    };
+    if req.stream == Some(true) {
+        super::stats::bump(&inner.totals.succeeded);
+        in_flight.hand_over();
+        let otpm_reserved = if view.otpm.is_some() { reserved } else { 0 };
+        let guard = StreamGuard::new(p.clone(), project, output, otpm_reserved);
+        let shape = Shape::OpenAi {
+            id: format!("chatcmpl-{}", super::uuid_v7(inner)),
+            created: inner.unix_secs(),
+            model: model.to_owned(),
+            finish_reason,
+            include_usage: req.stream_options.and_then(|o| o.include_usage) == Some(true),
+            input,
+        };
+        return reply.stream(stream::body(guard, shape), &view);
+    }
     let refund = inner.generate(project, &view, reserved, output).await;
 
     let completion = ChatCompletion {
@@ -180,11 +198,7 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
                 refusal: None,
             },
             logprobs: None,
-            finish_reason: if output < inner.output_tokens {
-                "length"
-            } else {
-                "stop"
-            },
+            finish_reason,
         }],
         usage: Usage {
             prompt_tokens: input,
@@ -204,10 +218,29 @@ impl Reply<'_> {
             Ok(b) => (status, b),
             Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, Vec::new()),
         };
-        let mut resp = Response::new(Body::from(bytes));
+        self.respond(status, Body::from(bytes), "application/json", view)
+    }
+
+    /// A 200 `text/event-stream` response with the usual headers (rate limits as of
+    /// the admission).
+    fn stream(&self, body: Body, view: &LimitsView) -> Response {
+        let mut resp = self.respond(StatusCode::OK, body, "text/event-stream", Some(view));
+        resp.headers_mut()
+            .insert("cache-control", HeaderValue::from_static("no-cache"));
+        resp
+    }
+
+    fn respond(
+        &self,
+        status: StatusCode,
+        body: Body,
+        content_type: &'static str,
+        view: Option<&LimitsView>,
+    ) -> Response {
+        let mut resp = Response::new(body);
         *resp.status_mut() = status;
         let h = resp.headers_mut();
-        h.insert("content-type", HeaderValue::from_static("application/json"));
+        h.insert("content-type", HeaderValue::from_static(content_type));
         if let Ok(v) = HeaderValue::from_str(&self.request_id) {
             h.insert("x-request-id", v);
         }

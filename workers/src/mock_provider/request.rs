@@ -26,6 +26,16 @@ pub(crate) struct ChatRequest {
     pub max_completion_tokens: Option<u64>,
     #[serde(default)]
     pub stream: Option<bool>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+}
+
+/// `stream_options` of a Chat Completions request.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct StreamOptions {
+    /// Adds a last chunk with `"choices": []` and the `usage` before `[DONE]`.
+    #[serde(default)]
+    pub include_usage: Option<bool>,
 }
 
 /// The Messages API fields the mock reads; others are ignored.
@@ -248,6 +258,32 @@ impl CannedText {
         Self { text, ends }
     }
 
+    /// Token `i` (0-based) of a streamed completion: the word with the space before it,
+    /// so the streamed tokens concatenate to exactly [`CannedText::words`]. Not capped:
+    /// past the pre-built words it keeps cycling.
+    pub(crate) fn token(i: u64) -> &'static str {
+        const SPACED: [&str; 16] = [
+            " lorem",
+            " ipsum",
+            " dolor",
+            " sit",
+            " amet",
+            " consectetur",
+            " adipiscing",
+            " elit",
+            " sed",
+            " do",
+            " eiusmod",
+            " tempor",
+            " incididunt",
+            " ut",
+            " labore",
+            " et",
+        ];
+        let word = SPACED[(i % SPACED.len() as u64) as usize];
+        if i == 0 { &word[1..] } else { word }
+    }
+
     /// The first `n` words (capped at what was pre-built).
     pub(crate) fn words(&self, n: u64) -> &str {
         let i = usize::try_from(n).unwrap_or(usize::MAX).min(self.ends.len() - 1);
@@ -299,5 +335,10 @@ mod tests {
         assert_eq!(t.words(0), "");
         assert_eq!(t.words(2), "lorem ipsum");
         assert_eq!(t.words(9), "lorem ipsum dolor");
+        let streamed: String = (0..3).map(CannedText::token).collect();
+        assert_eq!(streamed, t.words(3));
+        let t = CannedText::new(40);
+        let streamed: String = (0..40).map(CannedText::token).collect();
+        assert_eq!(streamed, t.words(40));
     }
 }

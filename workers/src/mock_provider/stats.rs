@@ -13,7 +13,7 @@ use super::config::ProjectLimits;
 pub struct MockStats {
     /// Model requests received (both APIs, any outcome).
     pub requests: u64,
-    /// 200 responses.
+    /// 200 responses; a stream counts when its 200 goes out, before its first event.
     pub succeeded: u64,
     /// 429 responses (including non-retryable "request too large").
     pub rate_limited_429: u64,
@@ -29,6 +29,18 @@ pub struct MockStats {
     pub in_flight: u64,
     /// Highest `in_flight` observed.
     pub max_in_flight: u64,
+    /// Streaming responses begun (`stream: true` requests admitted; each is also counted
+    /// in `succeeded`, since its 200 is sent before the first event).
+    #[serde(default)]
+    pub streams_started: u64,
+    /// Streams that sent their last event (`data: [DONE]` / `message_stop`).
+    #[serde(default)]
+    pub streams_completed: u64,
+    /// Streams whose body was dropped before the last event: the client went away.
+    /// Their unproduced tokens were returned to OTPM and taken out of
+    /// `output_tokens_admitted`.
+    #[serde(default)]
+    pub streams_cancelled: u64,
     /// Sum of the projects' `limit_violations`; anything but 0 is a bug in the mock.
     pub limit_violations: u64,
     /// Per project, by name.
@@ -66,6 +78,9 @@ pub(crate) struct Totals {
     pub not_found: AtomicU64,
     pub in_flight: AtomicU64,
     pub max_in_flight: AtomicU64,
+    pub streams_started: AtomicU64,
+    pub streams_completed: AtomicU64,
+    pub streams_cancelled: AtomicU64,
 }
 
 /// Per-project counters.
@@ -102,6 +117,9 @@ impl Totals {
         s.not_found = self.not_found.load(Relaxed);
         s.in_flight = self.in_flight.load(Relaxed);
         s.max_in_flight = self.max_in_flight.load(Relaxed);
+        s.streams_started = self.streams_started.load(Relaxed);
+        s.streams_completed = self.streams_completed.load(Relaxed);
+        s.streams_cancelled = self.streams_cancelled.load(Relaxed);
     }
 
     /// Zeroes the counters; `in_flight` is a gauge and stays, `max_in_flight` restarts from it.
@@ -114,6 +132,9 @@ impl Totals {
             &self.unauthorized,
             &self.bad_request,
             &self.not_found,
+            &self.streams_started,
+            &self.streams_completed,
+            &self.streams_cancelled,
         ] {
             c.store(0, Relaxed);
         }
@@ -123,6 +144,21 @@ impl Totals {
 
 /// Decrements `in_flight` on drop.
 pub(crate) struct InFlight<'a>(&'a Totals);
+
+impl InFlight<'_> {
+    /// Gives up the guard without decrementing: whoever calls this takes over the
+    /// decrement with [`Totals::end`] (a streaming body outlives its handler).
+    pub(crate) fn hand_over(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Totals {
+    /// Ends a request whose [`InFlight`] guard was handed over.
+    pub(crate) fn end(&self) {
+        self.in_flight.fetch_sub(1, Relaxed);
+    }
+}
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
@@ -135,6 +171,12 @@ impl ProjectCounters {
         bump(&self.requests_admitted);
         self.input_tokens_admitted.fetch_add(input, Relaxed);
         self.output_tokens_admitted.fetch_add(output, Relaxed);
+    }
+
+    /// Takes back `n` output tokens counted at admission but never generated (a stream
+    /// the client dropped midway).
+    pub(crate) fn not_generated(&self, n: u64) {
+        self.output_tokens_admitted.fetch_sub(n, Relaxed);
     }
 
     pub(crate) fn snapshot(&self, limits: ProjectLimits, limit_violations: u64) -> ProjectStats {

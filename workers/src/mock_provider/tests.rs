@@ -889,3 +889,325 @@ fn config_defaults_and_validation() {
         Err(MockConfigError::Read { .. })
     ));
 }
+
+// ---- streaming ----
+
+/// The events of an SSE body: (event name, data) pairs.
+fn sse_events(body: &str) -> Vec<(Option<String>, String)> {
+    body.split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            let mut name = None;
+            let mut data = String::new();
+            for line in e.lines() {
+                if let Some(v) = line.strip_prefix("event: ") {
+                    name = Some(v.to_owned());
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data.push_str(v);
+                } else {
+                    panic!("unexpected line {line:?}");
+                }
+            }
+            (name, data)
+        })
+        .collect()
+}
+
+/// Polls the stats until `done` holds (the mock settles a stream when hyper drops its
+/// body, a moment after the client has read it).
+async fn stats_until(h: &Harness, what: &str, done: impl Fn(&MockStats) -> bool) -> MockStats {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = h.provider.stats();
+        if done(&s) {
+            return s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn openai_stream_shape_and_usage_chunk() {
+    let h = start(OPENAI).await;
+    let mut body = chat(Some(3));
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let r = h.openai("sk-1", body.clone()).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "content-type"), "text/event-stream");
+    assert!(header(&r, "x-request-id").starts_with("req_"));
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-requests"), 60);
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-tokens"), 1000 - 13);
+    let events = sse_events(&r.text().await.unwrap());
+    assert!(events.iter().all(|(name, _)| name.is_none()));
+    assert_eq!(events.len(), 1 + 3 + 1 + 1 + 1);
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let chunks: Vec<Value> = events[..6]
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
+    let id = chunks[0]["id"].as_str().unwrap();
+    assert!(id.starts_with("chatcmpl-"));
+    for c in &chunks {
+        assert_eq!(c["id"], id);
+        assert_eq!(c["object"], "chat.completion.chunk");
+        assert_eq!(c["created"], start_wall().timestamp());
+        assert_eq!(c["model"], "gpt-4o-mini");
+    }
+    assert_eq!(
+        chunks[0]["choices"][0]["delta"],
+        json!({"role": "assistant", "content": ""})
+    );
+    assert_eq!(chunks[0]["choices"][0]["finish_reason"], Value::Null);
+    // With include_usage every chunk carries "usage": null, as OpenAI does.
+    assert_eq!(chunks[0]["usage"], Value::Null);
+    assert!(chunks[0].as_object().unwrap().contains_key("usage"));
+    let text: String = chunks[1..4]
+        .iter()
+        .map(|c| c["choices"][0]["delta"]["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        text, "lorem ipsum dolor",
+        "tokens concatenate to the non-streaming text"
+    );
+    assert_eq!(chunks[4]["choices"][0]["delta"], json!({}));
+    assert_eq!(chunks[4]["choices"][0]["finish_reason"], "length");
+    assert_eq!(chunks[5]["choices"], json!([]));
+    assert_eq!(
+        chunks[5]["usage"],
+        json!({"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13})
+    );
+
+    // Without include_usage: no usage chunk and no usage fields; finish "stop" at the default.
+    let mut body = chat(None);
+    body["stream"] = json!(true);
+    let events = sse_events(&h.openai("sk-1", body).await.text().await.unwrap());
+    assert_eq!(events.len(), 1 + 16 + 1 + 1);
+    let finish: Value = serde_json::from_str(&events[17].1).unwrap();
+    assert_eq!(finish["choices"][0]["finish_reason"], "stop");
+    assert!(events[..18].iter().all(|(_, d)| !d.contains("usage")));
+
+    let s = stats_until(&h, "two finished streams", |s| s.in_flight == 0).await;
+    assert_eq!((s.requests, s.succeeded), (2, 2));
+    assert_eq!(
+        (s.streams_started, s.streams_completed, s.streams_cancelled),
+        (2, 2, 0)
+    );
+    assert_eq!(s.projects["oai"].output_tokens_admitted, 3 + 16);
+}
+
+#[tokio::test]
+async fn anthropic_stream_shape() {
+    let h = start(ANTHROPIC).await;
+    let mut body = claude(4);
+    body["stream"] = json!(true);
+    let r = h.anthropic("ak-1", body).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "content-type"), "text/event-stream");
+    assert!(header(&r, "request-id").starts_with("req_"));
+    // The headers are sent at admission: OTPM still holds the max_tokens reservation.
+    assert_eq!(
+        header_u64(&r, "anthropic-ratelimit-output-tokens-remaining"),
+        8000 - 4
+    );
+    let events = sse_events(&r.text().await.unwrap());
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_deref().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "message_start",
+            "content_block_start",
+            "ping",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop",
+        ]
+    );
+    let data: Vec<Value> = events
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
+    for (name, d) in names.iter().zip(&data) {
+        assert_eq!(d["type"], *name);
+    }
+    let m = &data[0]["message"];
+    assert!(m["id"].as_str().unwrap().starts_with("msg_01"));
+    assert_eq!(
+        (&m["type"], &m["role"], &m["model"]),
+        (
+            &json!("message"),
+            &json!("assistant"),
+            &json!("claude-sonnet-4-5")
+        )
+    );
+    assert_eq!(m["content"], json!([]));
+    assert_eq!(m["stop_reason"], Value::Null);
+    assert_eq!(m["usage"], json!({"input_tokens": 10, "output_tokens": 1}));
+    assert_eq!(
+        data[1],
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+    );
+    let text: String = data[3..7]
+        .iter()
+        .map(|d| {
+            assert_eq!(d["index"], 0);
+            assert_eq!(d["delta"]["type"], "text_delta");
+            d["delta"]["text"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(text, "lorem ipsum dolor sit");
+    assert_eq!(data[7], json!({"type": "content_block_stop", "index": 0}));
+    assert_eq!(
+        data[8],
+        json!({"type": "message_delta", "delta": {"stop_reason": "max_tokens", "stop_sequence": null},
+               "usage": {"output_tokens": 4}})
+    );
+
+    let mut body = claude(100);
+    body["stream"] = json!(true);
+    let events = sse_events(&h.anthropic("ak-1", body).await.text().await.unwrap());
+    let delta: Value = serde_json::from_str(&events[events.len() - 2].1).unwrap();
+    assert_eq!(delta["delta"]["stop_reason"], "end_turn");
+    assert_eq!(delta["usage"]["output_tokens"], 16);
+    let s = stats_until(&h, "two finished streams", |s| s.in_flight == 0).await;
+    assert_eq!(
+        (s.streams_started, s.streams_completed, s.streams_cancelled),
+        (2, 2, 0)
+    );
+    // OTPM was corrected to the output when each stream ended (the clock is pinned).
+    assert_eq!(h.provider.inner.view(0).otpm.unwrap().remaining, 8000 - 4 - 16);
+}
+
+#[tokio::test]
+async fn stream_latency_is_spent_between_tokens() {
+    let h = start_at(
+        r#"
+        latency_ms = 50
+        latency_per_output_token_us = 30000
+        output_tokens = 4
+        [[projects]]
+        name = "oai"
+        kind = "openai"
+        keys = ["sk-1"]
+        "#,
+        start_wall(),
+        false,
+    )
+    .await;
+    let mut body = chat(None);
+    body["stream"] = json!(true);
+    let sent = std::time::Instant::now();
+    let mut r = h.openai("sk-1", body).await;
+    let mut arrivals = Vec::new();
+    let mut text = String::new();
+    while let Some(piece) = r.chunk().await.unwrap() {
+        arrivals.push(sent.elapsed());
+        text.push_str(std::str::from_utf8(&piece).unwrap());
+    }
+    assert_eq!(sse_events(&text).len(), 1 + 4 + 1 + 1);
+    // The events arrive spread out, not in one piece at the end.
+    assert!(arrivals.len() >= 4, "{arrivals:?}");
+    assert!(arrivals[0] >= Duration::from_millis(50), "{arrivals:?}");
+    let last = *arrivals.last().unwrap();
+    assert!(
+        last - arrivals[0] >= Duration::from_millis(3 * 30),
+        "{arrivals:?}"
+    );
+}
+
+#[tokio::test]
+async fn client_disconnect_midway_counts_what_was_produced() {
+    // Pinned bucket clock (no refill), real sleeps between tokens.
+    let h = start(
+        r#"
+        output_tokens = 1000
+        latency_per_output_token_us = 5000
+        [[projects]]
+        name = "ant"
+        kind = "anthropic"
+        keys = ["ak-1"]
+        otpm = 5000
+        "#,
+    )
+    .await;
+    let mut body = claude(1000);
+    body["stream"] = json!(true);
+    let mut r = h.anthropic("ak-1", body).await;
+    assert_eq!(r.status(), 200);
+    let mut text = String::new();
+    while text.matches("content_block_delta").count() < 6 {
+        text.push_str(std::str::from_utf8(&r.chunk().await.unwrap().unwrap()).unwrap());
+    }
+    let s = h.provider.stats();
+    assert_eq!((s.streams_started, s.streams_cancelled, s.in_flight), (1, 0, 1));
+    drop(r);
+    let s = stats_until(&h, "the mock to notice the disconnect", |s| {
+        s.streams_cancelled == 1
+    })
+    .await;
+    assert_eq!((s.streams_completed, s.succeeded), (0, 1));
+    let s = stats_until(&h, "in_flight back to 0", |s| s.in_flight == 0).await;
+    let produced = s.projects["ant"].output_tokens_admitted;
+    assert!((3..1000).contains(&produced), "produced {produced}");
+    // OTPM was corrected to what was produced: only that stays charged.
+    assert_eq!(h.provider.inner.view(0).otpm.unwrap().remaining, 5000 - produced);
+}
+
+#[tokio::test]
+async fn stream_requests_are_admitted_like_others() {
+    let h = start(
+        r#"
+        [[projects]]
+        name = "oai"
+        kind = "openai"
+        keys = ["sk-1"]
+        rpm = 1
+        [[projects]]
+        name = "ant"
+        kind = "anthropic"
+        keys = ["ak-1"]
+        rpm = 1
+        [[faults]]
+        project = "ant"
+        start_ms = 60000
+        status = 529
+        "#,
+    )
+    .await;
+    let mut body = chat(Some(2));
+    body["stream"] = json!(true);
+    assert_eq!(h.openai("sk-1", body.clone()).await.status(), 200);
+    let r = h.openai("sk-1", body.clone()).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(header(&r, "content-type"), "application/json");
+    assert!(r.headers().contains_key("retry-after"));
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(b["error"]["code"], "rate_limit_exceeded");
+    let r = h.openai("sk-bad", body.clone()).await;
+    assert_eq!(r.status(), 401);
+
+    let mut body = claude(2);
+    body["stream"] = json!(true);
+    assert_eq!(h.anthropic("ak-1", body.clone()).await.status(), 200);
+    let r = h.anthropic("ak-1", body.clone()).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(header(&r, "content-type"), "application/json");
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(b["error"]["type"], "rate_limit_error");
+    h.advance(Duration::from_secs(60));
+    let r = h.anthropic("ak-1", body).await;
+    assert_eq!(r.status(), 529);
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(b["error"]["type"], "overloaded_error");
+
+    let s = stats_until(&h, "streams to end", |s| s.in_flight == 0).await;
+    assert_eq!((s.streams_started, s.rate_limited_429, s.faults_5xx), (2, 2, 1));
+}

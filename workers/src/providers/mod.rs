@@ -6,6 +6,7 @@
 
 pub mod anthropic;
 pub mod openai;
+pub mod streaming;
 
 use std::collections::HashMap;
 use std::sync::Arc;

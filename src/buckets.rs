@@ -1,0 +1,487 @@
+//! Buckets: one limit each — `(scope, dimension, rule, capacity)` — and the arithmetic
+//! of taking from them, refilling them and settling what a job took.
+//!
+//! - Which buckets exist comes from the config ([`configured`]): tenant limits and
+//!   budgets, and each provider model's limits.
+//! - Which buckets a job must fit, and how much it takes from each, is its *path*
+//!   ([`path`]): its tenant's buckets plus its target's.
+//! - The level of a bucket is what can be taken now. Rolling buckets refill continuously
+//!   (`capacity` per `window_secs`); fixed windows refill all at once at `resets_at`;
+//!   gauges (concurrency) refill only when holders give back.
+//! - Settling ([`refund`]) replaces a job's estimate with its actual use.
+//!
+//! Provider accounting stays explicit: OpenAI counts `max_tokens` against TPM at request
+//! time (`tpm` = input + output estimate); Anthropic limits input (`itpm`) and output
+//! (`otpm`) separately and corrects output at the end; Groq's request limit is per day
+//! (`rpd`).
+
+use chrono::{DateTime, Datelike, TimeZone, Utc};
+
+use crate::config::{Config, ModelLimits, ModelPrice};
+use crate::model::Usage;
+use crate::routing::Target;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dimension {
+    Requests,
+    InputTokens,
+    OutputTokens,
+    TotalTokens,
+    Concurrency,
+    SpendMicroUsd,
+}
+
+impl Dimension {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Requests => "requests",
+            Self::InputTokens => "input_tokens",
+            Self::OutputTokens => "output_tokens",
+            Self::TotalTokens => "total_tokens",
+            Self::Concurrency => "concurrency",
+            Self::SpendMicroUsd => "spend_micro_usd",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            Self::Requests,
+            Self::InputTokens,
+            Self::OutputTokens,
+            Self::TotalTokens,
+            Self::Concurrency,
+            Self::SpendMicroUsd,
+        ]
+        .into_iter()
+        .find(|d| d.as_str() == s)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Rule {
+    /// Continuous refill: `capacity` per `window_secs`, never above `capacity`.
+    Rolling,
+    /// All of `capacity` again at each window boundary (UTC midnight for daily windows).
+    Fixed,
+    /// Acquire and release (concurrency).
+    Gauge,
+}
+
+impl Rule {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Rolling => "rolling",
+            Self::Fixed => "fixed",
+            Self::Gauge => "gauge",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Rolling, Self::Fixed, Self::Gauge]
+            .into_iter()
+            .find(|r| r.as_str() == s)
+    }
+}
+
+/// A bucket as configured: what `buckets` rows are synced from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BucketSpec {
+    pub key: String,
+    pub scope: String,
+    pub dimension: Dimension,
+    pub rule: Rule,
+    pub capacity: f64,
+    pub window_secs: i64,
+}
+
+const MINUTE: i64 = 60;
+const DAY: i64 = 86_400;
+
+fn spec(
+    scope: &str,
+    name: &str,
+    dimension: Dimension,
+    rule: Rule,
+    capacity: f64,
+    window_secs: i64,
+) -> BucketSpec {
+    BucketSpec {
+        key: format!("{scope}:{name}"),
+        scope: scope.to_owned(),
+        dimension,
+        rule,
+        capacity,
+        window_secs,
+    }
+}
+
+pub fn tenant_scope(tenant: &str) -> String {
+    format!("tenant:{tenant}")
+}
+
+pub fn target_scope(provider: &str, model: &str) -> String {
+    format!("provider:{provider}:{model}")
+}
+
+/// The buckets of one provider model, from its configured limits.
+fn target_specs(scope: &str, limits: &ModelLimits) -> Vec<BucketSpec> {
+    let mut out = Vec::new();
+    let mut add = |name, dim, rule, cap: Option<u64>, window| {
+        if let Some(cap) = cap {
+            out.push(spec(scope, name, dim, rule, cap as f64, window));
+        }
+    };
+    add("rpm", Dimension::Requests, Rule::Rolling, limits.rpm, MINUTE);
+    // OpenAI-style TPM counts input + max output at request time; Anthropic's "tokens"
+    // limit is input + output too.
+    add("tpm", Dimension::TotalTokens, Rule::Rolling, limits.tpm, MINUTE);
+    add("itpm", Dimension::InputTokens, Rule::Rolling, limits.itpm, MINUTE);
+    add(
+        "otpm",
+        Dimension::OutputTokens,
+        Rule::Rolling,
+        limits.otpm,
+        MINUTE,
+    );
+    add("rpd", Dimension::Requests, Rule::Fixed, limits.rpd, DAY);
+    add(
+        "concurrency",
+        Dimension::Concurrency,
+        Rule::Gauge,
+        limits.concurrency,
+        0,
+    );
+    out
+}
+
+/// Every bucket the config defines.
+pub fn configured(config: &Config) -> Vec<BucketSpec> {
+    let mut out = Vec::new();
+    for t in &config.tenants {
+        let scope = tenant_scope(&t.name);
+        let mut add = |name, dim, rule, cap: Option<f64>, window| {
+            if let Some(cap) = cap {
+                out.push(spec(&scope, name, dim, rule, cap, window));
+            }
+        };
+        add(
+            "rpm",
+            Dimension::Requests,
+            Rule::Rolling,
+            t.rpm.map(|v| v as f64),
+            MINUTE,
+        );
+        add(
+            "tpm",
+            Dimension::TotalTokens,
+            Rule::Rolling,
+            t.tpm.map(|v| v as f64),
+            MINUTE,
+        );
+        add(
+            "rpd",
+            Dimension::Requests,
+            Rule::Fixed,
+            t.rpd.map(|v| v as f64),
+            DAY,
+        );
+        add(
+            "concurrency",
+            Dimension::Concurrency,
+            Rule::Gauge,
+            t.concurrency.map(|v| v as f64),
+            0,
+        );
+        add(
+            "daily_spend",
+            Dimension::SpendMicroUsd,
+            Rule::Fixed,
+            t.daily_spend_usd.map(|usd| (usd * 1e6).round()),
+            DAY,
+        );
+    }
+    for p in &config.providers {
+        for model in &p.models {
+            if let Some(limits) = p.limits_for(model) {
+                out.extend(target_specs(&target_scope(&p.name, model), limits));
+            }
+        }
+    }
+    out
+}
+
+/// What a job is estimated to use.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Demand {
+    pub input_tokens: f64,
+    pub output_tokens: f64,
+}
+
+impl Demand {
+    pub fn total_tokens(&self) -> f64 {
+        self.input_tokens + self.output_tokens
+    }
+}
+
+/// Spend in micro-USD: a price per million tokens times tokens is exactly micro-USD.
+pub fn spend_micro_usd(price: Option<&ModelPrice>, input: f64, cached_input: f64, output: f64) -> f64 {
+    let Some(p) = price else { return 0.0 };
+    let cached_price = p.cached_input_per_mtok.unwrap_or(p.input_per_mtok);
+    (input - cached_input).max(0.0) * p.input_per_mtok
+        + cached_input * cached_price
+        + output * p.output_per_mtok
+}
+
+/// How much a job with `demand` takes from a bucket of `dimension`.
+pub fn amount(dimension: Dimension, demand: Demand, spend: f64) -> f64 {
+    match dimension {
+        Dimension::Requests | Dimension::Concurrency => 1.0,
+        Dimension::InputTokens => demand.input_tokens,
+        Dimension::OutputTokens => demand.output_tokens,
+        Dimension::TotalTokens => demand.total_tokens(),
+        Dimension::SpendMicroUsd => spend,
+    }
+}
+
+/// The keys of the buckets a job sent to `target` by `tenant` must fit.
+pub fn path(config: &Config, tenant: &str, target: &Target) -> Vec<(String, Dimension)> {
+    let tenant_scope = tenant_scope(tenant);
+    let target_scope = target_scope(&target.provider, &target.model);
+    let mut keys = Vec::new();
+    if let Some(t) = config.tenants.iter().find(|t| t.name == tenant) {
+        let mut add = |name: &str, dim, present: bool| {
+            if present {
+                keys.push((format!("{tenant_scope}:{name}"), dim));
+            }
+        };
+        add("rpm", Dimension::Requests, t.rpm.is_some());
+        add("tpm", Dimension::TotalTokens, t.tpm.is_some());
+        add("rpd", Dimension::Requests, t.rpd.is_some());
+        add("concurrency", Dimension::Concurrency, t.concurrency.is_some());
+        add(
+            "daily_spend",
+            Dimension::SpendMicroUsd,
+            t.daily_spend_usd.is_some(),
+        );
+    }
+    if let Some(p) = config.provider(&target.provider)
+        && let Some(limits) = p.limits_for(&target.model)
+    {
+        for s in target_specs(&target_scope, limits) {
+            keys.push((s.key, s.dimension));
+        }
+    }
+    keys
+}
+
+/// What to give back to a bucket when a job's use is known: the estimate minus the
+/// actual (negative when it used more). `usage` is `None` when the provider reported
+/// none; `sent` says whether the request reached the provider (failed requests still
+/// count against provider limits, so nothing is given back for them).
+pub fn refund(
+    dimension: Dimension,
+    reserved: f64,
+    usage: Option<&Usage>,
+    actual_spend: f64,
+    sent: bool,
+) -> f64 {
+    if dimension == Dimension::Concurrency || !sent {
+        return reserved;
+    }
+    let Some(u) = usage else { return 0.0 };
+    let actual = match dimension {
+        Dimension::Requests => return 0.0,
+        Dimension::InputTokens => u.input_tokens as f64,
+        Dimension::OutputTokens => u.output_tokens as f64,
+        Dimension::TotalTokens => (u.input_tokens + u.output_tokens) as f64,
+        Dimension::SpendMicroUsd => actual_spend,
+        Dimension::Concurrency => return reserved,
+    };
+    reserved - actual
+}
+
+/// A bucket row with its level brought up to date.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bucket {
+    pub id: i64,
+    pub key: String,
+    pub dimension: Dimension,
+    pub rule: Rule,
+    pub capacity: f64,
+    pub window_secs: i64,
+    pub level: f64,
+    pub updated_at: DateTime<Utc>,
+    pub resets_at: Option<DateTime<Utc>>,
+}
+
+/// The next UTC midnight after `now`.
+pub fn next_utc_midnight(now: DateTime<Utc>) -> DateTime<Utc> {
+    let tomorrow = now.date_naive().succ_opt().unwrap_or(now.date_naive());
+    Utc.with_ymd_and_hms(tomorrow.year(), tomorrow.month(), tomorrow.day(), 0, 0, 0)
+        .single()
+        .unwrap_or(now)
+}
+
+impl Bucket {
+    /// Refill per second of a rolling bucket.
+    pub fn rate(&self) -> f64 {
+        if self.rule == Rule::Rolling && self.window_secs > 0 {
+            self.capacity / self.window_secs as f64
+        } else {
+            0.0
+        }
+    }
+
+    /// Brings the level to `now`: continuous refill, or the window's reset.
+    pub fn refill(&mut self, now: DateTime<Utc>) {
+        match self.rule {
+            Rule::Rolling => {
+                let elapsed = (now - self.updated_at).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6;
+                if elapsed > 0.0 {
+                    self.level = (self.level + elapsed * self.rate()).min(self.capacity);
+                    self.updated_at = now;
+                }
+            }
+            Rule::Fixed => {
+                match self.resets_at {
+                    Some(at) if now >= at => {
+                        self.level = self.capacity;
+                        self.resets_at = Some(next_utc_midnight(now));
+                    }
+                    None => self.resets_at = Some(next_utc_midnight(now)),
+                    _ => {}
+                }
+                self.updated_at = now;
+            }
+            Rule::Gauge => self.updated_at = now,
+        }
+    }
+
+    /// Can `amount` be taken now, keeping `headroom` in reserve?
+    pub fn fits(&self, amount: f64, headroom: f64) -> bool {
+        amount <= self.level - headroom + 1e-9
+    }
+
+    /// Would `amount` ever fit (an empty bucket can hold it)?
+    pub fn can_ever_fit(&self, amount: f64, headroom: f64) -> bool {
+        amount <= self.capacity - headroom + 1e-9
+    }
+
+    pub fn take(&mut self, amount: f64) {
+        self.level -= amount;
+    }
+
+    /// When `amount` will fit, if it is only a matter of time; `None` for gauges (they
+    /// wait for a release, whose time is unknown).
+    pub fn ready_at(&self, amount: f64, headroom: f64, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let missing = amount + headroom - self.level;
+        if missing <= 0.0 {
+            return Some(now);
+        }
+        match self.rule {
+            Rule::Rolling if self.rate() > 0.0 => {
+                let secs = missing / self.rate();
+                Some(now + chrono::Duration::microseconds((secs * 1e6).ceil() as i64))
+            }
+            Rule::Fixed => self.resets_at,
+            _ => None,
+        }
+    }
+
+    /// The headroom a provider bucket keeps: `headroom_secs` of refill.
+    pub fn headroom(&self, headroom_secs: f64) -> f64 {
+        self.rate() * headroom_secs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bucket(rule: Rule, capacity: f64, level: f64, at: DateTime<Utc>) -> Bucket {
+        Bucket {
+            id: 1,
+            key: "k".into(),
+            dimension: Dimension::Requests,
+            rule,
+            capacity,
+            window_secs: if rule == Rule::Fixed { DAY } else { MINUTE },
+            level,
+            updated_at: at,
+            resets_at: None,
+        }
+    }
+
+    #[test]
+    fn rolling_refills_continuously_up_to_capacity() {
+        let t0 = Utc::now();
+        let mut b = bucket(Rule::Rolling, 60.0, 0.0, t0);
+        b.refill(t0 + chrono::Duration::seconds(10));
+        assert!((b.level - 10.0).abs() < 1e-6);
+        b.refill(t0 + chrono::Duration::seconds(1000));
+        assert_eq!(b.level, 60.0);
+        b.take(59.5);
+        assert!(b.fits(0.5, 0.0) && !b.fits(1.0, 0.0));
+        let at = b.ready_at(1.0, 0.0, b.updated_at).unwrap();
+        assert_eq!((at - b.updated_at).num_milliseconds(), 500);
+    }
+
+    #[test]
+    fn fixed_window_resets_at_utc_midnight() {
+        let t0 = Utc.with_ymd_and_hms(2026, 11, 29, 23, 0, 0).unwrap();
+        let mut b = bucket(Rule::Fixed, 100.0, 100.0, t0);
+        b.refill(t0);
+        assert_eq!(
+            b.resets_at,
+            Some(Utc.with_ymd_and_hms(2026, 11, 30, 0, 0, 0).unwrap())
+        );
+        b.take(100.0);
+        b.refill(t0 + chrono::Duration::minutes(59));
+        assert_eq!(b.level, 0.0);
+        assert_eq!(b.ready_at(1.0, 0.0, t0), b.resets_at);
+        b.refill(t0 + chrono::Duration::minutes(61));
+        assert_eq!(b.level, 100.0);
+        assert_eq!(
+            b.resets_at,
+            Some(Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0).unwrap())
+        );
+    }
+
+    #[test]
+    fn gauges_do_not_refill_by_time() {
+        let t0 = Utc::now();
+        let mut b = bucket(Rule::Gauge, 2.0, 0.0, t0);
+        b.refill(t0 + chrono::Duration::hours(1));
+        assert_eq!(b.level, 0.0);
+        assert_eq!(b.ready_at(1.0, 0.0, t0), None);
+    }
+
+    #[test]
+    fn refunds_replace_estimates_with_actuals() {
+        let u = Usage {
+            input_tokens: 100,
+            output_tokens: 20,
+            cached_tokens: 0,
+        };
+        assert_eq!(refund(Dimension::TotalTokens, 300.0, Some(&u), 0.0, true), 180.0);
+        assert_eq!(refund(Dimension::OutputTokens, 10.0, Some(&u), 0.0, true), -10.0);
+        assert_eq!(refund(Dimension::Requests, 1.0, Some(&u), 0.0, true), 0.0);
+        assert_eq!(refund(Dimension::Concurrency, 1.0, None, 0.0, true), 1.0);
+        assert_eq!(refund(Dimension::TotalTokens, 300.0, None, 0.0, true), 0.0);
+        assert_eq!(refund(Dimension::TotalTokens, 300.0, None, 0.0, false), 300.0);
+        assert_eq!(refund(Dimension::SpendMicroUsd, 50.0, Some(&u), 20.0, true), 30.0);
+    }
+
+    #[test]
+    fn spend_is_tokens_times_price_per_million() {
+        let p = ModelPrice {
+            input_per_mtok: 0.15,
+            output_per_mtok: 0.6,
+            cached_input_per_mtok: Some(0.075),
+            batch_discount: None,
+        };
+        let micro = spend_micro_usd(Some(&p), 1000.0, 200.0, 100.0);
+        assert!((micro - (800.0 * 0.15 + 200.0 * 0.075 + 100.0 * 0.6)).abs() < 1e-9);
+        assert_eq!(spend_micro_usd(None, 1000.0, 0.0, 10.0), 0.0);
+    }
+}

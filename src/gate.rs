@@ -1,0 +1,518 @@
+//! The gate: decides which queued jobs may go out now. A job is admitted only when every
+//! bucket on its path — its tenant's limits and budgets, its target's provider limits —
+//! can hold its estimate; the reservations of a whole round commit in one transaction
+//! holding those buckets' row locks (taken in id order), all or nothing per job.
+//!
+//! Order: classes by precedence (interactive, standard, background, batch; a job waiting
+//! longer than its class's `starve_after_secs` competes as interactive), then weighted
+//! fair queuing across tenants within a class: each (class, tenant) queue has a virtual
+//! time that advances by a job's token cost divided by the tenant's weight, and the queue
+//! with the smallest virtual time goes next — deficit round robin in its continuous form,
+//! with the deficit counted in tokens. A tenant that becomes active starts at most
+//! `burst_credit_tokens / weight` behind the others (its burst credit). Inside a tenant's
+//! queue: priority, then earliest deadline.
+//!
+//! When the job whose turn it is does not fit, the buckets that stopped it are closed for
+//! the rest of the round, so smaller jobs behind it cannot starve it; its tenant waits and
+//! the job records why (`admission`: the bucket, its limit, what remains, when it should
+//! fit). A job that can never fit, or not before its deadline, fails now
+//! (`exceeds_limit`, `deadline_unmeetable`) instead of being dispatched late.
+//!
+//! One gate is active at a time (a PostgreSQL advisory lock elects it); correctness does
+//! not depend on that — the bucket row locks do — only fairness bookkeeping does.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use sqlx::{PgConnection, PgPool};
+use tokio_util::sync::CancellationToken;
+
+use crate::buckets::{self, Bucket, Demand, Rule};
+use crate::config::Config;
+use crate::model::{JobClass, JobId};
+use crate::notify::Notifications;
+use crate::routing::{self, Target};
+use crate::store::{self, Admission, Candidate, StoreError};
+
+/// Advisory lock key of the active gate ("tollgate" in ASCII, as a number).
+const GATE_LOCK: i64 = 0x746f_6c6c_6761_7465;
+/// Shortest pause between two rounds that admitted nothing.
+const MIN_PAUSE: Duration = Duration::from_millis(2);
+
+/// What one round did.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Round {
+    pub admitted: usize,
+    /// Queues whose next job had to wait for capacity.
+    pub blocked: usize,
+    pub failed: usize,
+    /// When the earliest blocked job should fit (if time alone will make it fit).
+    pub next_ready: Option<DateTime<Utc>>,
+    /// The round stopped at the batch limit: more may be admissible right away.
+    pub full: bool,
+}
+
+pub struct Gate {
+    pool: PgPool,
+    config: Arc<Config>,
+    notifications: Notifications,
+    fairness: Mutex<Fairness>,
+}
+
+/// Virtual times of the weighted fair queuing, per class.
+#[derive(Default)]
+struct Fairness {
+    /// (class, tenant) → virtual time.
+    vtime: HashMap<(JobClass, String), f64>,
+    /// Per class: the virtual time of the latest admission (the class's clock).
+    clock: HashMap<JobClass, f64>,
+    /// Last explanation written per job, so unchanged ones are not rewritten.
+    explained: HashMap<JobId, String>,
+}
+
+/// A candidate with everything admission needs, computed before taking any lock.
+struct Plan {
+    job: Candidate,
+    class: JobClass,
+    weight: f64,
+    cost: f64,
+    /// Targets in order of preference, each with its path: (bucket key, amount).
+    routes: Vec<(Target, Vec<(String, f64)>)>,
+}
+
+/// The decisions of one round, before they are written.
+struct Scheduled {
+    admissions: Vec<Admission>,
+    notes: Vec<(JobId, serde_json::Value)>,
+    round: Round,
+    failures: Vec<(JobId, &'static str, String)>,
+}
+
+/// A (class, tenant) queue's place in the round's priority queue.
+struct Turn {
+    class: JobClass,
+    vtime: f64,
+    queue: usize,
+}
+
+impl PartialEq for Turn {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Turn {}
+impl PartialOrd for Turn {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Turn {
+    /// Reversed: `BinaryHeap` pops the greatest, we want the best class, then the smallest
+    /// virtual time, then the lowest queue index (stable).
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .class
+            .cmp(&self.class)
+            .then(other.vtime.total_cmp(&self.vtime))
+            .then(other.queue.cmp(&self.queue))
+    }
+}
+
+impl Gate {
+    pub fn new(pool: PgPool, config: Arc<Config>, notifications: Notifications) -> Self {
+        Self {
+            pool,
+            config,
+            notifications,
+            fairness: Mutex::new(Fairness::default()),
+        }
+    }
+
+    fn plan(&self, job: Candidate, now: DateTime<Utc>) -> Result<Plan, (JobId, &'static str, String)> {
+        let config = &self.config;
+        let Some(targets) = routing::resolve(config, &job.model) else {
+            let message = format!("model {:?} is no longer configured", job.model);
+            return Err((job.id, "unknown_model", message));
+        };
+        let weight = config
+            .tenants
+            .iter()
+            .find(|t| t.name == job.tenant)
+            .map_or(1.0, |t| f64::from(t.weight.max(1)));
+        let demand = Demand {
+            input_tokens: f64::from(job.estimated_input_tokens.max(0)),
+            output_tokens: f64::from(job.estimated_output_tokens.max(0)),
+        };
+        let routes = targets
+            .into_iter()
+            .map(|target| {
+                let price = config
+                    .provider(&target.provider)
+                    .and_then(|p| p.price_for(&target.model));
+                let spend = buckets::spend_micro_usd(price, demand.input_tokens, 0.0, demand.output_tokens);
+                let path = buckets::path(config, &job.tenant, &target)
+                    .into_iter()
+                    .map(|(key, dim)| (key, buckets::amount(dim, demand, spend)))
+                    .collect();
+                (target, path)
+            })
+            .collect();
+        let starve_after = config.classes.get(job.class).starve_after_secs;
+        let waited = (now - job.created_at).num_seconds().max(0) as u64;
+        let class = if waited > starve_after {
+            JobClass::Interactive
+        } else {
+            job.class
+        };
+        Ok(Plan {
+            cost: demand.total_tokens().max(1.0),
+            class,
+            weight,
+            routes,
+            job,
+        })
+    }
+
+    /// One round at time `now`: read candidates, admit what fits, explain what waits.
+    pub async fn run_once(&self, now: DateTime<Utc>) -> Result<Round, StoreError> {
+        let batch = self.config.gate.batch;
+        let queues = store::active_queues(&self.pool).await?;
+        if queues.is_empty() {
+            return Ok(Round::default());
+        }
+        let per_queue = (2 * batch / queues.len()).clamp(4, batch) as i64;
+        let candidates = store::candidates(&self.pool, &queues, per_queue, now).await?;
+        let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
+        let mut plans = Vec::new();
+        for c in candidates {
+            match self.plan(c, now) {
+                Ok(p) => plans.push(p),
+                Err(failure) => failures.push(failure),
+            }
+        }
+        let keys: Vec<String> = {
+            let set: HashSet<&String> = plans
+                .iter()
+                .flat_map(|p| p.routes.iter().flat_map(|r| r.1.iter().map(|k| &k.0)))
+                .collect();
+            set.into_iter().cloned().collect()
+        };
+
+        let mut tx = self.pool.begin().await?;
+        let mut buckets: HashMap<String, Bucket> = store::lock_buckets(&mut tx, &keys)
+            .await?
+            .into_iter()
+            .map(|mut b| {
+                b.refill(now);
+                (b.key.clone(), b)
+            })
+            .collect();
+        let refilled = buckets.clone();
+
+        let Scheduled {
+            admissions,
+            notes,
+            mut round,
+            failures: more_failures,
+        } = self.schedule(plans, &mut buckets, now);
+        failures.extend(more_failures);
+
+        let admitted: HashSet<JobId> = store::admit(&mut tx, &admissions, now)
+            .await?
+            .into_iter()
+            .collect();
+        if admitted.len() != admissions.len() {
+            // Some were cancelled after we read them: charge only what was admitted.
+            buckets = refilled;
+            for a in admissions.iter().filter(|a| admitted.contains(&a.id)) {
+                for (id, amount) in a.bucket_ids.iter().zip(&a.amounts) {
+                    if let Some(b) = buckets.values_mut().find(|b| b.id == *id) {
+                        b.take(*amount);
+                    }
+                }
+            }
+        }
+        let changed: Vec<Bucket> = buckets.into_values().collect();
+        store::save_buckets(&mut tx, &changed).await?;
+        tx.commit().await?;
+        round.admitted = admitted.len();
+        round.failed = store::fail_queued(&self.pool, &failures, now).await? as usize;
+        store::explain(&self.pool, &notes).await?;
+        {
+            let mut fairness = match self.fairness.lock() {
+                Ok(f) => f,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            for id in &admitted {
+                fairness.explained.remove(id);
+            }
+            if fairness.explained.len() > 100_000 {
+                fairness.explained.clear();
+            }
+        }
+        Ok(round)
+    }
+
+    /// Decides the round: who is admitted where, who waits and why, who fails. Takes what
+    /// it admits from `buckets` (locked by the caller).
+    fn schedule(
+        &self,
+        plans: Vec<Plan>,
+        buckets: &mut HashMap<String, Bucket>,
+        now: DateTime<Utc>,
+    ) -> Scheduled {
+        let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
+        let headroom_secs = self.config.gate.headroom_secs;
+        let headroom = |b: &Bucket| {
+            if b.key.starts_with("provider:") && b.rule == Rule::Rolling {
+                b.headroom(headroom_secs)
+            } else {
+                0.0
+            }
+        };
+        // Queues of this round, in tenant order of service.
+        let mut queue_of: HashMap<(JobClass, String), usize> = HashMap::new();
+        let mut queues: Vec<std::collections::VecDeque<Plan>> = Vec::new();
+        for p in plans {
+            let key = (p.class, p.job.tenant.clone());
+            let i = *queue_of.entry(key).or_insert_with(|| {
+                queues.push(Default::default());
+                queues.len() - 1
+            });
+            queues[i].push_back(p);
+        }
+        let mut round = Round::default();
+        let mut admissions: Vec<Admission> = Vec::new();
+        let mut notes: Vec<(JobId, serde_json::Value)> = Vec::new();
+        let mut fairness = match self.fairness.lock() {
+            Ok(f) => f,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let burst = self.config.gate.burst_credit_tokens as f64;
+        let mut heap = BinaryHeap::new();
+        for (key, &i) in &queue_of {
+            let weight = queues[i].front().map_or(1.0, |p| p.weight);
+            let clock = fairness.clock.get(&key.0).copied().unwrap_or(0.0);
+            let vt = fairness.vtime.entry(key.clone()).or_insert(clock);
+            // Burst credit: a quiet tenant starts at most this far behind the others.
+            *vt = vt.max(clock - burst / weight);
+            heap.push(Turn {
+                class: key.0,
+                vtime: *vt,
+                queue: i,
+            });
+        }
+        let mut closed: HashSet<String> = HashSet::new();
+        while let Some(turn) = heap.pop() {
+            if admissions.len() >= self.config.gate.batch {
+                round.full = true;
+                break;
+            }
+            let Some(plan) = queues[turn.queue].front() else {
+                continue;
+            };
+            // First target whose buckets are open and can hold the job now.
+            let fitting = plan.routes.iter().position(|(_, path)| {
+                path.iter().all(|(key, amount)| {
+                    !closed.contains(key) && buckets.get(key).is_none_or(|b| b.fits(*amount, headroom(b)))
+                })
+            });
+            if let Some(r) = fitting {
+                let (target, path) = &plan.routes[r];
+                let mut ids = Vec::with_capacity(path.len());
+                let mut amounts = Vec::with_capacity(path.len());
+                for (key, amount) in path {
+                    if let Some(b) = buckets.get_mut(key) {
+                        b.take(*amount);
+                        ids.push(b.id);
+                        amounts.push(*amount);
+                    }
+                }
+                admissions.push(Admission {
+                    id: plan.job.id,
+                    provider: target.provider.clone(),
+                    model: target.model.clone(),
+                    bucket_ids: ids,
+                    amounts,
+                });
+                let key = (turn.class, plan.job.tenant.clone());
+                let vt = turn.vtime + plan.cost / plan.weight;
+                fairness.vtime.insert(key, vt);
+                let clock = fairness.clock.entry(turn.class).or_insert(0.0);
+                *clock = clock.max(turn.vtime);
+                queues[turn.queue].pop_front();
+                if !queues[turn.queue].is_empty() {
+                    heap.push(Turn { vtime: vt, ..turn });
+                }
+                continue;
+            }
+            // It does not fit. Ever? Before its deadline? Otherwise it waits, and what
+            // stopped it is closed to everyone else this round.
+            let never = plan.routes.iter().all(|(_, path)| {
+                path.iter().any(|(key, amount)| {
+                    buckets
+                        .get(key)
+                        .is_some_and(|b| !b.can_ever_fit(*amount, headroom(b)))
+                })
+            });
+            if never || plan.routes.is_empty() {
+                let (key, amount) = plan
+                    .routes
+                    .first()
+                    .and_then(|(_, path)| {
+                        path.iter()
+                            .find(|(k, a)| buckets.get(k).is_some_and(|b| !b.can_ever_fit(*a, headroom(b))))
+                    })
+                    .cloned()
+                    .unwrap_or_default();
+                let capacity = buckets.get(&key).map_or(0.0, |b| b.capacity);
+                failures.push((
+                    plan.job.id,
+                    "exceeds_limit",
+                    format!("the job needs {amount:.0} of {key} but its whole capacity is {capacity:.0}"),
+                ));
+                queues[turn.queue].pop_front();
+                if !queues[turn.queue].is_empty() {
+                    heap.push(turn);
+                }
+                continue;
+            }
+            let (_, path) = &plan.routes[0];
+            let mut blocking: Option<(&Bucket, f64)> = None;
+            let mut ready: Option<DateTime<Utc>> = Some(now);
+            for (key, amount) in path {
+                let Some(b) = buckets.get(key) else { continue };
+                let open = !closed.contains(key);
+                if open && b.fits(*amount, headroom(b)) {
+                    continue;
+                }
+                let at = if open {
+                    b.ready_at(*amount, headroom(b), now)
+                } else {
+                    Some(now)
+                };
+                ready = match (ready, at) {
+                    (Some(r), Some(a)) => Some(r.max(a)),
+                    _ => None,
+                };
+                if open && blocking.is_none() {
+                    blocking = Some((b, *amount));
+                }
+            }
+            round.blocked += 1;
+            let job = &plan.job;
+            if let Some(at) = ready.filter(|at| *at > job.deadline) {
+                failures.push((
+                    job.id,
+                    "deadline_unmeetable",
+                    format!(
+                        "capacity for the job ({}) is not expected before {at}, after its deadline {}",
+                        blocking.map_or("its turn".to_owned(), |(b, _)| b.key.clone()),
+                        job.deadline
+                    ),
+                ));
+                queues[turn.queue].pop_front();
+                if !queues[turn.queue].is_empty() {
+                    heap.push(turn);
+                }
+                continue;
+            }
+            if let Some(at) = ready.filter(|at| *at > now) {
+                round.next_ready = Some(round.next_ready.map_or(at, |n| n.min(at)));
+            }
+            let note = match blocking {
+                Some((b, amount)) => json!({
+                    "reason": "waiting_for_capacity",
+                    "bucket": b.key,
+                    "limit": b.capacity,
+                    "remaining": b.level.max(0.0).floor(),
+                    "needs": amount,
+                    "expected_at": ready,
+                }),
+                None => json!({"reason": "waiting_for_turn", "expected_at": ready}),
+            };
+            let stamp = note.to_string();
+            if fairness.explained.get(&job.id) != Some(&stamp) && job.admission.as_ref() != Some(&note) {
+                fairness.explained.insert(job.id, stamp);
+                notes.push((job.id, note));
+            }
+            for (key, amount) in path {
+                if buckets.get(key).is_some_and(|b| !b.fits(*amount, headroom(b))) {
+                    closed.insert(key.clone());
+                }
+            }
+        }
+        Scheduled {
+            admissions,
+            notes,
+            round,
+            failures,
+        }
+    }
+
+    /// Holds the gate's advisory lock on a dedicated connection while it is the active gate.
+    async fn lead(&self, cancel: &CancellationToken) -> Option<PgConnection> {
+        loop {
+            // Detached from the pool: the lock lives exactly as long as this connection.
+            if let Ok(mut conn) = self.pool.acquire().await.map(|c| c.detach()) {
+                let got: Result<bool, _> = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+                    .bind(GATE_LOCK)
+                    .fetch_one(&mut conn)
+                    .await;
+                if let Ok(true) = got {
+                    tracing::info!("this process is the active gate");
+                    return Some(conn);
+                }
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return None,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    }
+
+    /// The loop: become the active gate, then run rounds whenever work or capacity may
+    /// have appeared (NOTIFY), when a blocked job should fit, or at the fallback poll.
+    pub async fn run(self, cancel: CancellationToken) {
+        let poll = Duration::from_millis(self.config.gate.poll_interval_ms);
+        'lead: while let Some(mut leader) = self.lead(&cancel).await {
+            loop {
+                if cancel.is_cancelled() {
+                    break 'lead;
+                }
+                let wake = self.notifications.gate_ready();
+                tokio::pin!(wake);
+                wake.as_mut().enable();
+                let round = match self.run_once(Utc::now()).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "gate round failed");
+                        Round::default()
+                    }
+                };
+                if round.full {
+                    continue;
+                }
+                let until_ready = round
+                    .next_ready
+                    .and_then(|at| (at - Utc::now()).to_std().ok())
+                    .unwrap_or(poll)
+                    .clamp(MIN_PAUSE, poll);
+                tokio::select! {
+                    _ = cancel.cancelled() => break 'lead,
+                    _ = &mut wake => {}
+                    _ = tokio::time::sleep(until_ready) => {}
+                }
+                // Still the leader? A broken lock connection means another gate may run.
+                if sqlx::query("SELECT 1").execute(&mut leader).await.is_err() {
+                    tracing::warn!("lost the gate's lock connection; electing again");
+                    continue 'lead;
+                }
+            }
+        }
+    }
+}

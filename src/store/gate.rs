@@ -1,0 +1,174 @@
+//! What the gate reads and writes: the active (class, tenant) queues, the best queued
+//! jobs of each, admissions, explanations and early failures.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgExecutor, Postgres};
+
+use super::{CHANNEL_JOB_DONE, CHANNEL_JOBS_READY, Result};
+use crate::model::{JobClass, JobId};
+
+/// The (class, tenant) pairs with queued work: a loose index scan over `jobs_gate`, one
+/// probe per pair, however many jobs are queued.
+pub async fn active_queues(ex: impl PgExecutor<'_>) -> Result<Vec<(JobClass, String)>> {
+    Ok(sqlx::query_as(
+        "WITH RECURSIVE pairs AS (
+             (SELECT class, tenant FROM jobs WHERE state = 'queued' ORDER BY class, tenant LIMIT 1)
+             UNION ALL
+             SELECT n.class, n.tenant FROM pairs p, LATERAL (
+                 SELECT class, tenant FROM jobs
+                 WHERE state = 'queued' AND (class, tenant) > (p.class, p.tenant)
+                 ORDER BY class, tenant LIMIT 1) n)
+         SELECT class, tenant FROM pairs",
+    )
+    .fetch_all(ex)
+    .await?)
+}
+
+/// A queued job as the gate sees it: no request body, just what admission needs.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Candidate {
+    pub id: JobId,
+    pub tenant: String,
+    pub class: JobClass,
+    pub priority: i32,
+    pub model: String,
+    pub deadline: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+    pub estimated_input_tokens: i32,
+    pub estimated_output_tokens: i32,
+    pub admission: Option<serde_json::Value>,
+}
+
+/// The first `per_queue` runnable jobs of each queue, in the order the tenant wants them
+/// served: priority, then earliest deadline.
+pub async fn candidates(
+    ex: impl PgExecutor<'_>,
+    queues: &[(JobClass, String)],
+    per_queue: i64,
+    now: DateTime<Utc>,
+) -> Result<Vec<Candidate>> {
+    let classes: Vec<JobClass> = queues.iter().map(|q| q.0).collect();
+    let tenants: Vec<&str> = queues.iter().map(|q| q.1.as_str()).collect();
+    Ok(sqlx::query_as::<Postgres, Candidate>(
+        "SELECT j.* FROM unnest($1::job_class[], $2::text[]) AS q(class, tenant),
+         LATERAL (
+             SELECT id, tenant, class, priority, model, deadline, created_at,
+                    estimated_input_tokens, estimated_output_tokens, admission
+             FROM jobs
+             WHERE state = 'queued' AND class = q.class AND tenant = q.tenant AND not_before <= $4 AND deadline > $4
+             ORDER BY priority DESC, deadline, id
+             LIMIT $3) j",
+    )
+    .bind(classes)
+    .bind(tenants)
+    .bind(per_queue)
+    .bind(now)
+    .fetch_all(ex)
+    .await?)
+}
+
+/// One admission: the target chosen and what it holds.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    pub id: JobId,
+    pub provider: String,
+    pub model: String,
+    pub bucket_ids: Vec<i64>,
+    pub amounts: Vec<f64>,
+}
+
+/// Marks jobs admitted with their reservations; returns those still queued (a job
+/// cancelled since it was read is skipped). Run in the transaction holding the buckets.
+pub async fn admit(
+    conn: &mut PgConnection,
+    admissions: &[Admission],
+    now: DateTime<Utc>,
+) -> Result<Vec<JobId>> {
+    if admissions.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Arrays of arrays must be rectangular in PostgreSQL: pass reservations flattened.
+    let mut owners = Vec::new();
+    let mut bucket_ids = Vec::new();
+    let mut amounts = Vec::new();
+    for a in admissions {
+        for (b, amt) in a.bucket_ids.iter().zip(&a.amounts) {
+            owners.push(a.id.0);
+            bucket_ids.push(*b);
+            amounts.push(*amt);
+        }
+    }
+    let ids: Vec<(JobId,)> = sqlx::query_as(
+        "WITH res AS (
+             SELECT owner, array_agg(bucket ORDER BY bucket) AS buckets, array_agg(amount ORDER BY bucket) AS amounts
+             FROM unnest($5::uuid[], $6::bigint[], $7::float8[]) AS r(owner, bucket, amount)
+             GROUP BY owner),
+         t AS (
+             SELECT a.id, a.provider, a.model, res.buckets, res.amounts
+             FROM unnest($1::uuid[], $2::text[], $3::text[]) AS a(id, provider, model)
+             LEFT JOIN res ON res.owner = a.id)
+         UPDATE jobs j SET state = 'admitted', admitted_at = $4, provider = t.provider, provider_model = t.model,
+                           reserved_buckets = t.buckets, reserved_amounts = t.amounts, admission = NULL
+         FROM t WHERE j.id = t.id AND j.state = 'queued'
+         RETURNING j.id",
+    )
+    .bind(admissions.iter().map(|a| a.id.0).collect::<Vec<_>>())
+    .bind(admissions.iter().map(|a| a.provider.as_str()).collect::<Vec<_>>())
+    .bind(admissions.iter().map(|a| a.model.as_str()).collect::<Vec<_>>())
+    .bind(now)
+    .bind(owners)
+    .bind(bucket_ids)
+    .bind(amounts)
+    .fetch_all(&mut *conn)
+    .await?;
+    if !ids.is_empty() {
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(CHANNEL_JOBS_READY)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(ids.into_iter().map(|(id,)| id).collect())
+}
+
+/// Records why queued jobs still wait (shown on the job).
+pub async fn explain(ex: impl PgExecutor<'_>, notes: &[(JobId, serde_json::Value)]) -> Result<()> {
+    if notes.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "UPDATE jobs j SET admission = t.note
+         FROM unnest($1::uuid[], $2::jsonb[]) AS t(id, note) WHERE j.id = t.id AND j.state = 'queued'",
+    )
+    .bind(notes.iter().map(|n| n.0.0).collect::<Vec<_>>())
+    .bind(notes.iter().map(|n| n.1.clone()).collect::<Vec<_>>())
+    .execute(ex)
+    .await?;
+    Ok(())
+}
+
+/// Fails queued jobs the gate can never admit in time, with a reason code each.
+pub async fn fail_queued(
+    ex: impl PgExecutor<'_>,
+    failures: &[(JobId, &str, String)],
+    now: DateTime<Utc>,
+) -> Result<u64> {
+    if failures.is_empty() {
+        return Ok(0);
+    }
+    let rows: Vec<(JobId,)> = sqlx::query_as(
+        "WITH done AS (
+             UPDATE jobs j SET state = 'failed', error_code = t.code, error_message = t.message, finished_at = $4
+             FROM unnest($1::uuid[], $2::text[], $3::text[]) AS t(id, code, message)
+             WHERE j.id = t.id AND j.state = 'queued'
+             RETURNING j.id)
+         SELECT id FROM done WHERE pg_notify($5, id::text) IS NOT NULL",
+    )
+    .bind(failures.iter().map(|f| f.0.0).collect::<Vec<_>>())
+    .bind(failures.iter().map(|f| f.1).collect::<Vec<_>>())
+    .bind(failures.iter().map(|f| f.2.as_str()).collect::<Vec<_>>())
+    .bind(now)
+    .bind(CHANNEL_JOB_DONE)
+    .fetch_all(ex)
+    .await?;
+    Ok(rows.len() as u64)
+}

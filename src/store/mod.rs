@@ -1,0 +1,38 @@
+//! All SQL. Small functions over `impl PgExecutor` (or a connection inside a transaction
+//! where several statements must commit together), so each runs on a pool or inside a
+//! transaction. Time is a parameter (`now`) so tests pin the clock instead of sleeping.
+//!
+//! - [`jobs`]: the job rows, from insert to terminal state.
+//! - [`buckets`]: bucket rows and the reservations jobs hold against them.
+//! - [`gate`]: what the gate reads (queued work per tenant and class) and writes
+//!   (admissions, explanations).
+//!
+//! Every write to a running job is guarded by ownership — `state = 'running' AND attempt
+//! = $n AND lease_owner = $owner` — so a dispatcher whose lease was rescued, or whose job
+//! was cancelled, writes nothing: zero rows is an answer, not an error. A reservation is
+//! released exactly once, by whoever clears the job's `reserved_buckets`.
+
+pub mod buckets;
+pub mod gate;
+pub mod jobs;
+
+pub use buckets::*;
+pub use gate::*;
+pub use jobs::*;
+
+/// Channel on which a job's id is announced when it reaches a terminal state.
+pub const CHANNEL_JOB_DONE: &str = "tollgate_job_done";
+/// Channel on which newly admitted work is announced to dispatchers (payload empty).
+pub const CHANNEL_JOBS_READY: &str = "tollgate_jobs_ready";
+/// Channel on which the gate is told that queued work or capacity appeared.
+pub const CHANNEL_GATE: &str = "tollgate_gate";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("stored value could not be encoded: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
