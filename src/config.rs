@@ -172,6 +172,8 @@ pub struct GateConfig {
     pub headroom_secs: f64,
     /// Fallback period of the gate when nothing wakes it, in milliseconds.
     pub poll_interval_ms: u64,
+    /// Fraction of each provider rate bucket that only interactive jobs may use.
+    pub interactive_reserve: f64,
 }
 
 impl Default for GateConfig {
@@ -181,6 +183,7 @@ impl Default for GateConfig {
             burst_credit_tokens: 8192,
             headroom_secs: 0.25,
             poll_interval_ms: 1000,
+            interactive_reserve: 0.05,
         }
     }
 }
@@ -404,6 +407,12 @@ impl Config {
         }
         if self.gate.batch == 0 {
             return Err(invalid("gate.batch", "must be at least 1"));
+        }
+        if !(0.0..1.0).contains(&self.gate.interactive_reserve) {
+            return Err(invalid(
+                "gate.interactive_reserve",
+                "must be at least 0 and below 1",
+            ));
         }
         if !(self.gate.headroom_secs.is_finite() && self.gate.headroom_secs >= 0.0) {
             return Err(invalid("gate.headroom_secs", "must be a non-negative number"));

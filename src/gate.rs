@@ -267,12 +267,24 @@ impl Gate {
     ) -> Scheduled {
         let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
         let headroom_secs = self.config.gate.headroom_secs;
-        let headroom = |b: &Bucket| {
-            if b.key.starts_with("provider:") && b.rule == Rule::Rolling {
+        let reserve = self.config.gate.interactive_reserve;
+        // Provider buckets keep refill in hand for requests still on their way, and a share
+        // only interactive work may use, so a flood of lower classes cannot make it wait.
+        let headroom_for = |b: &Bucket, class: JobClass| {
+            if !b.key.starts_with("provider:") {
+                return 0.0;
+            }
+            let transit = if b.rule == Rule::Rolling {
                 b.headroom(headroom_secs)
             } else {
                 0.0
-            }
+            };
+            let kept = if class == JobClass::Interactive || b.rule == Rule::Gauge {
+                0.0
+            } else {
+                reserve * b.capacity
+            };
+            transit + kept
         };
         // Queues of this round, in tenant order of service.
         let mut queue_of: HashMap<(JobClass, String), usize> = HashMap::new();
@@ -315,6 +327,8 @@ impl Gate {
             let Some(plan) = queues[turn.queue].front() else {
                 continue;
             };
+            let class = plan.class;
+            let headroom = |b: &Bucket| headroom_for(b, class);
             // First target whose buckets are open and can hold the job now.
             let fitting = plan.routes.iter().position(|(_, path)| {
                 path.iter().all(|(key, amount)| {

@@ -161,6 +161,26 @@ impl Serve {
         Self { child }
     }
 
+    /// Polls `/readyz` until it answers; fails at once if the process exited.
+    async fn wait_ready(&mut self, api: &str) {
+        let http = reqwest::Client::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("poll tollgate serve") {
+                panic!("tollgate serve exited before it was ready: {status}");
+            }
+            let ready = http.get(format!("{api}/readyz")).send().await;
+            if ready.is_ok_and(|r| r.status().is_success()) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "tollgate serve was not ready in time"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     fn signal(&mut self, signal: Signal) {
         kill(Pid::from_raw(self.child.id() as i32), signal).expect("signal tollgate");
     }
@@ -199,25 +219,14 @@ async fn accepted_job_survives_sigkill_of_the_server_and_completes_once() {
     let text = config_text(mock_addr, "")
         .replace("lease_secs = 30", "lease_secs = 3")
         .replace("heartbeat_secs = 5", "heartbeat_secs = 1")
-        .replace(
-            "poll_interval_ms = 200",
-            "poll_interval_ms = 100\nmaintenance_interval_ms = 200",
-        );
+        .replacen("[dispatch]\n", "[dispatch]\nmaintenance_interval_ms = 200\n", 1);
     std::fs::write(&config_path, text).unwrap();
     let port = free_port();
     let api = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
-    let ready = || async {
-        http.get(format!("{api}/readyz"))
-            .send()
-            .await
-            .ok()
-            .filter(|r| r.status().is_success())
-            .map(|_| ())
-    };
 
     let mut first = Serve::start(&config_path, &db.url, port);
-    eventually(60, "the first server to be ready", ready).await;
+    first.wait_ready(&api).await;
     let resp = http
         .post(format!("{api}/v1/jobs"))
         .bearer_auth(ACME)
@@ -249,7 +258,7 @@ async fn accepted_job_survives_sigkill_of_the_server_and_completes_once() {
     );
 
     let mut second = Serve::start(&config_path, &db.url, port);
-    eventually(60, "the second server to be ready", ready).await;
+    second.wait_ready(&api).await;
     let done: Value = eventually(60, "the job to finish after the restart", || async {
         let j: Value = http
             .get(format!("{api}/v1/jobs/{id}?wait=5"))

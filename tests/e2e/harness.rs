@@ -86,7 +86,10 @@ otpm = 100000000
     .expect("mock config")
 }
 
-/// The broker's config pointing at the mock on `mock_addr`; `extra` is appended TOML.
+/// The broker's config pointing at the mock on `mock_addr`. `extra` is appended: the `oai`
+/// provider comes last, so `[providers.limits."gpt-4o-mini"]` or
+/// `[providers.prices."gpt-4o-mini"]` tables in it apply to `oai`; `[[tenants]]` in it add
+/// tenants.
 pub fn config_text(mock_addr: std::net::SocketAddr, extra: &str) -> String {
     format!(
         r#"
@@ -104,21 +107,8 @@ drain_timeout_secs = 5
 max_attempts = 4
 base_delay_ms = 50
 max_delay_ms = 1000
-[[providers]]
-name = "oai"
-kind = "openai"
-base_url = "http://{mock_addr}/v1"
-keys = [{{ name = "k1", value = "sk-test-1" }}]
-models = ["gpt-4o-mini"]
-[[providers]]
-name = "ant"
-kind = "anthropic"
-base_url = "http://{mock_addr}"
-keys = [{{ name = "a1", value = "sk-ant-test" }}]
-models = ["claude-3-5-haiku-latest"]
-[[routes]]
-alias = "fast"
-targets = ["oai/gpt-4o-mini"]
+[gate]
+poll_interval_ms = 200
 [[tenants]]
 name = "acme"
 api_key = "{ACME}"
@@ -126,6 +116,21 @@ weight = 3
 [[tenants]]
 name = "globex"
 api_key = "{GLOBEX}"
+[[routes]]
+alias = "fast"
+targets = ["oai/gpt-4o-mini"]
+[[providers]]
+name = "ant"
+kind = "anthropic"
+base_url = "http://{mock_addr}"
+keys = [{{ name = "a1", value = "sk-ant-test" }}]
+models = ["claude-3-5-haiku-latest"]
+[[providers]]
+name = "oai"
+kind = "openai"
+base_url = "http://{mock_addr}/v1"
+keys = [{{ name = "k1", value = "sk-test-1" }}]
+models = ["gpt-4o-mini"]
 {extra}
 "#
     )
@@ -135,6 +140,8 @@ pub struct TestOptions {
     pub roles: Roles,
     pub mock: MockConfig,
     pub extra_config: String,
+    /// Lines added to the `[gate]` table.
+    pub gate_config: String,
 }
 
 impl Default for TestOptions {
@@ -143,6 +150,7 @@ impl Default for TestOptions {
             roles: Roles::ALL,
             mock: mock_config(),
             extra_config: String::new(),
+            gate_config: String::new(),
         }
     }
 }
@@ -174,8 +182,15 @@ impl TestApp {
         let mock_tasks = TaskTracker::new();
         mock_tasks.spawn(mock.clone().serve(mock_listener, mock_stop.clone()));
         let config = Arc::new(
-            Config::parse(&config_text(mock_addr, &opts.extra_config), "test config")
-                .expect("valid test config"),
+            Config::parse(
+                &config_text(mock_addr, &opts.extra_config).replacen(
+                    "[gate]\n",
+                    &format!("[gate]\n{}\n", opts.gate_config),
+                    1,
+                ),
+                "test config",
+            )
+            .expect("valid test config"),
         );
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind api");
         let broker = Broker::start(config.clone(), db.pool.clone(), Some(listener), opts.roles)
@@ -193,6 +208,16 @@ impl TestApp {
             mock_stop,
             mock_tasks,
         }
+    }
+
+    /// Another broker process on the same database (own pool, own notifications, own
+    /// gate candidate, own dispatcher): what a second `tollgate serve` would be.
+    pub async fn spawn_peer(&self, roles: Roles) -> Broker {
+        let pool = db::connect(&self.db.url, 10).await.expect("peer pool");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind peer api");
+        Broker::start(self.config.clone(), pool, Some(listener), roles)
+            .await
+            .expect("peer broker starts")
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -12,5 +12,6 @@
 
 mod bad_input;
 mod durability;
+mod gate;
 mod harness;
 mod lifecycle;

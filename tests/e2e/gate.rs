@@ -1,0 +1,499 @@
+//! The gate: limits hold across processes, capacity is shared by weight, reservations are
+//! all or nothing and always come back, windows reset on time, budgets stop a tenant
+//! with a clear reason.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Duration as ChronoDuration, TimeZone, Utc};
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tollgate::buckets::Bucket;
+use tollgate::gate::Gate;
+use tollgate::notify::Notifications;
+use tollgate::store;
+use tollgate_api::broker::Roles;
+
+use crate::harness::{ACME, GLOBEX, TestApp, TestOptions, eventually, job, mock_config};
+
+/// Submits `n` jobs built by `body(i)` with `clients` requests in flight, spread over `apis`.
+async fn flood(app: &TestApp, apis: &[String], key: &str, n: usize, body: impl Fn(usize) -> Value) -> usize {
+    let bodies: Vec<(String, Value)> = (0..n).map(|i| (apis[i % apis.len()].clone(), body(i))).collect();
+    futures::stream::iter(bodies)
+        .map(|(api, b)| {
+            let http = app.http.clone();
+            async move {
+                let r = http
+                    .post(format!("{api}/v1/jobs"))
+                    .bearer_auth(key)
+                    .json(&b)
+                    .send()
+                    .await
+                    .unwrap();
+                r.status().as_u16() == 202
+            }
+        })
+        .buffer_unordered(32)
+        .filter(|ok| futures::future::ready(*ok))
+        .count()
+        .await
+}
+
+/// (tenant, admitted_at, estimated input tokens, estimated output tokens)
+type Admitted = (String, DateTime<Utc>, i32, i32);
+
+async fn wait_all_finished(app: &TestApp, expected: i64, secs: u64) {
+    let pool = app.db.pool.clone();
+    eventually(secs, "every job to finish", || {
+        let pool = pool.clone();
+        async move {
+            let done: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM jobs WHERE state IN ('succeeded', 'failed', 'cancelled')",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            (done >= expected).then_some(())
+        }
+    })
+    .await;
+}
+
+async fn bucket(app: &TestApp, key: &str) -> Bucket {
+    store::all_buckets(&app.db.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|b| b.key == key)
+        .unwrap_or_else(|| panic!("no bucket {key}"))
+}
+
+async fn reservations_held(app: &TestApp) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM jobs WHERE reserved_buckets IS NOT NULL")
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn three_processes_never_exceed_the_providers_limit() {
+    const RPM: u64 = 1200;
+    const JOBS: usize = 1300;
+    let mut mock = mock_config();
+    mock.projects[0].rpm = RPM;
+    mock.projects[0].tpm = 0;
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        extra_config: format!("[providers.limits.\"gpt-4o-mini\"]\nrpm = {RPM}\nconcurrency = 24\n"),
+        // Only standard work here: nothing is held back for interactive jobs.
+        gate_config: "interactive_reserve = 0.0".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let peer_a = app.spawn_peer(Roles::ALL).await;
+    let peer_b = app.spawn_peer(Roles::ALL).await;
+    let apis = vec![
+        app.api.clone(),
+        format!("http://{}", peer_a.addr.unwrap()),
+        format!("http://{}", peer_b.addr.unwrap()),
+    ];
+    let accepted = flood(&app, &apis, ACME, JOBS, |i| {
+        job("oai/gpt-4o-mini", &format!("job {i}"))
+    })
+    .await;
+    assert_eq!(accepted, JOBS);
+    wait_all_finished(&app, JOBS as i64, 120).await;
+
+    let stats = app.mock.stats();
+    assert_eq!(
+        stats.rate_limited_429, 0,
+        "the broker caused provider 429s: {stats:?}"
+    );
+    assert_eq!(stats.limit_violations, 0, "{stats:?}");
+    assert_eq!(stats.succeeded, JOBS as u64);
+    assert!(
+        stats.max_in_flight <= 24,
+        "concurrency limit broken: {}",
+        stats.max_in_flight
+    );
+    // Throughput: the provider allows its burst plus the refill over the drain.
+    let (first, last): (DateTime<Utc>, DateTime<Utc>) =
+        sqlx::query_as("SELECT min(started_at), max(started_at) FROM jobs")
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+    let secs = (last - first).num_milliseconds() as f64 / 1000.0;
+    let allowed = RPM as f64 + RPM as f64 / 60.0 * secs;
+    let efficiency = JOBS as f64 / allowed;
+    eprintln!("three processes: {JOBS} jobs in {secs:.2} s, {:.1}% of what rpm {RPM} allows, 0 429s", efficiency * 100.0);
+    assert!(
+        efficiency >= 0.95,
+        "drained at {:.1}% of what the limit allows ({secs:.1} s)",
+        efficiency * 100.0
+    );
+    assert_eq!(reservations_held(&app).await, 0);
+    assert_eq!(
+        bucket(&app, "provider:oai:gpt-4o-mini:concurrency").await.level,
+        24.0,
+        "a slot was stranded"
+    );
+    peer_a.shutdown().await;
+    peer_b.shutdown().await;
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn contended_capacity_is_shared_by_weight_in_tokens() {
+    // acme (weight 3) sends small jobs, globex (weight 1) large ones; the provider's TPM binds.
+    let mut mock = mock_config();
+    mock.projects[0].tpm = 20_000;
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        roles: Roles::API_ONLY,
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\ntpm = 20000\n".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let small = |i: usize| job("oai/gpt-4o-mini", &format!("small {i}"));
+    let large = |i: usize| {
+        job(
+            "oai/gpt-4o-mini",
+            &format!("large {i} {}", "lorem ipsum ".repeat(60)),
+        )
+    };
+    let apis = vec![app.api.clone()];
+    assert_eq!(flood(&app, &apis, ACME, 600, small).await, 600);
+    assert_eq!(flood(&app, &apis, GLOBEX, 300, large).await, 300);
+    let gate = Gate::new(app.db.pool.clone(), app.config.clone(), Notifications::default());
+    // Drive the gate with a pinned clock: a round now, then one per simulated second.
+    let t0 = Utc::now();
+    for s in 0..10 {
+        gate.run_once(t0 + ChronoDuration::seconds(s)).await.unwrap();
+    }
+    // Count the rounds after which both tenants still had work waiting: contention.
+    let rows: Vec<Admitted> = sqlx::query_as(
+        "SELECT tenant, admitted_at, estimated_input_tokens, estimated_output_tokens FROM jobs
+         WHERE admitted_at IS NOT NULL ORDER BY admitted_at, id",
+    )
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap();
+    let total = |t: &str| if t == "acme" { 600 } else { 300 };
+    let mut admitted: HashMap<&str, usize> = HashMap::new();
+    let mut tokens: HashMap<&str, f64> = HashMap::new();
+    let mut rounds = 0;
+    let mut groups: Vec<Vec<&Admitted>> = Vec::new();
+    for r in &rows {
+        match groups.last_mut() {
+            Some(g) if g[0].1 == r.1 => g.push(r),
+            _ => groups.push(vec![r]),
+        }
+    }
+    for group in groups {
+        let mut after = admitted.clone();
+        for r in &group {
+            *after.entry(r.0.as_str()).or_default() += 1;
+        }
+        if ["acme", "globex"]
+            .iter()
+            .any(|t| after.get(t).copied().unwrap_or(0) >= total(t))
+        {
+            break;
+        }
+        for r in &group {
+            *tokens.entry(r.0.as_str()).or_default() += f64::from(r.2 + r.3);
+        }
+        admitted = after;
+        rounds += 1;
+    }
+    assert!(rounds >= 5, "contention lasted only {rounds} rounds");
+    let ratio = tokens["acme"] / tokens["globex"];
+    eprintln!("weighted shares over {rounds} contended rounds: acme:globex tokens {ratio:.3} ({tokens:?})");
+    assert!(
+        (2.7..=3.3).contains(&ratio),
+        "acme:globex token share {ratio:.2}, want 3 ± 10%: {tokens:?}"
+    );
+    // Requests are not what is shared: acme got far more than 3x the requests.
+    let requests = |t: &str| admitted.get(t).copied().unwrap_or(0) as f64;
+    assert!(requests("acme") / requests("globex") > 6.0);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn interactive_work_goes_first_and_keeps_its_reserve() {
+    let mut mock = mock_config();
+    mock.projects[0].rpm = 100;
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        roles: Roles::API_ONLY,
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\nrpm = 100\n".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let apis = vec![app.api.clone()];
+    let mut background = job("oai/gpt-4o-mini", "bulk");
+    background["class"] = json!("background");
+    assert_eq!(flood(&app, &apis, ACME, 150, |_| background.clone()).await, 150);
+    let gate = Gate::new(app.db.pool.clone(), app.config.clone(), Notifications::default());
+    let t0 = Utc::now();
+    let first = gate.run_once(t0).await.unwrap();
+    // Background may use all but the interactive reserve (5% of 100) and the transit headroom.
+    assert!(
+        first.admitted >= 90 && first.admitted <= 95,
+        "admitted {}",
+        first.admitted
+    );
+    let mut urgent = job("oai/gpt-4o-mini", "now please");
+    urgent["class"] = json!("interactive");
+    let (_, accepted) = app.submit(GLOBEX, &urgent).await;
+    let second = gate.run_once(Utc::now()).await.unwrap();
+    assert_eq!(
+        second.admitted, 1,
+        "the interactive job is admitted at once, ahead of the backlog"
+    );
+    let (_, j) = app
+        .get(GLOBEX, &format!("/v1/jobs/{}", accepted["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(j["state"], "admitted");
+    // A backlog job explains why it waits.
+    let waiting: Value = sqlx::query_scalar(
+        "SELECT admission FROM jobs WHERE state = 'queued' AND admission IS NOT NULL LIMIT 1",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(waiting["reason"], "waiting_for_capacity");
+    assert_eq!(waiting["bucket"], "provider:oai:gpt-4o-mini:rpm");
+    assert_eq!(waiting["limit"], 100.0);
+    assert!(waiting["expected_at"].as_str().is_some());
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_budget_blocks_a_tenant_without_touching_provider_buckets_and_resets_daily() {
+    let mut mock = mock_config();
+    mock.projects[0].rpm = 1000;
+    // 28 tokens per job (8 in, 20 out) at 1000 USD per million tokens: 0.028 USD a job;
+    // a budget of 0.07 USD holds two.
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        roles: Roles::API_ONLY,
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\nrpm = 1000\n\
+                       [providers.prices.\"gpt-4o-mini\"]\ninput_per_mtok = 1000.0\noutput_per_mtok = 1000.0\n\
+                       [[tenants]]\nname = \"frugal\"\napi_key = \"tk-frugal\"\ndaily_spend_usd = 0.07\n"
+            .into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let mut body = job("oai/gpt-4o-mini", &format!("q{i}"));
+        body["request"]["max_tokens"] = json!(20);
+        body["class"] = json!("batch");
+        let (status, j) = app.submit("tk-frugal", &body).await;
+        assert_eq!(status, 202, "{j}");
+        ids.push(j["id"].as_str().unwrap().to_owned());
+    }
+    let gate = Gate::new(app.db.pool.clone(), app.config.clone(), Notifications::default());
+    // Pin the clock to late evening UTC so the daily reset is an hour away.
+    let evening = Utc.with_ymd_and_hms(2031, 3, 4, 23, 0, 0).unwrap();
+    sqlx::query("UPDATE jobs SET created_at = $1, not_before = $1, deadline = $1 + interval '3 hours'")
+        .bind(evening)
+        .execute(&app.db.pool)
+        .await
+        .unwrap();
+    let round = gate.run_once(evening).await.unwrap();
+    assert_eq!(round.admitted, 2);
+    let rpm = bucket(&app, "provider:oai:gpt-4o-mini:rpm").await;
+    assert!(
+        (rpm.level - 998.0).abs() < 1.0,
+        "only the two admitted jobs took from the provider: {}",
+        rpm.level
+    );
+    let (_, blocked) = app.get("tk-frugal", &format!("/v1/jobs/{}", ids[2])).await;
+    assert_eq!(blocked["state"], "queued");
+    assert_eq!(blocked["admission"]["bucket"], "tenant:frugal:daily_spend");
+    assert_eq!(blocked["admission"]["expected_at"], "2031-03-05T00:00:00Z");
+    // Another tenant is not held back by frugal's budget.
+    let (_, other) = app.submit(ACME, &job("oai/gpt-4o-mini", "unaffected")).await;
+    sqlx::query("UPDATE jobs SET created_at = $1, not_before = $1, deadline = $1 + interval '3 hours' WHERE id = $2::uuid")
+        .bind(evening)
+        .bind(other["id"].as_str().unwrap())
+        .execute(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        gate.run_once(evening + ChronoDuration::minutes(1))
+            .await
+            .unwrap()
+            .admitted,
+        1
+    );
+    // After midnight UTC the budget is back and the job goes.
+    let round = gate
+        .run_once(evening + ChronoDuration::minutes(61))
+        .await
+        .unwrap();
+    assert_eq!(round.admitted, 1);
+    let spend = bucket(&app, "tenant:frugal:daily_spend").await;
+    assert!(spend.level < spend.capacity && spend.level > 0.0);
+    assert_eq!(
+        spend.resets_at,
+        Some(Utc.with_ymd_and_hms(2031, 3, 6, 0, 0, 0).unwrap())
+    );
+
+    // A job whose deadline falls before the next reset fails now, with the reason.
+    let mut body = job("oai/gpt-4o-mini", "too late anyway");
+    body["request"]["max_tokens"] = json!(20);
+    let mut blocked_ids = Vec::new();
+    for _ in 0..3 {
+        let (_, j) = app.submit("tk-frugal", &body).await;
+        blocked_ids.push(j["id"].as_str().unwrap().to_owned());
+    }
+    let noon = Utc.with_ymd_and_hms(2031, 3, 5, 12, 0, 0).unwrap();
+    sqlx::query("UPDATE jobs SET created_at = $1, not_before = $1, deadline = $1 + interval '1 hour' WHERE state = 'queued'")
+        .bind(noon)
+        .execute(&app.db.pool)
+        .await
+        .unwrap();
+    let round = gate.run_once(noon).await.unwrap();
+    assert!(round.failed >= 1, "{round:?}");
+    let (_, failed) = app
+        .get("tk-frugal", &format!("/v1/jobs/{}", blocked_ids[2]))
+        .await;
+    assert_eq!(failed["state"], "failed");
+    assert_eq!(failed["error"]["code"], "deadline_unmeetable");
+    assert!(
+        failed["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("tenant:frugal:daily_spend")
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_job_larger_than_a_limit_fails_at_once() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\ntpm = 1000\n".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let mut body = job("oai/gpt-4o-mini", "hi");
+    body["request"]["max_tokens"] = json!(5000);
+    let (_, j) = app.submit(ACME, &body).await;
+    let gate = Gate::new(app.db.pool.clone(), app.config.clone(), Notifications::default());
+    assert_eq!(gate.run_once(Utc::now()).await.unwrap().failed, 1);
+    let (_, j) = app
+        .get(ACME, &format!("/v1/jobs/{}", j["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(j["error"]["code"], "exceeds_limit");
+    assert_eq!(bucket(&app, "provider:oai:gpt-4o-mini:tpm").await.level, 1000.0);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn reservations_come_back_after_a_drain_and_after_a_dead_holder() {
+    let app = TestApp::spawn_with(TestOptions {
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\nconcurrency = 3\ntpm = 1000000\n\
+                       [[tenants]]\nname = \"capped\"\napi_key = \"tk-capped\"\nconcurrency = 2\ntpm = 500000\n"
+            .into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let apis = vec![app.api.clone()];
+    assert_eq!(
+        flood(&app, &apis, "tk-capped", 40, |i| job("fast", &format!("c{i}"))).await,
+        40
+    );
+    wait_all_finished(&app, 40, 60).await;
+    assert_eq!(app.mock.stats().succeeded, 40);
+    assert!(
+        app.mock.stats().max_in_flight <= 2,
+        "the tenant's concurrency of 2 was exceeded"
+    );
+    assert_eq!(reservations_held(&app).await, 0);
+    assert_eq!(
+        bucket(&app, "provider:oai:gpt-4o-mini:concurrency").await.level,
+        3.0
+    );
+    assert_eq!(bucket(&app, "tenant:capped:concurrency").await.level, 2.0);
+    // Token buckets hold the actual use, not the estimate: after the refill time they are full.
+    let mut tpm = bucket(&app, "tenant:capped:tpm").await;
+    let used = tpm.capacity - tpm.level;
+    let actual: i64 = sqlx::query_scalar(
+        "SELECT sum(input_tokens + output_tokens)::bigint FROM job_attempts WHERE outcome = 'succeeded'",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    assert!(
+        used <= actual as f64 + 1.0,
+        "estimates were not replaced by actuals: used {used}, actual {actual}"
+    );
+    tpm.refill(Utc::now() + ChronoDuration::seconds(61));
+    assert_eq!(tpm.level, tpm.capacity);
+
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_dead_holders_reservation_comes_back_when_its_lease_expires() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\nconcurrency = 3\n\
+                       [[tenants]]\nname = \"capped\"\napi_key = \"tk-capped\"\nconcurrency = 2\n"
+            .into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let pool = &app.db.pool;
+    for i in 0..3 {
+        app.submit("tk-capped", &job("fast", &format!("ghost {i}"))).await;
+    }
+    let gate = Gate::new(pool.clone(), app.config.clone(), Notifications::default());
+    let round = gate.run_once(Utc::now()).await.unwrap();
+    assert_eq!(round.admitted, 2, "the tenant's concurrency of 2 admits two");
+    assert_eq!(bucket(&app, "tenant:capped:concurrency").await.level, 0.0);
+    assert_eq!(
+        bucket(&app, "provider:oai:gpt-4o-mini:concurrency").await.level,
+        1.0
+    );
+    // A dispatcher claims them and dies without a word.
+    let claimed = store::claim_jobs(pool, "ghost", 10, Utc::now(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2);
+    let maintenance = tollgate_workers::maintenance::Maintenance::new(pool.clone(), Duration::from_secs(1));
+    assert_eq!(
+        maintenance.run_once(Utc::now()).await.unwrap().rescued.requeued,
+        0
+    );
+    let pass = maintenance
+        .run_once(Utc::now() + ChronoDuration::seconds(6))
+        .await
+        .unwrap();
+    assert_eq!(pass.rescued.requeued, 2);
+    assert_eq!(bucket(&app, "tenant:capped:concurrency").await.level, 2.0);
+    assert_eq!(
+        bucket(&app, "provider:oai:gpt-4o-mini:concurrency").await.level,
+        3.0
+    );
+    assert_eq!(reservations_held(&app).await, 0);
+    // A job cancelled while admitted gives everything back at once.
+    assert_eq!(gate.run_once(Utc::now()).await.unwrap().admitted, 2);
+    let admitted: Vec<String> = sqlx::query_scalar("SELECT id::text FROM jobs WHERE state = 'admitted'")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    for id in &admitted {
+        let (status, _) = app
+            .post("tk-capped", &format!("/v1/jobs/{id}/cancel"), &json!({}))
+            .await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(bucket(&app, "tenant:capped:concurrency").await.level, 2.0);
+    assert_eq!(reservations_held(&app).await, 0);
+    app.shutdown().await;
+}
