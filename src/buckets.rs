@@ -371,6 +371,12 @@ impl Bucket {
         self.level -= amount;
     }
 
+    /// Settles a refund: what a job did not use comes back (never above capacity); a
+    /// negative refund takes what it used beyond its estimate.
+    pub fn give_back(&mut self, refund: f64) {
+        self.level = (self.level + refund).min(self.capacity);
+    }
+
     /// When `amount` will fit, if it is only a matter of time; `None` for gauges (they
     /// wait for a release, whose time is unknown).
     pub fn ready_at(&self, amount: f64, headroom: f64, now: DateTime<Utc>) -> Option<DateTime<Utc>> {

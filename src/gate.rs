@@ -40,8 +40,13 @@ use crate::store::{self, Admission, Candidate, StoreError};
 
 /// Advisory lock key of the active gate ("tollgate" in ASCII, as a number).
 const GATE_LOCK: i64 = 0x746f_6c6c_6761_7465;
-/// Shortest pause between two rounds that admitted nothing.
+/// Shortest pause between two rounds that did not fill a batch: arrivals and releases in
+/// that time are handled by one round instead of one round each.
 const MIN_PAUSE: Duration = Duration::from_millis(2);
+/// Most finished jobs whose settlements one round applies.
+const REFUNDS_PER_ROUND: i64 = 50_000;
+/// How often the active gate checks that it still holds its lock.
+const LEADER_CHECK: Duration = Duration::from_secs(1);
 
 /// What one round did.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -181,11 +186,12 @@ impl Gate {
     pub async fn run_once(&self, now: DateTime<Utc>) -> Result<Round, StoreError> {
         let batch = self.config.gate.batch;
         let queues = store::active_queues(&self.pool).await?;
-        if queues.is_empty() {
-            return Ok(Round::default());
-        }
-        let per_queue = (2 * batch / queues.len()).clamp(4, batch) as i64;
-        let candidates = store::candidates(&self.pool, &queues, per_queue, now).await?;
+        let candidates = if queues.is_empty() {
+            Vec::new()
+        } else {
+            let per_queue = (2 * batch / queues.len()).clamp(4, batch) as i64;
+            store::candidates(&self.pool, &queues, per_queue, now).await?
+        };
         let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
         let mut plans = Vec::new();
         for c in candidates {
@@ -203,11 +209,25 @@ impl Gate {
         };
 
         let mut tx = self.pool.begin().await?;
-        let mut buckets: HashMap<String, Bucket> = store::lock_buckets(&mut tx, &keys)
+        // Settlements of finished jobs first: what they did not use is available again.
+        let refunds = store::take_pending_refunds(&mut tx, REFUNDS_PER_ROUND).await?;
+        if plans.is_empty() && refunds.is_empty() {
+            tx.commit().await?;
+            let failed = store::fail_queued(&self.pool, &failures, now).await? as usize;
+            return Ok(Round {
+                failed,
+                ..Round::default()
+            });
+        }
+        let refund_ids: Vec<i64> = refunds.keys().copied().collect();
+        let mut buckets: HashMap<String, Bucket> = store::lock_buckets_by(&mut tx, &keys, &refund_ids)
             .await?
             .into_iter()
             .map(|mut b| {
                 b.refill(now);
+                if let Some(r) = refunds.get(&b.id) {
+                    b.give_back(*r);
+                }
                 (b.key.clone(), b)
             })
             .collect();
@@ -494,6 +514,7 @@ impl Gate {
     pub async fn run(self, cancel: CancellationToken) {
         let poll = Duration::from_millis(self.config.gate.poll_interval_ms);
         'lead: while let Some(mut leader) = self.lead(&cancel).await {
+            let mut checked = tokio::time::Instant::now();
             loop {
                 if cancel.is_cancelled() {
                     break 'lead;
@@ -518,13 +539,16 @@ impl Gate {
                     .clamp(MIN_PAUSE, poll);
                 tokio::select! {
                     _ = cancel.cancelled() => break 'lead,
-                    _ = &mut wake => {}
+                    _ = &mut wake => tokio::time::sleep(MIN_PAUSE).await,
                     _ = tokio::time::sleep(until_ready) => {}
                 }
                 // Still the leader? A broken lock connection means another gate may run.
-                if sqlx::query("SELECT 1").execute(&mut leader).await.is_err() {
-                    tracing::warn!("lost the gate's lock connection; electing again");
-                    continue 'lead;
+                if checked.elapsed() >= LEADER_CHECK {
+                    checked = tokio::time::Instant::now();
+                    if sqlx::query("SELECT 1").execute(&mut leader).await.is_err() {
+                        tracing::warn!("lost the gate's lock connection; electing again");
+                        continue 'lead;
+                    }
                 }
             }
         }

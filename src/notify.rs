@@ -17,6 +17,9 @@ use tokio_util::task::TaskTracker;
 use crate::model::JobId;
 use crate::store::{CHANNEL_GATE, CHANNEL_JOB_DONE, CHANNEL_JOBS_READY};
 
+/// Most one NOTIFY per this period announces local inserts to the gate.
+const ANNOUNCE_EVERY: Duration = Duration::from_millis(2);
+
 /// A wake-up for job waiters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JobDone {
@@ -34,6 +37,8 @@ pub struct Notifications {
     jobs_ready: Arc<Notify>,
     /// Queued work or freed capacity for the gate.
     gate: Arc<Notify>,
+    /// Local inserts not yet announced to other processes.
+    gate_notify_pending: Arc<Notify>,
 }
 
 impl Default for Notifications {
@@ -42,6 +47,7 @@ impl Default for Notifications {
             job_done: broadcast::channel(8192).0,
             jobs_ready: Arc::new(Notify::new()),
             gate: Arc::new(Notify::new()),
+            gate_notify_pending: Arc::new(Notify::new()),
         }
     }
 }
@@ -69,10 +75,17 @@ impl Notifications {
         self.gate.notified()
     }
 
-    /// Wakes the local gate directly (used after a local insert).
+    /// Wakes the local gate directly.
     pub fn wake_gate(&self) {
         self.gate.notify_waiters();
         self.gate.notify_one();
+    }
+
+    /// New work was queued here: wake the local gate now, and the active gate (wherever
+    /// it runs) through one NOTIFY per few milliseconds however many jobs arrive.
+    pub fn work_queued(&self) {
+        self.wake_gate();
+        self.gate_notify_pending.notify_one();
     }
 
     fn wake_all(&self) {
@@ -81,8 +94,27 @@ impl Notifications {
         self.wake_gate();
     }
 
-    /// Starts the listener task; it reconnects with backoff until `cancel`.
+    /// Starts the announcer: sends the gate's NOTIFY for local inserts, debounced.
+    fn spawn_announcer(&self, pool: PgPool, tracker: &TaskTracker, cancel: CancellationToken) {
+        let pending = self.gate_notify_pending.clone();
+        tracker.spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = pending.notified() => {}
+                }
+                if let Err(e) = crate::store::notify_gate(&pool).await {
+                    tracing::warn!(error = %e, "could not notify the gate; it will poll");
+                }
+                tokio::time::sleep(ANNOUNCE_EVERY).await;
+            }
+        });
+    }
+
+    /// Starts the listener task (it reconnects with backoff until `cancel`) and the
+    /// announcer of local inserts.
     pub fn spawn_listener(&self, pool: PgPool, tracker: &TaskTracker, cancel: CancellationToken) {
+        self.spawn_announcer(pool.clone(), tracker, cancel.clone());
         let hub = self.clone();
         tracker.spawn(async move {
             let mut backoff = Duration::from_millis(100);

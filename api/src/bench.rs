@@ -1,20 +1,42 @@
-//! `tollgate bench`: end-to-end throughput against the mock provider at zero latency and
-//! without limits, side by side with its baseline in the same run: the same requests sent
-//! straight to the mock by a plain HTTP client with the same concurrency (what an app does
-//! without a broker). The ratio is what the broker's durability costs.
+//! `tollgate bench`: measured speed, each case beside its baseline in the same run, on a
+//! fresh database and the mock provider (zero latency, no limits unless a case sets them).
+//!
+//! - `throughput`: N jobs submitted over HTTP and run end to end (admitted through the
+//!   gate with buckets, dispatched over HTTP to the mock, result and usage written);
+//!   baseline: the same N requests sent straight to the mock by a plain HTTP client with
+//!   the same concurrency (what an app does without a broker).
+//! - `gate`: N queued jobs admitted by the gate (every job through four buckets);
+//!   baseline: the same rows moved from queued to admitted by a plain `SKIP LOCKED`
+//!   batch update of the same size (a queue without admission).
+//! - `steady`: jobs submitted at a steady rate while everything runs; enqueue → admitted
+//!   and enqueue → dispatched latency percentiles.
 
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::{Value, json};
 use tollgate::config::Config;
+use tollgate::gate::Gate;
+use tollgate::notify::Notifications;
 use tollgate_workers::mock_provider::MockConfig;
 
+use crate::broker::Roles;
 use crate::local::LocalStack;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Case {
+    All,
+    Throughput,
+    Gate,
+    Steady,
+}
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// Jobs per case.
+    /// Which case to run.
+    #[arg(long, value_enum, default_value_t = Case::All)]
+    pub case: Case,
+    /// Jobs per case (throughput and gate).
     #[arg(long, default_value_t = 20_000)]
     pub jobs: usize,
     /// Concurrent client requests (submissions, and the baseline's calls).
@@ -23,6 +45,12 @@ pub struct BenchArgs {
     /// Provider calls in flight in the broker (`dispatch.concurrency`).
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
+    /// Steady case: jobs per second.
+    #[arg(long, default_value_t = 1000)]
+    pub rate: u64,
+    /// Steady case: seconds of load.
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u64,
     /// Where the embedded PostgreSQL keeps its data (ignored with DATABASE_URL).
     #[arg(long, default_value = ".tollgate/pg")]
     pub data_dir: std::path::PathBuf,
@@ -41,6 +69,8 @@ keys = ["sk-bench"]
     .unwrap_or_default()
 }
 
+/// Limits far above what the machine can reach, so every job goes through real buckets
+/// (tenant rpm and tpm, provider rpm and tpm) without any of them binding.
 fn broker_config(mock: std::net::SocketAddr, concurrency: usize) -> anyhow::Result<Config> {
     let text = format!(
         r#"
@@ -50,15 +80,22 @@ max_wait_secs = 60
 max_connections = 32
 [dispatch]
 concurrency = {concurrency}
+[gate]
+interactive_reserve = 0.0
 [[providers]]
 name = "oai"
 kind = "openai"
 base_url = "http://{mock}/v1"
 keys = [{{ name = "k", value = "sk-bench" }}]
 models = ["gpt-4o-mini"]
+[providers.limits."gpt-4o-mini"]
+rpm = 100000000
+tpm = 100000000000
 [[tenants]]
 name = "bench"
 api_key = "tk-bench"
+rpm = 100000000
+tpm = 100000000000
 "#
     );
     Ok(Config::parse(&text, "bench config")?)
@@ -72,109 +109,282 @@ fn request(i: usize) -> Value {
     })
 }
 
-/// Runs both cases and prints absolute figures and the ratio.
+/// Runs the chosen cases and prints Markdown tables for BENCHMARKS.md.
 #[allow(clippy::print_stdout)] // the report is the command's output
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    println!(
+        "tollgate bench: jobs {}, clients {}, dispatch.concurrency {}",
+        args.jobs, args.clients, args.concurrency
+    );
+    if matches!(args.case, Case::All | Case::Throughput) {
+        throughput(&args).await?;
+    }
+    if matches!(args.case, Case::All | Case::Gate) {
+        gate(&args).await?;
+    }
+    if matches!(args.case, Case::All | Case::Steady) {
+        steady(&args).await?;
+    }
+    Ok(())
+}
+
+async fn stack(args: &BenchArgs, roles: Roles) -> anyhow::Result<LocalStack> {
     let concurrency = args.concurrency;
-    let stack = LocalStack::start("bench", args.data_dir.clone(), mock_config(), |addr| {
+    LocalStack::start("bench", args.data_dir.clone(), mock_config(), roles, |addr| {
         broker_config(addr, concurrency)
     })
-    .await?;
+    .await
+}
+
+fn rate(n: usize, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64().max(1e-9)
+}
+
+/// Sends `n` requests with `clients` in flight; returns how many failed.
+async fn send_all<F, Fut>(n: usize, clients: usize, send: F) -> usize
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    futures::stream::iter(0..n)
+        .map(send)
+        .buffer_unordered(clients)
+        .filter(|ok| futures::future::ready(!*ok))
+        .count()
+        .await
+}
+
+async fn wait_finished(pool: &sqlx::PgPool, expected: i64) -> anyhow::Result<(i64, i64)> {
+    loop {
+        let (done, failed): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE state = 'succeeded'),
+                    count(*) FILTER (WHERE state IN ('failed', 'cancelled')) FROM jobs",
+        )
+        .fetch_one(pool)
+        .await?;
+        if done + failed >= expected {
+            return Ok((done, failed));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[allow(clippy::print_stdout)]
+async fn throughput(args: &BenchArgs) -> anyhow::Result<()> {
+    let stack = stack(args, Roles::ALL).await?;
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(args.clients)
         .build()?;
-
-    // Baseline: straight to the mock.
     let direct_url = format!("http://{}/v1/chat/completions", stack.mock_addr);
     let begin = Instant::now();
-    let direct_failures = futures::stream::iter(0..args.jobs)
-        .map(|i| {
-            let http = http.clone();
-            let url = direct_url.clone();
-            async move {
-                let body =
-                    json!({"model": "gpt-4o-mini", "messages": request(i)["messages"], "max_tokens": 8});
-                let r = http.post(url).bearer_auth("sk-bench").json(&body).send().await;
-                match r {
-                    Ok(resp) => !resp.status().is_success() || resp.bytes().await.is_err(),
-                    Err(_) => true,
-                }
+    let direct_failures = send_all(args.jobs, args.clients, |i| {
+        let (http, url) = (http.clone(), direct_url.clone());
+        async move {
+            let body = json!({"model": "gpt-4o-mini", "messages": request(i)["messages"], "max_tokens": 8});
+            match http.post(url).bearer_auth("sk-bench").json(&body).send().await {
+                Ok(r) => r.status().is_success() && r.bytes().await.is_ok(),
+                Err(_) => false,
             }
-        })
-        .buffer_unordered(args.clients)
-        .filter(|failed| futures::future::ready(*failed))
-        .count()
-        .await;
+        }
+    })
+    .await;
     let direct = begin.elapsed();
 
-    // tollgate: submit every job over HTTP, then wait for the last one to finish.
     let jobs_url = format!("{}/v1/jobs", stack.api);
     let begin = Instant::now();
-    let submit_failures = futures::stream::iter(0..args.jobs)
+    let submit_failures = send_all(args.jobs, args.clients, |i| {
+        let (http, url) = (http.clone(), jobs_url.clone());
+        async move {
+            let r = http
+                .post(url)
+                .bearer_auth("tk-bench")
+                .json(&json!({"request": request(i)}))
+                .send()
+                .await;
+            matches!(r, Ok(resp) if resp.status().as_u16() == 202)
+        }
+    })
+    .await;
+    let submitted = begin.elapsed();
+    let expected = (args.jobs - submit_failures) as i64;
+    let (succeeded, failed) = wait_finished(&stack.pool, expected).await?;
+    let through = begin.elapsed();
+    stack.stop().await?;
+
+    let (direct_rate, e2e_rate) = (rate(args.jobs, direct), rate(args.jobs, through));
+    println!(
+        "\n### throughput: {} jobs end to end vs. direct to the mock\n",
+        args.jobs
+    );
+    println!("| case | wall s | jobs/s | failures |");
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| baseline: direct to mock | {:.2} | {direct_rate:.0} | {direct_failures} |",
+        direct.as_secs_f64()
+    );
+    println!(
+        "| tollgate: submit only | {:.2} | {:.0} | {submit_failures} |",
+        submitted.as_secs_f64(),
+        rate(args.jobs, submitted)
+    );
+    println!(
+        "| tollgate: end to end | {:.2} | {e2e_rate:.0} | {failed} |",
+        through.as_secs_f64()
+    );
+    println!("\nratio end-to-end / baseline: {:.2}", e2e_rate / direct_rate);
+    anyhow::ensure!(
+        succeeded == expected,
+        "only {succeeded} of {expected} jobs succeeded"
+    );
+    Ok(())
+}
+
+/// Inserts `n` queued jobs for the bench tenant in one statement.
+async fn insert_queued(pool: &sqlx::PgPool, n: usize) -> anyhow::Result<()> {
+    sqlx::query(
+        "INSERT INTO jobs (id, tenant, class, priority, state, request, model, deadline, not_before, max_attempts,
+                           estimated_input_tokens, estimated_output_tokens, created_at)
+         SELECT gen_random_uuid(), 'bench', 'standard', 0, 'queued',
+                jsonb_build_object('model', 'oai/gpt-4o-mini', 'messages', jsonb_build_array(
+                    jsonb_build_object('role', 'user', 'content', 'benchmark request ' || i)), 'max_tokens', 8),
+                'oai/gpt-4o-mini', now() + interval '1 hour', now(), 6, 12, 8, now()
+         FROM generate_series(1, $1) AS i",
+    )
+    .bind(n as i64)
+    .execute(pool)
+    .await?;
+    sqlx::query("ANALYZE jobs").execute(pool).await?;
+    Ok(())
+}
+
+#[allow(clippy::print_stdout)]
+async fn gate(args: &BenchArgs) -> anyhow::Result<()> {
+    let stack = stack(args, Roles::API_ONLY).await?;
+    let pool = stack.pool.clone();
+
+    // Baseline: the same rows, moved by a plain SKIP LOCKED batch update (no admission).
+    insert_queued(&pool, args.jobs).await?;
+    let begin = Instant::now();
+    loop {
+        let moved = sqlx::query(
+            "WITH picked AS (SELECT id FROM jobs WHERE state = 'queued'
+                             ORDER BY class, tenant, priority DESC, deadline, id LIMIT 512 FOR UPDATE SKIP LOCKED)
+             UPDATE jobs j SET state = 'admitted', admitted_at = now() FROM picked WHERE j.id = picked.id",
+        )
+        .execute(&pool)
+        .await?
+        .rows_affected();
+        if moved == 0 {
+            break;
+        }
+    }
+    let baseline = begin.elapsed();
+    sqlx::query("DELETE FROM jobs").execute(&pool).await?;
+
+    insert_queued(&pool, args.jobs).await?;
+    let config = std::sync::Arc::new(broker_config(stack.mock_addr, args.concurrency)?);
+    let gate = Gate::new(pool.clone(), config, Notifications::default());
+    let begin = Instant::now();
+    let mut rounds = 0;
+    loop {
+        let round = gate.run_once(chrono::Utc::now()).await?;
+        rounds += 1;
+        if round.admitted == 0 {
+            break;
+        }
+    }
+    let gated = begin.elapsed();
+    let admitted: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'admitted'")
+        .fetch_one(&pool)
+        .await?;
+    stack.stop().await?;
+    println!("\n### gate: {} queued jobs admitted (batch 512)\n", args.jobs);
+    println!("| case | wall s | admissions/s |");
+    println!("|---|---:|---:|");
+    println!(
+        "| baseline: SKIP LOCKED batch update, no admission | {:.2} | {:.0} |",
+        baseline.as_secs_f64(),
+        rate(args.jobs, baseline)
+    );
+    println!(
+        "| tollgate gate: 4 buckets per job, weighted fair queuing ({rounds} rounds) | {:.2} | {:.0} |",
+        gated.as_secs_f64(),
+        rate(args.jobs, gated)
+    );
+    println!(
+        "\nratio gate / baseline: {:.2}",
+        baseline.as_secs_f64() / gated.as_secs_f64()
+    );
+    anyhow::ensure!(
+        admitted as usize == args.jobs,
+        "only {admitted} of {} admitted",
+        args.jobs
+    );
+    Ok(())
+}
+
+#[allow(clippy::print_stdout)]
+async fn steady(args: &BenchArgs) -> anyhow::Result<()> {
+    let stack = stack(args, Roles::ALL).await?;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.clients)
+        .build()?;
+    let jobs_url = format!("{}/v1/jobs", stack.api);
+    let total = (args.rate * args.seconds) as usize;
+    let interval = Duration::from_secs_f64(1.0 / args.rate as f64);
+    let begin = Instant::now();
+    let start = tokio::time::Instant::now();
+    let sends = futures::stream::iter(0..total)
         .map(|i| {
-            let http = http.clone();
-            let url = jobs_url.clone();
+            let (http, url) = (http.clone(), jobs_url.clone());
+            // Each request at its slot: a steady offered rate, whatever the latency.
+            let at = start + interval * i as u32;
             async move {
+                tokio::time::sleep_until(at).await;
                 let r = http
                     .post(url)
                     .bearer_auth("tk-bench")
                     .json(&json!({"request": request(i)}))
                     .send()
                     .await;
-                !matches!(r, Ok(resp) if resp.status().as_u16() == 202)
+                matches!(r, Ok(resp) if resp.status().as_u16() == 202)
             }
         })
         .buffer_unordered(args.clients)
-        .filter(|failed| futures::future::ready(*failed))
+        .filter(|ok| futures::future::ready(!*ok))
         .count()
         .await;
-    let submitted = begin.elapsed();
-    let expected = (args.jobs - submit_failures) as i64;
-    let (succeeded, failed) = loop {
-        let (done, failed): (i64, i64) = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE state = 'succeeded'), count(*) FILTER (WHERE state IN ('failed', 'cancelled')) FROM jobs",
-        )
-        .fetch_one(&stack.pool)
-        .await?;
-        if done + failed >= expected {
-            break (done, failed);
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let through = begin.elapsed();
+    let offered = begin.elapsed();
+    let expected = (total - sends) as i64;
+    wait_finished(&stack.pool, expected).await?;
+    let row: (f64, f64, f64, f64, f64) = sqlx::query_as(
+        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY a), percentile_cont(0.99) WITHIN GROUP (ORDER BY a),
+                percentile_cont(0.5) WITHIN GROUP (ORDER BY d), percentile_cont(0.99) WITHIN GROUP (ORDER BY d),
+                (count(*) / greatest(extract(epoch FROM max(admitted_at) - min(admitted_at)), 0.001))::float8
+         FROM (SELECT (extract(epoch FROM admitted_at - created_at) * 1000)::float8 AS a,
+                      (extract(epoch FROM started_at - created_at) * 1000)::float8 AS d, admitted_at
+               FROM jobs WHERE started_at IS NOT NULL) t",
+    )
+    .fetch_one(&stack.pool)
+    .await?;
     stack.stop().await?;
-
-    let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
-    let direct_rate = rate(args.jobs, direct);
-    let e2e_rate = rate(args.jobs, through);
     println!(
-        "tollgate bench: {} jobs, {} clients, dispatch.concurrency {}",
-        args.jobs, args.clients, concurrency
+        "\n### steady: {} jobs/s offered for {} s ({} jobs, achieved {:.0}/s)\n",
+        args.rate,
+        args.seconds,
+        total,
+        rate(total, offered)
     );
-    println!("| case | wall s | jobs/s | failures |");
-    println!("|---|---:|---:|---:|");
+    println!("| measure | p50 ms | p99 ms |");
+    println!("|---|---:|---:|");
+    println!("| enqueue → admitted | {:.1} | {:.1} |", row.0, row.1);
     println!(
-        "| baseline: direct to mock | {:.2} | {:.0} | {} |",
-        direct.as_secs_f64(),
-        direct_rate,
-        direct_failures
+        "| enqueue → dispatched (provider request) | {:.1} | {:.1} |",
+        row.2, row.3
     );
     println!(
-        "| tollgate: submit only | {:.2} | {:.0} | {} |",
-        submitted.as_secs_f64(),
-        rate(args.jobs, submitted),
-        submit_failures
-    );
-    println!(
-        "| tollgate: end to end | {:.2} | {:.0} | {} |",
-        through.as_secs_f64(),
-        e2e_rate,
-        failed
-    );
-    println!("ratio end-to-end / baseline: {:.2}", e2e_rate / direct_rate);
-    anyhow::ensure!(
-        succeeded == expected,
-        "only {succeeded} of {expected} jobs succeeded"
+        "\nadmissions/s while steady: {:.0}; submit failures: {sends}",
+        row.4
     );
     Ok(())
 }

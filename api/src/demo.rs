@@ -16,6 +16,7 @@ use tollgate::model::JobState;
 use tollgate::store;
 use tollgate_workers::mock_provider::MockConfig;
 
+use crate::broker::Roles;
 use crate::local::LocalStack;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -111,7 +112,14 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
     eprintln!("tollgate demo: starting PostgreSQL, the mock provider and the broker…");
     let mut mock_config = default_mock_config();
     mock_config.latency_ms = args.latency_ms;
-    let mut stack = LocalStack::start("demo", args.data_dir.clone(), mock_config, demo_config).await?;
+    let mut stack = LocalStack::start(
+        "demo",
+        args.data_dir.clone(),
+        mock_config,
+        Roles::ALL,
+        demo_config,
+    )
+    .await?;
     let outcome = drive(&args, &stack.api, &stack.pool).await;
     stack.stop_services().await;
     let summary = match outcome {

@@ -199,10 +199,7 @@ pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) ->
     }
     let inserted = store::insert_job(&state.pool, &job).await?;
     if let Inserted::New(_) = inserted {
-        state.notifications.wake_gate();
-        if let Err(e) = store::notify_gate(&state.pool).await {
-            tracing::warn!(error = %e, "could not notify the gate; it will poll");
-        }
+        state.notifications.work_queued();
     }
     if let Inserted::Existing(existing) = &inserted
         && existing.request != job.request

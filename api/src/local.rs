@@ -38,6 +38,7 @@ impl LocalStack {
         purpose: &str,
         data_dir: PathBuf,
         mock_config: MockConfig,
+        roles: Roles,
         broker_config: impl FnOnce(std::net::SocketAddr) -> anyhow::Result<Config>,
     ) -> anyhow::Result<Self> {
         let (admin_url, embedded) = match std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) {
@@ -64,7 +65,7 @@ impl LocalStack {
 
         let config = Arc::new(broker_config(mock_addr)?);
         let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let broker = Broker::start(config, pool.clone(), Some(listener), Roles::ALL).await?;
+        let broker = Broker::start(config, pool.clone(), Some(listener), roles).await?;
         let api = format!("http://{}", broker.addr.context("broker has no API address")?);
         Ok(Self {
             pool,

@@ -10,7 +10,7 @@ use sqlx::{PgConnection, PgExecutor, Postgres};
 
 use super::Result;
 use crate::buckets::{Bucket, BucketSpec, Dimension, Rule, refund};
-use crate::model::Usage;
+use crate::model::{JobId, Usage};
 
 /// What a job holds: the buckets and the amount taken from each.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -105,18 +105,6 @@ pub async fn sync_buckets(ex: impl PgExecutor<'_>, specs: &[BucketSpec], now: Da
     Ok(())
 }
 
-/// Locks the named buckets (in id order) for the rest of the transaction.
-pub async fn lock_buckets(conn: &mut PgConnection, keys: &[String]) -> Result<Vec<Bucket>> {
-    let rows = sqlx::query_as::<Postgres, BucketRow>(
-        "SELECT id, key, dimension, rule, capacity, window_secs, level, updated_at, resets_at
-         FROM buckets WHERE key = ANY($1) ORDER BY id FOR UPDATE",
-    )
-    .bind(keys)
-    .fetch_all(conn)
-    .await?;
-    Ok(rows.into_iter().filter_map(BucketRow::into_bucket).collect())
-}
-
 /// Every bucket, for status pages and tests.
 pub async fn all_buckets(ex: impl PgExecutor<'_>) -> Result<Vec<Bucket>> {
     let rows = sqlx::query_as::<Postgres, BucketRow>(
@@ -147,14 +135,15 @@ pub async fn save_buckets(conn: &mut PgConnection, buckets: &[Bucket]) -> Result
     Ok(())
 }
 
-/// Gives back what ended reservations did not use (or takes the excess when they used
-/// more than estimated), in one ordered update. Call inside the transaction that cleared
-/// the reservations from their jobs, so each is settled exactly once.
-pub async fn settle(conn: &mut PgConnection, ended: &[(Reservation, Settlement)]) -> Result<()> {
+/// Records on each job what its ended reservation gives back (or takes, when it used
+/// more than estimated). Call inside the transaction that cleared the reservation from the
+/// job, so each is settled exactly once; the gate applies pending refunds to the buckets
+/// ([`take_pending_refunds`]). Reads bucket dimensions without locking them.
+pub async fn settle(conn: &mut PgConnection, ended: &[(JobId, Reservation, Settlement)]) -> Result<()> {
     let ids: Vec<i64> = {
         let mut ids: Vec<i64> = ended
             .iter()
-            .flat_map(|(r, _)| r.bucket_ids.iter().copied())
+            .flat_map(|(_, r, _)| r.bucket_ids.iter().copied())
             .collect();
         ids.sort_unstable();
         ids.dedup();
@@ -163,37 +152,81 @@ pub async fn settle(conn: &mut PgConnection, ended: &[(Reservation, Settlement)]
     if ids.is_empty() {
         return Ok(());
     }
-    let dims: Vec<(i64, String)> =
-        sqlx::query_as("SELECT id, dimension FROM buckets WHERE id = ANY($1) ORDER BY id FOR UPDATE")
-            .bind(&ids)
-            .fetch_all(&mut *conn)
-            .await?;
+    let dims: Vec<(i64, String)> = sqlx::query_as("SELECT id, dimension FROM buckets WHERE id = ANY($1)")
+        .bind(&ids)
+        .fetch_all(&mut *conn)
+        .await?;
     let dims: BTreeMap<i64, Dimension> = dims
         .into_iter()
         .filter_map(|(id, d)| Some((id, Dimension::parse(&d)?)))
         .collect();
-    let mut refunds: BTreeMap<i64, f64> = BTreeMap::new();
-    for (reservation, s) in ended {
+    let (mut jobs, mut buckets, mut refunds) = (Vec::new(), Vec::new(), Vec::new());
+    for (job, reservation, s) in ended {
         for (id, amount) in reservation.bucket_ids.iter().zip(&reservation.amounts) {
-            if let Some(dim) = dims.get(id) {
-                *refunds.entry(*id).or_default() +=
-                    refund(*dim, *amount, s.usage.as_ref(), s.actual_spend, s.sent);
+            let Some(dim) = dims.get(id) else { continue };
+            let r = refund(*dim, *amount, s.usage.as_ref(), s.actual_spend, s.sent);
+            if r != 0.0 {
+                jobs.push(job.0);
+                buckets.push(*id);
+                refunds.push(r);
             }
         }
     }
-    refunds.retain(|_, r| *r != 0.0);
-    if refunds.is_empty() {
+    if jobs.is_empty() {
         return Ok(());
     }
     sqlx::query(
-        "UPDATE buckets b SET level = LEAST(b.capacity, b.level + t.refund)
-         FROM unnest($1::bigint[], $2::float8[]) AS t(id, refund) WHERE b.id = t.id",
+        "UPDATE jobs j SET refund_buckets = COALESCE(j.refund_buckets, '{}') || t.buckets,
+                           refund_amounts = COALESCE(j.refund_amounts, '{}') || t.amounts
+         FROM (SELECT job, array_agg(bucket) AS buckets, array_agg(amount) AS amounts
+               FROM unnest($1::uuid[], $2::bigint[], $3::float8[]) AS r(job, bucket, amount)
+               GROUP BY job) t
+         WHERE j.id = t.job",
     )
-    .bind(refunds.keys().copied().collect::<Vec<_>>())
-    .bind(refunds.values().copied().collect::<Vec<_>>())
+    .bind(jobs)
+    .bind(buckets)
+    .bind(refunds)
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// Takes pending refunds off up to `limit` jobs (skipping rows other transactions hold)
+/// and returns them summed per bucket id. Run in the gate's transaction, which applies
+/// them to the buckets it has locked.
+pub async fn take_pending_refunds(conn: &mut PgConnection, limit: i64) -> Result<BTreeMap<i64, f64>> {
+    let rows: Vec<(Vec<i64>, Vec<f64>)> = sqlx::query_as(
+        "WITH pending AS (
+             SELECT id, refund_buckets, refund_amounts FROM jobs
+             WHERE refund_buckets IS NOT NULL
+             LIMIT $1 FOR UPDATE SKIP LOCKED)
+         UPDATE jobs j SET refund_buckets = NULL, refund_amounts = NULL
+         FROM pending WHERE j.id = pending.id
+         RETURNING pending.refund_buckets, pending.refund_amounts",
+    )
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    let mut sums = BTreeMap::new();
+    for (buckets, amounts) in rows {
+        for (b, a) in buckets.into_iter().zip(amounts) {
+            *sums.entry(b).or_default() += a;
+        }
+    }
+    Ok(sums)
+}
+
+/// Locks buckets by key or id (in id order) for the rest of the transaction.
+pub async fn lock_buckets_by(conn: &mut PgConnection, keys: &[String], ids: &[i64]) -> Result<Vec<Bucket>> {
+    let rows = sqlx::query_as::<Postgres, BucketRow>(
+        "SELECT id, key, dimension, rule, capacity, window_secs, level, updated_at, resets_at
+         FROM buckets WHERE key = ANY($1) OR id = ANY($2) ORDER BY id FOR UPDATE",
+    )
+    .bind(keys)
+    .bind(ids)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().filter_map(BucketRow::into_bucket).collect())
 }
 
 /// Reads a reservation out of the arrays a `RETURNING` produced.

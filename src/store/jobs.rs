@@ -151,7 +151,7 @@ pub async fn cancel_job(pool: &PgPool, tenant: &str, id: JobId, now: DateTime<Ut
     if prev.old_state == JobState::Admitted
         && let Some(r) = reservation(prev.old_buckets, prev.old_amounts)
     {
-        settle(&mut tx, &[(r, Settlement::UNSENT)]).await?;
+        settle(&mut tx, &[(prev.id, r, Settlement::UNSENT)]).await?;
     }
     notify_done(&mut tx, &[prev.id]).await?;
     tx.commit().await?;
@@ -337,7 +337,7 @@ pub async fn finish_attempt(
         }
     };
     if let Some(r) = prev.and_then(|p| reservation(p.old_buckets, p.old_amounts)) {
-        settle(&mut tx, &[(r, settlement)]).await?;
+        settle(&mut tx, &[(holder.id, r, settlement)]).await?;
     }
     if written {
         if state.is_terminal() {
@@ -440,8 +440,8 @@ pub struct Rescued {
     pub orphans_settled: u64,
 }
 
-/// A job's reservation columns as a query returns them.
-type ReservationArrays = (Option<Vec<i64>>, Option<Vec<f64>>);
+/// A finished job's id and its reservation columns, as a query returns them.
+type OrphanReservation = (JobId, Option<Vec<i64>>, Option<Vec<f64>>);
 
 #[derive(sqlx::FromRow)]
 struct Released {
@@ -490,12 +490,12 @@ async fn release_running(pool: &PgPool, owner: Option<&str>, now: DateTime<Utc>)
             rescued.requeued += 1;
         }
         if let Some(r) = reservation(row.old_buckets, row.old_amounts) {
-            ended.push((r, Settlement::SENT_UNKNOWN));
+            ended.push((row.id, r, Settlement::SENT_UNKNOWN));
         }
     }
     // Finished jobs (cancelled while running) whose holder died before settling.
     if owner.is_none() {
-        let orphans: Vec<ReservationArrays> = sqlx::query_as(
+        let orphans: Vec<OrphanReservation> = sqlx::query_as(
             "WITH gone AS (
                  SELECT id, reserved_buckets, reserved_amounts FROM jobs
                  WHERE reserved_buckets IS NOT NULL AND state IN ('succeeded', 'failed', 'cancelled')
@@ -504,15 +504,15 @@ async fn release_running(pool: &PgPool, owner: Option<&str>, now: DateTime<Utc>)
              UPDATE jobs j SET reserved_buckets = NULL, reserved_amounts = NULL,
                                lease_owner = NULL, lease_expires_at = NULL
              FROM gone WHERE j.id = gone.id
-             RETURNING gone.reserved_buckets, gone.reserved_amounts",
+             RETURNING j.id, gone.reserved_buckets, gone.reserved_amounts",
         )
         .bind(now)
         .fetch_all(&mut *tx)
         .await?;
-        for (ids, amounts) in orphans {
+        for (id, ids, amounts) in orphans {
             if let Some(r) = reservation(ids, amounts) {
                 rescued.orphans_settled += 1;
-                ended.push((r, Settlement::SENT_UNKNOWN));
+                ended.push((id, r, Settlement::SENT_UNKNOWN));
             }
         }
     }
@@ -558,9 +558,9 @@ pub async fn expire_deadlines(pool: &PgPool, now: DateTime<Utc>) -> Result<u64> 
     .fetch_all(&mut *tx)
     .await?;
     let ids: Vec<JobId> = rows.iter().map(|r| r.id).collect();
-    let ended: Vec<(Reservation, Settlement)> = rows
+    let ended: Vec<(JobId, Reservation, Settlement)> = rows
         .into_iter()
-        .filter_map(|r| reservation(r.old_buckets, r.old_amounts).map(|res| (res, Settlement::UNSENT)))
+        .filter_map(|r| reservation(r.old_buckets, r.old_amounts).map(|res| (r.id, res, Settlement::UNSENT)))
         .collect();
     settle(&mut tx, &ended).await?;
     notify_done(&mut tx, &ids).await?;
