@@ -123,6 +123,8 @@ pub struct Job {
     pub reserved_amounts: Option<Vec<f64>>,
     /// The gate's explanation of why a queued job still waits.
     pub admission: Option<serde_json::Value>,
+    /// Run by the API process streaming it to its client, not by dispatchers.
+    pub stream: bool,
 }
 
 /// What the API inserts.
@@ -141,4 +143,6 @@ pub struct NewJob {
     pub estimated_input_tokens: i32,
     pub estimated_output_tokens: i32,
     pub created_at: DateTime<Utc>,
+    /// A streaming chat completion (see [`Job::stream`]).
+    pub stream: bool,
 }

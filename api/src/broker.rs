@@ -75,11 +75,16 @@ impl Broker {
             .context("syncing the configured buckets")?;
         notifications.spawn_listener(pool.clone(), &tracker, cancel.clone());
         let tenants = TenantDirectory::from_config(&config).map_err(anyhow::Error::msg)?;
+        let providers = Providers::from_config(&config)?;
+        let dispatcher = Dispatcher::new(pool.clone(), config.clone(), providers, notifications.clone());
+        let relays = TaskTracker::new();
         let state = AppState {
             pool: pool.clone(),
             config: config.clone(),
             tenants: Arc::new(tenants),
             notifications: notifications.clone(),
+            dispatcher: dispatcher.clone(),
+            relays: relays.clone(),
         };
         let mut addr = None;
         if roles.api {
@@ -87,6 +92,7 @@ impl Broker {
             addr = Some(listener.local_addr()?);
             let app = crate::router(state.clone());
             let stop = cancel.clone();
+            let relays = relays.clone();
             tracker.spawn(async move {
                 let served = axum::serve(listener, app)
                     .with_graceful_shutdown(async move { stop.cancelled().await })
@@ -94,14 +100,16 @@ impl Broker {
                 if let Err(e) = served {
                     tracing::error!(error = %e, "API server stopped");
                 }
+                // Streams still relaying finish their attempts before the process exits.
+                relays.close();
+                relays.wait().await;
             });
         }
-        let mut dispatcher = None;
         if roles.dispatch {
-            let providers = Providers::from_config(&config)?;
-            let d = Dispatcher::new(pool.clone(), config.clone(), providers, notifications.clone());
-            tracker.spawn(d.clone().run(cancel.clone()));
-            dispatcher = Some(d);
+            tracker.spawn(dispatcher.clone().run(cancel.clone()));
+        } else if roles.api {
+            // Streams run here: their leases need the heartbeat the dispatch loop would give.
+            tracker.spawn(dispatcher.clone().keep_leases(cancel.clone()));
         }
         if roles.gate {
             let gate = Gate::new(pool.clone(), config.clone(), notifications.clone());
@@ -118,7 +126,7 @@ impl Broker {
         Ok(Self {
             addr,
             state,
-            dispatcher,
+            dispatcher: roles.dispatch.then_some(dispatcher),
             cancel,
             tracker,
         })

@@ -6,17 +6,25 @@
 //! If the job cannot finish within `server.sync_timeout_secs` (or its deadline), the
 //! answer is 429 with `Retry-After` and a reason code, and the job is cancelled so it does
 //! not spend capacity for a caller who has gone.
+//!
+//! With `"stream": true` the job is queued and admitted the same way (its reservation
+//! holds the full `max_tokens` of output), then run by this process, which relays the
+//! provider's SSE as it arrives in OpenAI chunk format (Anthropic's events translated).
+//! The job is settled from the final usage; if the client disconnects, the upstream call
+//! is cancelled and the job settled with what was produced.
 
+use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderValue, StatusCode};
+use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use serde_json::Value;
-use tollgate::model::{JobClass, JobState};
+use tollgate::model::{JobClass, JobId, JobState};
 use tollgate::store::{self, Inserted};
 
 use crate::AppState;
@@ -30,18 +38,13 @@ pub(crate) async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let request = json_body(body)?;
-    if request.get("stream").and_then(Value::as_bool) == Some(true) {
-        return Err(ApiError::bad_request(
-            "stream_not_supported",
-            "streaming is not supported yet; send the request without `stream`",
-        )
-        .with_param("stream"));
-    }
+    let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
     let timeout = Duration::from_secs(state.config.server.sync_timeout_secs);
     let inserted = enqueue(
         &state,
         &tenant,
         Submission {
+            stream,
             request,
             class: JobClass::Interactive,
             deadline: Some(Utc::now() + timeout),
@@ -56,6 +59,9 @@ pub(crate) async fn completions(
         ..e
     })?;
     let (Inserted::New(job) | Inserted::Existing(job)) = inserted;
+    if stream {
+        return stream_response(&state, &tenant.name, job.id, timeout).await;
+    }
     let finished = wait_terminal(&state, &tenant.name, job.id, timeout + Duration::from_secs(1))
         .await?
         .ok_or_else(|| ApiError::internal("a job vanished while its caller waited"))?;
@@ -102,6 +108,9 @@ fn failure_response(code: &str, message: String) -> ApiError {
         "insufficient_quota" => (StatusCode::BAD_GATEWAY, "insufficient_quota"),
         "spend_limit_reached" => (StatusCode::TOO_MANY_REQUESTS, "spend_limit_reached"),
         "unknown_model" => (StatusCode::BAD_REQUEST, "unknown_model"),
+        "rate_limited" => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
+        "exceeds_limit" => (StatusCode::BAD_REQUEST, "exceeds_limit"),
+        "deadline_unmeetable" => (StatusCode::TOO_MANY_REQUESTS, "deadline_unmeetable"),
         _ => (StatusCode::BAD_GATEWAY, "upstream_failed"),
     };
     let err = ApiError::new(status, code, message);
@@ -110,4 +119,58 @@ fn failure_response(code: &str, message: String) -> ApiError {
     } else {
         err
     }
+}
+
+/// Waits for the gate to admit the streaming job, claims it, and answers with the relayed
+/// event stream.
+async fn stream_response(
+    state: &AppState,
+    tenant: &str,
+    id: JobId,
+    timeout: Duration,
+) -> Result<Response, ApiError> {
+    let give_up = tokio::time::Instant::now() + timeout;
+    let job = loop {
+        let admitted = state.notifications.jobs_ready();
+        tokio::pin!(admitted);
+        admitted.as_mut().enable();
+        if let Some(job) = state.dispatcher.claim_stream(id).await? {
+            break job;
+        }
+        let current = store::get_job(&state.pool, tenant, id)
+            .await?
+            .ok_or_else(|| ApiError::internal("a streaming job vanished while its caller waited"))?;
+        if current.state.is_terminal() {
+            let code = current.error_code.unwrap_or_else(|| "failed".to_owned());
+            return Err(failure_response(&code, current.error_message.unwrap_or_default()));
+        }
+        tokio::select! {
+            _ = &mut admitted => {}
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = tokio::time::sleep_until(give_up) => {
+                if let Err(e) = store::cancel_job(&state.pool, tenant, id, Utc::now()).await {
+                    tracing::warn!(error = %e, "could not cancel a timed-out streaming job");
+                }
+                return Err(ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "queue_timeout",
+                    "the request could not be served in time; retry later",
+                )
+                .with_retry_after(Duration::from_secs(2)));
+            }
+        }
+    };
+    let chunks = match state.dispatcher.stream(job, &state.relays).await {
+        Ok(rx) => rx,
+        Err(failure) => return Err(failure_response(failure.code, failure.message)),
+    };
+    let events = futures::stream::unfold(chunks, |mut rx| async move {
+        let data = rx.recv().await?;
+        Some((Ok::<_, Infallible>(Event::default().data(data)), rx))
+    });
+    let mut response = Sse::new(events).into_response();
+    if let Ok(v) = HeaderValue::from_str(&id.to_string()) {
+        response.headers_mut().insert("x-tollgate-job-id", v);
+    }
+    Ok(response)
 }

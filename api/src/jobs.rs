@@ -140,6 +140,8 @@ struct SubmitJob {
 /// A validated submission, ready to insert.
 pub(crate) struct Submission {
     pub request: Value,
+    /// Streamed to the caller by this process (chat completions with `stream: true`).
+    pub stream: bool,
     pub class: JobClass,
     pub deadline: Option<DateTime<Utc>>,
     pub priority: i32,
@@ -182,6 +184,7 @@ pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) ->
         deadline,
         max_attempts: state.config.retry.max_attempts.min(i32::MAX as u32) as i32,
         created_at: now,
+        stream: s.stream,
     };
     if let Some(cap) = state.config.classes.get(s.class).max_queued_per_tenant {
         let waiting = store::waiting_count(&state.pool, &tenant.name, s.class).await?;
@@ -270,6 +273,7 @@ pub(crate) async fn submit(
         &state,
         &tenant,
         Submission {
+            stream: false,
             request: submit.request,
             class: submit.class.unwrap_or(JobClass::Standard),
             deadline: submit.deadline,

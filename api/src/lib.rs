@@ -32,9 +32,11 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use sqlx::PgPool;
+use tokio_util::task::TaskTracker;
 use tollgate::config::Config;
 use tollgate::notify::Notifications;
 use tollgate::tenants::TenantDirectory;
+use tollgate_workers::dispatcher::Dispatcher;
 
 use crate::error::ApiError;
 
@@ -45,6 +47,10 @@ pub struct AppState {
     pub config: Arc<Config>,
     pub tenants: Arc<TenantDirectory>,
     pub notifications: Notifications,
+    /// Runs streaming chat completions for clients connected to this process.
+    pub dispatcher: Dispatcher,
+    /// The relay tasks of those streams (waited for at shutdown).
+    pub relays: TaskTracker,
 }
 
 pub fn router(state: AppState) -> Router {

@@ -20,8 +20,8 @@ pub async fn insert_job(ex: impl PgExecutor<'_> + Copy, job: &NewJob) -> Result<
     let row = sqlx::query_as::<Postgres, Job>(
         "INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
                            deadline, not_before, max_attempts, estimated_input_tokens,
-                           estimated_output_tokens, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $10)
+                           estimated_output_tokens, created_at, stream)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $10, $14)
          ON CONFLICT ON CONSTRAINT jobs_tenant_idempotency_key DO NOTHING
          RETURNING *",
     )
@@ -38,6 +38,7 @@ pub async fn insert_job(ex: impl PgExecutor<'_> + Copy, job: &NewJob) -> Result<
     .bind(job.max_attempts)
     .bind(job.estimated_input_tokens)
     .bind(job.estimated_output_tokens)
+    .bind(job.stream)
     .fetch_optional(ex)
     .await?;
     if let Some(row) = row {
@@ -184,7 +185,7 @@ pub async fn claim_jobs(
     Ok(sqlx::query_as::<Postgres, Job>(
         "WITH picked AS (
              SELECT id FROM jobs
-             WHERE state = 'admitted' AND deadline > $3
+             WHERE state = 'admitted' AND deadline > $3 AND NOT stream
              ORDER BY class, priority DESC, admitted_at, id
              LIMIT $2
              FOR UPDATE SKIP LOCKED)
@@ -199,6 +200,28 @@ pub async fn claim_jobs(
     .bind(now)
     .bind(lease_until)
     .fetch_all(ex)
+    .await?)
+}
+
+/// Claims one admitted streaming job for the process holding its client's connection.
+pub async fn claim_stream_job(
+    ex: impl PgExecutor<'_>,
+    id: JobId,
+    owner: &str,
+    now: DateTime<Utc>,
+    lease: std::time::Duration,
+) -> Result<Option<Job>> {
+    Ok(sqlx::query_as::<Postgres, Job>(
+        "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = $2, lease_expires_at = $4,
+                         started_at = COALESCE(started_at, $3)
+         WHERE id = $1 AND state = 'admitted' AND stream
+         RETURNING *",
+    )
+    .bind(id)
+    .bind(owner)
+    .bind(now)
+    .bind(now + lease)
+    .fetch_optional(ex)
     .await?)
 }
 

@@ -15,3 +15,4 @@ mod durability;
 mod gate;
 mod harness;
 mod lifecycle;
+mod streaming;

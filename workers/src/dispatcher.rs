@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use chrono::Utc;
 use sqlx::PgPool;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tollgate::buckets;
 use tollgate::config::Config;
-use tollgate::model::{Job, Usage};
+use tollgate::model::{Job, JobId, Usage};
 use tollgate::notify::Notifications;
 use tollgate::retry::{Failure, RetryPolicy};
 use tollgate::routing::{self, Target};
@@ -172,29 +172,223 @@ impl Dispatcher {
     fn spawn_heartbeat(&self) -> (CancellationToken, TaskTracker) {
         let stop = CancellationToken::new();
         let tracker = TaskTracker::new();
-        let this = self.clone();
-        let token = stop.clone();
-        tracker.spawn(async move {
-            let every = Duration::from_secs(this.inner.config.dispatch.heartbeat_secs);
-            loop {
-                tokio::select! {
-                    _ = token.cancelled() => return,
-                    _ = tokio::time::sleep(every) => {}
-                }
-                if let Err(e) = store::extend_leases(
-                    &this.inner.pool,
-                    &this.inner.owner,
-                    Utc::now(),
-                    this.inner.config.dispatch.lease(),
-                )
-                .await
-                {
-                    tracing::warn!(error = %e, "lease heartbeat failed");
-                }
-            }
-        });
+        tracker.spawn(self.clone().keep_leases(stop.clone()));
         tracker.close();
         (stop, tracker)
+    }
+
+    /// The heartbeat loop: extends the leases this process holds every `heartbeat_secs`
+    /// until `stop`. `run` starts it; a process that streams without dispatching starts it
+    /// itself.
+    pub async fn keep_leases(self, stop: CancellationToken) {
+        let every = Duration::from_secs(self.inner.config.dispatch.heartbeat_secs);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            let extended = store::extend_leases(
+                &self.inner.pool,
+                &self.inner.owner,
+                Utc::now(),
+                self.inner.config.dispatch.lease(),
+            )
+            .await;
+            if let Err(e) = extended {
+                tracing::warn!(error = %e, "lease heartbeat failed");
+            }
+        }
+    }
+
+    /// Claims an admitted streaming job for this process (its client is connected here).
+    pub async fn claim_stream(&self, id: JobId) -> Result<Option<Job>, StoreError> {
+        store::claim_stream_job(
+            &self.inner.pool,
+            id,
+            &self.inner.owner,
+            Utc::now(),
+            self.inner.config.dispatch.lease(),
+        )
+        .await
+    }
+
+    /// Runs a claimed streaming job: opens the provider's stream and relays it, as the
+    /// `data:` payloads of OpenAI-style SSE (ending with `[DONE]`), into the returned
+    /// receiver. When the stream ends — or the receiver is dropped because the client went
+    /// away, which cancels the upstream call — the attempt is recorded and the job
+    /// finished with the usage produced so far, settling its reservation. No retries: the
+    /// client is waiting; a refusal before the stream starts comes back as the failure.
+    pub async fn stream(&self, job: Job, relays: &TaskTracker) -> Result<mpsc::Receiver<String>, Failure> {
+        let target = self.target(&job).ok_or_else(|| Failure {
+            class: tollgate::retry::FailureClass::Request,
+            code: "unknown_model",
+            message: format!("model {:?} is no longer configured", job.model),
+            status: None,
+            retry_after: None,
+        })?;
+        let started_at = Utc::now();
+        let mut upstream = match self.inner.providers.call_stream(&target, &job.request).await {
+            Ok(s) => s,
+            Err(outcome) => {
+                let failure = match &outcome.result {
+                    Err(f) => f.clone(),
+                    Ok(_) => Failure::network("the provider refused the stream"),
+                };
+                let served = Served {
+                    provider: &target.provider,
+                    model: &target.model,
+                };
+                self.record(&job, served, &outcome, started_at, Utc::now()).await;
+                let settlement = if outcome.status.is_some() {
+                    self.settlement(&target, None)
+                } else {
+                    Settlement::UNSENT
+                };
+                let holder = Holder {
+                    id: job.id,
+                    attempt: job.attempt,
+                    owner: &self.inner.owner,
+                };
+                let finish = Finish::Failed {
+                    code: failure.code,
+                    message: &failure.message,
+                };
+                log_write(
+                    store::finish_attempt(
+                        &self.inner.pool,
+                        holder,
+                        Some(served),
+                        finish,
+                        settlement,
+                        Utc::now(),
+                    )
+                    .await,
+                );
+                return Err(failure);
+            }
+        };
+        let (tx, rx) = mpsc::channel::<String>(32);
+        let this = self.clone();
+        let wants_usage = crate::providers::streaming::ChatStream::client_wants_usage(&job.request);
+        relays.spawn(async move {
+            let mut assembled = Assembled::default();
+            let mut ended: Result<(), Failure> = Ok(());
+            let mut client_gone = false;
+            while let Some(next) = upstream.next_chunk().await {
+                match next {
+                    Ok(chunk) => {
+                        assembled.add(&chunk);
+                        if upstream.last_was_usage() && !wants_usage {
+                            continue;
+                        }
+                        if tx.send(chunk).await.is_err() {
+                            client_gone = true;
+                            break;
+                        }
+                    }
+                    Err(failure) => {
+                        let error = serde_json::json!({"error": {"message": failure.message, "type": "server_error", "param": null, "code": failure.code}});
+                        let _ = tx.send(error.to_string()).await;
+                        ended = Err(failure);
+                        break;
+                    }
+                }
+            }
+            if !client_gone && ended.is_ok() {
+                let _ = tx.send("[DONE]".to_owned()).await;
+            }
+            let usage = upstream.usage();
+            let outcome = CallOutcome {
+                key_name: upstream.key_name.clone(),
+                status: Some(upstream.status),
+                request_id: upstream.request_id.clone(),
+                rate_limit: upstream.rate_limit.clone(),
+                result: match &ended {
+                    Ok(()) => Ok(crate::providers::Success {
+                        body: assembled.completion(usage),
+                        usage,
+                    }),
+                    Err(f) => Err(f.clone()),
+                },
+            };
+            drop(upstream); // closes the upstream connection if it is still open
+            this.finish_stream(job, target, outcome, client_gone, started_at).await;
+        });
+        Ok(rx)
+    }
+
+    async fn finish_stream(
+        &self,
+        job: Job,
+        target: Target,
+        outcome: CallOutcome,
+        client_gone: bool,
+        started_at: chrono::DateTime<Utc>,
+    ) {
+        let served = Served {
+            provider: &target.provider,
+            model: &target.model,
+        };
+        self.record(&job, served, &outcome, started_at, Utc::now()).await;
+        let holder = Holder {
+            id: job.id,
+            attempt: job.attempt,
+            owner: &self.inner.owner,
+        };
+        let usage = match &outcome.result {
+            Ok(s) => s.usage,
+            Err(_) => Usage::default(),
+        };
+        let settlement = self.settlement(&target, Some(usage));
+        let written = match (&outcome.result, client_gone) {
+            (Ok(success), false) => {
+                let finish = Finish::Succeeded {
+                    result: &success.body,
+                    usage,
+                    provider_request_id: outcome.request_id.as_deref(),
+                };
+                store::finish_attempt(
+                    &self.inner.pool,
+                    holder,
+                    Some(served),
+                    finish,
+                    settlement,
+                    Utc::now(),
+                )
+                .await
+            }
+            (_, true) => {
+                let finish = Finish::Failed {
+                    code: "client_disconnected",
+                    message: "the client closed the stream; the upstream call was cancelled",
+                };
+                store::finish_attempt(
+                    &self.inner.pool,
+                    holder,
+                    Some(served),
+                    finish,
+                    settlement,
+                    Utc::now(),
+                )
+                .await
+            }
+            (Err(failure), false) => {
+                let finish = Finish::Failed {
+                    code: failure.code,
+                    message: &failure.message,
+                };
+                store::finish_attempt(
+                    &self.inner.pool,
+                    holder,
+                    Some(served),
+                    finish,
+                    settlement,
+                    Utc::now(),
+                )
+                .await
+            }
+        };
+        log_write(written);
     }
 
     /// Stop claiming (done by the caller), drain in-flight calls up to the soft timeout,
@@ -407,6 +601,53 @@ impl Dispatcher {
         if let Err(e) = store::record_attempt(&self.inner.pool, &record).await {
             tracing::warn!(error = %e, "could not record the attempt");
         }
+    }
+}
+
+/// A streamed answer put back together, to store as the job's result.
+#[derive(Default)]
+struct Assembled {
+    id: Option<serde_json::Value>,
+    model: Option<serde_json::Value>,
+    content: String,
+    finish_reason: Option<serde_json::Value>,
+}
+
+impl Assembled {
+    fn add(&mut self, chunk: &str) {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(chunk) else {
+            return;
+        };
+        if self.id.is_none() {
+            self.id = v.get("id").cloned();
+            self.model = v.get("model").cloned();
+        }
+        let choice = &v["choices"][0];
+        if let Some(text) = choice["delta"]["content"].as_str() {
+            self.content.push_str(text);
+        }
+        if !choice["finish_reason"].is_null() {
+            self.finish_reason = Some(choice["finish_reason"].clone());
+        }
+    }
+
+    fn completion(&self, usage: Usage) -> serde_json::Value {
+        serde_json::json!({
+            "id": self.id,
+            "object": "chat.completion",
+            "created": Utc::now().timestamp(),
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": self.content},
+                "finish_reason": self.finish_reason,
+            }],
+            "usage": {
+                "prompt_tokens": usage.input_tokens,
+                "completion_tokens": usage.output_tokens,
+                "total_tokens": usage.input_tokens + usage.output_tokens,
+            },
+        })
     }
 }
 

@@ -1,0 +1,162 @@
+//! Streaming chat completions: queued and admitted like any job, relayed as SSE in OpenAI
+//! chunk format, settled from the final usage; a client that goes away cancels the
+//! upstream call.
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use crate::harness::{ACME, TestApp, TestOptions, eventually, mock_config};
+
+/// Reads an SSE body into its `data:` payloads.
+fn data_lines(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(|d| d.trim().to_owned())
+        .collect()
+}
+
+async fn stream_request(app: &TestApp, body: &Value) -> reqwest::Response {
+    app.http
+        .post(app.url("/v1/chat/completions"))
+        .bearer_auth(ACME)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+fn content_of(chunks: &[String]) -> String {
+    chunks
+        .iter()
+        .filter(|c| *c != "[DONE]")
+        .filter_map(|c| serde_json::from_str::<Value>(c).ok())
+        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test]
+async fn openai_and_anthropic_streams_are_relayed_as_openai_chunks_and_settled() {
+    let app = TestApp::spawn_with(TestOptions {
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\nconcurrency = 4\notpm = 1000000\n".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    for model in ["oai/gpt-4o-mini", "ant/claude-3-5-haiku-latest"] {
+        let body = json!({
+            "model": model,
+            "messages": [{"role": "user", "content": "tell me"}],
+            "max_tokens": 10,
+            "stream": true,
+            "stream_options": {"include_usage": true}
+        });
+        let resp = stream_request(&app, &body).await;
+        assert_eq!(resp.status().as_u16(), 200, "{model}");
+        assert!(
+            resp.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/event-stream")
+        );
+        let job_id = resp.headers()["x-tollgate-job-id"].to_str().unwrap().to_owned();
+        let chunks = data_lines(&resp.text().await.unwrap());
+        assert_eq!(
+            chunks.last().map(String::as_str),
+            Some("[DONE]"),
+            "{model}: {chunks:?}"
+        );
+        let first: Value = serde_json::from_str(&chunks[0]).unwrap();
+        assert_eq!(first["object"], "chat.completion.chunk", "{model}");
+        let text = content_of(&chunks);
+        assert!(!text.is_empty(), "{model}");
+        let usage: Value = chunks
+            .iter()
+            .filter_map(|c| serde_json::from_str::<Value>(c).ok())
+            .find(|v| v["usage"].is_object())
+            .map(|v| v["usage"].clone())
+            .expect("a usage chunk");
+        assert_eq!(
+            usage["completion_tokens"], 10,
+            "{model}: max_tokens caps the output"
+        );
+        // The job holds the assembled answer and its usage; nothing stays reserved.
+        let job = app.wait_job(ACME, &job_id, 10).await;
+        assert_eq!(job["state"], "succeeded", "{model}: {job}");
+        assert_eq!(job["class"], "interactive");
+        assert_eq!(job["result"]["choices"][0]["message"]["content"], text.as_str());
+        assert_eq!(job["usage"]["output_tokens"], 10);
+    }
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE reserved_buckets IS NOT NULL")
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(held, 0);
+    // Without include_usage the client gets no usage chunk.
+    let resp = stream_request(
+        &app,
+        &json!({"model": "fast", "messages": [{"role": "user", "content": "x"}], "stream": true, "max_tokens": 3}),
+    )
+    .await;
+    let chunks = data_lines(&resp.text().await.unwrap());
+    assert!(
+        chunks.iter().all(|c| !c.contains("\"prompt_tokens\"")),
+        "{chunks:?}"
+    );
+    assert_eq!(app.mock.stats().streams_completed, 3);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_cancels_the_upstream_call_and_is_settled() {
+    let mut mock = mock_config();
+    mock.output_tokens = 200;
+    mock.latency_per_output_token_us = 20_000; // 20 ms a token: 4 s for the whole answer
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\nconcurrency = 2\n".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let body = json!({"model": "oai/gpt-4o-mini", "messages": [{"role": "user", "content": "long"}], "max_tokens": 200, "stream": true});
+    let resp = stream_request(&app, &body).await;
+    assert_eq!(resp.status().as_u16(), 200);
+    let job_id = resp.headers()["x-tollgate-job-id"].to_str().unwrap().to_owned();
+    let mut body_stream = resp.bytes_stream();
+    // Read until some content arrived, then hang up.
+    let mut seen = String::new();
+    while !seen.contains("\"content\":\"") || seen.matches("data:").count() < 3 {
+        let bytes = body_stream.next().await.unwrap().unwrap();
+        seen.push_str(&String::from_utf8_lossy(&bytes));
+    }
+    drop(body_stream);
+    eventually(10, "the upstream stream to be cancelled", || async {
+        (app.mock.stats().streams_cancelled == 1).then_some(())
+    })
+    .await;
+    let job = app.wait_job(ACME, &job_id, 10).await;
+    assert_eq!(job["state"], "failed", "{job}");
+    assert_eq!(job["error"]["code"], "client_disconnected");
+    let output = job["usage"].clone();
+    let attempt: (Option<i32>,) =
+        sqlx::query_as("SELECT output_tokens FROM job_attempts WHERE job_id = $1::uuid")
+            .bind(&job_id)
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+    let produced = attempt.0.unwrap_or(0);
+    assert!(
+        produced > 0 && produced < 200,
+        "partial output recorded: {produced} ({output})"
+    );
+    // The concurrency slot comes back.
+    eventually(10, "the concurrency slot to return", || async {
+        let level: f64 = sqlx::query_scalar(
+            "SELECT level FROM buckets WHERE key = 'provider:oai:gpt-4o-mini:concurrency'",
+        )
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+        (level == 2.0).then_some(())
+    })
+    .await;
+    app.shutdown().await;
+}
