@@ -260,8 +260,8 @@ pub enum Finish<'a> {
     },
 }
 
-/// Writes an attempt's outcome and settles its reservation, in one transaction, if
-/// `holder` still holds the job. `false` means the job was cancelled or rescued
+/// Writes an attempt's outcome and settles its reservation, in one transaction (with the
+/// attempt's record, if given), if `holder` still holds the job. `false` means the job was cancelled or rescued
 /// meanwhile: the outcome is discarded (and a cancelled job's reservation is settled).
 pub async fn finish_attempt(
     pool: &PgPool,
@@ -269,6 +269,7 @@ pub async fn finish_attempt(
     served: Option<Served<'_>>,
     finish: Finish<'_>,
     settlement: Settlement,
+    record: Option<&AttemptRecord<'_>>,
     now: DateTime<Utc>,
 ) -> Result<bool> {
     let (state, result, usage, request_id, code, message, not_before) = match finish {
@@ -309,6 +310,9 @@ pub async fn finish_attempt(
         ),
     };
     let mut tx = pool.begin().await?;
+    if let Some(record) = record {
+        record_attempt(&mut *tx, record).await?;
+    }
     let prev = sqlx::query_as::<Postgres, Previous>(
         "UPDATE jobs j SET state = $4, result = COALESCE($5, j.result), usage = COALESCE($6, j.usage),
                            provider_request_id = COALESCE($7, j.provider_request_id),
@@ -403,7 +407,7 @@ pub struct AttemptRecord<'a> {
     pub finished_at: DateTime<Utc>,
 }
 
-pub async fn record_attempt(ex: impl PgExecutor<'_>, a: &AttemptRecord<'_>) -> Result<()> {
+async fn record_attempt(ex: impl PgExecutor<'_>, a: &AttemptRecord<'_>) -> Result<()> {
     sqlx::query(
         "INSERT INTO job_attempts (job_id, attempt, provider, provider_model, key_name, status, outcome,
                                    error_code, provider_request_id, input_tokens, output_tokens,

@@ -72,6 +72,7 @@ async fn expired_lease_is_rescued_and_the_old_holder_cannot_write() {
         Some(served),
         finish,
         Settlement::SENT_UNKNOWN,
+        None,
         Utc::now(),
     )
     .await

@@ -238,7 +238,7 @@ impl Dispatcher {
                     provider: &target.provider,
                     model: &target.model,
                 };
-                self.record(&job, served, &outcome, started_at, Utc::now()).await;
+                let record = Self::attempt_record(&job, served, &outcome, started_at, Utc::now());
                 let settlement = if outcome.status.is_some() {
                     self.settlement(&target, None)
                 } else {
@@ -260,6 +260,7 @@ impl Dispatcher {
                         Some(served),
                         finish,
                         settlement,
+                        Some(&record),
                         Utc::now(),
                     )
                     .await,
@@ -329,7 +330,7 @@ impl Dispatcher {
             provider: &target.provider,
             model: &target.model,
         };
-        self.record(&job, served, &outcome, started_at, Utc::now()).await;
+        let record = Self::attempt_record(&job, served, &outcome, started_at, Utc::now());
         let holder = Holder {
             id: job.id,
             attempt: job.attempt,
@@ -353,6 +354,7 @@ impl Dispatcher {
                     Some(served),
                     finish,
                     settlement,
+                    Some(&record),
                     Utc::now(),
                 )
                 .await
@@ -368,6 +370,7 @@ impl Dispatcher {
                     Some(served),
                     finish,
                     settlement,
+                    Some(&record),
                     Utc::now(),
                 )
                 .await
@@ -383,6 +386,7 @@ impl Dispatcher {
                     Some(served),
                     finish,
                     settlement,
+                    Some(&record),
                     Utc::now(),
                 )
                 .await
@@ -472,8 +476,16 @@ impl Dispatcher {
                 message: &message,
             };
             log_write(
-                store::finish_attempt(&inner.pool, holder, None, finish, Settlement::UNSENT, Utc::now())
-                    .await,
+                store::finish_attempt(
+                    &inner.pool,
+                    holder,
+                    None,
+                    finish,
+                    Settlement::UNSENT,
+                    None,
+                    Utc::now(),
+                )
+                .await,
             );
             return;
         };
@@ -484,7 +496,7 @@ impl Dispatcher {
         let started_at = Utc::now();
         let outcome = inner.providers.call(&target, &job.request).await;
         let finished_at = Utc::now();
-        self.record(&job, served, &outcome, started_at, finished_at).await;
+        let record = Self::attempt_record(&job, served, &outcome, started_at, finished_at);
         let written = match &outcome.result {
             Ok(success) => {
                 let finish = Finish::Succeeded {
@@ -493,7 +505,16 @@ impl Dispatcher {
                     provider_request_id: outcome.request_id.as_deref(),
                 };
                 let settlement = self.settlement(&target, Some(success.usage));
-                store::finish_attempt(&inner.pool, holder, Some(served), finish, settlement, Utc::now()).await
+                store::finish_attempt(
+                    &inner.pool,
+                    holder,
+                    Some(served),
+                    finish,
+                    settlement,
+                    Some(&record),
+                    Utc::now(),
+                )
+                .await
             }
             Err(failure) => {
                 let sent = outcome.status.is_some();
@@ -502,7 +523,7 @@ impl Dispatcher {
                 } else {
                     Settlement::UNSENT
                 };
-                self.after_failure(&job, holder, served, failure, settlement)
+                self.after_failure(&job, holder, served, failure, settlement, &record)
                     .await
             }
         };
@@ -524,6 +545,7 @@ impl Dispatcher {
         served: Served<'_>,
         failure: &Failure,
         settlement: Settlement,
+        record: &AttemptRecord<'_>,
     ) -> Result<bool, StoreError> {
         let inner = &self.inner;
         let now = Utc::now();
@@ -554,7 +576,16 @@ impl Dispatcher {
                 code,
                 message: &message,
             };
-            return store::finish_attempt(&inner.pool, holder, Some(served), finish, settlement, now).await;
+            return store::finish_attempt(
+                &inner.pool,
+                holder,
+                Some(served),
+                finish,
+                settlement,
+                Some(record),
+                now,
+            )
+            .await;
         }
         tracing::info!(
             code = failure.code,
@@ -566,22 +597,31 @@ impl Dispatcher {
             code: failure.code,
             message: &failure.message,
         };
-        store::finish_attempt(&inner.pool, holder, Some(served), finish, settlement, now).await
+        store::finish_attempt(
+            &inner.pool,
+            holder,
+            Some(served),
+            finish,
+            settlement,
+            Some(record),
+            now,
+        )
+        .await
     }
 
-    async fn record(
-        &self,
+    /// The record of one provider call, written with the attempt's outcome.
+    fn attempt_record<'a>(
         job: &Job,
-        served: Served<'_>,
-        outcome: &CallOutcome,
+        served: Served<'a>,
+        outcome: &'a CallOutcome,
         started_at: chrono::DateTime<Utc>,
         finished_at: chrono::DateTime<Utc>,
-    ) {
+    ) -> AttemptRecord<'a> {
         let (outcome_label, error_code, usage) = match &outcome.result {
             Ok(s) => ("succeeded", None, Some(s.usage)),
             Err(f) => ("failed", Some(f.code), None),
         };
-        let record = AttemptRecord {
+        AttemptRecord {
             job_id: job.id,
             attempt: job.attempt,
             provider: served.provider,
@@ -597,9 +637,6 @@ impl Dispatcher {
             rate_limit: outcome.rate_limit.clone(),
             started_at,
             finished_at,
-        };
-        if let Err(e) = store::record_attempt(&self.inner.pool, &record).await {
-            tracing::warn!(error = %e, "could not record the attempt");
         }
     }
 }
