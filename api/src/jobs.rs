@@ -152,13 +152,13 @@ pub(crate) struct Submission {
 /// Validates and inserts; the row is committed when this returns.
 pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) -> Result<Inserted, ApiError> {
     let model = validate_chat_request(&s.request, "request.")?;
-    if routing::resolve(&state.config, &model).is_none() {
+    let Some(targets) = routing::resolve(&state.config, &model) else {
         return Err(ApiError::bad_request(
             "unknown_model",
             format!("model {model:?} is neither a route alias nor a configured provider/model"),
         )
         .with_param("request.model"));
-    }
+    };
     let now = Utc::now();
     let default_deadline = state.config.classes.get(s.class).default_deadline_secs;
     let deadline = s
@@ -175,7 +175,7 @@ pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) ->
         tenant: tenant.name.clone(),
         class: s.class,
         priority: s.priority,
-        estimated_input_tokens: estimate::input_tokens(&s.request),
+        estimated_input_tokens: estimate::input_tokens(&s.request, targets.first().map(|t| t.model.as_str())),
         estimated_output_tokens: estimate::output_tokens(&s.request),
         request: s.request,
         model,

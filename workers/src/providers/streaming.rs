@@ -538,7 +538,7 @@ impl Providers {
             translate,
             pending: VecDeque::new(),
             tally: Tally {
-                estimated_input: i64::from(tollgate::estimate::input_tokens(request)),
+                estimated_input: i64::from(tollgate::estimate::char_rule(request)),
                 ..Tally::default()
             },
             finished: false,
