@@ -49,6 +49,12 @@ fn bpe_count(request: &Value, tokenizer: &Tokenizer) -> i32 {
     clamp_i32(3 + per_message as i64)
 }
 
+/// Builds the encoders (a fraction of a second each) so no request pays for it.
+pub fn warm_up() {
+    bpe_openai::o200k_base().count("warm up");
+    bpe_openai::cl100k_base().count("warm up");
+}
+
 /// The encoding of an OpenAI model family, where it is public (tiktoken's model map).
 pub fn tokenizer_for(model: &str) -> Option<&'static Tokenizer> {
     let m = model.rsplit('/').next().unwrap_or(model);

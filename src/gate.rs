@@ -43,6 +43,14 @@ const GATE_LOCK: i64 = 0x746f_6c6c_6761_7465;
 /// Shortest pause between two rounds that did not fill a batch: arrivals and releases in
 /// that time are handled by one round instead of one round each.
 const MIN_PAUSE: Duration = Duration::from_millis(2);
+/// Fewest jobs a round reads (across all queues), however few the last round admitted.
+const MIN_READ: usize = 32;
+
+/// The first round reads as if the previous one had filled a batch.
+fn batch_hint() -> usize {
+    usize::MAX / 4
+}
+
 /// Most finished jobs whose settlements one round applies.
 const REFUNDS_PER_ROUND: i64 = 50_000;
 /// How often the active gate checks that it still holds its lock.
@@ -66,6 +74,9 @@ pub struct Gate {
     config: Arc<Config>,
     notifications: Notifications,
     fairness: Mutex<Fairness>,
+    /// Admissions of the previous round: sizes the next round's read, so a saturated
+    /// bucket does not make every round read hundreds of jobs it cannot admit.
+    last_admitted: std::sync::atomic::AtomicUsize,
 }
 
 /// Virtual times of the weighted fair queuing, per class.
@@ -134,6 +145,7 @@ impl Gate {
             config,
             notifications,
             fairness: Mutex::new(Fairness::default()),
+            last_admitted: std::sync::atomic::AtomicUsize::new(batch_hint()),
         }
     }
 
@@ -189,7 +201,9 @@ impl Gate {
         let candidates = if queues.is_empty() {
             Vec::new()
         } else {
-            let per_queue = (2 * batch / queues.len()).clamp(4, batch) as i64;
+            let last = self.last_admitted.load(std::sync::atomic::Ordering::Relaxed);
+            let wanted = (2 * last.max(MIN_READ)).min(2 * batch);
+            let per_queue = (wanted / queues.len()).clamp(4, batch) as i64;
             store::candidates(&self.pool, &queues, per_queue, now).await?
         };
         let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
@@ -260,6 +274,14 @@ impl Gate {
         store::save_buckets(&mut tx, &changed).await?;
         tx.commit().await?;
         round.admitted = admitted.len();
+        self.last_admitted.store(
+            if round.full {
+                self.config.gate.batch
+            } else {
+                round.admitted
+            },
+            std::sync::atomic::Ordering::Relaxed,
+        );
         round.failed = store::fail_queued(&self.pool, &failures, now).await? as usize;
         store::explain(&self.pool, &notes).await?;
         {

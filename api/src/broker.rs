@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -74,9 +75,22 @@ impl Broker {
             .await
             .context("syncing the configured buckets")?;
         notifications.spawn_listener(pool.clone(), &tracker, cancel.clone());
+        // Load the tokenizers now, not on some client's first request.
+        tokio::task::spawn_blocking(tollgate::estimate::warm_up).await?;
+        // Each role gets its own connections, so a burst of completions cannot starve the
+        // API or the gate (the API keeps `pool`).
+        let role_pool = |connections: u32| {
+            PgPoolOptions::new()
+                .max_connections(connections)
+                .acquire_timeout(Duration::from_secs(10))
+                .connect_lazy_with((*pool.connect_options()).clone())
+        };
+        let dispatch_pool = role_pool((config.dispatch.concurrency as u32 / 2).clamp(4, 32));
+        let gate_pool = role_pool(4);
+        let maintenance_pool = role_pool(2);
         let tenants = TenantDirectory::from_config(&config).map_err(anyhow::Error::msg)?;
         let providers = Providers::from_config(&config)?;
-        let dispatcher = Dispatcher::new(pool.clone(), config.clone(), providers, notifications.clone());
+        let dispatcher = Dispatcher::new(dispatch_pool, config.clone(), providers, notifications.clone());
         let relays = TaskTracker::new();
         let state = AppState {
             pool: pool.clone(),
@@ -112,12 +126,12 @@ impl Broker {
             tracker.spawn(dispatcher.clone().keep_leases(cancel.clone()));
         }
         if roles.gate {
-            let gate = Gate::new(pool.clone(), config.clone(), notifications.clone());
+            let gate = Gate::new(gate_pool, config.clone(), notifications.clone());
             tracker.spawn(gate.run(cancel.clone()));
         }
         if roles.maintenance {
             let m = Maintenance::new(
-                pool.clone(),
+                maintenance_pool,
                 Duration::from_millis(config.dispatch.maintenance_interval_ms),
             );
             tracker.spawn(m.run(cancel.clone()));
