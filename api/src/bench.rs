@@ -140,6 +140,17 @@ fn rate(n: usize, d: Duration) -> f64 {
     n as f64 / d.as_secs_f64().max(1e-9)
 }
 
+/// Submits job `i` to the broker; true when accepted (202).
+async fn submit(http: &reqwest::Client, url: &str, i: usize) -> bool {
+    let r = http
+        .post(url)
+        .bearer_auth("tk-bench")
+        .json(&json!({"request": request(i)}))
+        .send()
+        .await;
+    matches!(r, Ok(resp) if resp.status().as_u16() == 202)
+}
+
 /// Sends `n` requests with `clients` in flight; returns how many failed.
 async fn send_all<F, Fut>(n: usize, clients: usize, send: F) -> usize
 where
@@ -194,15 +205,7 @@ async fn throughput(args: &BenchArgs) -> anyhow::Result<()> {
     let begin = Instant::now();
     let submit_failures = send_all(args.jobs, args.clients, |i| {
         let (http, url) = (http.clone(), jobs_url.clone());
-        async move {
-            let r = http
-                .post(url)
-                .bearer_auth("tk-bench")
-                .json(&json!({"request": request(i)}))
-                .send()
-                .await;
-            matches!(r, Ok(resp) if resp.status().as_u16() == 202)
-        }
+        async move { submit(&http, &url, i).await }
     })
     .await;
     let submitted = begin.elapsed();
@@ -341,13 +344,7 @@ async fn steady(args: &BenchArgs) -> anyhow::Result<()> {
             let at = start + interval * i as u32;
             async move {
                 tokio::time::sleep_until(at).await;
-                let r = http
-                    .post(url)
-                    .bearer_auth("tk-bench")
-                    .json(&json!({"request": request(i)}))
-                    .send()
-                    .await;
-                matches!(r, Ok(resp) if resp.status().as_u16() == 202)
+                submit(&http, &url, i).await
             }
         })
         .buffer_unordered(args.clients)

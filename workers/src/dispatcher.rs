@@ -341,57 +341,31 @@ impl Dispatcher {
             Err(_) => Usage::default(),
         };
         let settlement = self.settlement(&target, Some(usage));
-        let written = match (&outcome.result, client_gone) {
-            (Ok(success), false) => {
-                let finish = Finish::Succeeded {
-                    result: &success.body,
-                    usage,
-                    provider_request_id: outcome.request_id.as_deref(),
-                };
-                store::finish_attempt(
-                    &self.inner.pool,
-                    holder,
-                    Some(served),
-                    finish,
-                    settlement,
-                    Some(&record),
-                    Utc::now(),
-                )
-                .await
-            }
-            (_, true) => {
-                let finish = Finish::Failed {
-                    code: "client_disconnected",
-                    message: "the client closed the stream; the upstream call was cancelled",
-                };
-                store::finish_attempt(
-                    &self.inner.pool,
-                    holder,
-                    Some(served),
-                    finish,
-                    settlement,
-                    Some(&record),
-                    Utc::now(),
-                )
-                .await
-            }
-            (Err(failure), false) => {
-                let finish = Finish::Failed {
-                    code: failure.code,
-                    message: &failure.message,
-                };
-                store::finish_attempt(
-                    &self.inner.pool,
-                    holder,
-                    Some(served),
-                    finish,
-                    settlement,
-                    Some(&record),
-                    Utc::now(),
-                )
-                .await
-            }
+        let finish = match (&outcome.result, client_gone) {
+            (Ok(success), false) => Finish::Succeeded {
+                result: &success.body,
+                usage,
+                provider_request_id: outcome.request_id.as_deref(),
+            },
+            (_, true) => Finish::Failed {
+                code: "client_disconnected",
+                message: "the client closed the stream; the upstream call was cancelled",
+            },
+            (Err(failure), false) => Finish::Failed {
+                code: failure.code,
+                message: &failure.message,
+            },
         };
+        let written = store::finish_attempt(
+            &self.inner.pool,
+            holder,
+            Some(served),
+            finish,
+            settlement,
+            Some(&record),
+            Utc::now(),
+        )
+        .await;
         log_write(written);
     }
 
