@@ -123,6 +123,16 @@ pub fn target_scope(provider: &str, model: &str) -> String {
     format!("provider:{provider}:{model}")
 }
 
+pub fn key_scope(provider: &str, key: &str) -> String {
+    format!("key:{provider}:{key}")
+}
+
+/// Buckets of the provider's side (its model limits, its keys' limits): they keep
+/// headroom for requests in transit and the interactive reserve.
+pub fn is_provider_side(key: &str) -> bool {
+    key.starts_with("provider:") || key.starts_with("key:")
+}
+
 /// The buckets of one provider model, from its configured limits.
 fn target_specs(scope: &str, limits: &ModelLimits) -> Vec<BucketSpec> {
     let mut out = Vec::new();
@@ -206,6 +216,11 @@ pub fn configured(config: &Config) -> Vec<BucketSpec> {
                 out.extend(target_specs(&target_scope(&p.name, model), limits));
             }
         }
+        for k in &p.keys {
+            if let Some(limits) = &k.limits {
+                out.extend(target_specs(&key_scope(&p.name, &k.name), limits));
+            }
+        }
     }
     out
 }
@@ -264,11 +279,20 @@ pub fn path(config: &Config, tenant: &str, target: &Target) -> Vec<(String, Dime
             t.daily_spend_usd.is_some(),
         );
     }
-    if let Some(p) = config.provider(&target.provider)
-        && let Some(limits) = p.limits_for(&target.model)
-    {
-        for s in target_specs(&target_scope, limits) {
-            keys.push((s.key, s.dimension));
+    if let Some(p) = config.provider(&target.provider) {
+        if let Some(limits) = p.limits_for(&target.model) {
+            for s in target_specs(&target_scope, limits) {
+                keys.push((s.key, s.dimension));
+            }
+        }
+        let key = target
+            .key
+            .as_ref()
+            .and_then(|name| p.keys.iter().find(|k| &k.name == name));
+        if let Some((key, limits)) = key.and_then(|k| Some((k, k.limits.as_ref()?))) {
+            for s in target_specs(&key_scope(&p.name, &key.name), limits) {
+                keys.push((s.key, s.dimension));
+            }
         }
     }
     keys

@@ -292,6 +292,14 @@ pub struct ModelPrice {
 }
 
 impl ProviderConfig {
+    /// Whether the gate must choose the key at admission: some key has limits of its own
+    /// or serves only some models.
+    pub fn keys_are_distinct(&self) -> bool {
+        self.keys
+            .iter()
+            .any(|k| k.limits.is_some() || !k.models.is_empty())
+    }
+
     /// The configured limits of `model` (its own entry, else `"*"`).
     pub fn limits_for(&self, model: &str) -> Option<&ModelLimits> {
         self.limits.get(model).or_else(|| self.limits.get("*"))
@@ -314,6 +322,20 @@ pub struct KeyConfig {
     pub value: Option<SecretString>,
     /// Name of the environment variable holding the key.
     pub env: Option<String>,
+    /// Limits of this key alone, across all models (on top of the provider's per-model
+    /// limits, which all its keys share).
+    #[serde(default)]
+    pub limits: Option<ModelLimits>,
+    /// Models this key may be used for; empty = all of the provider's models.
+    #[serde(default)]
+    pub models: Vec<String>,
+}
+
+impl KeyConfig {
+    /// May this key serve `model`?
+    pub fn serves(&self, model: &str) -> bool {
+        self.models.is_empty() || self.models.iter().any(|m| m == model)
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
@@ -442,6 +464,18 @@ impl Config {
             for (k, key) in p.keys.iter().enumerate() {
                 key.resolve()
                     .map_err(|reason| invalid(format!("providers[{i}].keys[{k}]"), reason))?;
+                if let Some(m) = key.models.iter().find(|m| !p.models.contains(m)) {
+                    return Err(invalid(
+                        format!("providers[{i}].keys[{k}].models"),
+                        format!("{m:?} is not in this provider's `models`"),
+                    ));
+                }
+            }
+            if let Some(m) = p.models.iter().find(|m| !p.keys.iter().any(|k| k.serves(m))) {
+                return Err(invalid(
+                    format!("providers[{i}].keys"),
+                    format!("no key may serve model {m:?}"),
+                ));
             }
             if p.models.is_empty() {
                 return Err(invalid(at("models"), "at least one model is required"));

@@ -77,6 +77,8 @@ pub struct Gate {
     /// Admissions of the previous round: sizes the next round's read, so a saturated
     /// bucket does not make every round read hundreds of jobs it cannot admit.
     last_admitted: std::sync::atomic::AtomicUsize,
+    /// Rotates the first key tried when keys have their own limits.
+    key_turn: std::sync::atomic::AtomicUsize,
 }
 
 /// Virtual times of the weighted fair queuing, per class.
@@ -146,6 +148,7 @@ impl Gate {
             notifications,
             fairness: Mutex::new(Fairness::default()),
             last_admitted: std::sync::atomic::AtomicUsize::new(batch_hint()),
+            key_turn: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -166,6 +169,7 @@ impl Gate {
         };
         let routes = targets
             .into_iter()
+            .flat_map(|target| self.per_key(target))
             .map(|target| {
                 let price = config
                     .provider(&target.provider)
@@ -192,6 +196,32 @@ impl Gate {
             routes,
             job,
         })
+    }
+
+    /// A target as the options admission may choose from: one per key that serves the
+    /// model when keys differ (their own limits, model filters), starting from a rotating
+    /// key so load spreads; otherwise the target itself (any key will do).
+    fn per_key(&self, target: Target) -> Vec<Target> {
+        let Some(p) = self
+            .config
+            .provider(&target.provider)
+            .filter(|p| p.keys_are_distinct())
+        else {
+            return vec![target];
+        };
+        let keys: Vec<&str> = p
+            .keys
+            .iter()
+            .filter(|k| k.serves(&target.model))
+            .map(|k| k.name.as_str())
+            .collect();
+        let start = self.key_turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        (0..keys.len())
+            .map(|i| Target {
+                key: Some(keys[(start + i) % keys.len()].to_owned()),
+                ..target.clone()
+            })
+            .collect()
     }
 
     /// One round at time `now`: read candidates, admit what fits, explain what waits.
@@ -313,7 +343,7 @@ impl Gate {
         // Provider buckets keep refill in hand for requests still on their way, and a share
         // only interactive work may use, so a flood of lower classes cannot make it wait.
         let headroom_for = |b: &Bucket, class: JobClass| {
-            if !b.key.starts_with("provider:") {
+            if !buckets::is_provider_side(&b.key) {
                 return 0.0;
             }
             let transit = if b.rule == Rule::Rolling {
@@ -392,6 +422,7 @@ impl Gate {
                     id: plan.job.id,
                     provider: target.provider.clone(),
                     model: target.model.clone(),
+                    key: target.key.clone(),
                     bucket_ids: ids,
                     amounts,
                 });

@@ -125,6 +125,8 @@ pub struct Job {
     pub admission: Option<serde_json::Value>,
     /// Run by the API process streaming it to its client, not by dispatchers.
     pub stream: bool,
+    /// The provider key the gate chose (when keys have limits of their own).
+    pub provider_key: Option<String>,
 }
 
 /// What the API inserts.

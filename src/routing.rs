@@ -10,6 +10,9 @@ pub struct Target {
     pub provider: String,
     pub kind: ProviderKind,
     pub model: String,
+    /// The provider key to use, when the gate chose one (per-key limits or model
+    /// filters); `None` = any of the provider's keys that serves the model.
+    pub key: Option<String>,
 }
 
 impl Target {
@@ -26,6 +29,7 @@ pub fn resolve(config: &Config, requested: &str) -> Option<Vec<Target>> {
             provider: p.name.clone(),
             kind: p.kind,
             model: m.to_owned(),
+            key: None,
         })
     };
     if let Some(route) = config.routes.iter().find(|r| r.alias == requested) {

@@ -73,6 +73,8 @@ pub struct Admission {
     pub id: JobId,
     pub provider: String,
     pub model: String,
+    /// The provider key chosen, when keys have limits of their own.
+    pub key: Option<String>,
     pub bucket_ids: Vec<i64>,
     pub amounts: Vec<f64>,
 }
@@ -104,10 +106,11 @@ pub async fn admit(
              FROM unnest($5::uuid[], $6::bigint[], $7::float8[]) AS r(owner, bucket, amount)
              GROUP BY owner),
          t AS (
-             SELECT a.id, a.provider, a.model, res.buckets, res.amounts
-             FROM unnest($1::uuid[], $2::text[], $3::text[]) AS a(id, provider, model)
+             SELECT a.id, a.provider, a.model, a.key, res.buckets, res.amounts
+             FROM unnest($1::uuid[], $2::text[], $3::text[], $8::text[]) AS a(id, provider, model, key)
              LEFT JOIN res ON res.owner = a.id)
          UPDATE jobs j SET state = 'admitted', admitted_at = $4, provider = t.provider, provider_model = t.model,
+                           provider_key = t.key,
                            reserved_buckets = t.buckets, reserved_amounts = t.amounts, admission = NULL
          FROM t WHERE j.id = t.id AND j.state = 'queued'
          RETURNING j.id",
@@ -119,6 +122,7 @@ pub async fn admit(
     .bind(owners)
     .bind(bucket_ids)
     .bind(amounts)
+    .bind(admissions.iter().map(|a| a.key.clone()).collect::<Vec<_>>())
     .fetch_all(&mut *conn)
     .await?;
     if !ids.is_empty() {

@@ -606,3 +606,68 @@ async fn an_interactive_tenant_barely_notices_a_flood() {
     assert_eq!(app.mock.stats().rate_limited_429, 0);
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn keys_with_their_own_limits_are_chosen_at_admission_and_held_to_them() {
+    let mut mock = mock_config();
+    mock.projects[0].keys.push("sk-test-2".into());
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        roles: Roles::API_ONLY,
+        extra_config: r#"
+[[providers]]
+name = "multi"
+kind = "openai"
+base_url = "http://MOCK_ADDR/v1"
+models = ["gpt-4o-mini"]
+keys = [{ name = "a", value = "sk-test-1", limits = { rpm = 30 } },
+        { name = "b", value = "sk-test-2", limits = { rpm = 30 } }]
+"#
+        .into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let config = app.config.clone();
+    for i in 0..100 {
+        let (status, j) = app
+            .submit(ACME, &job("multi/gpt-4o-mini", &format!("k{i}")))
+            .await;
+        assert_eq!(status, 202, "{j}");
+    }
+    let gate = Gate::new(app.db.pool.clone(), config.clone(), Notifications::default());
+    let round = gate.run_once(Utc::now()).await.unwrap();
+    // Each key holds 30 a minute, less the interactive reserve and transit headroom.
+    assert!((50..=60).contains(&round.admitted), "admitted {}", round.admitted);
+    let per_key: HashMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
+        "SELECT provider_key, count(*) FROM jobs WHERE state = 'admitted' GROUP BY provider_key",
+    )
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    assert_eq!(per_key.len(), 2, "{per_key:?}");
+    assert!(per_key.values().all(|n| *n <= 30 && *n >= 20), "{per_key:?}");
+    for key in ["key:multi:a:rpm", "key:multi:b:rpm"] {
+        let b = bucket(&app, key).await;
+        assert!(b.level >= 0.0 && b.level < 3.0, "{key}: {}", b.level);
+    }
+    // Dispatch sends each job with the key it was admitted for.
+    let providers = tollgate_workers::providers::Providers::from_config(&config).unwrap();
+    let dispatcher = tollgate_workers::dispatcher::Dispatcher::new(
+        app.db.pool.clone(),
+        config.clone(),
+        providers,
+        Notifications::default(),
+    );
+    let step = dispatcher.run_once().await.unwrap();
+    assert!(step.claimed > 0);
+    let mismatched: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM job_attempts a JOIN jobs j ON j.id = a.job_id WHERE a.key_name <> j.provider_key",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(mismatched, 0);
+    app.shutdown().await;
+}

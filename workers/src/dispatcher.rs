@@ -409,6 +409,7 @@ impl Dispatcher {
             provider: provider.to_owned(),
             kind,
             model: model.to_owned(),
+            key: job.provider_key.clone(),
         })
     }
 

@@ -25,6 +25,14 @@ use tollgate::routing::Target;
 pub struct ProviderKey {
     pub name: String,
     secret: SecretString,
+    /// Models this key may serve; empty = all.
+    models: Vec<String>,
+}
+
+impl ProviderKey {
+    fn serves(&self, model: &str) -> bool {
+        self.models.is_empty() || self.models.iter().any(|m| m == model)
+    }
 }
 
 /// One configured provider with its keys.
@@ -113,7 +121,7 @@ impl Providers {
                 }),
             };
         };
-        client.call(&self.http, &target.model, request).await
+        client.call(&self.http, target, request).await
     }
 }
 
@@ -127,6 +135,7 @@ impl ProviderClient {
                     .map(|secret| ProviderKey {
                         name: k.name.clone(),
                         secret,
+                        models: k.models.clone(),
                     })
                     .map_err(|reason| ProviderSetupError::Key {
                         provider: p.name.clone(),
@@ -145,14 +154,29 @@ impl ProviderClient {
         })
     }
 
-    /// Round robin over the provider's keys.
-    fn pick_key(&self) -> &ProviderKey {
-        let i = self.next_key.fetch_add(1, Ordering::Relaxed) % self.keys.len().max(1);
-        &self.keys[i]
+    /// The key the gate chose for `target`, else round robin over the keys that serve its
+    /// model.
+    fn pick_key(&self, target: &Target) -> &ProviderKey {
+        if let Some(key) = target
+            .key
+            .as_ref()
+            .and_then(|name| self.keys.iter().find(|k| &k.name == name))
+        {
+            return key;
+        }
+        let serving: Vec<&ProviderKey> = self.keys.iter().filter(|k| k.serves(&target.model)).collect();
+        let pool = if serving.is_empty() {
+            self.keys.iter().collect()
+        } else {
+            serving
+        };
+        let i = self.next_key.fetch_add(1, Ordering::Relaxed) % pool.len().max(1);
+        pool[i]
     }
 
-    async fn call(&self, http: &reqwest::Client, model: &str, request: &Value) -> CallOutcome {
-        let key = self.pick_key();
+    async fn call(&self, http: &reqwest::Client, target: &Target, request: &Value) -> CallOutcome {
+        let key = self.pick_key(target);
+        let model = target.model.as_str();
         let built = match self.kind {
             ProviderKind::Openai | ProviderKind::OpenaiCompatible => {
                 openai::build(http, &self.base_url, &key.secret, model, request)

@@ -462,7 +462,7 @@ impl Providers {
                 }),
             });
         };
-        let key = client.pick_key();
+        let key = client.pick_key(target);
         let (builder, translate) = match client.kind {
             ProviderKind::Openai | ProviderKind::OpenaiCompatible => (
                 self.http
@@ -999,6 +999,7 @@ mod tests {
             provider: "oai".to_owned(),
             kind: ProviderKind::Openai,
             model: "gpt-4o-mini".to_owned(),
+            key: None,
         }
     }
 
@@ -1007,6 +1008,7 @@ mod tests {
             provider: "ant".to_owned(),
             kind: ProviderKind::Anthropic,
             model: "claude-x".to_owned(),
+            key: None,
         }
     }
 
