@@ -65,6 +65,10 @@ pub enum Rule {
     Fixed,
     /// Acquire and release (concurrency).
     Gauge,
+    /// A cap on how fast the admitted rate may grow (providers with acceleration limits):
+    /// each window allows what the previous one used plus `ramp_step`; `capacity` is the
+    /// current window's allowance.
+    Ramp,
 }
 
 impl Rule {
@@ -73,11 +77,12 @@ impl Rule {
             Self::Rolling => "rolling",
             Self::Fixed => "fixed",
             Self::Gauge => "gauge",
+            Self::Ramp => "ramp",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [Self::Rolling, Self::Fixed, Self::Gauge]
+        [Self::Rolling, Self::Fixed, Self::Gauge, Self::Ramp]
             .into_iter()
             .find(|r| r.as_str() == s)
     }
@@ -92,6 +97,8 @@ pub struct BucketSpec {
     pub rule: Rule,
     pub capacity: f64,
     pub window_secs: i64,
+    /// Ramp buckets: growth allowed per window.
+    pub ramp_step: Option<f64>,
 }
 
 const MINUTE: i64 = 60;
@@ -112,6 +119,7 @@ fn spec(
         rule,
         capacity,
         window_secs,
+        ramp_step: (rule == Rule::Ramp).then_some(capacity),
     }
 }
 
@@ -154,6 +162,7 @@ fn target_specs(scope: &str, limits: &ModelLimits) -> Vec<BucketSpec> {
         MINUTE,
     );
     add("rpd", Dimension::Requests, Rule::Fixed, limits.rpd, DAY);
+    add("ramp", Dimension::Requests, Rule::Ramp, limits.ramp_rpm, MINUTE);
     add(
         "concurrency",
         Dimension::Concurrency,
@@ -336,6 +345,8 @@ pub struct Bucket {
     pub level: f64,
     pub updated_at: DateTime<Utc>,
     pub resets_at: Option<DateTime<Utc>>,
+    /// Ramp buckets: growth allowed per window.
+    pub ramp_step: Option<f64>,
 }
 
 /// The next UTC midnight after `now`.
@@ -378,6 +389,30 @@ impl Bucket {
                 self.updated_at = now;
             }
             Rule::Gauge => self.updated_at = now,
+            Rule::Ramp => {
+                let window = chrono::Duration::seconds(self.window_secs.max(1));
+                let step = self.ramp_step.unwrap_or(self.capacity);
+                match self.resets_at {
+                    Some(at) if now >= at => {
+                        // A window passed idle in between used nothing.
+                        let used = if now >= at + window {
+                            0.0
+                        } else {
+                            (self.capacity - self.level).max(0.0)
+                        };
+                        self.capacity = (used + step).max(step);
+                        self.level = self.capacity;
+                        self.resets_at = Some(if now >= at + window {
+                            now + window
+                        } else {
+                            at + window
+                        });
+                    }
+                    None => self.resets_at = Some(now + window),
+                    _ => {}
+                }
+                self.updated_at = now;
+            }
         }
     }
 
@@ -388,7 +423,8 @@ impl Bucket {
 
     /// Would `amount` ever fit (an empty bucket can hold it)?
     pub fn can_ever_fit(&self, amount: f64, headroom: f64) -> bool {
-        amount <= self.capacity - headroom + 1e-9
+        // A ramp's allowance grows with use; anything fits eventually.
+        self.rule == Rule::Ramp || amount <= self.capacity - headroom + 1e-9
     }
 
     pub fn take(&mut self, amount: f64) {
@@ -413,8 +449,8 @@ impl Bucket {
                 let secs = missing / self.rate();
                 Some(now + chrono::Duration::microseconds((secs * 1e6).ceil() as i64))
             }
-            Rule::Fixed => self.resets_at,
-            _ => None,
+            Rule::Fixed | Rule::Ramp => self.resets_at,
+            Rule::Rolling | Rule::Gauge => None,
         }
     }
 
@@ -439,7 +475,29 @@ mod tests {
             level,
             updated_at: at,
             resets_at: None,
+            ramp_step: (rule == Rule::Ramp).then_some(capacity),
         }
+    }
+
+    #[test]
+    fn ramp_allows_last_windows_use_plus_the_step() {
+        let t0 = Utc.with_ymd_and_hms(2030, 1, 1, 0, 0, 0).unwrap();
+        let mut b = bucket(Rule::Ramp, 10.0, 10.0, t0);
+        b.refill(t0);
+        b.take(10.0);
+        assert!(!b.fits(1.0, 0.0));
+        assert_eq!(b.ready_at(1.0, 0.0, t0), Some(t0 + chrono::Duration::seconds(60)));
+        // Used 10 in the first minute: the next allows 20.
+        b.refill(t0 + chrono::Duration::seconds(60));
+        assert_eq!((b.capacity, b.level), (20.0, 20.0));
+        b.take(5.0);
+        // Used only 5: the next allows 15.
+        b.refill(t0 + chrono::Duration::seconds(121));
+        assert_eq!(b.capacity, 15.0);
+        // An idle minute in between: back to the step.
+        b.refill(t0 + chrono::Duration::seconds(400));
+        assert_eq!(b.capacity, 10.0);
+        assert!(b.can_ever_fit(50.0, 0.0));
     }
 
     #[test]

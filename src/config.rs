@@ -341,6 +341,9 @@ impl KeyConfig {
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ModelLimits {
+    /// Most growth of the requests per minute from one minute to the next (acceleration
+    /// limits): a minute allows the previous minute's requests plus this.
+    pub ramp_rpm: Option<u64>,
     pub rpm: Option<u64>,
     pub tpm: Option<u64>,
     pub itpm: Option<u64>,

@@ -57,6 +57,7 @@ struct BucketRow {
     level: f64,
     updated_at: DateTime<Utc>,
     resets_at: Option<DateTime<Utc>>,
+    ramp_step: Option<f64>,
 }
 
 impl BucketRow {
@@ -71,6 +72,7 @@ impl BucketRow {
             level: self.level,
             updated_at: self.updated_at,
             resets_at: self.resets_at,
+            ramp_step: self.ramp_step,
         })
     }
 }
@@ -83,15 +85,18 @@ pub async fn sync_buckets(ex: impl PgExecutor<'_>, specs: &[BucketSpec], now: Da
     }
     let col = |f: fn(&BucketSpec) -> String| specs.iter().map(f).collect::<Vec<_>>();
     sqlx::query(
-        "INSERT INTO buckets (key, scope, dimension, rule, capacity, window_secs, level, updated_at)
-         SELECT k, s, d, r, c, w, c, $7
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::float8[], $6::bigint[]) AS t(k, s, d, r, c, w)
+        "INSERT INTO buckets (key, scope, dimension, rule, capacity, window_secs, level, updated_at, ramp_step)
+         SELECT k, s, d, r, c, w, c, $7, NULLIF(rs, 'NaN')
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::float8[], $6::bigint[], $8::float8[])
+              AS t(k, s, d, r, c, w, rs)
          ON CONFLICT ON CONSTRAINT buckets_key DO UPDATE SET
              scope = excluded.scope, dimension = excluded.dimension, rule = excluded.rule,
-             window_secs = excluded.window_secs,
-             level = buckets.level + (excluded.capacity - buckets.capacity),
-             capacity = excluded.capacity
-         WHERE buckets.source = 'configured' AND buckets.capacity <> excluded.capacity",
+             window_secs = excluded.window_secs, ramp_step = excluded.ramp_step,
+             -- A ramp's capacity is its current allowance, and learned limits stay learned.
+             level = CASE WHEN buckets.rule = 'ramp' OR buckets.source <> 'configured' THEN buckets.level
+                          ELSE buckets.level + (excluded.capacity - buckets.capacity) END,
+             capacity = CASE WHEN buckets.rule = 'ramp' OR buckets.source <> 'configured' THEN buckets.capacity
+                             ELSE excluded.capacity END",
     )
     .bind(col(|s| s.key.clone()))
     .bind(col(|s| s.scope.clone()))
@@ -100,6 +105,7 @@ pub async fn sync_buckets(ex: impl PgExecutor<'_>, specs: &[BucketSpec], now: Da
     .bind(specs.iter().map(|s| s.capacity).collect::<Vec<_>>())
     .bind(specs.iter().map(|s| s.window_secs).collect::<Vec<_>>())
     .bind(now)
+    .bind(specs.iter().map(|s| s.ramp_step.unwrap_or(f64::NAN)).collect::<Vec<_>>())
     .execute(ex)
     .await?;
     Ok(())
@@ -108,7 +114,7 @@ pub async fn sync_buckets(ex: impl PgExecutor<'_>, specs: &[BucketSpec], now: Da
 /// Every bucket, for status pages and tests.
 pub async fn all_buckets(ex: impl PgExecutor<'_>) -> Result<Vec<Bucket>> {
     let rows = sqlx::query_as::<Postgres, BucketRow>(
-        "SELECT id, key, dimension, rule, capacity, window_secs, level, updated_at, resets_at
+        "SELECT id, key, dimension, rule, capacity, window_secs, level, updated_at, resets_at, ramp_step
          FROM buckets ORDER BY key",
     )
     .fetch_all(ex)
@@ -122,14 +128,17 @@ pub async fn save_buckets(conn: &mut PgConnection, buckets: &[Bucket]) -> Result
         return Ok(());
     }
     sqlx::query(
-        "UPDATE buckets b SET level = t.level, updated_at = t.updated_at, resets_at = t.resets_at
-         FROM unnest($1::bigint[], $2::float8[], $3::timestamptz[], $4::timestamptz[]) AS t(id, level, updated_at, resets_at)
+        "UPDATE buckets b SET level = t.level, updated_at = t.updated_at, resets_at = t.resets_at,
+                              capacity = CASE WHEN b.rule = 'ramp' THEN t.capacity ELSE b.capacity END
+         FROM unnest($1::bigint[], $2::float8[], $3::timestamptz[], $4::timestamptz[], $5::float8[])
+              AS t(id, level, updated_at, resets_at, capacity)
          WHERE b.id = t.id",
     )
     .bind(buckets.iter().map(|b| b.id).collect::<Vec<_>>())
     .bind(buckets.iter().map(|b| b.level).collect::<Vec<_>>())
     .bind(buckets.iter().map(|b| b.updated_at).collect::<Vec<_>>())
     .bind(buckets.iter().map(|b| b.resets_at).collect::<Vec<_>>())
+    .bind(buckets.iter().map(|b| b.capacity).collect::<Vec<_>>())
     .execute(conn)
     .await?;
     Ok(())
@@ -219,7 +228,7 @@ pub async fn take_pending_refunds(conn: &mut PgConnection, limit: i64) -> Result
 /// Locks buckets by key or id (in id order) for the rest of the transaction.
 pub async fn lock_buckets_by(conn: &mut PgConnection, keys: &[String], ids: &[i64]) -> Result<Vec<Bucket>> {
     let rows = sqlx::query_as::<Postgres, BucketRow>(
-        "SELECT id, key, dimension, rule, capacity, window_secs, level, updated_at, resets_at
+        "SELECT id, key, dimension, rule, capacity, window_secs, level, updated_at, resets_at, ramp_step
          FROM buckets WHERE key = ANY($1) OR id = ANY($2) ORDER BY id FOR UPDATE",
     )
     .bind(keys)

@@ -671,3 +671,34 @@ keys = [{ name = "a", value = "sk-test-1", limits = { rpm = 30 } },
     assert_eq!(mismatched, 0);
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_ramp_limit_lets_the_rate_grow_only_step_by_step() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\nramp_rpm = 10\n".into(),
+        gate_config: "interactive_reserve = 0.0".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    for i in 0..60 {
+        app.submit(ACME, &job("oai/gpt-4o-mini", &format!("r{i}"))).await;
+    }
+    let gate = Gate::new(app.db.pool.clone(), app.config.clone(), Notifications::default());
+    let t0 = Utc::now();
+    let rounds: Vec<usize> = {
+        let mut admitted = Vec::new();
+        for minute in 0..3 {
+            admitted.push(
+                gate.run_once(t0 + ChronoDuration::seconds(61 * minute))
+                    .await
+                    .unwrap()
+                    .admitted,
+            );
+        }
+        admitted
+    };
+    // 10 in the first minute, then what the last minute used plus 10.
+    assert_eq!(rounds, vec![10, 20, 30], "admitted per minute");
+    app.shutdown().await;
+}
