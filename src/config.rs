@@ -270,6 +270,11 @@ pub struct ProviderConfig {
     /// Configured limits per model (`"*"` for all models). Enforced by the gate.
     #[serde(default)]
     pub limits: BTreeMap<String, ModelLimits>,
+    /// Whether the provider charges a request's `max_tokens` against its limits when the
+    /// request starts (OpenAI and Anthropic do). When false, admission reserves the output
+    /// the model was seen to produce (its recent p90), capped by `max_tokens`.
+    #[serde(default = "default_true")]
+    pub charges_max_tokens: bool,
     /// Prices per model (`"*"` for all models), for spend estimates and budgets.
     #[serde(default)]
     pub prices: BTreeMap<String, ModelPrice>,
@@ -308,6 +313,10 @@ impl ProviderConfig {
     pub fn price_for(&self, model: &str) -> Option<&ModelPrice> {
         self.prices.get(model).or_else(|| self.prices.get("*"))
     }
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_anthropic_version() -> String {

@@ -43,6 +43,13 @@ const GATE_LOCK: i64 = 0x746f_6c6c_6761_7465;
 /// Shortest pause between two rounds that did not fill a batch: arrivals and releases in
 /// that time are handled by one round instead of one round each.
 const MIN_PAUSE: Duration = Duration::from_millis(2);
+/// How often the gate re-reads the learned estimates.
+const CALIBRATION_REFRESH: Duration = Duration::from_secs(10);
+/// Fewest samples before a learned output estimate replaces `max_tokens`.
+const MIN_OUTPUT_SAMPLES: i64 = 20;
+/// Margin on a learned output estimate.
+const OUTPUT_MARGIN: f64 = 1.25;
+
 /// Fewest jobs a round reads (across all queues), however few the last round admitted.
 const MIN_READ: usize = 32;
 
@@ -79,6 +86,8 @@ pub struct Gate {
     last_admitted: std::sync::atomic::AtomicUsize,
     /// Rotates the first key tried when keys have their own limits.
     key_turn: std::sync::atomic::AtomicUsize,
+    /// Learned estimates per model, re-read every [`CALIBRATION_REFRESH`].
+    calibration: Mutex<(Option<tokio::time::Instant>, HashMap<String, store::Calibration>)>,
 }
 
 /// Virtual times of the weighted fair queuing, per class.
@@ -149,10 +158,69 @@ impl Gate {
             fairness: Mutex::new(Fairness::default()),
             last_admitted: std::sync::atomic::AtomicUsize::new(batch_hint()),
             key_turn: std::sync::atomic::AtomicUsize::new(0),
+            calibration: Mutex::new((None, HashMap::new())),
         }
     }
 
-    fn plan(&self, job: Candidate, now: DateTime<Utc>) -> Result<Plan, (JobId, &'static str, String)> {
+    /// The demand to reserve on `target`: input scaled up by the model's learned ratio
+    /// (never down: a provider that counts fewer tokens than estimated costs nothing
+    /// extra), output from the model's learned p90 where the provider does not charge
+    /// `max_tokens` up front.
+    fn calibrated(
+        &self,
+        target: &Target,
+        estimate: Demand,
+        learned: &HashMap<String, store::Calibration>,
+    ) -> Demand {
+        let Some(c) = learned.get(&target.model) else {
+            return estimate;
+        };
+        let charges_max = self
+            .config
+            .provider(&target.provider)
+            .is_none_or(|p| p.charges_max_tokens);
+        let output = match c.output_p90 {
+            Some(p90) if !charges_max && c.samples >= MIN_OUTPUT_SAMPLES => {
+                estimate.output_tokens.min((p90 * OUTPUT_MARGIN).ceil())
+            }
+            _ => estimate.output_tokens,
+        };
+        Demand {
+            input_tokens: (estimate.input_tokens * c.input_ratio.max(1.0)).ceil(),
+            output_tokens: output,
+        }
+    }
+
+    /// The learned estimates, re-read when older than [`CALIBRATION_REFRESH`].
+    async fn learned(&self) -> Result<HashMap<String, store::Calibration>, StoreError> {
+        {
+            let cached = match self.calibration.lock() {
+                Ok(c) => c,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            if cached.0.is_some_and(|at| at.elapsed() < CALIBRATION_REFRESH) {
+                return Ok(cached.1.clone());
+            }
+        }
+        let fresh: HashMap<String, store::Calibration> = store::calibrations(&self.pool)
+            .await?
+            .into_iter()
+            .map(|c| (c.model.clone(), c))
+            .collect();
+        let mut cached = match self.calibration.lock() {
+            Ok(c) => c,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        *cached = (Some(tokio::time::Instant::now()), fresh.clone());
+        Ok(fresh)
+    }
+
+    fn plan(
+        &self,
+        job: Candidate,
+        now: DateTime<Utc>,
+        calibration: &HashMap<String, store::Calibration>,
+    ) -> Result<Plan, (JobId, &'static str, String)> {
         let config = &self.config;
         let Some(targets) = routing::resolve(config, &job.model) else {
             let message = format!("model {:?} is no longer configured", job.model);
@@ -163,7 +231,7 @@ impl Gate {
             .iter()
             .find(|t| t.name == job.tenant)
             .map_or(1.0, |t| f64::from(t.weight.max(1)));
-        let demand = Demand {
+        let estimate = Demand {
             input_tokens: f64::from(job.estimated_input_tokens.max(0)),
             output_tokens: f64::from(job.estimated_output_tokens.max(0)),
         };
@@ -171,6 +239,7 @@ impl Gate {
             .into_iter()
             .flat_map(|target| self.per_key(target))
             .map(|target| {
+                let demand = self.calibrated(&target, estimate, calibration);
                 let price = config
                     .provider(&target.provider)
                     .and_then(|p| p.price_for(&target.model));
@@ -190,7 +259,7 @@ impl Gate {
             job.class
         };
         Ok(Plan {
-            cost: demand.total_tokens().max(1.0),
+            cost: estimate.total_tokens().max(1.0),
             class,
             weight,
             routes,
@@ -236,10 +305,11 @@ impl Gate {
             let per_queue = (wanted / queues.len()).clamp(4, batch) as i64;
             store::candidates(&self.pool, &queues, per_queue, now).await?
         };
+        let learned = self.learned().await?;
         let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
         let mut plans = Vec::new();
         for c in candidates {
-            match self.plan(c, now) {
+            match self.plan(c, now, &learned) {
                 Ok(p) => plans.push(p),
                 Err(failure) => failures.push(failure),
             }

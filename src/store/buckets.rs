@@ -247,3 +247,61 @@ pub(crate) fn reservation(ids: Option<Vec<i64>>, amounts: Option<Vec<f64>>) -> O
         _ => None,
     }
 }
+
+/// What was learned about a model's real token use.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct Calibration {
+    pub model: String,
+    pub input_ratio: f64,
+    pub output_p90: Option<f64>,
+    pub samples: i64,
+}
+
+/// Learns from the successful attempts of the last `window`: per model, moves the input
+/// ratio (actual / estimated) toward what was measured by at most `step`, within [0.5, 2],
+/// and takes the output p90. Models with fewer than `min_samples` attempts are left alone,
+/// so a few odd requests cannot skew a model.
+pub async fn calibrate(
+    ex: impl PgExecutor<'_>,
+    now: DateTime<Utc>,
+    window: std::time::Duration,
+    step: f64,
+    min_samples: i64,
+) -> Result<u64> {
+    let done = sqlx::query(
+        "WITH recent AS (
+             SELECT provider_model AS model,
+                    sum(input_tokens)::float8 / NULLIF(sum(estimated_input_tokens), 0)::float8 AS measured,
+                    percentile_cont(0.9) WITHIN GROUP (ORDER BY output_tokens)::float8 AS output_p90,
+                    count(*) AS n
+             FROM job_attempts
+             WHERE outcome = 'succeeded' AND input_tokens IS NOT NULL
+               AND finished_at > $1 - make_interval(secs => $2) AND finished_at <= $1
+             GROUP BY provider_model
+             HAVING count(*) >= $4 AND sum(estimated_input_tokens) > 0)
+         INSERT INTO estimate_calibration AS c (model, input_ratio, output_p90, samples, updated_at)
+         SELECT model, LEAST(2.0, GREATEST(0.5, 1.0 + LEAST($3, GREATEST(-$3, measured - 1.0)))), output_p90, n, $1
+         FROM recent
+         ON CONFLICT ON CONSTRAINT estimate_calibration_pkey DO UPDATE SET
+             input_ratio = LEAST(2.0, GREATEST(0.5,
+                 c.input_ratio + LEAST($3, GREATEST(-$3, (SELECT measured FROM recent r WHERE r.model = c.model) - c.input_ratio)))),
+             output_p90 = excluded.output_p90,
+             samples = c.samples + excluded.samples,
+             updated_at = $1",
+    )
+    .bind(now)
+    .bind(window.as_secs_f64())
+    .bind(step)
+    .bind(min_samples)
+    .execute(ex)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+pub async fn calibrations(ex: impl PgExecutor<'_>) -> Result<Vec<Calibration>> {
+    Ok(sqlx::query_as::<Postgres, Calibration>(
+        "SELECT model, input_ratio, output_p90, samples FROM estimate_calibration",
+    )
+    .fetch_all(ex)
+    .await?)
+}

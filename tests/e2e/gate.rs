@@ -702,3 +702,60 @@ async fn a_ramp_limit_lets_the_rate_grow_only_step_by_step() {
     assert_eq!(rounds, vec![10, 20, 30], "admitted per minute");
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn estimates_are_calibrated_from_reconciled_usage_within_bounds() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        // This provider does not charge max_tokens up front: reserve what the model produces.
+        extra_config: "charges_max_tokens = false\n[providers.limits.\"gpt-4o-mini\"]\ntpm = 1000000\n"
+            .into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let pool = &app.db.pool;
+    for i in 0..25 {
+        app.submit(ACME, &job("oai/gpt-4o-mini", &format!("sample {i}")))
+            .await;
+    }
+    let gate = Gate::new(pool.clone(), app.config.clone(), Notifications::default());
+    assert_eq!(gate.run_once(Utc::now()).await.unwrap().admitted, 25);
+    let providers = tollgate_workers::providers::Providers::from_config(&app.config).unwrap();
+    let dispatcher = tollgate_workers::dispatcher::Dispatcher::new(
+        pool.clone(),
+        app.config.clone(),
+        providers,
+        Notifications::default(),
+    );
+    while dispatcher.run_once().await.unwrap().claimed > 0 {}
+    // Pretend the provider counted twice the estimated input.
+    sqlx::query("UPDATE job_attempts SET input_tokens = estimated_input_tokens * 2")
+        .execute(pool)
+        .await
+        .unwrap();
+    let maintenance = tollgate_workers::maintenance::Maintenance::new(pool.clone(), Duration::from_secs(1));
+    assert_eq!(maintenance.run_once(Utc::now()).await.unwrap().calibrated, 1);
+    let learned = store::calibrations(pool).await.unwrap();
+    assert_eq!(learned.len(), 1);
+    // One pass moves the ratio by at most 0.1, however far off the batch was.
+    assert!((learned[0].input_ratio - 1.1).abs() < 1e-9, "{learned:?}");
+    assert_eq!(learned[0].output_p90, Some(12.0));
+    assert_eq!(learned[0].samples, 25);
+    // A new job reserves the calibrated input and the learned output, not its max_tokens.
+    let (_, j) = app.submit(ACME, &job("oai/gpt-4o-mini", "calibrated")).await;
+    let fresh_gate = Gate::new(pool.clone(), app.config.clone(), Notifications::default());
+    assert_eq!(fresh_gate.run_once(Utc::now()).await.unwrap().admitted, 1);
+    let (input, amounts): (i32, Vec<f64>) =
+        sqlx::query_as("SELECT estimated_input_tokens, reserved_amounts FROM jobs WHERE id = $1::uuid")
+            .bind(j["id"].as_str().unwrap())
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    let expected = (f64::from(input) * 1.1).ceil() + (12.0 * 1.25_f64).ceil();
+    assert_eq!(
+        amounts,
+        vec![expected],
+        "tpm reservation: input {input} x 1.1 + learned output 15"
+    );
+    app.shutdown().await;
+}

@@ -15,23 +15,67 @@ use tollgate::store::{self, Rescued, StoreError};
 pub struct Pass {
     pub rescued: Rescued,
     pub deadlines_expired: u64,
+    /// Models whose estimates were recalibrated (every [`CALIBRATE_EVERY`]).
+    pub calibrated: u64,
 }
+
+/// How often estimates are recalibrated from recent attempts.
+pub const CALIBRATE_EVERY: Duration = Duration::from_secs(30);
+/// The attempts one calibration looks at.
+const CALIBRATION_WINDOW: Duration = Duration::from_secs(300);
+/// Most a model's input ratio moves in one calibration.
+const CALIBRATION_STEP: f64 = 0.1;
+/// Fewest attempts in the window for a model to be recalibrated.
+const CALIBRATION_MIN_SAMPLES: i64 = 20;
 
 #[derive(Clone)]
 pub struct Maintenance {
     pool: PgPool,
     interval: Duration,
+    last_calibrated: std::sync::Arc<std::sync::Mutex<Option<DateTime<Utc>>>>,
 }
 
 impl Maintenance {
     pub fn new(pool: PgPool, interval: Duration) -> Self {
-        Self { pool, interval }
+        Self {
+            pool,
+            interval,
+            last_calibrated: Default::default(),
+        }
+    }
+
+    /// Recalibrates estimates if [`CALIBRATE_EVERY`] has passed since the last time.
+    async fn calibrate(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
+        let due = {
+            let last = match self.last_calibrated.lock() {
+                Ok(l) => *l,
+                Err(poisoned) => *poisoned.into_inner(),
+            };
+            last.is_none_or(|at| (now - at).to_std().is_ok_and(|d| d >= CALIBRATE_EVERY))
+        };
+        if !due {
+            return Ok(0);
+        }
+        let n = store::calibrate(
+            &self.pool,
+            now,
+            CALIBRATION_WINDOW,
+            CALIBRATION_STEP,
+            CALIBRATION_MIN_SAMPLES,
+        )
+        .await?;
+        match self.last_calibrated.lock() {
+            Ok(mut l) => *l = Some(now),
+            Err(poisoned) => *poisoned.into_inner() = Some(now),
+        }
+        Ok(n)
     }
 
     /// One pass at time `now` (tests pass a future `now` instead of waiting for leases).
     pub async fn run_once(&self, now: DateTime<Utc>) -> Result<Pass, StoreError> {
         let rescued = store::rescue_expired_leases(&self.pool, now).await?;
         let deadlines_expired = store::expire_deadlines(&self.pool, now).await?;
+        let calibrated = self.calibrate(now).await?;
         if rescued.requeued + rescued.failed + deadlines_expired > 0 {
             tracing::info!(
                 requeued = rescued.requeued,
@@ -43,6 +87,7 @@ impl Maintenance {
         Ok(Pass {
             rescued,
             deadlines_expired,
+            calibrated,
         })
     }
 
