@@ -260,123 +260,195 @@ pub enum Finish<'a> {
     },
 }
 
+/// An attempt's outcome, owned, ready to be written (alone or in a batch).
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub id: JobId,
+    pub attempt: i32,
+    pub owner: String,
+    pub provider: Option<String>,
+    pub model: Option<String>,
+    pub state: JobState,
+    pub result: Option<serde_json::Value>,
+    pub usage: Option<Usage>,
+    pub provider_request_id: Option<String>,
+    pub code: Option<String>,
+    pub message: Option<String>,
+    pub not_before: Option<DateTime<Utc>>,
+    pub settlement: Settlement,
+    pub record: Option<AttemptRecord>,
+}
+
+impl Outcome {
+    pub fn new(
+        holder: Holder<'_>,
+        served: Option<Served<'_>>,
+        finish: Finish<'_>,
+        settlement: Settlement,
+        record: Option<AttemptRecord>,
+    ) -> Self {
+        let mut o = Outcome {
+            id: holder.id,
+            attempt: holder.attempt,
+            owner: holder.owner.to_owned(),
+            provider: served.map(|s| s.provider.to_owned()),
+            model: served.map(|s| s.model.to_owned()),
+            state: JobState::Failed,
+            result: None,
+            usage: None,
+            provider_request_id: None,
+            code: None,
+            message: None,
+            not_before: None,
+            settlement,
+            record,
+        };
+        match finish {
+            Finish::Succeeded {
+                result,
+                usage,
+                provider_request_id,
+            } => {
+                o.state = JobState::Succeeded;
+                o.result = Some(result.clone());
+                o.usage = Some(usage);
+                o.provider_request_id = provider_request_id.map(str::to_owned);
+            }
+            Finish::Failed { code, message } => {
+                o.code = Some(code.to_owned());
+                o.message = Some(message.to_owned());
+            }
+            Finish::Retry {
+                not_before,
+                code,
+                message,
+            } => {
+                o.state = JobState::Queued;
+                o.not_before = Some(not_before);
+                o.code = Some(code.to_owned());
+                o.message = Some(message.to_owned());
+            }
+        }
+        o
+    }
+}
+
 /// Writes an attempt's outcome and settles its reservation, in one transaction (with the
-/// attempt's record, if given), if `holder` still holds the job. `false` means the job was cancelled or rescued
-/// meanwhile: the outcome is discarded (and a cancelled job's reservation is settled).
+/// attempt's record, if given), if `holder` still holds the job. `false` means the job was
+/// cancelled or rescued meanwhile: the outcome is discarded (and a cancelled job's
+/// reservation is settled).
 pub async fn finish_attempt(
     pool: &PgPool,
     holder: Holder<'_>,
     served: Option<Served<'_>>,
     finish: Finish<'_>,
     settlement: Settlement,
-    record: Option<&AttemptRecord<'_>>,
+    record: Option<&AttemptRecord>,
     now: DateTime<Utc>,
 ) -> Result<bool> {
-    let (state, result, usage, request_id, code, message, not_before) = match finish {
-        Finish::Succeeded {
-            result,
-            usage,
-            provider_request_id,
-        } => (
-            JobState::Succeeded,
-            Some(result),
-            Some(serde_json::to_value(usage)?),
-            provider_request_id,
-            None,
-            None,
-            None,
-        ),
-        Finish::Failed { code, message } => (
-            JobState::Failed,
-            None,
-            None,
-            None,
-            Some(code),
-            Some(message),
-            None,
-        ),
-        Finish::Retry {
-            not_before,
-            code,
-            message,
-        } => (
-            JobState::Queued,
-            None,
-            None,
-            None,
-            Some(code),
-            Some(message),
-            Some(not_before),
-        ),
-    };
-    let mut tx = pool.begin().await?;
-    if let Some(record) = record {
-        record_attempt(&mut *tx, record).await?;
+    let outcome = Outcome::new(holder, served, finish, settlement, record.cloned());
+    Ok(finish_attempts(pool, &[outcome], now)
+        .await?
+        .first()
+        .copied()
+        .unwrap_or(false))
+}
+
+/// [`finish_attempt`] for many outcomes in one transaction: a handful of statements
+/// whatever their number. Returns, per outcome, whether it was written.
+pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<Utc>) -> Result<Vec<bool>> {
+    if outcomes.is_empty() {
+        return Ok(Vec::new());
     }
-    let prev = sqlx::query_as::<Postgres, Previous>(
-        "UPDATE jobs j SET state = $4, result = COALESCE($5, j.result), usage = COALESCE($6, j.usage),
-                           provider_request_id = COALESCE($7, j.provider_request_id),
-                           error_code = $8, error_message = $9,
-                           not_before = COALESCE($10, j.not_before),
-                           finished_at = CASE WHEN $4 = 'queued'::job_state THEN NULL ELSE $11 END,
-                           provider = COALESCE($12, j.provider), provider_model = COALESCE($13, j.provider_model),
+    let usage: Vec<Option<serde_json::Value>> = outcomes
+        .iter()
+        .map(|o| o.usage.map(serde_json::to_value).transpose())
+        .collect::<std::result::Result<_, _>>()?;
+    let mut tx = pool.begin().await?;
+    let records: Vec<&AttemptRecord> = outcomes.iter().filter_map(|o| o.record.as_ref()).collect();
+    record_attempts(&mut tx, &records).await?;
+    let written = sqlx::query_as::<Postgres, Previous>(
+        "WITH t AS (
+             SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::job_state[], $5::jsonb[], $6::jsonb[],
+                                  $7::text[], $8::text[], $9::text[], $10::timestamptz[], $11::text[], $12::text[])
+                 AS t(id, attempt, owner, state, result, usage, request_id, code, message, not_before, provider, model)),
+         old AS (
+             SELECT j.id, j.state, j.reserved_buckets, j.reserved_amounts FROM jobs j
+             WHERE j.id IN (SELECT id FROM t) ORDER BY j.id FOR UPDATE)
+         UPDATE jobs j SET state = t.state, result = COALESCE(t.result, j.result), usage = COALESCE(t.usage, j.usage),
+                           provider_request_id = COALESCE(t.request_id, j.provider_request_id),
+                           error_code = t.code, error_message = t.message,
+                           not_before = COALESCE(t.not_before, j.not_before),
+                           finished_at = CASE WHEN t.state = 'queued'::job_state THEN NULL ELSE $13 END,
+                           provider = COALESCE(t.provider, j.provider), provider_model = COALESCE(t.model, j.provider_model),
                            lease_owner = NULL, lease_expires_at = NULL,
                            reserved_buckets = NULL, reserved_amounts = NULL, admission = NULL
-         FROM (SELECT id, state, reserved_buckets, reserved_amounts FROM jobs WHERE id = $1 FOR UPDATE) old
-         WHERE j.id = old.id AND j.state = 'running' AND j.attempt = $2 AND j.lease_owner = $3
-         RETURNING j.id, old.state AS old_state, old.reserved_buckets AS old_buckets,
-                   old.reserved_amounts AS old_amounts",
+         FROM t, old
+         WHERE j.id = t.id AND old.id = t.id AND j.state = 'running' AND j.attempt = t.attempt AND j.lease_owner = t.owner
+         RETURNING j.id, old.state AS old_state, old.reserved_buckets AS old_buckets, old.reserved_amounts AS old_amounts",
     )
-    .bind(holder.id)
-    .bind(holder.attempt)
-    .bind(holder.owner)
-    .bind(state)
-    .bind(result)
+    .bind(outcomes.iter().map(|o| o.id.0).collect::<Vec<_>>())
+    .bind(outcomes.iter().map(|o| o.attempt).collect::<Vec<_>>())
+    .bind(outcomes.iter().map(|o| o.owner.as_str()).collect::<Vec<_>>())
+    .bind(outcomes.iter().map(|o| o.state).collect::<Vec<_>>())
+    .bind(outcomes.iter().map(|o| o.result.clone()).collect::<Vec<_>>())
     .bind(usage)
-    .bind(request_id)
-    .bind(code)
-    .bind(message)
-    .bind(not_before)
+    .bind(outcomes.iter().map(|o| o.provider_request_id.as_deref()).collect::<Vec<_>>())
+    .bind(outcomes.iter().map(|o| o.code.as_deref()).collect::<Vec<_>>())
+    .bind(outcomes.iter().map(|o| o.message.as_deref()).collect::<Vec<_>>())
+    .bind(outcomes.iter().map(|o| o.not_before).collect::<Vec<_>>())
+    .bind(outcomes.iter().map(|o| o.provider.as_deref()).collect::<Vec<_>>())
+    .bind(outcomes.iter().map(|o| o.model.as_deref()).collect::<Vec<_>>())
     .bind(now)
-    .bind(served.map(|s| s.provider))
-    .bind(served.map(|s| s.model))
-    .fetch_optional(&mut *tx)
+    .fetch_all(&mut *tx)
     .await?;
-    let written = prev.is_some();
-    let prev = match prev {
-        Some(p) => Some(p),
-        // Not ours any more. If it was cancelled while we ran, the reservation is still ours
-        // to settle; if it was rescued, the rescuer settled it.
-        None => {
-            sqlx::query_as::<Postgres, Previous>(
-                "UPDATE jobs j SET reserved_buckets = NULL, reserved_amounts = NULL,
-                                   lease_owner = NULL, lease_expires_at = NULL
-                 FROM (SELECT id, state, reserved_buckets, reserved_amounts FROM jobs WHERE id = $1 FOR UPDATE) old
-                 WHERE j.id = old.id AND j.state = 'cancelled' AND j.attempt = $2 AND j.lease_owner = $3
-                 RETURNING j.id, old.state AS old_state, old.reserved_buckets AS old_buckets,
-                           old.reserved_amounts AS old_amounts",
-            )
-            .bind(holder.id)
-            .bind(holder.attempt)
-            .bind(holder.owner)
-            .fetch_optional(&mut *tx)
-            .await?
-        }
-    };
-    if let Some(r) = prev.and_then(|p| reservation(p.old_buckets, p.old_amounts)) {
-        settle(&mut tx, &[(holder.id, r, settlement)]).await?;
-    }
-    if written {
-        if state.is_terminal() {
-            notify_done(&mut tx, &[holder.id]).await?;
-        } else {
-            notify_gate_in(&mut tx).await?;
-        }
+    let written_ids: std::collections::HashSet<JobId> = written.iter().map(|w| w.id).collect();
+    let discarded: Vec<&Outcome> = outcomes.iter().filter(|o| !written_ids.contains(&o.id)).collect();
+    // Not ours any more. If a job was cancelled while we ran, its reservation is still ours
+    // to settle; if it was rescued, the rescuer settled it.
+    let cancelled = if discarded.is_empty() {
+        Vec::new()
     } else {
+        sqlx::query_as::<Postgres, Previous>(
+            "WITH t AS (SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[]) AS t(id, attempt, owner)),
+             old AS (
+                 SELECT j.id, j.state, j.reserved_buckets, j.reserved_amounts FROM jobs j
+                 WHERE j.id IN (SELECT id FROM t) ORDER BY j.id FOR UPDATE)
+             UPDATE jobs j SET reserved_buckets = NULL, reserved_amounts = NULL,
+                               lease_owner = NULL, lease_expires_at = NULL
+             FROM t, old
+             WHERE j.id = t.id AND old.id = t.id AND j.state = 'cancelled' AND j.attempt = t.attempt
+               AND j.lease_owner = t.owner
+             RETURNING j.id, old.state AS old_state, old.reserved_buckets AS old_buckets,
+                       old.reserved_amounts AS old_amounts",
+        )
+        .bind(discarded.iter().map(|o| o.id.0).collect::<Vec<_>>())
+        .bind(discarded.iter().map(|o| o.attempt).collect::<Vec<_>>())
+        .bind(discarded.iter().map(|o| o.owner.as_str()).collect::<Vec<_>>())
+        .fetch_all(&mut *tx)
+        .await?
+    };
+    let by_id: std::collections::HashMap<JobId, &Outcome> = outcomes.iter().map(|o| (o.id, o)).collect();
+    let ended: Vec<(JobId, Reservation, Settlement)> = written
+        .into_iter()
+        .chain(cancelled)
+        .filter_map(|p| {
+            let settlement = by_id.get(&p.id)?.settlement;
+            reservation(p.old_buckets, p.old_amounts).map(|r| (p.id, r, settlement))
+        })
+        .collect();
+    settle(&mut tx, &ended).await?;
+    let done: Vec<JobId> = outcomes
+        .iter()
+        .filter(|o| written_ids.contains(&o.id) && o.state.is_terminal())
+        .map(|o| o.id)
+        .collect();
+    notify_done(&mut tx, &done).await?;
+    if done.len() < outcomes.len() {
         notify_gate_in(&mut tx).await?;
     }
     tx.commit().await?;
-    Ok(written)
+    Ok(outcomes.iter().map(|o| written_ids.contains(&o.id)).collect())
 }
 
 async fn notify_gate_in(conn: &mut PgConnection) -> Result<()> {
@@ -389,16 +461,16 @@ async fn notify_gate_in(conn: &mut PgConnection) -> Result<()> {
 
 /// One provider call, for the record (estimate vs actual, status, rate-limit headers).
 #[derive(Debug, Clone)]
-pub struct AttemptRecord<'a> {
+pub struct AttemptRecord {
     pub job_id: JobId,
     pub attempt: i32,
-    pub provider: &'a str,
-    pub provider_model: &'a str,
-    pub key_name: &'a str,
+    pub provider: String,
+    pub provider_model: String,
+    pub key_name: String,
     pub status: Option<i32>,
-    pub outcome: &'a str,
-    pub error_code: Option<&'a str>,
-    pub provider_request_id: Option<&'a str>,
+    pub outcome: &'static str,
+    pub error_code: Option<&'static str>,
+    pub provider_request_id: Option<String>,
     pub usage: Option<Usage>,
     pub estimated_input_tokens: i32,
     pub estimated_output_tokens: i32,
@@ -407,35 +479,50 @@ pub struct AttemptRecord<'a> {
     pub finished_at: DateTime<Utc>,
 }
 
-async fn record_attempt(ex: impl PgExecutor<'_>, a: &AttemptRecord<'_>) -> Result<()> {
+async fn record_attempts(conn: &mut PgConnection, records: &[&AttemptRecord]) -> Result<()> {
+    if records.is_empty() {
+        return Ok(());
+    }
+    let usage = |f: fn(&Usage) -> i64| {
+        records
+            .iter()
+            .map(|r| r.usage.as_ref().map(f))
+            .collect::<Vec<_>>()
+    };
     sqlx::query(
         "INSERT INTO job_attempts (job_id, attempt, provider, provider_model, key_name, status, outcome,
                                    error_code, provider_request_id, input_tokens, output_tokens,
                                    cached_tokens, estimated_input_tokens, estimated_output_tokens,
                                    rate_limit, started_at, finished_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+         SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[],
+                              $8::text[], $9::text[], $10::int[], $11::int[], $12::int[], $13::int[], $14::int[],
+                              $15::jsonb[], $16::timestamptz[], $17::timestamptz[])
          ON CONFLICT ON CONSTRAINT job_attempts_pkey DO NOTHING",
     )
-    .bind(a.job_id)
-    .bind(a.attempt)
-    .bind(a.provider)
-    .bind(a.provider_model)
-    .bind(a.key_name)
-    .bind(a.status)
-    .bind(a.outcome)
-    .bind(a.error_code)
-    .bind(a.provider_request_id)
-    .bind(a.usage.map(|u| u.input_tokens))
-    .bind(a.usage.map(|u| u.output_tokens))
-    .bind(a.usage.map(|u| u.cached_tokens))
-    .bind(a.estimated_input_tokens)
-    .bind(a.estimated_output_tokens)
-    .bind(&a.rate_limit)
-    .bind(a.started_at)
-    .bind(a.finished_at)
-    .execute(ex)
+    .bind(records.iter().map(|r| r.job_id.0).collect::<Vec<_>>())
+    .bind(records.iter().map(|r| r.attempt).collect::<Vec<_>>())
+    .bind(records.iter().map(|r| r.provider.as_str()).collect::<Vec<_>>())
+    .bind(records.iter().map(|r| r.provider_model.as_str()).collect::<Vec<_>>())
+    .bind(records.iter().map(|r| r.key_name.as_str()).collect::<Vec<_>>())
+    .bind(records.iter().map(|r| r.status).collect::<Vec<_>>())
+    .bind(records.iter().map(|r| r.outcome).collect::<Vec<_>>())
+    .bind(records.iter().map(|r| r.error_code).collect::<Vec<_>>())
+    .bind(records.iter().map(|r| r.provider_request_id.as_deref()).collect::<Vec<_>>())
+    .bind(usage(|u| u.input_tokens).into_iter().map(|v| v.map(clamp_i32)).collect::<Vec<_>>())
+    .bind(usage(|u| u.output_tokens).into_iter().map(|v| v.map(clamp_i32)).collect::<Vec<_>>())
+    .bind(usage(|u| u.cached_tokens).into_iter().map(|v| v.map(clamp_i32)).collect::<Vec<_>>())
+    .bind(records.iter().map(|r| r.estimated_input_tokens).collect::<Vec<_>>())
+    .bind(records.iter().map(|r| r.estimated_output_tokens).collect::<Vec<_>>())
+    .bind(records.iter().map(|r| r.rate_limit.clone()).collect::<Vec<_>>())
+    .bind(records.iter().map(|r| r.started_at).collect::<Vec<_>>())
+    .bind(records.iter().map(|r| r.finished_at).collect::<Vec<_>>())
+    .execute(conn)
     .await?;
     Ok(())
+}
+
+fn clamp_i32(v: i64) -> i32 {
+    v.clamp(0, i64::from(i32::MAX)) as i32
 }
 
 /// The heartbeat: extends the leases of every job `owner` still runs.

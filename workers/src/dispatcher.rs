@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use sqlx::PgPool;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tollgate::buckets;
@@ -18,7 +18,7 @@ use tollgate::model::{Job, JobId, Usage};
 use tollgate::notify::Notifications;
 use tollgate::retry::{Failure, RetryPolicy};
 use tollgate::routing::{self, Target};
-use tollgate::store::{self, AttemptRecord, Finish, Holder, Served, Settlement, StoreError};
+use tollgate::store::{self, AttemptRecord, Finish, Holder, Outcome, Served, Settlement, StoreError};
 use tracing::Instrument;
 
 use crate::providers::{CallOutcome, Providers};
@@ -39,7 +39,15 @@ struct Inner {
     owner: String,
     /// One permit per provider call this process may have in flight.
     slots: Arc<Semaphore>,
+    /// While `run` runs: the completer, which writes outcomes in batches.
+    completer: std::sync::Mutex<Option<mpsc::Sender<Pending>>>,
 }
+
+/// An outcome waiting for the completer, with where to report whether it was written.
+type Pending = (Outcome, oneshot::Sender<Result<bool, StoreError>>);
+
+/// Most outcomes the completer writes in one transaction.
+const COMPLETION_BATCH: usize = 256;
 
 /// What a step of the dispatcher did, for tests and logs.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -68,12 +76,74 @@ impl Dispatcher {
                 providers,
                 notifications,
                 owner,
+                completer: std::sync::Mutex::new(None),
             }),
         }
     }
 
     pub fn owner(&self) -> &str {
         &self.inner.owner
+    }
+
+    /// Writes an attempt's outcome: through the completer while the loop runs (many
+    /// outcomes per transaction), directly otherwise.
+    async fn finish(
+        &self,
+        holder: Holder<'_>,
+        served: Option<Served<'_>>,
+        finish: Finish<'_>,
+        settlement: Settlement,
+        record: Option<&AttemptRecord>,
+        now: chrono::DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let outcome = Outcome::new(holder, served, finish, settlement, record.cloned());
+        let completer = match self.inner.completer.lock() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        };
+        if let Some(completer) = completer {
+            let (reply, written) = oneshot::channel();
+            if completer.send((outcome.clone(), reply)).await.is_ok()
+                && let Ok(result) = written.await
+            {
+                return result;
+            }
+        }
+        Ok(store::finish_attempts(&self.inner.pool, &[outcome], now)
+            .await?
+            .first()
+            .copied()
+            .unwrap_or(false))
+    }
+
+    /// The completer: takes every outcome waiting (no added delay when idle) and writes
+    /// them in one transaction, until every sender is gone.
+    async fn complete(self, mut outcomes: mpsc::Receiver<Pending>) {
+        while let Some(first) = outcomes.recv().await {
+            let mut batch = vec![first];
+            while batch.len() < COMPLETION_BATCH {
+                match outcomes.try_recv() {
+                    Ok(p) => batch.push(p),
+                    Err(_) => break,
+                }
+            }
+            let (items, replies): (Vec<Outcome>, Vec<_>) = batch.into_iter().unzip();
+            match store::finish_attempts(&self.inner.pool, &items, Utc::now()).await {
+                Ok(written) => {
+                    for (reply, w) in replies.into_iter().zip(written) {
+                        let _ = reply.send(Ok(w));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, batch = items.len(), "could not write a batch of outcomes");
+                    for reply in replies {
+                        let _ = reply.send(Err(StoreError::Database(sqlx::Error::Protocol(
+                            "the outcome batch failed; see the log".into(),
+                        ))));
+                    }
+                }
+            }
+        }
     }
 
     /// Claims what fits in the free slots and runs those calls to completion. Tests drive
@@ -105,6 +175,14 @@ impl Dispatcher {
     pub async fn run(self, cancel: CancellationToken) {
         let in_flight = TaskTracker::new();
         let heartbeat = self.spawn_heartbeat();
+        let (completions, pending) = mpsc::channel(COMPLETION_BATCH * 4);
+        let completer = TaskTracker::new();
+        completer.spawn(self.clone().complete(pending));
+        completer.close();
+        match self.inner.completer.lock() {
+            Ok(mut c) => *c = Some(completions),
+            Err(poisoned) => *poisoned.into_inner() = Some(completions),
+        }
         let poll = Duration::from_millis(self.inner.config.dispatch.poll_interval_ms);
         let mut db_backoff = Duration::from_millis(100);
         while !cancel.is_cancelled() {
@@ -164,7 +242,7 @@ impl Dispatcher {
                 _ = tokio::time::sleep(poll) => {}
             }
         }
-        self.shutdown(in_flight, heartbeat).await;
+        self.shutdown(in_flight, heartbeat, completer).await;
     }
 
     /// Extends this process's leases every `heartbeat_secs` until the returned token is
@@ -254,8 +332,7 @@ impl Dispatcher {
                     message: &failure.message,
                 };
                 log_write(
-                    store::finish_attempt(
-                        &self.inner.pool,
+                    self.finish(
                         holder,
                         Some(served),
                         finish,
@@ -356,26 +433,37 @@ impl Dispatcher {
                 message: &failure.message,
             },
         };
-        let written = store::finish_attempt(
-            &self.inner.pool,
-            holder,
-            Some(served),
-            finish,
-            settlement,
-            Some(&record),
-            Utc::now(),
-        )
-        .await;
+        let written = self
+            .finish(
+                holder,
+                Some(served),
+                finish,
+                settlement,
+                Some(&record),
+                Utc::now(),
+            )
+            .await;
         log_write(written);
     }
 
     /// Stop claiming (done by the caller), drain in-flight calls up to the soft timeout,
     /// release the leases of whatever did not finish.
-    async fn shutdown(&self, in_flight: TaskTracker, heartbeat: (CancellationToken, TaskTracker)) {
+    async fn shutdown(
+        &self,
+        in_flight: TaskTracker,
+        heartbeat: (CancellationToken, TaskTracker),
+        completer: TaskTracker,
+    ) {
         in_flight.close();
         let drain = Duration::from_secs(self.inner.config.dispatch.drain_timeout_secs);
         let in_flight_tasks = in_flight.len();
         let drained = tokio::time::timeout(drain, in_flight.wait()).await.is_ok();
+        // Outcomes already handed over are written before leases are released.
+        match self.inner.completer.lock() {
+            Ok(mut c) => *c = None,
+            Err(poisoned) => *poisoned.into_inner() = None,
+        }
+        completer.wait().await;
         heartbeat.0.cancel();
         heartbeat.1.wait().await;
         match store::release_leases(&self.inner.pool, &self.inner.owner, Utc::now()).await {
@@ -451,16 +539,8 @@ impl Dispatcher {
                 message: &message,
             };
             log_write(
-                store::finish_attempt(
-                    &inner.pool,
-                    holder,
-                    None,
-                    finish,
-                    Settlement::UNSENT,
-                    None,
-                    Utc::now(),
-                )
-                .await,
+                self.finish(holder, None, finish, Settlement::UNSENT, None, Utc::now())
+                    .await,
             );
             return;
         };
@@ -480,8 +560,7 @@ impl Dispatcher {
                     provider_request_id: outcome.request_id.as_deref(),
                 };
                 let settlement = self.settlement(&target, Some(success.usage));
-                store::finish_attempt(
-                    &inner.pool,
+                self.finish(
                     holder,
                     Some(served),
                     finish,
@@ -520,7 +599,7 @@ impl Dispatcher {
         served: Served<'_>,
         failure: &Failure,
         settlement: Settlement,
-        record: &AttemptRecord<'_>,
+        record: &AttemptRecord,
     ) -> Result<bool, StoreError> {
         let inner = &self.inner;
         let now = Utc::now();
@@ -551,16 +630,9 @@ impl Dispatcher {
                 code,
                 message: &message,
             };
-            return store::finish_attempt(
-                &inner.pool,
-                holder,
-                Some(served),
-                finish,
-                settlement,
-                Some(record),
-                now,
-            )
-            .await;
+            return self
+                .finish(holder, Some(served), finish, settlement, Some(record), now)
+                .await;
         }
         tracing::info!(
             code = failure.code,
@@ -572,26 +644,18 @@ impl Dispatcher {
             code: failure.code,
             message: &failure.message,
         };
-        store::finish_attempt(
-            &inner.pool,
-            holder,
-            Some(served),
-            finish,
-            settlement,
-            Some(record),
-            now,
-        )
-        .await
+        self.finish(holder, Some(served), finish, settlement, Some(record), now)
+            .await
     }
 
     /// The record of one provider call, written with the attempt's outcome.
-    fn attempt_record<'a>(
+    fn attempt_record(
         job: &Job,
-        served: Served<'a>,
-        outcome: &'a CallOutcome,
+        served: Served<'_>,
+        outcome: &CallOutcome,
         started_at: chrono::DateTime<Utc>,
         finished_at: chrono::DateTime<Utc>,
-    ) -> AttemptRecord<'a> {
+    ) -> AttemptRecord {
         let (outcome_label, error_code, usage) = match &outcome.result {
             Ok(s) => ("succeeded", None, Some(s.usage)),
             Err(f) => ("failed", Some(f.code), None),
@@ -599,13 +663,13 @@ impl Dispatcher {
         AttemptRecord {
             job_id: job.id,
             attempt: job.attempt,
-            provider: served.provider,
-            provider_model: served.model,
-            key_name: &outcome.key_name,
+            provider: served.provider.to_owned(),
+            provider_model: served.model.to_owned(),
+            key_name: outcome.key_name.clone(),
             status: outcome.status.map(i32::from),
             outcome: outcome_label,
             error_code,
-            provider_request_id: outcome.request_id.as_deref(),
+            provider_request_id: outcome.request_id.clone(),
             usage,
             estimated_input_tokens: job.estimated_input_tokens,
             estimated_output_tokens: job.estimated_output_tokens,
