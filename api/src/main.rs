@@ -58,13 +58,19 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // The demo and the bench print their own report; their logs stay quiet unless asked.
+    let default_filter = match cli.command {
+        Command::Demo(_) | Command::Bench(_) => "warn",
+        _ => "info,sqlx=warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,sqlx=warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    match cli.command {
         Command::Serve { config, listen } => serve(config, listen).await,
         Command::Migrate { config } => {
             let db_config = match config {
