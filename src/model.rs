@@ -129,6 +129,47 @@ pub struct Job {
     pub provider_key: Option<String>,
 }
 
+impl Job {
+    /// The row a [`NewJob`] becomes when inserted, as the table's defaults fill it.
+    pub fn queued(new: &NewJob) -> Self {
+        Job {
+            id: new.id,
+            tenant: new.tenant.clone(),
+            class: new.class,
+            priority: new.priority,
+            state: JobState::Queued,
+            request: new.request.clone(),
+            model: new.model.clone(),
+            idempotency_key: new.idempotency_key.clone(),
+            metadata: new.metadata.clone(),
+            deadline: new.deadline,
+            not_before: new.created_at,
+            attempt: 0,
+            max_attempts: new.max_attempts,
+            lease_owner: None,
+            lease_expires_at: None,
+            provider: None,
+            provider_model: None,
+            provider_request_id: None,
+            estimated_input_tokens: new.estimated_input_tokens,
+            estimated_output_tokens: new.estimated_output_tokens,
+            usage: None,
+            result: None,
+            error_code: None,
+            error_message: None,
+            created_at: new.created_at,
+            started_at: None,
+            finished_at: None,
+            admitted_at: None,
+            reserved_buckets: None,
+            reserved_amounts: None,
+            admission: None,
+            stream: new.stream,
+            provider_key: None,
+        }
+    }
+}
+
 /// What the API inserts.
 #[derive(Debug, Clone)]
 pub struct NewJob {

@@ -11,7 +11,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SubsecRound, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
@@ -159,7 +159,8 @@ pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) ->
         )
         .with_param("request.model"));
     };
-    let now = Utc::now();
+    // PostgreSQL keeps microseconds: so does the 202, to match every later read.
+    let now = Utc::now().trunc_subsecs(6);
     let default_deadline = state.config.classes.get(s.class).default_deadline_secs;
     let deadline = s
         .deadline

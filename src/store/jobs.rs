@@ -17,13 +17,15 @@ pub enum Inserted {
 }
 
 pub async fn insert_job(ex: impl PgExecutor<'_> + Copy, job: &NewJob) -> Result<Inserted> {
-    let row = sqlx::query_as::<Postgres, Job>(
+    // Only the id comes back: the new row is exactly what was sent, so it is not read
+    // (and its request body not decoded) again.
+    let row: Option<(JobId,)> = sqlx::query_as(
         "INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
                            deadline, not_before, max_attempts, estimated_input_tokens,
                            estimated_output_tokens, created_at, stream)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $10, $14)
          ON CONFLICT ON CONSTRAINT jobs_tenant_idempotency_key DO NOTHING
-         RETURNING *",
+         RETURNING id",
     )
     .bind(job.id)
     .bind(&job.tenant)
@@ -41,8 +43,8 @@ pub async fn insert_job(ex: impl PgExecutor<'_> + Copy, job: &NewJob) -> Result<
     .bind(job.stream)
     .fetch_optional(ex)
     .await?;
-    if let Some(row) = row {
-        return Ok(Inserted::New(row));
+    if row.is_some() {
+        return Ok(Inserted::New(Job::queued(job)));
     }
     let existing =
         sqlx::query_as::<Postgres, Job>("SELECT * FROM jobs WHERE tenant = $1 AND idempotency_key = $2")
