@@ -9,12 +9,10 @@ use std::sync::Arc;
 use anyhow::Context;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tollgate::config::Config;
 use tollgate::db;
 use tollgate::embedded::{EmbeddedOptions, EmbeddedPostgres};
-use tollgate_workers::mock_provider::{MockConfig, MockProvider};
+use tollgate_workers::mock_provider::{LocalMock, MockConfig, MockProvider};
 
 use crate::broker::{Broker, Roles};
 
@@ -28,8 +26,7 @@ pub struct LocalStack {
     admin_url: String,
     database: String,
     embedded: Option<EmbeddedPostgres>,
-    mock_stop: CancellationToken,
-    mock_tasks: TaskTracker,
+    local_mock: Option<LocalMock>,
 }
 
 impl LocalStack {
@@ -56,12 +53,8 @@ impl LocalStack {
             .await
             .context("migrating the database")?;
 
-        let mock = MockProvider::new(mock_config);
-        let mock_listener = TcpListener::bind("127.0.0.1:0").await?;
-        let mock_addr = mock_listener.local_addr()?;
-        let mock_stop = CancellationToken::new();
-        let mock_tasks = TaskTracker::new();
-        mock_tasks.spawn(mock.clone().serve(mock_listener, mock_stop.clone()));
+        let local_mock = MockProvider::new(mock_config).start_local().await?;
+        let (mock, mock_addr) = (local_mock.provider.clone(), local_mock.addr);
 
         let config = Arc::new(broker_config(mock_addr)?);
         let listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -76,8 +69,7 @@ impl LocalStack {
             admin_url,
             database,
             embedded,
-            mock_stop,
-            mock_tasks,
+            local_mock: Some(local_mock),
         })
     }
 
@@ -86,9 +78,9 @@ impl LocalStack {
         if let Some(broker) = self.broker.take() {
             broker.shutdown().await;
         }
-        self.mock_stop.cancel();
-        self.mock_tasks.close();
-        self.mock_tasks.wait().await;
+        if let Some(m) = self.local_mock.take() {
+            m.shutdown().await;
+        }
     }
 
     /// Stops everything, drops the database and stops the embedded server.

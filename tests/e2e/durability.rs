@@ -9,9 +9,6 @@ use chrono::Utc;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tollgate::gate::Gate;
 use tollgate::model::JobState;
 use tollgate::notify::Notifications;
@@ -208,12 +205,8 @@ async fn accepted_job_survives_sigkill_of_the_server_and_completes_once() {
     // A slow provider, so the job is certainly in flight when the server dies.
     let mut mock_cfg = mock_config();
     mock_cfg.latency_ms = 1500;
-    let mock = MockProvider::new(mock_cfg);
-    let mock_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let mock_addr = mock_listener.local_addr().unwrap();
-    let stop = CancellationToken::new();
-    let tasks = TaskTracker::new();
-    tasks.spawn(mock.clone().serve(mock_listener, stop.clone()));
+    let local_mock = MockProvider::new(mock_cfg).start_local().await.unwrap();
+    let (mock, mock_addr) = (local_mock.provider.clone(), local_mock.addr);
 
     let dir = tempfile::tempdir().unwrap();
     let config_path = dir.path().join("tollgate.toml");
@@ -293,7 +286,5 @@ async fn accepted_job_survives_sigkill_of_the_server_and_completes_once() {
     second.signal(Signal::SIGTERM);
     let status = second.child.wait().unwrap();
     assert!(status.success(), "graceful shutdown exit status: {status}");
-    stop.cancel();
-    tasks.close();
-    tasks.wait().await;
+    local_mock.shutdown().await;
 }

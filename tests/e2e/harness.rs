@@ -9,13 +9,11 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio::sync::OnceCell;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tollgate::config::Config;
 use tollgate::db;
 use tollgate::embedded::{EmbeddedOptions, EmbeddedPostgres};
 use tollgate_api::broker::{Broker, Roles};
-use tollgate_workers::mock_provider::{MockConfig, MockProvider};
+use tollgate_workers::mock_provider::{LocalMock, MockConfig, MockProvider};
 
 pub const ACME: &str = "tk-acme";
 pub const GLOBEX: &str = "tk-globex";
@@ -164,8 +162,7 @@ pub struct TestApp {
     pub mock_addr: std::net::SocketAddr,
     pub http: reqwest::Client,
     pub broker: Option<Broker>,
-    mock_stop: CancellationToken,
-    mock_tasks: TaskTracker,
+    local_mock: LocalMock,
 }
 
 impl TestApp {
@@ -175,12 +172,11 @@ impl TestApp {
 
     pub async fn spawn_with(opts: TestOptions) -> Self {
         let db = fresh_db().await;
-        let mock = MockProvider::new(opts.mock);
-        let mock_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind mock");
-        let mock_addr = mock_listener.local_addr().expect("mock addr");
-        let mock_stop = CancellationToken::new();
-        let mock_tasks = TaskTracker::new();
-        mock_tasks.spawn(mock.clone().serve(mock_listener, mock_stop.clone()));
+        let local_mock = MockProvider::new(opts.mock)
+            .start_local()
+            .await
+            .expect("mock provider");
+        let (mock, mock_addr) = (local_mock.provider.clone(), local_mock.addr);
         let config = Arc::new(
             Config::parse(
                 &config_text(mock_addr, &opts.extra_config).replacen(
@@ -205,8 +201,7 @@ impl TestApp {
             mock_addr,
             http: reqwest::Client::new(),
             broker: Some(broker),
-            mock_stop,
-            mock_tasks,
+            local_mock,
         }
     }
 
@@ -280,9 +275,7 @@ impl TestApp {
         if let Some(b) = self.broker.take() {
             b.shutdown().await;
         }
-        self.mock_stop.cancel();
-        self.mock_tasks.close();
-        self.mock_tasks.wait().await;
+        self.local_mock.shutdown().await;
     }
 }
 

@@ -265,6 +265,37 @@ impl MockProvider {
             .with_graceful_shutdown(async move { cancel.cancelled().await })
             .await
     }
+
+    /// Serves on a free port of 127.0.0.1 in the background (tests, demo, bench).
+    pub async fn start_local(self) -> std::io::Result<LocalMock> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let stop = CancellationToken::new();
+        let tasks = tokio_util::task::TaskTracker::new();
+        tasks.spawn(self.clone().serve(listener, stop.clone()));
+        tasks.close();
+        Ok(LocalMock {
+            provider: self,
+            addr,
+            stop,
+            tasks,
+        })
+    }
+}
+
+/// A mock provider serving in the background; [`LocalMock::shutdown`] stops it.
+pub struct LocalMock {
+    pub provider: MockProvider,
+    pub addr: std::net::SocketAddr,
+    stop: CancellationToken,
+    tasks: tokio_util::task::TaskTracker,
+}
+
+impl LocalMock {
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        self.tasks.wait().await;
+    }
 }
 
 async fn stats_route(State(p): State<MockProvider>) -> Json<MockStats> {
