@@ -131,6 +131,10 @@ pub fn target_scope(provider: &str, model: &str) -> String {
     format!("provider:{provider}:{model}")
 }
 
+pub fn route_scope(alias: &str) -> String {
+    format!("route:{alias}")
+}
+
 pub fn key_scope(provider: &str, key: &str) -> String {
     format!("key:{provider}:{key}")
 }
@@ -231,6 +235,11 @@ pub fn configured(config: &Config) -> Vec<BucketSpec> {
             }
         }
     }
+    for r in &config.routes {
+        if let Some(limits) = &r.limits {
+            out.extend(target_specs(&route_scope(&r.alias), limits));
+        }
+    }
     out
 }
 
@@ -267,11 +276,23 @@ pub fn amount(dimension: Dimension, demand: Demand, spend: f64) -> f64 {
     }
 }
 
-/// The keys of the buckets a job sent to `target` by `tenant` must fit.
-pub fn path(config: &Config, tenant: &str, target: &Target) -> Vec<(String, Dimension)> {
+/// The keys of the buckets a job sent to `target` by `tenant` must fit: the tenant's,
+/// the route's (when the job asked for a route alias, `requested`), the target model's
+/// and the chosen key's.
+pub fn path(config: &Config, tenant: &str, requested: &str, target: &Target) -> Vec<(String, Dimension)> {
     let tenant_scope = tenant_scope(tenant);
     let target_scope = target_scope(&target.provider, &target.model);
     let mut keys = Vec::new();
+    if let Some(limits) = config
+        .routes
+        .iter()
+        .find(|r| r.alias == requested)
+        .and_then(|r| r.limits.as_ref())
+    {
+        for s in target_specs(&route_scope(requested), limits) {
+            keys.push((s.key, s.dimension));
+        }
+    }
     if let Some(t) = config.tenants.iter().find(|t| t.name == tenant) {
         let mut add = |name: &str, dim, present: bool| {
             if present {

@@ -368,6 +368,10 @@ pub struct RouteConfig {
     pub alias: String,
     /// `provider/model` targets in order of preference.
     pub targets: Vec<String>,
+    /// The route's own share: limits on all jobs sent through this alias, whichever
+    /// target serves them.
+    #[serde(default)]
+    pub limits: Option<ModelLimits>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

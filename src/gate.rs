@@ -13,8 +13,9 @@
 //! queue: priority, then earliest deadline.
 //!
 //! When the job whose turn it is does not fit, the buckets that stopped it are closed for
-//! the rest of the round, so smaller jobs behind it cannot starve it; its tenant waits and
-//! the job records why (`admission`: the bucket, its limit, what remains, when it should
+//! the rest of the round, so smaller jobs behind it cannot starve it; the tenant's next
+//! jobs are still considered (they may need other buckets — another route or provider),
+//! and the job records why (`admission`: the bucket, its limit, what remains, when it should
 //! fit). A job that can never fit, or not before its deadline, fails now
 //! (`exceeds_limit`, `deadline_unmeetable`) instead of being dispatched late.
 //!
@@ -67,7 +68,7 @@ const LEADER_CHECK: Duration = Duration::from_secs(1);
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Round {
     pub admitted: usize,
-    /// Queues whose next job had to wait for capacity.
+    /// Jobs considered this round that had to wait for capacity.
     pub blocked: usize,
     pub failed: usize,
     /// When the earliest blocked job should fit (if time alone will make it fit).
@@ -244,7 +245,7 @@ impl Gate {
                     .provider(&target.provider)
                     .and_then(|p| p.price_for(&target.model));
                 let spend = buckets::spend_micro_usd(price, demand.input_tokens, 0.0, demand.output_tokens);
-                let path = buckets::path(config, &job.tenant, &target)
+                let path = buckets::path(config, &job.tenant, &job.model, &target)
                     .into_iter()
                     .map(|(key, dim)| (key, buckets::amount(dim, demand, spend)))
                     .collect();
@@ -601,6 +602,12 @@ impl Gate {
                 if buckets.get(key).is_some_and(|b| !b.fits(*amount, headroom(b))) {
                     closed.insert(key.clone());
                 }
+            }
+            // The tenant's next job may need none of the closed buckets (another route or
+            // provider): it gets its turn; one that needs them meets them closed.
+            queues[turn.queue].pop_front();
+            if !queues[turn.queue].is_empty() {
+                heap.push(turn);
             }
         }
         Scheduled {

@@ -756,3 +756,33 @@ async fn estimates_are_calibrated_from_reconciled_usage_within_bounds() {
     );
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_route_has_a_share_of_its_own() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        extra_config: "[routes.limits]\nrpm = 5\n".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    for i in 0..10 {
+        app.submit(ACME, &job("fast", &format!("via the route {i}")))
+            .await;
+        app.submit(ACME, &job("oai/gpt-4o-mini", &format!("direct {i}")))
+            .await;
+    }
+    let gate = Gate::new(app.db.pool.clone(), app.config.clone(), Notifications::default());
+    gate.run_once(Utc::now()).await.unwrap();
+    let admitted: HashMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
+        "SELECT model, count(*) FROM jobs WHERE state = 'admitted' GROUP BY model",
+    )
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    // The route's 5 a minute hold its jobs; the same model asked for directly is not held.
+    assert_eq!(admitted.get("fast"), Some(&5));
+    assert_eq!(admitted.get("oai/gpt-4o-mini"), Some(&10));
+    app.shutdown().await;
+}
