@@ -437,15 +437,20 @@ impl Bucket {
         }
     }
 
-    /// Can `amount` be taken now, keeping `headroom` in reserve?
+    /// Can `amount` be taken now, keeping `headroom` in reserve? The headroom never makes
+    /// a job that fits a full bucket impossible: it shrinks to what the job leaves free.
     pub fn fits(&self, amount: f64, headroom: f64) -> bool {
-        amount <= self.level - headroom + 1e-9
+        amount <= self.level - self.kept(amount, headroom) + 1e-9
     }
 
-    /// Would `amount` ever fit (an empty bucket can hold it)?
-    pub fn can_ever_fit(&self, amount: f64, headroom: f64) -> bool {
+    fn kept(&self, amount: f64, headroom: f64) -> f64 {
+        headroom.min((self.capacity - amount).max(0.0))
+    }
+
+    /// Would `amount` ever fit (a full bucket can hold it)?
+    pub fn can_ever_fit(&self, amount: f64) -> bool {
         // A ramp's allowance grows with use; anything fits eventually.
-        self.rule == Rule::Ramp || amount <= self.capacity - headroom + 1e-9
+        self.rule == Rule::Ramp || amount <= self.capacity + 1e-9
     }
 
     pub fn take(&mut self, amount: f64) {
@@ -461,7 +466,7 @@ impl Bucket {
     /// When `amount` will fit, if it is only a matter of time; `None` for gauges (they
     /// wait for a release, whose time is unknown).
     pub fn ready_at(&self, amount: f64, headroom: f64, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let missing = amount + headroom - self.level;
+        let missing = amount + self.kept(amount, headroom) - self.level;
         if missing <= 0.0 {
             return Some(now);
         }
@@ -518,7 +523,7 @@ mod tests {
         // An idle minute in between: back to the step.
         b.refill(t0 + chrono::Duration::seconds(400));
         assert_eq!(b.capacity, 10.0);
-        assert!(b.can_ever_fit(50.0, 0.0));
+        assert!(b.can_ever_fit(50.0));
     }
 
     #[test]

@@ -511,11 +511,8 @@ impl Gate {
             // It does not fit. Ever? Before its deadline? Otherwise it waits, and what
             // stopped it is closed to everyone else this round.
             let never = plan.routes.iter().all(|(_, path)| {
-                path.iter().any(|(key, amount)| {
-                    buckets
-                        .get(key)
-                        .is_some_and(|b| !b.can_ever_fit(*amount, headroom(b)))
-                })
+                path.iter()
+                    .any(|(key, amount)| buckets.get(key).is_some_and(|b| !b.can_ever_fit(*amount)))
             });
             if never || plan.routes.is_empty() {
                 let (key, amount) = plan
@@ -523,7 +520,7 @@ impl Gate {
                     .first()
                     .and_then(|(_, path)| {
                         path.iter()
-                            .find(|(k, a)| buckets.get(k).is_some_and(|b| !b.can_ever_fit(*a, headroom(b))))
+                            .find(|(k, a)| buckets.get(k).is_some_and(|b| !b.can_ever_fit(*a)))
                     })
                     .cloned()
                     .unwrap_or_default();
@@ -591,10 +588,18 @@ impl Gate {
                     "needs": amount,
                     "expected_at": ready,
                 }),
-                None => json!({"reason": "waiting_for_turn", "expected_at": ready}),
+                // Behind another job that holds the bucket it needs: no time to promise.
+                None => json!({"reason": "waiting_for_turn"}),
             };
-            let stamp = note.to_string();
-            if fairness.explained.get(&job.id) != Some(&stamp) && job.admission.as_ref() != Some(&note) {
+            // Rewrite a note only when what it says changes (the expected time to the
+            // second), not on every round.
+            let stamp = format!(
+                "{}|{}|{}",
+                note["reason"],
+                note["bucket"],
+                ready.filter(|_| blocking.is_some()).map_or(0, |t| t.timestamp())
+            );
+            if fairness.explained.get(&job.id) != Some(&stamp) {
                 fairness.explained.insert(job.id, stamp);
                 notes.push((job.id, note));
             }

@@ -82,12 +82,7 @@ pub(crate) async fn completions(
             if let Err(e) = store::cancel_job(&state.pool, &tenant.name, finished.id, Utc::now()).await {
                 tracing::warn!(error = %e, "could not cancel a timed-out synchronous job");
             }
-            Err(ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "queue_timeout",
-                "the request could not be served in time; retry later",
-            )
-            .with_retry_after(Duration::from_secs(2)))
+            Err(queue_timeout(finished.admission.as_ref()))
         }
         JobState::Failed | JobState::Cancelled => {
             let code = finished.error_code.unwrap_or_else(|| "failed".to_owned());
@@ -95,6 +90,30 @@ pub(crate) async fn completions(
             Err(failure_response(&code, message))
         }
     }
+}
+
+/// 429 for a job that could not be served in time: says which limit held it (its limit,
+/// what remained, when it was expected to fit — the gate's note, the tenant's own job)
+/// and sets Retry-After from that time.
+fn queue_timeout(admission: Option<&Value>) -> ApiError {
+    let expected = admission
+        .and_then(|a| a.get("expected_at"))
+        .and_then(Value::as_str)
+        .and_then(|t| t.parse::<chrono::DateTime<Utc>>().ok());
+    let retry_after = expected
+        .and_then(|at| (at - Utc::now()).to_std().ok())
+        .unwrap_or(Duration::from_secs(2))
+        .max(Duration::from_secs(1));
+    let message = match admission.and_then(|a| a.get("bucket")).and_then(Value::as_str) {
+        Some(bucket) => format!(
+            "the request could not be served in time: limit {bucket} (capacity {}, remaining {}) was expected to allow it at {}; retry later",
+            admission.and_then(|a| a.get("limit")).unwrap_or(&Value::Null),
+            admission.and_then(|a| a.get("remaining")).unwrap_or(&Value::Null),
+            expected.map_or("an unknown time".to_owned(), |e| e.to_rfc3339()),
+        ),
+        None => "the request could not be served in time; retry later".to_owned(),
+    };
+    ApiError::new(StatusCode::TOO_MANY_REQUESTS, "queue_timeout", message).with_retry_after(retry_after)
 }
 
 /// Maps a job's reason code to the HTTP answer an OpenAI client expects.
@@ -151,12 +170,8 @@ async fn stream_response(
                 if let Err(e) = store::cancel_job(&state.pool, tenant, id, Utc::now()).await {
                     tracing::warn!(error = %e, "could not cancel a timed-out streaming job");
                 }
-                return Err(ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "queue_timeout",
-                    "the request could not be served in time; retry later",
-                )
-                .with_retry_after(Duration::from_secs(2)));
+                let admission = store::get_job(&state.pool, tenant, id).await?.and_then(|j| j.admission);
+                return Err(queue_timeout(admission.as_ref()));
             }
         }
     };

@@ -97,6 +97,7 @@ async fn three_processes_never_exceed_the_providers_limit() {
         // Only standard work here: nothing is held back for interactive jobs.
         gate_config: "interactive_reserve = 0.0".into(),
         roles: Roles::API_ONLY,
+        ..TestOptions::default()
     })
     .await;
     // Queue everything first, so the drain measures the limit, not the submission.
@@ -265,7 +266,7 @@ async fn interactive_work_goes_first_and_keeps_its_reserve() {
     assert_eq!(j["state"], "admitted");
     // A backlog job explains why it waits.
     let waiting: Value = sqlx::query_scalar(
-        "SELECT admission FROM jobs WHERE state = 'queued' AND admission IS NOT NULL LIMIT 1",
+        "SELECT admission FROM jobs WHERE state = 'queued' AND admission->>'reason' = 'waiting_for_capacity' LIMIT 1",
     )
     .fetch_one(&app.db.pool)
     .await

@@ -94,7 +94,6 @@ pub fn config_text(mock_addr: std::net::SocketAddr, extra: &str) -> String {
 [server]
 max_body_bytes = 65536
 max_wait_secs = 30
-sync_timeout_secs = 20
 [dispatch]
 concurrency = 16
 poll_interval_ms = 200
@@ -140,6 +139,8 @@ pub struct TestOptions {
     pub extra_config: String,
     /// Lines added to the `[gate]` table.
     pub gate_config: String,
+    /// Lines added to the `[server]` table.
+    pub server_config: String,
 }
 
 impl Default for TestOptions {
@@ -149,6 +150,7 @@ impl Default for TestOptions {
             mock: mock_config(),
             extra_config: String::new(),
             gate_config: String::new(),
+            server_config: String::new(),
         }
     }
 }
@@ -179,11 +181,9 @@ impl TestApp {
         let (mock, mock_addr) = (local_mock.provider.clone(), local_mock.addr);
         let config = Arc::new(
             Config::parse(
-                &config_text(mock_addr, &opts.extra_config).replacen(
-                    "[gate]\n",
-                    &format!("[gate]\n{}\n", opts.gate_config),
-                    1,
-                ),
+                &config_text(mock_addr, &opts.extra_config)
+                    .replacen("[server]\n", &format!("[server]\n{}\n", opts.server_config), 1)
+                    .replacen("[gate]\n", &format!("[gate]\n{}\n", opts.gate_config), 1),
                 "test config",
             )
             .expect("valid test config"),

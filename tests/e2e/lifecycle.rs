@@ -374,3 +374,44 @@ async fn revoked_key_fails_the_job_with_a_reason() {
     assert_eq!(outcome.status, Some(401));
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_synchronous_call_that_cannot_be_served_in_time_is_told_why_at_once() {
+    let mut mock = crate::harness::mock_config();
+    mock.projects[0].rpm = 1;
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\nrpm = 1\n".into(),
+        server_config: "sync_timeout_secs = 5".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let call = || {
+        app.http
+            .post(app.url("/v1/chat/completions"))
+            .bearer_auth(ACME)
+            .json(&json!({"model": "oai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}))
+            .send()
+    };
+    assert_eq!(call().await.unwrap().status().as_u16(), 200);
+    // The next request fits only in about a minute, after its 5 s deadline: 429 now, with
+    // the limit that holds it.
+    let r = call().await.unwrap();
+    assert_eq!(r.status().as_u16(), 429);
+    assert!(r.headers().get("retry-after").is_some());
+    let err: Value = r.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "deadline_unmeetable");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("provider:oai:gpt-4o-mini:rpm"),
+        "{err}"
+    );
+    assert_eq!(
+        app.mock.stats().rate_limited_429,
+        0,
+        "the provider never saw the request"
+    );
+    app.shutdown().await;
+}
