@@ -787,3 +787,79 @@ async fn a_route_has_a_share_of_its_own() {
     assert_eq!(admitted.get("oai/gpt-4o-mini"), Some(&10));
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn classes_have_their_contracts() {
+    let mut mock = mock_config();
+    mock.projects[0].rpm = 3;
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        roles: Roles::API_ONLY,
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\nrpm = 3\n\
+                       [classes.background]\ndefault_deadline_secs = 3600\nmax_queued_per_tenant = 3\nstarve_after_secs = 60\n"
+            .into(),
+        gate_config: "interactive_reserve = 0.0".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let with_class = |class: &str, text: &str| {
+        let mut b = job("oai/gpt-4o-mini", text);
+        b["class"] = json!(class);
+        b
+    };
+    // A full class queue is refused at submit, with Retry-After and the reason.
+    for i in 0..3 {
+        assert_eq!(
+            app.submit(ACME, &with_class("background", &format!("bg {i}")))
+                .await
+                .0,
+            202
+        );
+    }
+    let r = app
+        .http
+        .post(app.url("/v1/jobs"))
+        .bearer_auth(ACME)
+        .json(&with_class("background", "one too many"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 429);
+    assert!(r.headers().get("retry-after").is_some());
+    let err: Value = r.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "queue_full");
+    // Other tenants and classes are not affected by acme's full background queue.
+    assert_eq!(
+        app.submit(GLOBEX, &with_class("background", "globex bg")).await.0,
+        202
+    );
+    // Higher classes go first: with room for two (three a minute, less the headroom for
+    // requests in transit), the standard jobs submitted last win...
+    let (_, s1) = app.submit(ACME, &with_class("standard", "std 1")).await;
+    let (_, s2) = app.submit(ACME, &with_class("standard", "std 2")).await;
+    // ...unless a lower-class job has waited past its class's starvation guard.
+    let oldest_bg: String = sqlx::query_scalar(
+        "UPDATE jobs SET created_at = now() - interval '2 minutes'
+         WHERE id = (SELECT id FROM jobs WHERE tenant = 'globex' AND class = 'background' LIMIT 1) RETURNING id::text",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    let gate = Gate::new(app.db.pool.clone(), app.config.clone(), Notifications::default());
+    assert_eq!(gate.run_once(Utc::now()).await.unwrap().admitted, 2);
+    let admitted: Vec<String> =
+        sqlx::query_scalar("SELECT id::text FROM jobs WHERE state = 'admitted' ORDER BY id")
+            .fetch_all(&app.db.pool)
+            .await
+            .unwrap();
+    assert!(
+        admitted.contains(&oldest_bg),
+        "the starved background job is admitted: {admitted:?}"
+    );
+    let standard: Vec<&str> = [&s1, &s2].iter().map(|j| j["id"].as_str().unwrap()).collect();
+    assert_eq!(
+        admitted.iter().filter(|a| standard.contains(&a.as_str())).count(),
+        1
+    );
+    app.shutdown().await;
+}
