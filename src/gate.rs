@@ -307,6 +307,8 @@ impl Gate {
             store::candidates(&self.pool, &queues, per_queue, now).await?
         };
         let learned = self.learned().await?;
+        let paused: HashMap<String, DateTime<Utc>> =
+            store::active_pauses(&self.pool, now).await?.into_iter().collect();
         let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
         let mut plans = Vec::new();
         for c in candidates {
@@ -353,7 +355,7 @@ impl Gate {
             notes,
             mut round,
             failures: more_failures,
-        } = self.schedule(plans, &mut buckets, now);
+        } = self.schedule(plans, &mut buckets, &paused, now);
         failures.extend(more_failures);
 
         let admitted: HashSet<JobId> = store::admit(&mut tx, &admissions, now)
@@ -406,8 +408,10 @@ impl Gate {
         &self,
         plans: Vec<Plan>,
         buckets: &mut HashMap<String, Bucket>,
+        paused: &HashMap<String, DateTime<Utc>>,
         now: DateTime<Utc>,
     ) -> Scheduled {
+        let pause_of = |t: &Target| paused.get(&buckets::target_scope(&t.provider, &t.model)).copied();
         let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
         let headroom_secs = self.config.gate.headroom_secs;
         let reserve = self.config.gate.interactive_reserve;
@@ -473,10 +477,11 @@ impl Gate {
             let class = plan.class;
             let headroom = |b: &Bucket| headroom_for(b, class);
             // First target whose buckets are open and can hold the job now.
-            let fitting = plan.routes.iter().position(|(_, path)| {
-                path.iter().all(|(key, amount)| {
-                    !closed.contains(key) && buckets.get(key).is_none_or(|b| b.fits(*amount, headroom(b)))
-                })
+            let fitting = plan.routes.iter().position(|(target, path)| {
+                pause_of(target).is_none()
+                    && path.iter().all(|(key, amount)| {
+                        !closed.contains(key) && buckets.get(key).is_none_or(|b| b.fits(*amount, headroom(b)))
+                    })
             });
             if let Some(r) = fitting {
                 let (target, path) = &plan.routes[r];
@@ -536,9 +541,11 @@ impl Gate {
                 }
                 continue;
             }
-            let (_, path) = &plan.routes[0];
+            let (first, path) = &plan.routes[0];
             let mut blocking: Option<(&Bucket, f64)> = None;
-            let mut ready: Option<DateTime<Utc>> = Some(now);
+            // A provider's 429 paused this target: nothing goes before its Retry-After.
+            let pause = pause_of(first);
+            let mut ready: Option<DateTime<Utc>> = Some(pause.unwrap_or(now));
             for (key, amount) in path {
                 let Some(b) = buckets.get(key) else { continue };
                 let open = !closed.contains(key);
@@ -588,8 +595,15 @@ impl Gate {
                     "needs": amount,
                     "expected_at": ready,
                 }),
-                // Behind another job that holds the bucket it needs: no time to promise.
-                None => json!({"reason": "waiting_for_turn"}),
+                None => match pause {
+                    Some(until) => json!({
+                        "reason": "provider_rate_limited",
+                        "scope": buckets::target_scope(&first.provider, &first.model),
+                        "expected_at": until,
+                    }),
+                    // Behind another job that holds the bucket it needs: no time to promise.
+                    None => json!({"reason": "waiting_for_turn"}),
+                },
             };
             // Rewrite a note only when what it says changes (the expected time to the
             // second), not on every round.
@@ -597,7 +611,9 @@ impl Gate {
                 "{}|{}|{}",
                 note["reason"],
                 note["bucket"],
-                ready.filter(|_| blocking.is_some()).map_or(0, |t| t.timestamp())
+                ready
+                    .filter(|_| blocking.is_some() || pause.is_some())
+                    .map_or(0, |t| t.timestamp())
             );
             if fairness.explained.get(&job.id) != Some(&stamp) {
                 fairness.explained.insert(job.id, stamp);

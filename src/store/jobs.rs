@@ -279,6 +279,8 @@ pub struct Outcome {
     pub not_before: Option<DateTime<Utc>>,
     pub settlement: Settlement,
     pub record: Option<AttemptRecord>,
+    /// A provider rate limit answered: pause this scope for every process until then.
+    pub pause: Option<(String, DateTime<Utc>)>,
 }
 
 impl Outcome {
@@ -304,6 +306,7 @@ impl Outcome {
             not_before: None,
             settlement,
             record,
+            pause: None,
         };
         match finish {
             Finish::Succeeded {
@@ -369,6 +372,20 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
     let mut tx = pool.begin().await?;
     let records: Vec<&AttemptRecord> = outcomes.iter().filter_map(|o| o.record.as_ref()).collect();
     record_attempts(&mut tx, &records).await?;
+    let pauses: Vec<&(String, DateTime<Utc>)> = outcomes.iter().filter_map(|o| o.pause.as_ref()).collect();
+    if !pauses.is_empty() {
+        sqlx::query(
+            "INSERT INTO pauses (scope, until, reason, created_at)
+             SELECT scope, max(until), 'rate_limited', $3 FROM unnest($1::text[], $2::timestamptz[]) AS t(scope, until)
+             GROUP BY scope
+             ON CONFLICT ON CONSTRAINT pauses_pkey DO UPDATE SET until = GREATEST(pauses.until, excluded.until)",
+        )
+        .bind(pauses.iter().map(|p| p.0.as_str()).collect::<Vec<_>>())
+        .bind(pauses.iter().map(|p| p.1).collect::<Vec<_>>())
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+    }
     let written = sqlx::query_as::<Postgres, Previous>(
         "WITH t AS (
              SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::job_state[], $5::jsonb[], $6::jsonb[],
@@ -682,6 +699,28 @@ pub async fn expire_deadlines(pool: &PgPool, now: DateTime<Utc>) -> Result<u64> 
     notify_done(&mut tx, &ids).await?;
     tx.commit().await?;
     Ok(ids.len() as u64)
+}
+
+/// Scopes a provider has paused (after a 429) until a time still to come.
+pub async fn active_pauses(
+    ex: impl PgExecutor<'_>,
+    now: DateTime<Utc>,
+) -> Result<Vec<(String, DateTime<Utc>)>> {
+    Ok(sqlx::query_as("SELECT scope, until FROM pauses WHERE until > $1")
+        .bind(now)
+        .fetch_all(ex)
+        .await?)
+}
+
+/// Forgets pauses that ended long ago.
+pub async fn prune_pauses(ex: impl PgExecutor<'_>, now: DateTime<Utc>) -> Result<u64> {
+    Ok(
+        sqlx::query("DELETE FROM pauses WHERE until < $1 - interval '1 hour'")
+            .bind(now)
+            .execute(ex)
+            .await?
+            .rows_affected(),
+    )
 }
 
 /// Queue depth by state, for summaries and status.

@@ -415,3 +415,47 @@ async fn a_synchronous_call_that_cannot_be_served_in_time_is_told_why_at_once() 
     );
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_providers_429_pauses_its_target_for_every_queued_job() {
+    // tollgate knows no limit for this model; the provider allows 3 requests a minute.
+    let mut mock = crate::harness::mock_config();
+    mock.projects[0].rpm = 3;
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        // One call at a time, so the 429 is seen before the next job could go.
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\nconcurrency = 1\n".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        let (_, j) = app.submit(ACME, &job("oai/gpt-4o-mini", &format!("p{i}"))).await;
+        ids.push(j["id"].as_str().unwrap().to_owned());
+    }
+    eventually(30, "the 429 to pause the target", || async {
+        let paused: Option<DateTime<Utc>> =
+            sqlx::query_scalar("SELECT until FROM pauses WHERE scope = 'provider:oai:gpt-4o-mini'")
+                .fetch_optional(&app.db.pool)
+                .await
+                .unwrap();
+        paused
+    })
+    .await;
+    // The other jobs wait for the Retry-After instead of each meeting a 429 of its own.
+    let waiting = eventually(30, "the queued jobs to explain the pause", || async {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM jobs WHERE state = 'queued' AND admission->>'reason' = 'provider_rate_limited'",
+        )
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+        (n >= 5).then_some(n)
+    })
+    .await;
+    assert!(waiting >= 5);
+    let stats = app.mock.stats();
+    assert_eq!(stats.succeeded, 3);
+    assert_eq!(stats.rate_limited_429, 1, "one 429, not one per queued job");
+    app.shutdown().await;
+}

@@ -16,7 +16,7 @@ use tollgate::buckets;
 use tollgate::config::Config;
 use tollgate::model::{Job, JobId, Usage};
 use tollgate::notify::Notifications;
-use tollgate::retry::{Failure, RetryPolicy};
+use tollgate::retry::{Failure, FailureClass, RetryPolicy};
 use tollgate::routing::{self, Target};
 use tollgate::store::{self, AttemptRecord, Finish, Holder, Outcome, Served, Settlement, StoreError};
 use tracing::Instrument;
@@ -45,6 +45,9 @@ struct Inner {
 
 /// An outcome waiting for the completer, with where to report whether it was written.
 type Pending = (Outcome, oneshot::Sender<Result<bool, StoreError>>);
+
+/// How long a 429 without a Retry-After pauses its target.
+const DEFAULT_PAUSE: Duration = Duration::from_secs(1);
 
 /// Most outcomes the completer writes in one transaction.
 const COMPLETION_BATCH: usize = 256;
@@ -96,7 +99,14 @@ impl Dispatcher {
         record: Option<&AttemptRecord>,
         now: chrono::DateTime<Utc>,
     ) -> Result<bool, StoreError> {
-        let outcome = Outcome::new(holder, served, finish, settlement, record.cloned());
+        self.write(
+            Outcome::new(holder, served, finish, settlement, record.cloned()),
+            now,
+        )
+        .await
+    }
+
+    async fn write(&self, outcome: Outcome, now: chrono::DateTime<Utc>) -> Result<bool, StoreError> {
         let completer = match self.inner.completer.lock() {
             Ok(c) => c.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
@@ -625,27 +635,35 @@ impl Dispatcher {
         } else {
             None
         };
-        if let Some((code, message)) = failed {
-            let finish = Finish::Failed {
-                code,
-                message: &message,
-            };
-            return self
-                .finish(holder, Some(served), finish, settlement, Some(record), now)
-                .await;
-        }
-        tracing::info!(
-            code = failure.code,
-            delay_ms = delay.as_millis() as u64,
-            "retrying later"
-        );
-        let finish = Finish::Retry {
-            not_before,
-            code: failure.code,
-            message: &failure.message,
+        // A rate limit holds for everyone: pause the target for every process until the
+        // provider said to come back, so queued jobs wait instead of meeting 429s too.
+        let pause = (failure.class == FailureClass::Capacity).then(|| {
+            let until = now + failure.retry_after.unwrap_or(DEFAULT_PAUSE);
+            (buckets::target_scope(served.provider, served.model), until)
+        });
+        let outcome = match failed {
+            Some((code, message)) => {
+                let finish = Finish::Failed {
+                    code,
+                    message: &message,
+                };
+                Outcome::new(holder, Some(served), finish, settlement, Some(record.clone()))
+            }
+            None => {
+                tracing::info!(
+                    code = failure.code,
+                    delay_ms = delay.as_millis() as u64,
+                    "retrying later"
+                );
+                let finish = Finish::Retry {
+                    not_before,
+                    code: failure.code,
+                    message: &failure.message,
+                };
+                Outcome::new(holder, Some(served), finish, settlement, Some(record.clone()))
+            }
         };
-        self.finish(holder, Some(served), finish, settlement, Some(record), now)
-            .await
+        self.write(Outcome { pause, ..outcome }, now).await
     }
 
     /// The record of one provider call, written with the attempt's outcome.

@@ -76,6 +76,7 @@ impl Maintenance {
         let rescued = store::rescue_expired_leases(&self.pool, now).await?;
         let deadlines_expired = store::expire_deadlines(&self.pool, now).await?;
         let calibrated = self.calibrate(now).await?;
+        store::prune_pauses(&self.pool, now).await?;
         if rescued.requeued + rescued.failed + deadlines_expired > 0 {
             tracing::info!(
                 requeued = rescued.requeued,
