@@ -691,15 +691,13 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use serde_json::{Value, json};
-    use tokio_util::sync::CancellationToken;
-    use tokio_util::task::TaskTracker;
     use tollgate::config::{Config, ProviderKind};
     use tollgate::model::Usage;
     use tollgate::retry::FailureClass;
     use tollgate::routing::Target;
 
     use super::*;
-    use crate::mock_provider::{MockConfig, MockProvider, MockStats};
+    use crate::mock_provider::{LocalMock, MockConfig, MockProvider, MockStats};
 
     // ---- SSE parser ----
 
@@ -929,24 +927,16 @@ mod tests {
     struct Setup {
         mock: MockProvider,
         providers: Providers,
-        cancel: CancellationToken,
-        tracker: TaskTracker,
-    }
-
-    impl Drop for Setup {
-        fn drop(&mut self) {
-            self.cancel.cancel();
-            self.tracker.close();
-        }
+        /// Kept so the mock serves as long as the test runs.
+        _serving: LocalMock,
     }
 
     async fn setup(mock_toml: &str) -> Setup {
-        let mock = MockProvider::new(MockConfig::from_toml_str(mock_toml).unwrap());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let cancel = CancellationToken::new();
-        let tracker = TaskTracker::new();
-        tracker.spawn(mock.clone().serve(listener, cancel.clone()));
+        let serving = MockProvider::new(MockConfig::from_toml_str(mock_toml).unwrap())
+            .start_local()
+            .await
+            .unwrap();
+        let (mock, addr) = (serving.provider.clone(), serving.addr);
         let config = Config::parse(
             &format!(
                 r#"
@@ -973,8 +963,7 @@ mod tests {
         Setup {
             mock,
             providers: Providers::from_config(&config).unwrap(),
-            cancel,
-            tracker,
+            _serving: serving,
         }
     }
 
