@@ -332,11 +332,7 @@ impl Dispatcher {
                 } else {
                     Settlement::UNSENT
                 };
-                let holder = Holder {
-                    id: job.id,
-                    attempt: job.attempt,
-                    owner: &self.inner.owner,
-                };
+                let holder = self.holder(&job);
                 let finish = Finish::Failed {
                     code: failure.code,
                     message: &failure.message,
@@ -418,11 +414,7 @@ impl Dispatcher {
             model: &target.model,
         };
         let record = Self::attempt_record(&job, served, &outcome, started_at, Utc::now());
-        let holder = Holder {
-            id: job.id,
-            attempt: job.attempt,
-            owner: &self.inner.owner,
-        };
+        let holder = self.holder(&job);
         let usage = match &outcome.result {
             Ok(s) => s.usage,
             Err(_) => Usage::default(),
@@ -499,6 +491,15 @@ impl Dispatcher {
         self.execute_in_span(job).instrument(span).await;
     }
 
+    /// This process as the holder of `job`'s current attempt: the guard of its writes.
+    fn holder<'a>(&'a self, job: &Job) -> Holder<'a> {
+        Holder {
+            id: job.id,
+            attempt: job.attempt,
+            owner: &self.inner.owner,
+        }
+    }
+
     /// The target the gate admitted the job for (its reservation is for that target).
     fn target(&self, job: &Job) -> Option<Target> {
         let (provider, model) = (job.provider.as_deref()?, job.provider_model.as_deref()?);
@@ -534,11 +535,7 @@ impl Dispatcher {
 
     async fn execute_in_span(&self, job: Job) {
         let inner = &self.inner;
-        let holder = Holder {
-            id: job.id,
-            attempt: job.attempt,
-            owner: &inner.owner,
-        };
+        let holder = self.holder(&job);
         let target = self
             .target(&job)
             .or_else(|| routing::resolve(&inner.config, &job.model).and_then(|t| t.into_iter().next()));
