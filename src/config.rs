@@ -167,8 +167,9 @@ pub struct GateConfig {
     /// Tokens a newly active tenant may run ahead of the others (burst credit), per unit of
     /// weight.
     pub burst_credit_tokens: u64,
-    /// Provider buckets keep this many seconds of refill in reserve, covering the time
-    /// between admission and the provider's receipt of the request.
+    /// Provider buckets keep this many seconds of refill in reserve. A provider's bucket
+    /// that is full loses the refill between tollgate's admission of a request and the
+    /// request's arrival; this reserve is the admission-to-send delay the limits tolerate.
     pub headroom_secs: f64,
     /// Fallback period of the gate when nothing wakes it, in milliseconds.
     pub poll_interval_ms: u64,
@@ -181,7 +182,7 @@ impl Default for GateConfig {
         Self {
             batch: 512,
             burst_credit_tokens: 8192,
-            headroom_secs: 0.25,
+            headroom_secs: 1.0,
             poll_interval_ms: 1000,
             interactive_reserve: 0.05,
         }

@@ -307,8 +307,6 @@ impl Gate {
             store::candidates(&self.pool, &queues, per_queue, now).await?
         };
         let learned = self.learned().await?;
-        let paused: HashMap<String, DateTime<Utc>> =
-            store::active_pauses(&self.pool, now).await?.into_iter().collect();
         let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
         let mut plans = Vec::new();
         for c in candidates {
@@ -328,6 +326,10 @@ impl Gate {
         let mut tx = self.pool.begin().await?;
         // Settlements of finished jobs first: what they did not use is available again.
         let refunds = store::take_pending_refunds(&mut tx, REFUNDS_PER_ROUND).await?;
+        // Read after the refunds: a 429's pause commits with its refund, so a slot given
+        // back here is never used before its pause is seen.
+        let paused: HashMap<String, DateTime<Utc>> =
+            store::active_pauses(&mut *tx, now).await?.into_iter().collect();
         if plans.is_empty() && refunds.is_empty() {
             tx.commit().await?;
             let failed = store::fail_queued(&self.pool, &failures, now).await? as usize;

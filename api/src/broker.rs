@@ -82,6 +82,7 @@ impl Broker {
         let role_pool = |connections: u32| {
             PgPoolOptions::new()
                 .max_connections(connections)
+                .min_connections(1)
                 .acquire_timeout(Duration::from_secs(10))
                 .connect_lazy_with((*pool.connect_options()).clone())
         };
