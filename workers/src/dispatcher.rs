@@ -1,8 +1,12 @@
-//! The dispatcher: claims runnable jobs (one short `FOR UPDATE SKIP LOCKED` statement,
-//! committed before any provider call), calls the provider, and writes the outcome back
-//! under the (state, attempt, lease owner) guard. A heartbeat extends the leases of what
-//! is in flight; on shutdown it stops claiming, lets in-flight calls finish up to a soft
-//! timeout, and releases the leases of the rest.
+//! The dispatcher: claims admitted jobs (one short `FOR UPDATE SKIP LOCKED` statement,
+//! committed before any provider call), calls the provider with the key the gate chose,
+//! and writes the outcome back under the (state, attempt, lease owner) guard — through a
+//! completer that writes many outcomes, attempt records and settlements per transaction.
+//! Failures are retried with backoff while attempts and the deadline allow; a provider's
+//! 429 also pauses its target for every process. A heartbeat extends the leases of what is
+//! in flight; on shutdown it stops claiming, lets in-flight calls finish up to a soft
+//! timeout, writes what finished, and releases the leases of the rest. Streaming jobs are
+//! run here too, for the API process whose client is connected ([`Dispatcher::stream`]).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,8 +1,10 @@
 //! tollgate workers: everything that runs in the background.
 //!
-//! - [`dispatcher`]: claims runnable jobs, calls providers, writes outcomes back.
-//! - [`providers`]: provider adapters (OpenAI, OpenAI-compatible, Anthropic).
-//! - [`maintenance`]: rescues expired leases, expires deadlines.
+//! - [`dispatcher`]: claims admitted jobs, calls providers, writes outcomes back; runs
+//!   streaming jobs for the API.
+//! - [`providers`]: provider adapters (OpenAI, OpenAI-compatible, Anthropic), streaming
+//!   included.
+//! - [`maintenance`]: rescues expired leases, expires deadlines, recalibrates estimates.
 //! - [`mock_provider`]: an HTTP server that behaves like OpenAI and Anthropic, limits
 //!   and errors included, for tests, the demo and benchmarks.
 //!
