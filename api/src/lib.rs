@@ -4,6 +4,7 @@
 //!   a socket.
 //! - [`jobs`]: submit, read/long-poll, list, cancel; shared validation and enqueueing.
 //! - [`chat`]: `POST /v1/chat/completions`, queued as an interactive job and awaited.
+//! - [`limits`]: the buckets that apply to the caller, and what is left in them.
 //! - [`auth`]: bearer tenant key → tenant.
 //! - [`error`]: `ApiError`, status + stable code + safe message.
 //! - [`broker`]: starts the roles of one process (API, dispatcher, maintenance,
@@ -22,6 +23,7 @@ pub mod chat;
 pub mod demo;
 pub mod error;
 pub mod jobs;
+pub mod limits;
 pub mod local;
 
 use std::sync::Arc;
@@ -60,6 +62,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/jobs/{id}", get(jobs::get))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/chat/completions", post(chat::completions))
+        .route("/v1/limits", get(limits::list))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no_such_endpoint", "no such endpoint") })

@@ -864,3 +864,52 @@ async fn classes_have_their_contracts() {
     );
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn limits_are_visible_to_tenants_but_not_each_others_budgets() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\nrpm = 600\n\
+                       [[tenants]]\nname = \"frugal\"\napi_key = \"tk-frugal\"\ndaily_spend_usd = 5.0\n"
+            .into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let names = |body: &Value| -> Vec<String> {
+        body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["bucket"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (status, frugal) = app.get("tk-frugal", "/v1/limits").await;
+    assert_eq!(status, 200);
+    let frugal = names(&frugal);
+    assert!(
+        frugal.contains(&"provider:oai:gpt-4o-mini:rpm".to_owned()),
+        "{frugal:?}"
+    );
+    assert!(
+        frugal.contains(&"tenant:frugal:daily_spend".to_owned()),
+        "{frugal:?}"
+    );
+    let (_, acme) = app.get(ACME, "/v1/limits").await;
+    let rpm = acme["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["bucket"] == "provider:oai:gpt-4o-mini:rpm")
+        .unwrap();
+    assert_eq!(
+        (rpm["capacity"].as_f64(), rpm["remaining"].as_f64()),
+        (Some(600.0), Some(600.0))
+    );
+    assert!(
+        !names(&acme).iter().any(|n| n.starts_with("tenant:frugal")),
+        "another tenant's budget leaked"
+    );
+    let (status, _) = app.get("tk-nobody", "/v1/limits").await;
+    assert_eq!(status, 401);
+    app.shutdown().await;
+}
