@@ -29,6 +29,7 @@ mod buckets;
 mod clock;
 mod config;
 mod openai;
+mod reply;
 mod request;
 mod stats;
 mod stream;

@@ -16,6 +16,7 @@ use axum::response::Response;
 use serde::Serialize;
 
 use super::buckets::{Admission, BucketView, Charge, Denial, LimitKind, LimitsView};
+use super::reply::Respond;
 use super::request::{ChatRequest, input_tokens};
 use super::stream::{self, Shape, StreamGuard};
 use super::{Inner, KeyLookup, MAX_BODY_BYTES, MockProvider, ProviderKind, ceil_secs, hex_id};
@@ -212,24 +213,7 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
     response
 }
 
-impl Reply<'_> {
-    fn json<T: Serialize>(&self, status: StatusCode, body: &T, view: Option<&LimitsView>) -> Response {
-        let (status, bytes) = match serde_json::to_vec(body) {
-            Ok(b) => (status, b),
-            Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, Vec::new()),
-        };
-        self.respond(status, Body::from(bytes), "application/json", view)
-    }
-
-    /// A 200 `text/event-stream` response with the usual headers (rate limits as of
-    /// the admission).
-    fn stream(&self, body: Body, view: &LimitsView) -> Response {
-        let mut resp = self.respond(StatusCode::OK, body, "text/event-stream", Some(view));
-        resp.headers_mut()
-            .insert("cache-control", HeaderValue::from_static("no-cache"));
-        resp
-    }
-
+impl Respond for Reply<'_> {
     fn respond(
         &self,
         status: StatusCode,
@@ -257,7 +241,9 @@ impl Reply<'_> {
         }
         resp
     }
+}
 
+impl Reply<'_> {
     /// An error in OpenAI's shape, with the project's limits in the headers if known.
     fn error(
         &self,
