@@ -54,8 +54,6 @@ impl Roles {
 pub struct Broker {
     /// Where the API listens (when it runs).
     pub addr: Option<SocketAddr>,
-    pub state: AppState,
-    pub dispatcher: Option<Dispatcher>,
     cancel: CancellationToken,
     tracker: TaskTracker,
 }
@@ -105,7 +103,7 @@ impl Broker {
         if roles.api {
             let listener = listener.context("the API role needs a listener")?;
             addr = Some(listener.local_addr()?);
-            let app = crate::router(state.clone());
+            let app = crate::router(state);
             let stop = cancel.clone();
             let relays = relays.clone();
             tracker.spawn(async move {
@@ -140,8 +138,6 @@ impl Broker {
         tracker.close();
         Ok(Self {
             addr,
-            state,
-            dispatcher: roles.dispatch.then_some(dispatcher),
             cancel,
             tracker,
         })

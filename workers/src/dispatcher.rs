@@ -115,14 +115,25 @@ impl Dispatcher {
             Ok(c) => c.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
         };
-        if let Some(completer) = completer {
-            let (reply, written) = oneshot::channel();
-            if completer.send((outcome.clone(), reply)).await.is_ok()
-                && let Ok(result) = written.await
-            {
-                return result;
+        let outcome = match completer {
+            Some(completer) => {
+                let (reply, written) = oneshot::channel();
+                match completer.send((outcome, reply)).await {
+                    // The completer answers every outcome it takes; no answer means it
+                    // stopped mid-batch, and the lease's expiry will retry the job.
+                    Ok(()) => {
+                        return written.await.unwrap_or_else(|_| {
+                            Err(StoreError::Database(sqlx::Error::Protocol(
+                                "the completer stopped before writing the outcome".into(),
+                            )))
+                        });
+                    }
+                    // The completer has stopped (shutdown): write it here.
+                    Err(mpsc::error::SendError((outcome, _))) => outcome,
+                }
             }
-        }
+            None => outcome,
+        };
         Ok(store::finish_attempts(&self.inner.pool, &[outcome], now)
             .await?
             .first()
