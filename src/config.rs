@@ -14,6 +14,9 @@ use serde::Deserialize;
 
 use crate::model::JobClass;
 
+mod batches;
+pub use batches::{BatchesConfig, RetentionConfig, WebhookEndpointConfig, WebhooksConfig};
+
 /// Why a configuration could not be used. Messages name the file and field.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -51,6 +54,15 @@ pub struct Config {
     #[serde(default)]
     pub routes: Vec<RouteConfig>,
     pub tenants: Vec<TenantConfig>,
+    /// Bulk JSONL (Files and Batch APIs) limits.
+    #[serde(default)]
+    pub batches: BatchesConfig,
+    /// How long finished jobs, batches and files are kept.
+    #[serde(default)]
+    pub retention: RetentionConfig,
+    /// Signed event notifications (Standard Webhooks).
+    #[serde(default)]
+    pub webhooks: WebhooksConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -568,6 +580,8 @@ impl Config {
             t.resolve_key()
                 .map_err(|reason| invalid(format!("tenants[{i}]"), reason))?;
         }
+        let tenant_names: Vec<&str> = self.tenants.iter().map(|t| t.name.as_str()).collect();
+        batches::validate(&self.batches, &self.retention, &self.webhooks, &tenant_names)?;
         Ok(())
     }
 

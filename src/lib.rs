@@ -11,6 +11,8 @@
 //! - [`buckets`]: limits as buckets, a job's path through them, their arithmetic.
 //! - [`gate`]: admission — weighted fair queuing over tenants, all-or-nothing reservations.
 //! - [`retry`]: failure classification and the retry policy.
+//! - [`batches`]: files and batches (OpenAI's Files and Batch APIs): ids, statuses, rows.
+//! - [`webhook_signing`]: Standard Webhooks secrets and signatures.
 //!
 //! Data flow: the API (`tollgate-api`) authenticates through `tenants`, resolves through
 //! `routing`, estimates, and inserts through `store` (state `queued`); the `gate` admits
@@ -19,6 +21,7 @@
 //! classify failures through `retry`, and write results back through `store`, settling
 //! the reservations; NOTIFYs reach waiters through `notify`.
 
+pub mod batches;
 pub mod buckets;
 pub mod config;
 pub mod db;
@@ -31,6 +34,7 @@ pub mod retry;
 pub mod routing;
 pub mod store;
 pub mod tenants;
+pub mod webhook_signing;
 
 /// The schema's migrations; every crate's database code and tests use this one.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");

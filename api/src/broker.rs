@@ -1,5 +1,6 @@
-//! One tollgate process: the API, the gate (when elected), a dispatcher, maintenance and
-//! the notification listener, on one database. [`Broker::start`] brings them up; [`Broker::shutdown`] runs
+//! One tollgate process: the API, the gate (when elected), a dispatcher, maintenance (with
+//! batch finalization and retention), the webhook sender and the notification listener,
+//! on one database. [`Broker::start`] brings them up; [`Broker::shutdown`] runs
 //! the written shutdown sequence: stop accepting and claiming → drain in-flight provider
 //! calls up to `dispatch.drain_timeout_secs` → release the leases of what did not finish
 //! → exit.
@@ -21,6 +22,7 @@ use tollgate::tenants::TenantDirectory;
 use tollgate_workers::dispatcher::Dispatcher;
 use tollgate_workers::maintenance::Maintenance;
 use tollgate_workers::providers::Providers;
+use tollgate_workers::webhooks::WebhookSender;
 
 use crate::AppState;
 
@@ -72,6 +74,9 @@ impl Broker {
         tollgate::store::sync_buckets(&pool, &tollgate::buckets::configured(&config), chrono::Utc::now())
             .await
             .context("syncing the configured buckets")?;
+        tollgate_workers::webhooks::sync_config_endpoints(&pool, &config)
+            .await
+            .context("syncing the configured webhook endpoints")?;
         notifications.spawn_listener(pool.clone(), &tracker, cancel.clone());
         // Load the tokenizers now, not on some client's first request.
         tokio::task::spawn_blocking(tollgate::estimate::warm_up).await?;
@@ -132,8 +137,11 @@ impl Broker {
             let m = Maintenance::new(
                 maintenance_pool,
                 Duration::from_millis(config.dispatch.maintenance_interval_ms),
-            );
+            )
+            .with_retention(config.retention.clone());
             tracker.spawn(m.run(cancel.clone()));
+            let sender = WebhookSender::new(role_pool(2), &config.webhooks)?;
+            tracker.spawn(sender.run(cancel.clone()));
         }
         tracker.close();
         Ok(Self {

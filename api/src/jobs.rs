@@ -25,6 +25,7 @@ use tollgate::tenants::Tenant;
 use crate::AppState;
 use crate::auth::AuthTenant;
 use crate::error::ApiError;
+use crate::paging;
 
 /// Longest idempotency key accepted.
 const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
@@ -367,11 +368,8 @@ pub(crate) async fn list(
     AuthTenant(tenant): AuthTenant,
     params: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let Query(params) = params.map_err(|e| ApiError::bad_request("invalid_request", e.body_text()))?;
-    let limit = params.limit.unwrap_or(20);
-    if !(1..=100).contains(&limit) {
-        return Err(ApiError::bad_request("invalid_request", "`limit` must be 1 to 100").with_param("limit"));
-    }
+    let params = paging::params(params)?;
+    let limit = paging::limit(params.limit, 20, 100)?;
     let after = params
         .after
         .as_deref()
@@ -381,17 +379,8 @@ pub(crate) async fn list(
             })
         })
         .transpose()?;
-    let mut jobs = store::list_jobs(&state.pool, &tenant.name, params.state, after, limit + 1).await?;
-    let has_more = jobs.len() as i64 > limit;
-    jobs.truncate(limit as usize);
-    let data: Vec<Value> = jobs.iter().map(job_view).collect();
-    Ok(Json(json!({
-        "object": "list",
-        "data": data,
-        "first_id": jobs.first().map(|j| j.id),
-        "last_id": jobs.last().map(|j| j.id),
-        "has_more": has_more,
-    })))
+    let jobs = store::list_jobs(&state.pool, &tenant.name, params.state, after, limit + 1).await?;
+    Ok(Json(paging::page(jobs, limit, |j| j.id, job_view)))
 }
 
 pub(crate) async fn cancel(

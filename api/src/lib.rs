@@ -5,8 +5,11 @@
 //! - [`jobs`]: submit, read/long-poll, list, cancel; shared validation and enqueueing.
 //! - [`chat`]: `POST /v1/chat/completions`, queued as an interactive job and awaited.
 //! - [`limits`]: the buckets that apply to the caller, and what is left in them.
+//! - [`files`]: OpenAI's Files API (JSONL uploads, output and error files).
+//! - [`batches`]: OpenAI's Batch API: ingest of a JSONL file into jobs, status, cancel.
 //! - [`auth`]: bearer tenant key → tenant.
 //! - [`error`]: `ApiError`, status + stable code + safe message.
+//! - `paging`: OpenAI-style cursor lists (`limit`, `after`, `has_more`).
 //! - [`broker`]: starts the roles of one process (API, dispatcher, maintenance,
 //!   notifications) and runs the shutdown sequence; `serve`, `demo` and tests use it.
 //! - [`local`]: a whole stack on this machine (database, mock provider, broker).
@@ -17,14 +20,17 @@
 //! the workers together.
 
 pub mod auth;
+pub mod batches;
 pub mod bench;
 pub mod broker;
 pub mod chat;
 pub mod demo;
 pub mod error;
+pub mod files;
 pub mod jobs;
 pub mod limits;
 pub mod local;
+pub(crate) mod paging;
 
 use std::sync::Arc;
 
@@ -63,6 +69,18 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/chat/completions", post(chat::completions))
         .route("/v1/limits", get(limits::list))
+        .route(
+            "/v1/files",
+            // Uploads stream and enforce `batches.max_file_bytes` themselves.
+            post(files::upload)
+                .layer(DefaultBodyLimit::disable())
+                .get(files::list),
+        )
+        .route("/v1/files/{id}", get(files::get).delete(files::delete))
+        .route("/v1/files/{id}/content", get(files::content))
+        .route("/v1/batches", post(batches::create).get(batches::list))
+        .route("/v1/batches/{id}", get(batches::get))
+        .route("/v1/batches/{id}/cancel", post(batches::cancel))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no_such_endpoint", "no such endpoint") })

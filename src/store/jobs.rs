@@ -162,7 +162,7 @@ pub async fn cancel_job(pool: &PgPool, tenant: &str, id: JobId, now: DateTime<Ut
     Ok(job.map_or(Cancelled::NotFound, Cancelled::Now))
 }
 
-async fn notify_done(conn: &mut PgConnection, ids: &[JobId]) -> Result<()> {
+pub(crate) async fn notify_done(conn: &mut PgConnection, ids: &[JobId]) -> Result<()> {
     if ids.is_empty() {
         return Ok(());
     }

@@ -6,19 +6,28 @@
 //! - [`buckets`]: bucket rows and the reservations jobs hold against them.
 //! - [`gate`]: what the gate reads (queued work per tenant and class) and writes
 //!   (admissions, explanations).
+//! - [`files`]: uploaded and produced files, their bytes in chunks.
+//! - [`batches`]: batch rows, the bulk insert of their jobs, finalization, retention.
+//! - [`webhooks`]: webhook endpoints and the delivery outbox.
 //!
 //! Every write to a running job is guarded by ownership — `state = 'running' AND attempt
 //! = $n AND lease_owner = $owner` — so a dispatcher whose lease was rescued, or whose job
 //! was cancelled, writes nothing: zero rows is an answer, not an error. A reservation is
 //! released exactly once, by whoever clears the job's `reserved_buckets`.
 
+pub mod batches;
 pub mod buckets;
+pub mod files;
 pub mod gate;
 pub mod jobs;
+pub mod webhooks;
 
+pub use batches::*;
 pub use buckets::*;
+pub use files::*;
 pub use gate::*;
 pub use jobs::*;
+pub use webhooks::*;
 
 /// Channel on which a job's id is announced when it reaches a terminal state.
 pub const CHANNEL_JOB_DONE: &str = "tollgate_job_done";

@@ -7,10 +7,12 @@
 //!   cancel, listing, tenant isolation, the synchronous endpoint, retries.
 //! - [`bad_input`]: every kind of bad request gets a 4xx with a stable code.
 //! - [`durability`]: rescued leases, and SIGKILL of the real binary mid-job.
+//! - [`batches`]: files and batches (OpenAI's APIs), 10k lines with malformed ones, SIGKILL.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test should stop right there
 
 mod bad_input;
+mod batches;
 mod durability;
 mod gate;
 mod harness;

@@ -4,7 +4,11 @@
 //!   streaming jobs for the API.
 //! - [`providers`]: provider adapters (OpenAI, OpenAI-compatible, Anthropic), streaming
 //!   included.
-//! - [`maintenance`]: rescues expired leases, expires deadlines, recalibrates estimates.
+//! - [`maintenance`]: rescues expired leases, expires deadlines, recalibrates estimates,
+//!   finalizes batches ([`batches`]) and prunes old rows ([`retention`]).
+//! - [`batches`]: ends batches and writes their output and error files.
+//! - [`retention`]: deletes finished jobs, batches, files and deliveries past retention.
+//! - [`webhooks`]: the webhook sender (signed, retried, SSRF-guarded) draining the outbox.
 //! - [`mock_provider`]: an HTTP server that behaves like OpenAI and Anthropic, limits
 //!   and errors included, for tests, the demo and benchmarks.
 //!
@@ -12,7 +16,10 @@
 //! classifies failures with `tollgate::retry`, and writes back through `tollgate::store`;
 //! `maintenance` returns stranded work to the queue for any dispatcher to claim.
 
+pub mod batches;
 pub mod dispatcher;
 pub mod maintenance;
 pub mod mock_provider;
 pub mod providers;
+pub mod retention;
+pub mod webhooks;

@@ -1,6 +1,7 @@
 //! Maintenance: rescues jobs whose lease expired (their dispatcher died or lost the
 //! database), settling the reservations they held, and fails queued or admitted jobs
-//! whose deadline passed. Safe to run in every process at
+//! whose deadline passed; then ends due batches (`batches`) and, when configured, prunes
+//! what retention no longer keeps (`retention`). Safe to run in every process at
 //! once: each statement locks with SKIP LOCKED and changes a row only once.
 
 use std::time::Duration;
@@ -8,7 +9,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
+use tollgate::config::RetentionConfig;
 use tollgate::store::{self, Rescued, StoreError};
+
+use crate::batches::BatchFinalizer;
+use crate::retention::{Pruned, Retention};
 
 /// What one pass changed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -17,6 +22,9 @@ pub struct Pass {
     pub deadlines_expired: u64,
     /// Models whose estimates were recalibrated (every [`CALIBRATE_EVERY`]).
     pub calibrated: u64,
+    /// Batches that ended (their output and error files written).
+    pub batches_finished: u64,
+    pub pruned: Pruned,
 }
 
 /// How often estimates are recalibrated from recent attempts.
@@ -33,15 +41,25 @@ pub struct Maintenance {
     pool: PgPool,
     interval: Duration,
     last_calibrated: std::sync::Arc<std::sync::Mutex<Option<DateTime<Utc>>>>,
+    batches: BatchFinalizer,
+    retention: Option<Retention>,
 }
 
 impl Maintenance {
     pub fn new(pool: PgPool, interval: Duration) -> Self {
         Self {
+            batches: BatchFinalizer::new(pool.clone()),
             pool,
             interval,
             last_calibrated: Default::default(),
+            retention: None,
         }
+    }
+
+    /// Also prune finished work older than `config` keeps it.
+    pub fn with_retention(mut self, config: RetentionConfig) -> Self {
+        self.retention = Some(Retention::new(self.pool.clone(), config));
+        self
     }
 
     /// Recalibrates estimates if [`CALIBRATE_EVERY`] has passed since the last time.
@@ -77,6 +95,11 @@ impl Maintenance {
         let deadlines_expired = store::expire_deadlines(&self.pool, now).await?;
         let calibrated = self.calibrate(now).await?;
         store::prune_pauses(&self.pool, now).await?;
+        let batches_finished = self.batches.run_once(now).await?;
+        let pruned = match &self.retention {
+            Some(r) => r.run_once(now).await?,
+            None => Pruned::default(),
+        };
         if rescued.requeued + rescued.failed + deadlines_expired > 0 {
             tracing::info!(
                 requeued = rescued.requeued,
@@ -89,6 +112,8 @@ impl Maintenance {
             rescued,
             deadlines_expired,
             calibrated,
+            batches_finished,
+            pruned,
         })
     }
 

@@ -1,0 +1,664 @@
+//! The Batch API, as OpenAI's: `POST /v1/batches`, `GET /v1/batches/{id}`,
+//! `GET /v1/batches?after=&limit=`, `POST /v1/batches/{id}/cancel`; plus tollgate's
+//! optional extras on create: a shorter `completion_window` (`"15m"`, `"2h"`: the jobs'
+//! deadline), a `class`, and a `webhook` (`{url, secret, events}`).
+//!
+//! Creating a batch ingests its input file in the request: the file's chunks are read in
+//! order and split into lines; each line is validated on its own (bad JSON, missing or
+//! duplicate `custom_id`, wrong `method` or `url`, an invalid body, an unknown model, a
+//! line over `batches.max_line_bytes`) and a bad line is recorded with its code for the
+//! error file while the rest run. Valid lines become ordinary jobs, inserted
+//! `batches.insert_chunk` at a time with one statement per chunk, in the transaction
+//! that creates the batch: the batch exists with all its jobs, or not at all. From then
+//! on the jobs go through the gate and dispatchers like any other; maintenance
+//! (`tollgate_workers::batches`) ends the batch and writes its files.
+
+use std::collections::{HashMap, HashSet};
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use chrono::{DateTime, SubsecRound, Utc};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sqlx::PgConnection;
+use tollgate::batches::{
+    BatchRow, BatchStatus, CHAT_COMPLETIONS, PURPOSE_BATCH, RequestCounts, new_batch_id, parse_window,
+};
+use tollgate::model::{JobClass, JobId};
+use tollgate::store::{self, BatchCancel, BatchJobs, LineError};
+use tollgate::webhook_signing::{EVENT_TYPES, Secret};
+use tollgate::{estimate, routing};
+
+use crate::AppState;
+use crate::auth::AuthTenant;
+use crate::error::ApiError;
+use crate::files::{EXPIRES_AFTER_RANGE, db, unix};
+use crate::jobs::{json_body, validate_chat_request};
+use crate::paging;
+
+/// Metadata limits, as OpenAI's: 16 pairs, keys up to 64 characters, values up to 512.
+const MAX_METADATA_PAIRS: usize = 16;
+const MAX_METADATA_KEY: usize = 64;
+const MAX_METADATA_VALUE: usize = 512;
+/// Longest `custom_id` accepted.
+const MAX_CUSTOM_ID: usize = 512;
+
+#[derive(Debug, Deserialize)]
+struct ExpiresAfter {
+    anchor: String,
+    seconds: i64,
+}
+
+#[derive(Debug, Deserialize)]
+struct WebhookSpec {
+    url: String,
+    secret: String,
+    #[serde(default)]
+    events: Vec<String>,
+}
+
+/// What a client may send to `POST /v1/batches` (unknown fields are ignored, as newer
+/// SDKs may send some).
+#[derive(Debug, Deserialize)]
+struct CreateBatch {
+    input_file_id: String,
+    endpoint: String,
+    completion_window: String,
+    metadata: Option<HashMap<String, String>>,
+    output_expires_after: Option<ExpiresAfter>,
+    class: Option<JobClass>,
+    webhook: Option<WebhookSpec>,
+}
+
+/// `POST /v1/batches`.
+pub(crate) async fn create(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let value = json_body(body)?;
+    let req: CreateBatch = serde_json::from_value(value)
+        .map_err(|e| ApiError::bad_request("invalid_request", format!("invalid batch: {e}")))?;
+    let limits = &state.config.batches;
+    if req.endpoint != CHAT_COMPLETIONS {
+        return Err(ApiError::bad_request(
+            "unsupported_endpoint",
+            format!("only {CHAT_COMPLETIONS} batches are supported"),
+        )
+        .with_param("endpoint"));
+    }
+    let window = parse_window(&req.completion_window)
+        .filter(|w| w.as_secs() <= limits.max_completion_window_secs)
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "invalid_completion_window",
+                format!(
+                    "`completion_window` must be like \"24h\" or \"15m\", at most {}s",
+                    limits.max_completion_window_secs
+                ),
+            )
+            .with_param("completion_window")
+        })?;
+    if let Some(meta) = &req.metadata
+        && (meta.len() > MAX_METADATA_PAIRS
+            || meta
+                .iter()
+                .any(|(k, v)| k.chars().count() > MAX_METADATA_KEY || v.chars().count() > MAX_METADATA_VALUE))
+    {
+        return Err(ApiError::bad_request(
+            "invalid_request",
+            "`metadata` takes at most 16 pairs, keys up to 64 and values up to 512 characters",
+        )
+        .with_param("metadata"));
+    }
+    let output_expires_secs = match &req.output_expires_after {
+        Some(e) if e.anchor == "created_at" && EXPIRES_AFTER_RANGE.contains(&e.seconds) => e.seconds,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "invalid_request",
+                "`output_expires_after` must be {anchor: \"created_at\", seconds: 3600..2592000}",
+            )
+            .with_param("output_expires_after"));
+        }
+        None => limits.output_expires_secs.min(i64::MAX as u64) as i64,
+    };
+    if let Some(hook) = &req.webhook {
+        check_webhook(&state, hook).await?;
+    }
+    let file = store::get_file(&state.pool, &tenant.name, &req.input_file_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("file").with_param("input_file_id"))?;
+    if file.purpose != PURPOSE_BATCH {
+        return Err(ApiError::bad_request(
+            "invalid_file_purpose",
+            "the input file must have been uploaded with purpose \"batch\"",
+        )
+        .with_param("input_file_id"));
+    }
+    if file.lines as u64 > limits.max_lines {
+        return Err(ApiError::bad_request(
+            "too_many_lines",
+            format!(
+                "the input file has {} lines; at most {} are accepted",
+                file.lines, limits.max_lines
+            ),
+        )
+        .with_param("input_file_id"));
+    }
+    if file.lines == 0 {
+        return Err(
+            ApiError::bad_request("empty_file", "the input file has no lines").with_param("input_file_id")
+        );
+    }
+    let now = Utc::now().trunc_subsecs(6);
+    let expires_at = now + chrono::Duration::from_std(window).unwrap_or(chrono::Duration::days(1));
+    let mut batch = BatchRow {
+        id: new_batch_id(),
+        tenant: tenant.name.clone(),
+        endpoint: req.endpoint,
+        input_file_id: file.id.clone(),
+        completion_window: req.completion_window,
+        status: BatchStatus::InProgress.as_str().to_owned(),
+        class: req.class.unwrap_or(JobClass::Batch),
+        output_file_id: None,
+        error_file_id: None,
+        metadata: req.metadata.map(|m| json!(m)),
+        errors: None,
+        total: 0,
+        rejected: 0,
+        completed: None,
+        failed: None,
+        usage: None,
+        output_expires_secs,
+        created_at: now,
+        in_progress_at: Some(now),
+        expires_at,
+        finalizing_at: None,
+        completed_at: None,
+        failed_at: None,
+        expired_at: None,
+        cancelling_at: None,
+        cancelled_at: None,
+    };
+    let mut tx = state.pool.begin().await.map_err(db)?;
+    store::insert_batch(&mut *tx, &batch).await?;
+    if let Some(hook) = &req.webhook {
+        let events = if hook.events.is_empty() {
+            EVENT_TYPES.iter().map(|e| (*e).to_owned()).collect()
+        } else {
+            hook.events.clone()
+        };
+        store::add_batch_endpoint(
+            &mut *tx,
+            &tenant.name,
+            &batch.id,
+            &hook.url,
+            &hook.secret,
+            &events,
+            now,
+        )
+        .await?;
+    }
+    let started = std::time::Instant::now();
+    let ingested = ingest(&state, &mut tx, &batch).await?;
+    store::set_batch_totals(&mut *tx, &batch.id, ingested.total, ingested.rejected).await?;
+    tx.commit().await.map_err(db)?;
+    let secs = started.elapsed().as_secs_f64();
+    tracing::info!(
+        batch = %batch.id,
+        lines = ingested.total,
+        rejected = ingested.rejected,
+        lines_per_sec = (f64::from(ingested.total) / secs.max(1e-9)).round(),
+        "batch ingested"
+    );
+    state.notifications.work_queued();
+    batch.total = ingested.total;
+    batch.rejected = ingested.rejected;
+    let counts = RequestCounts {
+        total: i64::from(batch.total),
+        completed: 0,
+        failed: i64::from(batch.rejected),
+    };
+    Ok(Json(batch_view(&batch, counts)))
+}
+
+async fn check_webhook(state: &AppState, hook: &WebhookSpec) -> Result<(), ApiError> {
+    let bad =
+        |code: &'static str, message: String| ApiError::bad_request(code, message).with_param("webhook");
+    Secret::parse(&hook.secret).map_err(|e| bad("invalid_webhook_secret", e.to_string()))?;
+    if let Some(unknown) = hook.events.iter().find(|e| !EVENT_TYPES.contains(&e.as_str())) {
+        return Err(bad(
+            "invalid_request",
+            format!(
+                "unknown webhook event {unknown:?} (known: {})",
+                EVENT_TYPES.join(", ")
+            ),
+        ));
+    }
+    tollgate_workers::webhooks::check_url(&hook.url, state.config.webhooks.allow_private_addresses)
+        .await
+        .map_err(|refused| bad("webhook_url_not_allowed", refused.to_string()))
+}
+
+/// Lines read from an input file.
+struct Ingested {
+    total: i32,
+    rejected: i32,
+}
+
+/// Reads the batch's input file and inserts its jobs and rejected lines.
+async fn ingest(state: &AppState, conn: &mut PgConnection, batch: &BatchRow) -> Result<Ingested, ApiError> {
+    let mut lines = LineSplitter::new(state.config.batches.max_line_bytes);
+    let mut check = LineChecker {
+        state,
+        seen: HashSet::new(),
+    };
+    let chunk = state.config.batches.insert_chunk;
+    let max_attempts = state.config.retry.max_attempts.min(i32::MAX as u32) as i32;
+    let mut jobs = BatchJobs::default();
+    let mut rejected: Vec<LineError> = Vec::new();
+    let mut total = 0i32;
+    let mut seq = 0;
+    loop {
+        let data = store::file_chunk(&mut *conn, &batch.input_file_id, seq).await?;
+        let last = data.is_none();
+        let data = data.unwrap_or_default();
+        seq += 1;
+        for (number, line) in lines.feed(&data, last) {
+            total += 1;
+            match check.line(number, line) {
+                Ok(job) => job.push_to(&mut jobs),
+                Err(e) => rejected.push(e),
+            }
+            if jobs.len() >= chunk {
+                store::insert_batch_jobs(&mut *conn, batch, &jobs, max_attempts).await?;
+                jobs.clear();
+            }
+        }
+        if last {
+            break;
+        }
+    }
+    if !jobs.is_empty() {
+        store::insert_batch_jobs(&mut *conn, batch, &jobs, max_attempts).await?;
+    }
+    for part in rejected.chunks(chunk.max(1)) {
+        store::insert_line_errors(&mut *conn, &batch.id, part).await?;
+    }
+    Ok(Ingested {
+        total,
+        rejected: rejected.len() as i32,
+    })
+}
+
+/// A line as the splitter hands it out.
+#[derive(Debug, PartialEq, Eq)]
+enum Line<'a> {
+    Text(&'a [u8]),
+    /// Longer than the limit; its bytes were dropped as they came.
+    TooLarge,
+}
+
+/// Splits a byte stream into non-blank lines numbered from 1 (blank lines count in the
+/// numbering, as an editor shows them), holding at most one line of `max` bytes.
+struct LineSplitter {
+    max: usize,
+    carry: Vec<u8>,
+    carry_too_large: bool,
+    number: i32,
+    out: Vec<(i32, Option<Vec<u8>>)>,
+}
+
+impl LineSplitter {
+    fn new(max: usize) -> Self {
+        Self {
+            max,
+            carry: Vec::new(),
+            carry_too_large: false,
+            number: 0,
+            out: Vec::new(),
+        }
+    }
+
+    /// The complete lines in `data` (and, when `last`, the final unterminated one).
+    fn feed(&mut self, data: &[u8], last: bool) -> Vec<(i32, Line<'_>)> {
+        self.out.clear();
+        let mut rest = data;
+        while let Some(end) = rest.iter().position(|&b| b == b'\n') {
+            self.append(&rest[..end]);
+            self.end_line();
+            rest = &rest[end + 1..];
+        }
+        self.append(rest);
+        if last && (self.carry_too_large || !self.carry.is_empty()) {
+            self.end_line();
+        }
+        self.out
+            .iter()
+            .map(|(n, l)| (*n, l.as_deref().map_or(Line::TooLarge, Line::Text)))
+            .collect()
+    }
+
+    fn append(&mut self, part: &[u8]) {
+        if self.carry_too_large {
+            return;
+        }
+        if self.carry.len() + part.len() > self.max {
+            self.carry_too_large = true;
+            self.carry = Vec::new();
+        } else {
+            self.carry.extend_from_slice(part);
+        }
+    }
+
+    fn end_line(&mut self) {
+        self.number += 1;
+        let line = std::mem::take(&mut self.carry);
+        if std::mem::take(&mut self.carry_too_large) {
+            self.out.push((self.number, None));
+        } else if line.iter().any(|b| !b.is_ascii_whitespace()) {
+            self.out.push((self.number, Some(line)));
+        }
+    }
+}
+
+/// A valid line, ready to become a job.
+struct LineJob {
+    custom_id: String,
+    line: i32,
+    model: String,
+    request: Value,
+    estimated_input_tokens: i32,
+    estimated_output_tokens: i32,
+}
+
+impl LineJob {
+    fn push_to(self, jobs: &mut BatchJobs) {
+        jobs.ids.push(JobId::new().0);
+        jobs.requests.push(self.request);
+        jobs.models.push(self.model);
+        jobs.custom_ids.push(self.custom_id);
+        jobs.lines.push(self.line);
+        jobs.estimated_input_tokens.push(self.estimated_input_tokens);
+        jobs.estimated_output_tokens.push(self.estimated_output_tokens);
+    }
+}
+
+/// Validates lines one by one, remembering the custom_ids seen.
+struct LineChecker<'a> {
+    state: &'a AppState,
+    seen: HashSet<String>,
+}
+
+impl LineChecker<'_> {
+    fn line(&mut self, number: i32, line: Line<'_>) -> Result<LineJob, LineError> {
+        let reject = |custom_id: Option<&str>, code: &str, message: String| LineError {
+            line: number,
+            custom_id: custom_id.map(str::to_owned),
+            code: code.to_owned(),
+            message,
+        };
+        let text = match line {
+            Line::Text(t) => t,
+            Line::TooLarge => {
+                return Err(reject(
+                    None,
+                    "line_too_large",
+                    format!(
+                        "the line is longer than {} bytes (batches.max_line_bytes)",
+                        self.state.config.batches.max_line_bytes
+                    ),
+                ));
+            }
+        };
+        let value: Value = serde_json::from_slice(text)
+            .map_err(|e| reject(None, "invalid_json", format!("the line is not valid JSON: {e}")))?;
+        let Value::Object(mut obj) = value else {
+            return Err(reject(
+                None,
+                "invalid_json",
+                "the line must be a JSON object".to_owned(),
+            ));
+        };
+        let custom_id = match obj.get("custom_id") {
+            Some(Value::String(c)) if !c.is_empty() && c.len() <= MAX_CUSTOM_ID => c.clone(),
+            Some(Value::String(c)) if !c.is_empty() => {
+                return Err(reject(
+                    None,
+                    "invalid_custom_id",
+                    format!("`custom_id` is longer than {MAX_CUSTOM_ID} bytes"),
+                ));
+            }
+            _ => {
+                return Err(reject(
+                    None,
+                    "missing_custom_id",
+                    "`custom_id` must be a non-empty string".to_owned(),
+                ));
+            }
+        };
+        let cid = Some(custom_id.as_str());
+        if !self.seen.insert(custom_id.clone()) {
+            return Err(reject(
+                cid,
+                "duplicate_custom_id",
+                format!("`custom_id` {custom_id:?} appears on an earlier line"),
+            ));
+        }
+        if obj.get("method").and_then(Value::as_str) != Some("POST") {
+            return Err(reject(
+                cid,
+                "invalid_method",
+                "`method` must be \"POST\"".to_owned(),
+            ));
+        }
+        if obj.get("url").and_then(Value::as_str) != Some(CHAT_COMPLETIONS) {
+            return Err(reject(
+                cid,
+                "invalid_url",
+                format!("`url` must be the batch's endpoint, {CHAT_COMPLETIONS}"),
+            ));
+        }
+        let request = obj.remove("body").unwrap_or(Value::Null);
+        let model = validate_chat_request(&request, "body.").map_err(|e| reject(cid, e.code, e.message))?;
+        if request.get("stream").and_then(Value::as_bool) == Some(true) {
+            return Err(reject(
+                cid,
+                "stream_not_supported",
+                "batch requests cannot stream".to_owned(),
+            ));
+        }
+        let Some(targets) = routing::resolve(&self.state.config, &model) else {
+            return Err(reject(
+                cid,
+                "unknown_model",
+                format!("model {model:?} is neither a route alias nor a configured provider/model"),
+            ));
+        };
+        Ok(LineJob {
+            estimated_input_tokens: estimate::input_tokens(
+                &request,
+                targets.first().map(|t| t.model.as_str()),
+            ),
+            estimated_output_tokens: estimate::output_tokens(&request),
+            custom_id,
+            line: number,
+            model,
+            request,
+        })
+    }
+}
+
+/// The batch as clients see it (OpenAI's batch object, plus tollgate's `class`).
+pub(crate) fn batch_view(b: &BatchRow, counts: RequestCounts) -> Value {
+    let t = |v: Option<DateTime<Utc>>| v.map(unix);
+    json!({
+        "id": b.id,
+        "object": "batch",
+        "endpoint": b.endpoint,
+        "model": null,
+        "errors": b.errors,
+        "input_file_id": b.input_file_id,
+        "completion_window": b.completion_window,
+        "status": b.status,
+        "output_file_id": b.output_file_id,
+        "error_file_id": b.error_file_id,
+        "created_at": unix(b.created_at),
+        "in_progress_at": t(b.in_progress_at),
+        "expires_at": unix(b.expires_at),
+        "finalizing_at": t(b.finalizing_at),
+        "completed_at": t(b.completed_at),
+        "failed_at": t(b.failed_at),
+        "expired_at": t(b.expired_at),
+        "cancelling_at": t(b.cancelling_at),
+        "cancelled_at": t(b.cancelled_at),
+        "request_counts": counts,
+        "metadata": b.metadata,
+        "usage": b.usage,
+        "class": b.class,
+    })
+}
+
+/// `request_counts` of each batch: frozen for finished ones, from their jobs otherwise.
+async fn counts_of(state: &AppState, batches: &[BatchRow]) -> Result<Vec<RequestCounts>, ApiError> {
+    let open: Vec<&str> = batches
+        .iter()
+        .filter(|b| b.completed.is_none())
+        .map(|b| b.id.as_str())
+        .collect();
+    let live = store::job_counts(&state.pool, &open).await?;
+    Ok(batches
+        .iter()
+        .map(|b| {
+            let (completed, failed) = match (b.completed, b.failed) {
+                (Some(c), Some(f)) => (i64::from(c), i64::from(f)),
+                _ => {
+                    let (ok, failed) = live.get(&b.id).copied().unwrap_or_default();
+                    (ok, failed + i64::from(b.rejected))
+                }
+            };
+            RequestCounts {
+                total: i64::from(b.total),
+                completed,
+                failed,
+            }
+        })
+        .collect())
+}
+
+async fn one_view(state: &AppState, batch: BatchRow) -> Result<Json<Value>, ApiError> {
+    let counts = counts_of(state, std::slice::from_ref(&batch)).await?;
+    Ok(Json(batch_view(
+        &batch,
+        counts.first().copied().unwrap_or_default(),
+    )))
+}
+
+/// `GET /v1/batches/{id}`.
+pub(crate) async fn get(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let batch = store::get_batch(&state.pool, &tenant.name, &id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("batch"))?;
+    one_view(&state, batch).await
+}
+
+/// `POST /v1/batches/{id}/cancel`: `cancelling` now (its unfinished jobs cancelled),
+/// `cancelled` once maintenance has written its files.
+pub(crate) async fn cancel(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let mut tx = state.pool.begin().await.map_err(db)?;
+    let outcome = store::cancel_batch(&mut tx, &tenant.name, &id, Utc::now()).await?;
+    tx.commit().await.map_err(db)?;
+    match outcome {
+        BatchCancel::Cancelling(batch) => one_view(&state, batch).await,
+        BatchCancel::Finished(batch) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "batch_already_finished",
+            format!("the batch already finished as {}", batch.status),
+        )),
+        BatchCancel::NotFound => Err(ApiError::not_found("batch")),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct ListParams {
+    after: Option<String>,
+    limit: Option<i64>,
+}
+
+/// `GET /v1/batches?after=&limit=`: newest first.
+pub(crate) async fn list(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    params: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let params = paging::params(params)?;
+    let limit = paging::limit(params.limit, 20, 100)?;
+    let batches = store::list_batches(&state.pool, &tenant.name, params.after.as_deref(), limit + 1).await?;
+    let counts = counts_of(&state, &batches).await?;
+    let rows: Vec<(BatchRow, RequestCounts)> = batches.into_iter().zip(counts).collect();
+    Ok(Json(paging::page(
+        rows,
+        limit,
+        |(b, _)| b.id.clone(),
+        |(b, c)| batch_view(b, *c),
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(max: usize, parts: &[&[u8]]) -> Vec<(i32, String)> {
+        let mut s = LineSplitter::new(max);
+        let mut out = Vec::new();
+        for (i, p) in parts.iter().enumerate() {
+            for (n, l) in s.feed(p, i + 1 == parts.len()) {
+                out.push((
+                    n,
+                    match l {
+                        Line::Text(t) => String::from_utf8_lossy(t).into_owned(),
+                        Line::TooLarge => "<too large>".to_owned(),
+                    },
+                ));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn lines_across_chunks() {
+        let got = split(100, &[b"ab", b"c\n\nde", b"f\r\n  \ng", b""]);
+        assert_eq!(
+            got,
+            vec![
+                (1, "abc".to_owned()),
+                (3, "def\r".to_owned()),
+                (5, "g".to_owned())
+            ]
+        );
+    }
+
+    #[test]
+    fn long_lines_are_dropped_not_held() {
+        let got = split(4, &[b"12345", b"678\nok\n123", b"45", b""]);
+        assert_eq!(
+            got,
+            vec![
+                (1, "<too large>".to_owned()),
+                (2, "ok".to_owned()),
+                (3, "<too large>".to_owned())
+            ]
+        );
+    }
+}

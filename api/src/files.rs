@@ -1,0 +1,332 @@
+//! The Files API, as OpenAI's: `POST /v1/files` (multipart `file` + `purpose=batch`),
+//! `GET /v1/files`, `GET /v1/files/{id}`, `GET /v1/files/{id}/content`,
+//! `DELETE /v1/files/{id}`. Uploads stream into ~1 MiB chunks inside one transaction,
+//! counting bytes and lines as they arrive, so a file over `batches.max_file_bytes` or
+//! `batches.max_lines` is refused as soon as it crosses the limit without being held in
+//! memory; downloads stream chunk by chunk.
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::multipart::{Field, MultipartError, MultipartRejection};
+use axum::extract::{Multipart, Path, Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, SubsecRound, Utc};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sqlx::PgConnection;
+use tollgate::batches::{FileRow, PURPOSE_BATCH, new_file_id};
+use tollgate::store::{self, StoreError};
+use tollgate_workers::batches::FILE_CHUNK_BYTES;
+
+use crate::AppState;
+use crate::auth::AuthTenant;
+use crate::error::ApiError;
+use crate::paging;
+
+/// Shortest and longest `expires_after[seconds]` OpenAI accepts (1 hour to 30 days).
+pub(crate) const EXPIRES_AFTER_RANGE: std::ops::RangeInclusive<i64> = 3600..=2_592_000;
+
+/// A database error as an API error.
+pub(crate) fn db(e: sqlx::Error) -> ApiError {
+    ApiError::from(StoreError::from(e))
+}
+
+/// Unix seconds, as OpenAI's objects carry time.
+pub(crate) fn unix(t: DateTime<Utc>) -> i64 {
+    t.timestamp()
+}
+
+/// The file as clients see it (OpenAI's file object).
+pub(crate) fn file_view(f: &FileRow) -> Value {
+    json!({
+        "id": f.id,
+        "object": "file",
+        "bytes": f.bytes,
+        "created_at": unix(f.created_at),
+        "expires_at": f.expires_at.map(unix),
+        "filename": f.filename,
+        "purpose": f.purpose,
+        "status": "processed",
+        "status_details": null,
+    })
+}
+
+fn multipart_error(e: MultipartError) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return too_large_error();
+    }
+    ApiError::bad_request(
+        "invalid_multipart",
+        format!("the multipart body is malformed: {}", e.body_text()),
+    )
+}
+
+fn too_large_error() -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "file_too_large",
+        "the file is larger than the server accepts (batches.max_file_bytes)",
+    )
+    .with_param("file")
+}
+
+/// Counts bytes and non-blank lines of a stream, enforcing the limits as it goes.
+struct Counter {
+    bytes: u64,
+    lines: u64,
+    line_has_content: bool,
+    max_bytes: u64,
+    max_lines: u64,
+}
+
+impl Counter {
+    fn feed(&mut self, data: &[u8]) -> Result<(), ApiError> {
+        self.bytes += data.len() as u64;
+        if self.bytes > self.max_bytes {
+            return Err(too_large_error());
+        }
+        for &b in data {
+            if b == b'\n' {
+                self.lines += u64::from(self.line_has_content);
+                self.line_has_content = false;
+            } else if !b.is_ascii_whitespace() {
+                self.line_has_content = true;
+            }
+        }
+        self.check_lines()
+    }
+
+    fn finish(&mut self) -> Result<(), ApiError> {
+        self.lines += u64::from(std::mem::take(&mut self.line_has_content));
+        self.check_lines()
+    }
+
+    fn check_lines(&self) -> Result<(), ApiError> {
+        if self.lines > self.max_lines {
+            return Err(ApiError::bad_request(
+                "too_many_lines",
+                format!(
+                    "the file has more than {} lines (batches.max_lines)",
+                    self.max_lines
+                ),
+            )
+            .with_param("file"));
+        }
+        Ok(())
+    }
+}
+
+/// Streams the `file` field into chunks of `file_id`.
+async fn store_field(
+    conn: &mut PgConnection,
+    file_id: &str,
+    mut field: Field<'_>,
+    counter: &mut Counter,
+) -> Result<(), ApiError> {
+    let mut buf: Vec<u8> = Vec::with_capacity(FILE_CHUNK_BYTES);
+    let mut seq = 0;
+    while let Some(data) = field.chunk().await.map_err(multipart_error)? {
+        counter.feed(&data)?;
+        buf.extend_from_slice(&data);
+        if buf.len() >= FILE_CHUNK_BYTES {
+            seq = store::insert_chunks(&mut *conn, file_id, seq, &buf, FILE_CHUNK_BYTES).await?;
+            buf.clear();
+        }
+    }
+    counter.finish()?;
+    store::insert_chunks(&mut *conn, file_id, seq, &buf, FILE_CHUNK_BYTES).await?;
+    Ok(())
+}
+
+async fn text_field(field: Field<'_>) -> Result<String, ApiError> {
+    field.text().await.map_err(multipart_error)
+}
+
+/// `POST /v1/files`.
+pub(crate) async fn upload(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    multipart: Result<Multipart, MultipartRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let mut multipart = multipart.map_err(|e| {
+        ApiError::bad_request(
+            "invalid_multipart",
+            format!("send the file as multipart/form-data: {}", e.body_text()),
+        )
+    })?;
+    let limits = &state.config.batches;
+    let now = Utc::now().trunc_subsecs(6);
+    let mut row = FileRow {
+        id: new_file_id(),
+        tenant: tenant.name.clone(),
+        purpose: String::new(),
+        filename: String::new(),
+        bytes: 0,
+        lines: 0,
+        created_at: now,
+        expires_at: None,
+    };
+    let mut counter = Counter {
+        bytes: 0,
+        lines: 0,
+        line_has_content: false,
+        max_bytes: limits.max_file_bytes,
+        max_lines: limits.max_lines,
+    };
+    let mut tx = state.pool.begin().await.map_err(db)?;
+    let (mut purpose, mut have_file, mut expires_secs) = (None, false, None);
+    while let Some(field) = multipart.next_field().await.map_err(multipart_error)? {
+        match field.name().unwrap_or_default() {
+            "purpose" => purpose = Some(text_field(field).await?),
+            "expires_after[seconds]" => {
+                let text = text_field(field).await?;
+                expires_secs = Some(
+                    text.trim()
+                        .parse::<i64>()
+                        .ok()
+                        .filter(|s| EXPIRES_AFTER_RANGE.contains(s))
+                        .ok_or_else(|| {
+                            ApiError::bad_request(
+                                "invalid_request",
+                                "`expires_after[seconds]` must be 3600 to 2592000",
+                            )
+                            .with_param("expires_after")
+                        })?,
+                );
+            }
+            "file" if !have_file => {
+                have_file = true;
+                row.filename = field
+                    .file_name()
+                    .unwrap_or("upload.jsonl")
+                    .chars()
+                    .take(255)
+                    .collect();
+                store::insert_file(&mut *tx, &row).await?;
+                store_field(&mut tx, &row.id, field, &mut counter).await?;
+            }
+            "file" => {
+                return Err(
+                    ApiError::bad_request("invalid_request", "send exactly one `file`").with_param("file"),
+                );
+            }
+            _ => {}
+        }
+    }
+    let purpose = purpose.ok_or_else(|| {
+        ApiError::bad_request("missing_field", "`purpose` is required").with_param("purpose")
+    })?;
+    if purpose != PURPOSE_BATCH {
+        return Err(ApiError::bad_request(
+            "invalid_purpose",
+            format!("purpose {purpose:?} is not supported here; use \"batch\""),
+        )
+        .with_param("purpose"));
+    }
+    if !have_file {
+        return Err(ApiError::bad_request("missing_field", "`file` is required").with_param("file"));
+    }
+    row.purpose = purpose;
+    row.bytes = counter.bytes as i64;
+    row.lines = counter.lines as i64;
+    let keep = expires_secs.unwrap_or(limits.file_expires_secs.min(i64::MAX as u64) as i64);
+    row.expires_at = Some(now + chrono::Duration::seconds(keep));
+    store::set_file_size(&mut *tx, &row).await?;
+    tx.commit().await.map_err(db)?;
+    Ok(Json(file_view(&row)))
+}
+
+async fn tenant_file(state: &AppState, tenant: &str, id: &str) -> Result<FileRow, ApiError> {
+    store::get_file(&state.pool, tenant, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("file"))
+}
+
+/// `GET /v1/files/{id}`.
+pub(crate) async fn get(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(file_view(&tenant_file(&state, &tenant.name, &id).await?)))
+}
+
+/// `DELETE /v1/files/{id}`.
+pub(crate) async fn delete(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if !store::delete_file(&state.pool, &tenant.name, &id).await? {
+        return Err(ApiError::not_found("file"));
+    }
+    Ok(Json(json!({"id": id, "object": "file", "deleted": true})))
+}
+
+/// `GET /v1/files/{id}/content`: the bytes, streamed chunk by chunk.
+pub(crate) async fn content(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let file = tenant_file(&state, &tenant.name, &id).await?;
+    let pool = state.pool.clone();
+    let chunks = futures::stream::unfold(Some(0i32), move |seq| {
+        let (pool, id) = (pool.clone(), file.id.clone());
+        async move {
+            let seq = seq?;
+            match store::file_chunk(&pool, &id, seq).await {
+                Ok(Some(data)) => Some((Ok(data), Some(seq + 1))),
+                Ok(None) => None,
+                Err(e) => {
+                    tracing::error!(error = %e, file = %id, "reading a file chunk failed");
+                    Some((Err(std::io::Error::other("reading the file failed")), None))
+                }
+            }
+        }
+    });
+    let mut response = Body::from_stream(chunks).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    Ok(response)
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct ListParams {
+    purpose: Option<String>,
+    limit: Option<i64>,
+    order: Option<String>,
+    after: Option<String>,
+}
+
+/// `GET /v1/files?purpose=&limit=&order=&after=`.
+pub(crate) async fn list(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    params: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let params = paging::params(params)?;
+    let limit = paging::limit(params.limit, 10_000, 10_000)?;
+    let ascending = match params.order.as_deref() {
+        None | Some("desc") => false,
+        Some("asc") => true,
+        Some(_) => {
+            return Err(
+                ApiError::bad_request("invalid_request", "`order` must be asc or desc").with_param("order"),
+            );
+        }
+    };
+    let files = store::list_files(
+        &state.pool,
+        &tenant.name,
+        params.purpose.as_deref(),
+        params.after.as_deref(),
+        ascending,
+        limit + 1,
+    )
+    .await?;
+    Ok(Json(paging::page(files, limit, |f| f.id.clone(), file_view)))
+}

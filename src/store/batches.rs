@@ -1,0 +1,444 @@
+//! Batch rows, the bulk insert of a batch's jobs, and what finalization reads and writes.
+//!
+//! A batch's lines become jobs in chunks (one `INSERT … SELECT FROM unnest(…)` per
+//! chunk, never one statement per line) inside the transaction that creates the batch,
+//! so a batch exists with all its jobs or not at all. Finalization locks the batch row,
+//! reads its jobs, writes the output and error files and the terminal status in one
+//! transaction: a crash in between leaves the batch open and the next pass redoes it.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgExecutor, Postgres};
+
+use super::Result;
+use super::buckets::{Settlement, reservation, settle};
+use super::jobs::notify_done;
+use crate::batches::{BatchRow, BatchStatus};
+use crate::model::{JobId, JobState};
+
+pub async fn insert_batch(ex: impl PgExecutor<'_>, b: &BatchRow) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO batches (id, tenant, endpoint, input_file_id, completion_window, status, class, metadata,
+                              total, rejected, output_expires_secs, created_at, in_progress_at, expires_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+    )
+    .bind(&b.id)
+    .bind(&b.tenant)
+    .bind(&b.endpoint)
+    .bind(&b.input_file_id)
+    .bind(&b.completion_window)
+    .bind(&b.status)
+    .bind(b.class)
+    .bind(&b.metadata)
+    .bind(b.total)
+    .bind(b.rejected)
+    .bind(b.output_expires_secs)
+    .bind(b.created_at)
+    .bind(b.in_progress_at)
+    .bind(b.expires_at)
+    .execute(ex)
+    .await?;
+    Ok(())
+}
+
+/// One chunk of a batch's valid lines, column by column, ready for `unnest`.
+#[derive(Debug, Default)]
+pub struct BatchJobs {
+    pub ids: Vec<uuid::Uuid>,
+    pub requests: Vec<serde_json::Value>,
+    pub models: Vec<String>,
+    pub custom_ids: Vec<String>,
+    pub lines: Vec<i32>,
+    pub estimated_input_tokens: Vec<i32>,
+    pub estimated_output_tokens: Vec<i32>,
+}
+
+impl BatchJobs {
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        *self = Self::default();
+    }
+}
+
+/// Inserts a chunk of the batch's jobs in one statement (state `queued`, deadline the
+/// batch's expiry). Returns the rows inserted.
+pub async fn insert_batch_jobs(
+    ex: impl PgExecutor<'_>,
+    batch: &BatchRow,
+    jobs: &BatchJobs,
+    max_attempts: i32,
+) -> Result<u64> {
+    Ok(sqlx::query(
+        "INSERT INTO jobs (id, tenant, class, priority, request, model, deadline, not_before, max_attempts,
+                           estimated_input_tokens, estimated_output_tokens, created_at,
+                           batch_id, custom_id, batch_line)
+         SELECT t.id, $1, $2, 0, t.request, t.model, $3, $4, $5, t.ein, t.eout, $4, $6, t.custom_id, t.line
+         FROM unnest($7::uuid[], $8::jsonb[], $9::text[], $10::int[], $11::int[], $12::text[], $13::int[])
+             AS t(id, request, model, ein, eout, custom_id, line)",
+    )
+    .bind(&batch.tenant)
+    .bind(batch.class)
+    .bind(batch.expires_at)
+    .bind(batch.created_at)
+    .bind(max_attempts)
+    .bind(&batch.id)
+    .bind(&jobs.ids)
+    .bind(&jobs.requests)
+    .bind(&jobs.models)
+    .bind(&jobs.estimated_input_tokens)
+    .bind(&jobs.estimated_output_tokens)
+    .bind(&jobs.custom_ids)
+    .bind(&jobs.lines)
+    .execute(ex)
+    .await?
+    .rows_affected())
+}
+
+/// An input line rejected at ingest.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct LineError {
+    pub line: i32,
+    pub custom_id: Option<String>,
+    pub code: String,
+    pub message: String,
+}
+
+pub async fn insert_line_errors(ex: impl PgExecutor<'_>, batch_id: &str, errors: &[LineError]) -> Result<()> {
+    if errors.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO batch_line_errors (batch_id, line, custom_id, code, message)
+         SELECT $1, * FROM unnest($2::int[], $3::text[], $4::text[], $5::text[])",
+    )
+    .bind(batch_id)
+    .bind(errors.iter().map(|e| e.line).collect::<Vec<_>>())
+    .bind(errors.iter().map(|e| e.custom_id.as_deref()).collect::<Vec<_>>())
+    .bind(errors.iter().map(|e| e.code.as_str()).collect::<Vec<_>>())
+    .bind(errors.iter().map(|e| e.message.as_str()).collect::<Vec<_>>())
+    .execute(ex)
+    .await?;
+    Ok(())
+}
+
+/// Records the ingest's totals: every line of the input, and those rejected.
+pub async fn set_batch_totals(ex: impl PgExecutor<'_>, id: &str, total: i32, rejected: i32) -> Result<()> {
+    sqlx::query("UPDATE batches SET total = $2, rejected = $3 WHERE id = $1")
+        .bind(id)
+        .bind(total)
+        .bind(rejected)
+        .execute(ex)
+        .await?;
+    Ok(())
+}
+
+/// A tenant's batch, or `None` (also when it belongs to another tenant).
+pub async fn get_batch(ex: impl PgExecutor<'_>, tenant: &str, id: &str) -> Result<Option<BatchRow>> {
+    Ok(
+        sqlx::query_as::<Postgres, BatchRow>("SELECT * FROM batches WHERE id = $1 AND tenant = $2")
+            .bind(id)
+            .bind(tenant)
+            .fetch_optional(ex)
+            .await?,
+    )
+}
+
+/// A tenant's batches, newest first; `after` is the last id of the previous page.
+pub async fn list_batches(
+    ex: impl PgExecutor<'_>,
+    tenant: &str,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<BatchRow>> {
+    Ok(sqlx::query_as::<Postgres, BatchRow>(
+        "SELECT * FROM batches WHERE tenant = $1 AND ($2::text IS NULL OR id < $2) ORDER BY id DESC LIMIT $3",
+    )
+    .bind(tenant)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(ex)
+    .await?)
+}
+
+/// Succeeded and failed-or-cancelled jobs of each batch (for batches still running).
+pub async fn job_counts(ex: impl PgExecutor<'_>, batch_ids: &[&str]) -> Result<HashMap<String, (i64, i64)>> {
+    if batch_ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT batch_id, count(*) FILTER (WHERE state = 'succeeded'),
+                count(*) FILTER (WHERE state IN ('failed', 'cancelled'))
+         FROM jobs WHERE batch_id = ANY($1) GROUP BY batch_id",
+    )
+    .bind(batch_ids)
+    .fetch_all(ex)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, ok, failed)| (id, (ok, failed)))
+        .collect())
+}
+
+#[derive(sqlx::FromRow)]
+struct CancelledJob {
+    id: JobId,
+    old_state: JobState,
+    old_buckets: Option<Vec<i64>>,
+    old_amounts: Option<Vec<f64>>,
+}
+
+/// Cancels every unfinished job of a batch with `code`, as cancelling one job does: a
+/// running attempt's late result is discarded and its holder settles its reservation; an
+/// admitted job's reservation goes back whole. Returns how many were cancelled.
+pub async fn cancel_batch_jobs(
+    conn: &mut PgConnection,
+    batch_id: &str,
+    code: &str,
+    message: &str,
+    now: DateTime<Utc>,
+) -> Result<u64> {
+    let rows = sqlx::query_as::<Postgres, CancelledJob>(
+        "WITH old AS (
+             SELECT id, state, reserved_buckets, reserved_amounts FROM jobs
+             WHERE batch_id = $1 AND state IN ('queued', 'admitted', 'running')
+             ORDER BY id FOR UPDATE)
+         UPDATE jobs j SET state = 'cancelled', finished_at = $2, error_code = $3, error_message = $4,
+                           reserved_buckets = CASE WHEN old.state = 'running' THEN j.reserved_buckets END,
+                           reserved_amounts = CASE WHEN old.state = 'running' THEN j.reserved_amounts END
+         FROM old WHERE j.id = old.id
+         RETURNING j.id, old.state AS old_state, old.reserved_buckets AS old_buckets,
+                   old.reserved_amounts AS old_amounts",
+    )
+    .bind(batch_id)
+    .bind(now)
+    .bind(code)
+    .bind(message)
+    .fetch_all(&mut *conn)
+    .await?;
+    let ids: Vec<JobId> = rows.iter().map(|r| r.id).collect();
+    let unsent: Vec<_> = rows
+        .into_iter()
+        .filter(|r| r.old_state == JobState::Admitted)
+        .filter_map(|r| reservation(r.old_buckets, r.old_amounts).map(|res| (r.id, res, Settlement::UNSENT)))
+        .collect();
+    settle(&mut *conn, &unsent).await?;
+    notify_done(&mut *conn, &ids).await?;
+    Ok(ids.len() as u64)
+}
+
+/// The outcome of a cancel request.
+#[derive(Debug)]
+pub enum BatchCancel {
+    /// Now `cancelling` (or already was); its jobs are cancelled.
+    Cancelling(BatchRow),
+    /// It had already finished.
+    Finished(BatchRow),
+    NotFound,
+}
+
+/// Moves a running batch to `cancelling` and cancels its unfinished jobs, in one
+/// transaction; finalization then writes its files and marks it `cancelled`.
+pub async fn cancel_batch(
+    conn: &mut PgConnection,
+    tenant: &str,
+    id: &str,
+    now: DateTime<Utc>,
+) -> Result<BatchCancel> {
+    let Some(batch) = sqlx::query_as::<Postgres, BatchRow>(
+        "SELECT * FROM batches WHERE id = $1 AND tenant = $2 FOR UPDATE",
+    )
+    .bind(id)
+    .bind(tenant)
+    .fetch_optional(&mut *conn)
+    .await?
+    else {
+        return Ok(BatchCancel::NotFound);
+    };
+    match batch.status() {
+        BatchStatus::Cancelling => return Ok(BatchCancel::Cancelling(batch)),
+        BatchStatus::Validating | BatchStatus::InProgress => {}
+        _ => return Ok(BatchCancel::Finished(batch)),
+    }
+    let batch = sqlx::query_as::<Postgres, BatchRow>(
+        "UPDATE batches SET status = 'cancelling', cancelling_at = $2 WHERE id = $1 RETURNING *",
+    )
+    .bind(id)
+    .bind(now)
+    .fetch_one(&mut *conn)
+    .await?;
+    cancel_batch_jobs(conn, id, "batch_cancelled", "the batch was cancelled", now).await?;
+    Ok(BatchCancel::Cancelling(batch))
+}
+
+/// Open batches that finalization should look at now: cancelling ones, expired ones, and
+/// running ones with no unfinished job left.
+pub async fn batches_to_finalize(
+    ex: impl PgExecutor<'_>,
+    now: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT b.id FROM batches b
+         WHERE b.status IN ('in_progress', 'finalizing', 'cancelling')
+           AND (b.status <> 'in_progress' OR b.expires_at <= $1
+                OR NOT EXISTS (SELECT 1 FROM jobs j WHERE j.batch_id = b.id
+                               AND j.state IN ('queued', 'admitted', 'running')))
+         ORDER BY b.id LIMIT $2",
+    )
+    .bind(now)
+    .bind(limit)
+    .fetch_all(ex)
+    .await?)
+}
+
+/// Locks an open batch for finalization; `None` if another process holds it or it is
+/// no longer open.
+pub async fn lock_open_batch(conn: &mut PgConnection, id: &str) -> Result<Option<BatchRow>> {
+    Ok(sqlx::query_as::<Postgres, BatchRow>(
+        "SELECT * FROM batches WHERE id = $1 AND status IN ('in_progress', 'finalizing', 'cancelling')
+         FOR UPDATE SKIP LOCKED",
+    )
+    .bind(id)
+    .fetch_optional(conn)
+    .await?)
+}
+
+/// Whether any job of the batch is unfinished.
+pub async fn batch_has_open_jobs(ex: impl PgExecutor<'_>, batch_id: &str) -> Result<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM jobs WHERE batch_id = $1 AND state IN ('queued', 'admitted', 'running'))",
+    )
+    .bind(batch_id)
+    .fetch_one(ex)
+    .await?)
+}
+
+/// What the output and error files say about one job.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct BatchJobResult {
+    pub id: JobId,
+    pub custom_id: String,
+    pub batch_line: i32,
+    pub state: JobState,
+    pub result: Option<serde_json::Value>,
+    pub usage: Option<serde_json::Value>,
+    pub error_code: Option<String>,
+    pub error_message: Option<String>,
+    pub provider_request_id: Option<String>,
+}
+
+/// A page of a batch's jobs in input order, after input line `after_line`.
+pub async fn batch_results_page(
+    ex: impl PgExecutor<'_>,
+    batch_id: &str,
+    after_line: i32,
+    limit: i64,
+) -> Result<Vec<BatchJobResult>> {
+    Ok(sqlx::query_as::<Postgres, BatchJobResult>(
+        "SELECT id, custom_id, batch_line, state, result, usage, error_code, error_message, provider_request_id
+         FROM jobs WHERE batch_id = $1 AND batch_line > $2 ORDER BY batch_line LIMIT $3",
+    )
+    .bind(batch_id)
+    .bind(after_line)
+    .bind(limit)
+    .fetch_all(ex)
+    .await?)
+}
+
+pub async fn line_errors(ex: impl PgExecutor<'_>, batch_id: &str) -> Result<Vec<LineError>> {
+    Ok(sqlx::query_as::<Postgres, LineError>(
+        "SELECT line, custom_id, code, message FROM batch_line_errors WHERE batch_id = $1 ORDER BY line",
+    )
+    .bind(batch_id)
+    .fetch_all(ex)
+    .await?)
+}
+
+/// How a batch ended, written by finalization.
+#[derive(Debug, Clone)]
+pub struct BatchEnd {
+    pub status: BatchStatus,
+    pub output_file_id: Option<String>,
+    pub error_file_id: Option<String>,
+    pub completed: i32,
+    pub failed: i32,
+    pub usage: serde_json::Value,
+    pub errors: Option<serde_json::Value>,
+}
+
+/// Writes the terminal status, its timestamp, the files and the frozen counts.
+pub async fn finish_batch(
+    conn: &mut PgConnection,
+    id: &str,
+    end: &BatchEnd,
+    now: DateTime<Utc>,
+) -> Result<BatchRow> {
+    Ok(sqlx::query_as::<Postgres, BatchRow>(
+        "UPDATE batches SET status = $2, output_file_id = $3, error_file_id = $4, completed = $5, failed = $6,
+                            usage = $7, errors = COALESCE($8, errors),
+                            finalizing_at = COALESCE(finalizing_at, $9),
+                            completed_at = CASE WHEN $2 = 'completed' THEN $9 END,
+                            failed_at = CASE WHEN $2 = 'failed' THEN $9 END,
+                            expired_at = CASE WHEN $2 = 'expired' THEN $9 END,
+                            cancelled_at = CASE WHEN $2 = 'cancelled' THEN $9 END
+         WHERE id = $1 RETURNING *",
+    )
+    .bind(id)
+    .bind(end.status.as_str())
+    .bind(&end.output_file_id)
+    .bind(&end.error_file_id)
+    .bind(end.completed)
+    .bind(end.failed)
+    .bind(&end.usage)
+    .bind(&end.errors)
+    .bind(now)
+    .fetch_one(conn)
+    .await?)
+}
+
+/// Deletes up to `limit` finished jobs that finished before `before`, keeping those of
+/// batches that are still open (their output file is not written yet).
+pub async fn prune_finished_jobs(ex: impl PgExecutor<'_>, before: DateTime<Utc>, limit: i64) -> Result<u64> {
+    Ok(sqlx::query(
+        "DELETE FROM jobs WHERE id IN (
+             SELECT j.id FROM jobs j
+             WHERE j.state IN ('succeeded', 'failed', 'cancelled') AND j.finished_at < $1
+               AND j.reserved_buckets IS NULL AND j.refund_buckets IS NULL
+               AND (j.batch_id IS NULL OR NOT EXISTS (
+                   SELECT 1 FROM batches b WHERE b.id = j.batch_id
+                     AND b.status IN ('validating', 'in_progress', 'finalizing', 'cancelling')))
+             LIMIT $2)",
+    )
+    .bind(before)
+    .bind(limit)
+    .execute(ex)
+    .await?
+    .rows_affected())
+}
+
+/// Deletes up to `limit` finished batches created before `before` (their files expire on
+/// their own schedule).
+pub async fn prune_finished_batches(
+    ex: impl PgExecutor<'_>,
+    before: DateTime<Utc>,
+    limit: i64,
+) -> Result<u64> {
+    Ok(sqlx::query(
+        "DELETE FROM batches WHERE id IN (
+             SELECT id FROM batches WHERE status IN ('completed', 'failed', 'expired', 'cancelled')
+               AND created_at < $1 LIMIT $2)",
+    )
+    .bind(before)
+    .bind(limit)
+    .execute(ex)
+    .await?
+    .rows_affected())
+}
