@@ -552,8 +552,13 @@ pub async fn extend_leases(
     lease: std::time::Duration,
 ) -> Result<u64> {
     let done = sqlx::query(
-        "UPDATE jobs SET lease_expires_at = $2
-         WHERE lease_owner = $1 AND (state = 'running' OR (state = 'cancelled' AND reserved_buckets IS NOT NULL))",
+        // Rows are locked in id order, as the completer locks them: in scan order the two
+        // could deadlock over the same owner's jobs.
+        "UPDATE jobs j SET lease_expires_at = $2
+         FROM (SELECT id FROM jobs
+               WHERE lease_owner = $1 AND (state = 'running' OR (state = 'cancelled' AND reserved_buckets IS NOT NULL))
+               ORDER BY id FOR UPDATE) mine
+         WHERE j.id = mine.id",
     )
     .bind(owner)
     .bind(now + lease)

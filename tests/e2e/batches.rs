@@ -604,3 +604,113 @@ async fn retention_prunes_old_finished_work() {
     );
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn openai_python_sdk_drives_files_and_batches() {
+    // "slow": a route limited to one request a minute, so a batch on it can be cancelled
+    // while it runs.
+    let app = TestApp::spawn_with(TestOptions {
+        extra_config: r#"
+[[routes]]
+alias = "slow"
+targets = ["oai/gpt-4o-mini"]
+limits = { rpm = 1 }
+"#
+        .to_owned(),
+        ..TestOptions::default()
+    })
+    .await;
+    let base_url = app.url("/v1");
+    let out = crate::python::run_script(
+        "openai_batch.py",
+        &[],
+        &[("TOLLGATE_BASE_URL", &base_url), ("TOLLGATE_API_KEY", ACME)],
+    )
+    .await;
+    let summary: Value = serde_json::from_str(out.trim()).expect("the script's JSON summary");
+    let (_, batch) = app
+        .get(
+            ACME,
+            &format!("/v1/batches/{}", summary["batch"].as_str().unwrap()),
+        )
+        .await;
+    assert_eq!(batch["status"], "completed");
+    let (_, cancelled) = app
+        .get(
+            ACME,
+            &format!("/v1/batches/{}", summary["cancelled"].as_str().unwrap()),
+        )
+        .await;
+    assert_eq!(cancelled["status"], "cancelled");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn ten_thousand_lines_complete_once_across_a_sigkill_of_the_server() {
+    use nix::sys::signal::Signal;
+    use tollgate_workers::mock_provider::MockProvider;
+
+    use crate::durability::{Serve, free_port, short_lease_config};
+    use crate::harness::{fresh_db, mock_config};
+
+    let db = fresh_db().await;
+    let local_mock = MockProvider::new(mock_config()).start_local().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = short_lease_config(dir.path(), local_mock.addr);
+    let port = free_port();
+    let api = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+
+    let mut first = Serve::start(&config_path, &db.url, port);
+    first.wait_ready(&api).await;
+    let (text, ok) = ten_thousand_lines();
+    let (status, file) = upload(&http, &api, ACME, text.as_bytes()).await;
+    assert_eq!(status, 200, "{file}");
+    let (status, batch) = create_batch(&http, &api, ACME, &batch_body(file["id"].as_str().unwrap())).await;
+    assert_eq!(status, 200, "{batch}");
+    let id = batch["id"].as_str().unwrap().to_owned();
+    let succeeded = |pool: sqlx::PgPool, id: String| async move {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobs WHERE batch_id = $1 AND state = 'succeeded'")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    eventually(300, "a share of the batch to be done", || {
+        let (pool, id) = (db.pool.clone(), id.clone());
+        async move { (succeeded(pool, id).await >= 1500).then_some(()) }
+    })
+    .await;
+    first.signal(Signal::SIGKILL);
+    let _ = first.child.wait();
+    let at_kill = succeeded(db.pool.clone(), id.clone()).await;
+    assert!(
+        at_kill < 9_700,
+        "the batch must still be running when the server dies ({at_kill} done)"
+    );
+
+    let mut second = Serve::start(&config_path, &db.url, port);
+    second.wait_ready(&api).await;
+    let done = wait_batch(&http, &api, ACME, &id, 600).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        done["request_counts"],
+        json!({"total": 10_000, "completed": 9_700, "failed": 300})
+    );
+    let output = content(&http, &api, ACME, done["output_file_id"].as_str().unwrap()).await;
+    let errors = content(&http, &api, ACME, done["error_file_id"].as_str().unwrap()).await;
+    check_ten_thousand(&output, &errors, &ok);
+    // Each result written once: one successful attempt per job on record.
+    let (attempts, jobs): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT a.job_id) FROM job_attempts a JOIN jobs j ON j.id = a.job_id
+         WHERE j.batch_id = $1 AND a.outcome = 'succeeded'",
+    )
+    .bind(&id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((attempts, jobs), (9_700, 9_700));
+    second.signal(Signal::SIGTERM);
+    assert!(second.child.wait().unwrap().success());
+    local_mock.shutdown().await;
+}

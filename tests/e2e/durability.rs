@@ -141,12 +141,12 @@ async fn queued_job_past_its_deadline_fails_and_is_never_dispatched() {
 }
 
 /// The real `tollgate serve` binary, as a child process.
-struct Serve {
-    child: Child,
+pub struct Serve {
+    pub child: Child,
 }
 
 impl Serve {
-    fn start(config: &std::path::Path, db_url: &str, port: u16) -> Self {
+    pub fn start(config: &std::path::Path, db_url: &str, port: u16) -> Self {
         let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
             .args(["serve", "--config"])
             .arg(config)
@@ -160,7 +160,7 @@ impl Serve {
     }
 
     /// Polls `/readyz` until it answers; fails at once if the process exited.
-    async fn wait_ready(&mut self, api: &str) {
+    pub async fn wait_ready(&mut self, api: &str) {
         let http = reqwest::Client::new();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
@@ -179,7 +179,7 @@ impl Serve {
         }
     }
 
-    fn signal(&mut self, signal: Signal) {
+    pub fn signal(&mut self, signal: Signal) {
         kill(Pid::from_raw(self.child.id() as i32), signal).expect("signal tollgate");
     }
 }
@@ -191,7 +191,19 @@ impl Drop for Serve {
     }
 }
 
-fn free_port() -> u16 {
+/// Writes (under `dir`) the config of a `serve` child that will be killed: short leases
+/// and frequent maintenance, so a dead holder's jobs come back within seconds.
+pub fn short_lease_config(dir: &std::path::Path, mock_addr: std::net::SocketAddr) -> std::path::PathBuf {
+    let path = dir.join("tollgate.toml");
+    let text = config_text(mock_addr, "")
+        .replace("lease_secs = 30", "lease_secs = 3")
+        .replace("heartbeat_secs = 5", "heartbeat_secs = 1")
+        .replacen("[dispatch]\n", "[dispatch]\nmaintenance_interval_ms = 200\n", 1);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -209,12 +221,7 @@ async fn accepted_job_survives_sigkill_of_the_server_and_completes_once() {
     let (mock, mock_addr) = (local_mock.provider.clone(), local_mock.addr);
 
     let dir = tempfile::tempdir().unwrap();
-    let config_path = dir.path().join("tollgate.toml");
-    let text = config_text(mock_addr, "")
-        .replace("lease_secs = 30", "lease_secs = 3")
-        .replace("heartbeat_secs = 5", "heartbeat_secs = 1")
-        .replacen("[dispatch]\n", "[dispatch]\nmaintenance_interval_ms = 200\n", 1);
-    std::fs::write(&config_path, text).unwrap();
+    let config_path = short_lease_config(dir.path(), mock_addr);
     let port = free_port();
     let api = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();

@@ -7,7 +7,10 @@
 //!   cancel, listing, tenant isolation, the synchronous endpoint, retries.
 //! - [`bad_input`]: every kind of bad request gets a 4xx with a stable code.
 //! - [`durability`]: rescued leases, and SIGKILL of the real binary mid-job.
-//! - [`batches`]: files and batches (OpenAI's APIs), 10k lines with malformed ones, SIGKILL.
+//! - [`batches`]: files and batches (OpenAI's APIs) — also driven by the official `openai`
+//!   Python package — 10k lines with malformed ones, across a SIGKILL.
+//! - [`webhooks`]: signed deliveries to a receiver that is down for a while, 410.
+//! - [`python`]: the venv (under `target/`) the Python checks run in.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test should stop right there
 
@@ -17,4 +20,6 @@ mod durability;
 mod gate;
 mod harness;
 mod lifecycle;
+mod python;
 mod streaming;
+mod webhooks;
