@@ -190,3 +190,41 @@ pub(super) fn validate(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    #[test]
+    fn the_example_file_parses_with_these_sections() {
+        let c = Config::parse(
+            include_str!("../../tollgate.example.toml"),
+            "tollgate.example.toml",
+        )
+        .unwrap();
+        assert_eq!(c.batches.max_lines, 50_000);
+        assert_eq!(
+            c.webhooks.retry_schedule_secs,
+            [5, 300, 1800, 7200, 18_000, 36_000, 36_000]
+        );
+        assert_eq!(c.retention.finished_secs, 30 * 86_400);
+    }
+
+    #[test]
+    fn webhook_endpoints_are_checked() {
+        let base = include_str!("../../tollgate.example.toml");
+        let with = |endpoint: &str| format!("{base}\n[[webhooks.endpoints]]\n{endpoint}\n");
+        let err = |text: String| Config::parse(&text, "t.toml").unwrap_err().to_string();
+        let good = "tenant = \"acme\"\nurl = \"https://h.example/x\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"";
+        let c = Config::parse(&with(good), "t.toml").unwrap();
+        assert_eq!(c.webhooks.endpoints[0].event_types().len(), 6);
+        let e = err(with(&good.replace("acme", "nobody")));
+        assert!(e.contains("webhooks.endpoints[0].tenant"), "{e}");
+        let e = err(with(&good.replace("whsec_", "")));
+        assert!(e.contains("webhooks.endpoints[0]") && e.contains("whsec_"), "{e}");
+        let e = err(with(&format!("{good}\nevents = [\"job.exploded\"]")));
+        assert!(e.contains("webhooks.endpoints[0].events"), "{e}");
+        let e = err(with(&good.replace("https://", "ftp://")));
+        assert!(e.contains("webhooks.endpoints[0].url"), "{e}");
+    }
+}

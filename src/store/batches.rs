@@ -209,7 +209,7 @@ pub async fn cancel_batch_jobs(
         "WITH old AS (
              SELECT id, state, reserved_buckets, reserved_amounts FROM jobs
              WHERE batch_id = $1 AND state IN ('queued', 'admitted', 'running')
-             ORDER BY id FOR UPDATE)
+             ORDER BY id FOR NO KEY UPDATE)
          UPDATE jobs j SET state = 'cancelled', finished_at = $2, error_code = $3, error_message = $4,
                            reserved_buckets = CASE WHEN old.state = 'running' THEN j.reserved_buckets END,
                            reserved_amounts = CASE WHEN old.state = 'running' THEN j.reserved_amounts END
@@ -424,21 +424,25 @@ pub async fn prune_finished_jobs(ex: impl PgExecutor<'_>, before: DateTime<Utc>,
     .rows_affected())
 }
 
-/// Deletes up to `limit` finished batches created before `before` (their files expire on
-/// their own schedule).
+/// Deletes up to `limit` finished batches created before `before`, with their own webhook
+/// endpoints (their files expire on their own schedule).
 pub async fn prune_finished_batches(
     ex: impl PgExecutor<'_>,
     before: DateTime<Utc>,
     limit: i64,
 ) -> Result<u64> {
-    Ok(sqlx::query(
-        "DELETE FROM batches WHERE id IN (
-             SELECT id FROM batches WHERE status IN ('completed', 'failed', 'expired', 'cancelled')
-               AND created_at < $1 LIMIT $2)",
+    let n: i64 = sqlx::query_scalar(
+        "WITH gone AS (
+             DELETE FROM batches WHERE id IN (
+                 SELECT id FROM batches WHERE status IN ('completed', 'failed', 'expired', 'cancelled')
+                   AND created_at < $1 LIMIT $2)
+             RETURNING id),
+         endpoints AS (DELETE FROM webhook_endpoints WHERE batch_id IN (SELECT id FROM gone))
+         SELECT count(*) FROM gone",
     )
     .bind(before)
     .bind(limit)
-    .execute(ex)
-    .await?
-    .rows_affected())
+    .fetch_one(ex)
+    .await?;
+    Ok(n.max(0) as u64)
 }

@@ -553,11 +553,13 @@ pub async fn extend_leases(
 ) -> Result<u64> {
     let done = sqlx::query(
         // Rows are locked in id order, as the completer locks them: in scan order the two
-        // could deadlock over the same owner's jobs.
+        // could deadlock over the same owner's jobs. NO KEY UPDATE (what the UPDATE takes
+        // anyway) does not wait for the key-share locks the completer's attempt records
+        // take, unordered, through their foreign key.
         "UPDATE jobs j SET lease_expires_at = $2
          FROM (SELECT id FROM jobs
                WHERE lease_owner = $1 AND (state = 'running' OR (state = 'cancelled' AND reserved_buckets IS NOT NULL))
-               ORDER BY id FOR UPDATE) mine
+               ORDER BY id FOR NO KEY UPDATE) mine
          WHERE j.id = mine.id",
     )
     .bind(owner)

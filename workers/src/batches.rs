@@ -50,9 +50,15 @@ impl BatchFinalizer {
         let Some(batch) = store::lock_open_batch(&mut tx, id).await? else {
             return Ok(None);
         };
+        let open = store::batch_has_open_jobs(&mut *tx, id).await?;
         let status = if batch.status() == BatchStatus::Cancelling {
             store::cancel_batch_jobs(&mut tx, id, "batch_cancelled", "the batch was cancelled", now).await?;
             BatchStatus::Cancelled
+        } else if !open && batch.total == batch.rejected {
+            BatchStatus::Failed
+        } else if !open {
+            // Every job ended in time, even if this pass comes after the window closed.
+            BatchStatus::Completed
         } else if batch.expires_at <= now {
             store::cancel_batch_jobs(
                 &mut tx,
@@ -63,12 +69,8 @@ impl BatchFinalizer {
             )
             .await?;
             BatchStatus::Expired
-        } else if store::batch_has_open_jobs(&mut *tx, id).await? {
-            return Ok(None);
-        } else if batch.total == batch.rejected {
-            BatchStatus::Failed
         } else {
-            BatchStatus::Completed
+            return Ok(None);
         };
         let mut end = write_files(&mut tx, &batch, status, now).await?;
         if status == BatchStatus::Failed {
