@@ -11,6 +11,8 @@
 //! - [`buckets`]: limits as buckets, a job's path through them, their arithmetic.
 //! - [`gate`]: admission — weighted fair queuing over tenants, all-or-nothing reservations.
 //! - [`retry`]: failure classification and the retry policy.
+//! - [`ratelimit`]: what providers say about their limits (headers, 429 bodies), parsed.
+//! - [`learning`]: learned limits — readings and 429s turned into bucket capacities.
 //!
 //! Data flow: the API (`tollgate-api`) authenticates through `tenants`, resolves through
 //! `routing`, estimates, and inserts through `store` (state `queued`); the `gate` admits
@@ -25,8 +27,10 @@ pub mod db;
 pub mod embedded;
 pub mod estimate;
 pub mod gate;
+pub mod learning;
 pub mod model;
 pub mod notify;
+pub mod ratelimit;
 pub mod retry;
 pub mod routing;
 pub mod store;

@@ -14,5 +14,6 @@ mod bad_input;
 mod durability;
 mod gate;
 mod harness;
+mod learning;
 mod lifecycle;
 mod streaming;
