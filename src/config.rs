@@ -319,14 +319,6 @@ pub struct ModelPrice {
 }
 
 impl ProviderConfig {
-    /// Whether the gate must choose the key at admission: some key has limits of its own
-    /// or serves only some models.
-    pub fn keys_are_distinct(&self) -> bool {
-        self.keys
-            .iter()
-            .any(|k| k.limits.is_some() || !k.models.is_empty())
-    }
-
     /// The configured limits of `model` (its own entry, else `"*"`).
     pub fn limits_for(&self, model: &str) -> Option<&ModelLimits> {
         self.limits.get(model).or_else(|| self.limits.get("*"))

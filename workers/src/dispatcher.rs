@@ -798,7 +798,7 @@ impl Dispatcher {
         let pause = match (failure.class, key) {
             (FailureClass::Capacity, _) => Some(Pause {
                 scope: buckets::target_scope(served.provider, served.model),
-                until: now + failure.retry_after.unwrap_or(DEFAULT_PAUSE),
+                until: now + with_jitter(failure.retry_after.unwrap_or(DEFAULT_PAUSE)),
                 reason: "rate_limited",
             }),
             (FailureClass::KeyUnusable, Some(key)) => {
@@ -895,6 +895,14 @@ impl Drop for Tracked {
     fn drop(&mut self) {
         lock(&self.inner.in_flight).remove(&self.id);
     }
+}
+
+/// A pause plus up to a tenth of it (at most 250 ms) at random, so the instances and
+/// jobs a 429 stopped do not all come back in the same instant.
+fn with_jitter(pause: Duration) -> Duration {
+    use rand::Rng;
+    let most = (pause / 10).min(Duration::from_millis(250));
+    pause + most.mul_f64(rand::rng().random::<f64>())
 }
 
 /// Locks a mutex whose data stays valid even if a holder panicked.
