@@ -1,7 +1,8 @@
 //! tollgate API and process wiring.
 //!
 //! - [`router`]: the axum routes (jobs, OpenAI-compatible chat, health), callable without
-//!   a socket.
+//!   a socket; [`routes`] declares each endpoint once, with its OpenAPI description.
+//! - [`openapi`]: `GET /openapi.json`, the document's frame and hand-built bodies' schemas.
 //! - [`jobs`]: submit, read/long-poll, list, cancel; shared validation and enqueueing.
 //! - [`chat`]: `POST /v1/chat/completions`, queued as an interactive job and awaited.
 //! - [`limits`]: the buckets that apply to the caller, and what is left in them.
@@ -25,6 +26,7 @@ pub mod error;
 pub mod jobs;
 pub mod limits;
 pub mod local;
+pub mod openapi;
 
 use std::sync::Arc;
 
@@ -32,13 +34,15 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
 use sqlx::PgPool;
 use tokio_util::task::TaskTracker;
 use tollgate::config::Config;
 use tollgate::notify::Notifications;
 use tollgate::tenants::TenantDirectory;
 use tollgate_workers::dispatcher::Dispatcher;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::error::ApiError;
 
@@ -55,22 +59,45 @@ pub struct AppState {
     pub relays: TaskTracker,
 }
 
+/// Every endpoint, each with its OpenAPI description (`#[utoipa::path]` on the handler):
+/// the router and `/openapi.json` are both built from this, so neither can miss a route.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .routes(routes!(jobs::submit, jobs::list))
+        .routes(routes!(jobs::get))
+        .routes(routes!(jobs::cancel))
+        .routes(routes!(chat::completions))
+        .routes(routes!(limits::list))
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(openapi::openapi_json))
+}
+
 pub fn router(state: AppState) -> Router {
     let max_body = state.config.server.max_body_bytes;
-    Router::new()
-        .route("/v1/jobs", post(jobs::submit).get(jobs::list))
-        .route("/v1/jobs/{id}", get(jobs::get))
-        .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
-        .route("/v1/chat/completions", post(chat::completions))
-        .route("/v1/limits", get(limits::list))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
+    let (routes, _) = routes().split_for_parts();
+    routes
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no_such_endpoint", "no such endpoint") })
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
 }
 
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, description = "`ok`", body = String)))]
+async fn healthz() -> &'static str {
+    "ok"
+}
+
 /// Ready when the database answers.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "`ready`", body = String),
+        (status = 503, description = "`database_unavailable`", body = openapi::ErrorBody),
+    )
+)]
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     match sqlx::query("SELECT 1").execute(&state.pool).await {
         Ok(_) => (StatusCode::OK, "ready").into_response(),

@@ -12,6 +12,7 @@ use tollgate::store;
 use crate::AppState;
 use crate::auth::AuthTenant;
 use crate::error::ApiError;
+use crate::openapi as doc;
 
 fn view(mut b: Bucket) -> Value {
     b.refill(Utc::now());
@@ -26,6 +27,16 @@ fn view(mut b: Bucket) -> Value {
     })
 }
 
+/// The buckets that apply to the caller: provider models, keys, routes, and its own
+/// tenant buckets — never another tenant's.
+#[utoipa::path(
+    get,
+    path = "/v1/limits",
+    operation_id = "list_limits",
+    tag = "limits",
+    responses((status = 200, description = "The caller's buckets", body = doc::LimitListSchema)),
+    security(("bearer" = []))
+)]
 pub(crate) async fn list(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,

@@ -7,6 +7,7 @@
 //!   cancel, listing, tenant isolation, the synchronous endpoint, retries.
 //! - [`bad_input`]: every kind of bad request gets a 4xx with a stable code.
 //! - [`durability`]: rescued leases, and SIGKILL of the real binary mid-job.
+//! - [`observe`]: OpenAPI, metrics, status, the CLI and the dashboard.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test should stop right there
 
@@ -15,4 +16,5 @@ mod durability;
 mod gate;
 mod harness;
 mod lifecycle;
+mod observe;
 mod streaming;
