@@ -496,6 +496,7 @@ impl Gate {
                         amounts.push(*amount);
                     }
                 }
+                crate::metrics::admitted(&plan.job, target, &plan.routes[0].0, now);
                 admissions.push(Admission {
                     id: plan.job.id,
                     provider: target.provider.clone(),
@@ -532,6 +533,7 @@ impl Gate {
                     .cloned()
                     .unwrap_or_default();
                 let capacity = buckets.get(&key).map_or(0.0, |b| b.capacity);
+                crate::metrics::failed(&plan.job, &key, "exceeds_limit");
                 failures.push((
                     plan.job.id,
                     "exceeds_limit",
@@ -570,6 +572,7 @@ impl Gate {
             round.blocked += 1;
             let job = &plan.job;
             if let Some(at) = ready.filter(|at| *at > job.deadline) {
+                crate::metrics::failed(job, blocking.map_or("", |(b, _)| &b.key), "deadline_unmeetable");
                 failures.push((
                     job.id,
                     "deadline_unmeetable",
@@ -607,6 +610,7 @@ impl Gate {
                     None => json!({"reason": "waiting_for_turn"}),
                 },
             };
+            crate::metrics::waiting(job, &note);
             // Rewrite a note only when what it says changes (the expected time to the
             // second), not on every round.
             let stamp = format!(

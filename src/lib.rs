@@ -11,6 +11,7 @@
 //! - [`buckets`]: limits as buckets, a job's path through them, their arithmetic.
 //! - [`gate`]: admission — weighted fair queuing over tenants, all-or-nothing reservations.
 //! - [`retry`]: failure classification and the retry policy.
+//! - [`metrics`]: metric names, and the one-line helpers the gate and dispatchers call.
 //!
 //! Data flow: the API (`tollgate-api`) authenticates through `tenants`, resolves through
 //! `routing`, estimates, and inserts through `store` (state `queued`); the `gate` admits
@@ -25,6 +26,7 @@ pub mod db;
 pub mod embedded;
 pub mod estimate;
 pub mod gate;
+pub mod metrics;
 pub mod model;
 pub mod notify;
 pub mod retry;
