@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use secrecy::ExposeSecret;
+use secrecy::{ExposeSecret, SecretString};
 use sha2::{Digest, Sha256};
 
 use crate::config::Config;
@@ -18,6 +18,8 @@ pub struct Tenant {
 #[derive(Debug, Clone, Default)]
 pub struct TenantDirectory {
     by_key_digest: HashMap<[u8; 32], Tenant>,
+    /// `server.admin_key`'s digest: the operators, who see every tenant.
+    admin_digest: Option<[u8; 32]>,
 }
 
 fn digest(key: &str) -> [u8; 32] {
@@ -44,7 +46,34 @@ impl TenantDirectory {
                 ));
             }
         }
-        Ok(Self { by_key_digest })
+        let admin_key = match (&config.server.admin_key, &config.server.admin_key_env) {
+            (Some(v), None) => Some(v.clone()),
+            (None, Some(var)) => Some(std::env::var(var).map(SecretString::from).map_err(|_| {
+                format!("environment variable {var} (named by `server.admin_key_env`) is not set")
+            })?),
+            (Some(_), Some(_)) => {
+                return Err("give `server.admin_key` or `server.admin_key_env`, not both".into());
+            }
+            (None, None) => None,
+        };
+        let admin_digest = admin_key.map(|k| digest(k.expose_secret()));
+        if admin_digest.is_some_and(|d| by_key_digest.contains_key(&d)) {
+            return Err("`server.admin_key` is also a tenant's API key".to_owned());
+        }
+        Ok(Self {
+            by_key_digest,
+            admin_digest,
+        })
+    }
+
+    /// Whether `presented_key` is the admin key.
+    pub fn is_admin(&self, presented_key: &str) -> bool {
+        self.admin_digest.is_some_and(|d| d == digest(presented_key))
+    }
+
+    /// Whether an admin key is configured.
+    pub fn has_admin(&self) -> bool {
+        self.admin_digest.is_some()
     }
 
     pub fn authenticate(&self, presented_key: &str) -> Option<&Tenant> {

@@ -6,7 +6,9 @@
 //! - [`jobs`]: submit, read/long-poll, list, cancel; shared validation and enqueueing.
 //! - [`chat`]: `POST /v1/chat/completions`, queued as an interactive job and awaited.
 //! - [`limits`]: the buckets that apply to the caller, and what is left in them.
-//! - [`auth`]: bearer tenant key → tenant.
+//! - [`auth`]: bearer tenant key → tenant; the admin key → every tenant.
+//! - [`status`]: `/v1/status` and its history: queues, buckets, traffic, failures.
+//! - [`metrics`]: `GET /metrics`, Prometheus text (events and database levels).
 //! - [`error`]: `ApiError`, status + stable code + safe message.
 //! - [`broker`]: starts the roles of one process (API, dispatcher, maintenance,
 //!   notifications) and runs the shutdown sequence; `serve`, `demo` and tests use it.
@@ -26,7 +28,9 @@ pub mod error;
 pub mod jobs;
 pub mod limits;
 pub mod local;
+pub mod metrics;
 pub mod openapi;
+pub mod status;
 
 use std::sync::Arc;
 
@@ -57,6 +61,8 @@ pub struct AppState {
     pub dispatcher: Dispatcher,
     /// The relay tasks of those streams (waited for at shutdown).
     pub relays: TaskTracker,
+    /// The dashboard's history of queue samples.
+    pub observer: status::Observer,
 }
 
 /// Every endpoint, each with its OpenAPI description (`#[utoipa::path]` on the handler):
@@ -71,10 +77,14 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(healthz))
         .routes(routes!(readyz))
         .routes(routes!(openapi::openapi_json))
+        .routes(routes!(status::get))
+        .routes(routes!(status::history))
+        .routes(routes!(metrics::scrape))
 }
 
 pub fn router(state: AppState) -> Router {
     let max_body = state.config.server.max_body_bytes;
+    metrics::recorder();
     let (routes, _) = routes().split_for_parts();
     routes
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no_such_endpoint", "no such endpoint") })

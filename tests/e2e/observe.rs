@@ -1,9 +1,12 @@
 //! Seeing the broker: `/openapi.json` describes every route the server answers, and
-//! describes the job as the server renders it.
+//! describes the job as the server renders it; `/metrics` follows a workload.
+
+use std::collections::HashMap;
 
 use serde_json::Value;
+use tollgate_workers::mock_provider::FaultConfig;
 
-use crate::harness::{ACME, TestApp, job};
+use crate::harness::{ACME, TestApp, TestOptions, eventually, job};
 
 #[tokio::test]
 async fn openapi_document_matches_what_the_server_serves() {
@@ -50,5 +53,288 @@ async fn openapi_document_matches_what_the_server_serves() {
         served_keys, described_keys,
         "the Job schema drifted from jobs::job_view"
     );
+    app.shutdown().await;
+}
+
+/// The value of the series `name` whose labels include all of `labels`, summed; 0 when
+/// there is none.
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, rest) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            if n != name {
+                return None;
+            }
+            let have: Vec<(&str, &str)> = rest
+                .split("\",")
+                .filter_map(|kv| kv.split_once("=\""))
+                .map(|(k, v)| (k, v.trim_end_matches('"')))
+                .collect();
+            labels
+                .iter()
+                .all(|want| have.contains(want))
+                .then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+pub const WATCHER: &str = "tk-watcher";
+pub const WAITER: &str = "tk-waiter";
+pub const ADMIN: &str = "tk-admin";
+
+/// Two tenants of their own (so counters of other tests running in this process do not
+/// mix in): `watcher`, unlimited; `waiter`, 2 requests a minute. The Anthropic project of
+/// the mock answers every call 529 (overloaded).
+pub fn watched_options() -> TestOptions {
+    let mut mock = crate::harness::mock_config();
+    mock.faults = vec![FaultConfig {
+        project: Some("ant-test".into()),
+        start_ms: 0,
+        duration_ms: 0,
+        status: 529,
+        probability: 1.0,
+    }];
+    TestOptions {
+        mock,
+        server_config: format!("admin_key = \"{ADMIN}\""),
+        extra_config: format!(
+            "[[tenants]]\nname = \"watcher\"\napi_key = \"{WATCHER}\"\n\
+             [[tenants]]\nname = \"waiter\"\napi_key = \"{WAITER}\"\nrpm = 2\n"
+        ),
+        ..TestOptions::default()
+    }
+}
+
+async fn scrape(app: &TestApp) -> String {
+    let r = app
+        .http
+        .get(app.url("/metrics"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.text().await.unwrap()
+}
+
+#[tokio::test]
+async fn metrics_follow_a_workload() {
+    let app = TestApp::spawn_with(watched_options()).await;
+    // Who may scrape: the admin key only, once one is configured.
+    let r = app.http.get(app.url("/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let r = app
+        .http
+        .get(app.url("/metrics"))
+        .bearer_auth(ACME)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let before = scrape(&app).await;
+    assert_eq!(
+        metric(
+            &before,
+            "tollgate_admission_decisions_total",
+            &[("tenant", "watcher")]
+        ),
+        0.0
+    );
+
+    // watcher: 10 jobs that succeed, 2 that meet an overloaded provider until they run
+    // out of attempts (4 each).
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        let (status, j) = app.submit(WATCHER, &job("fast", &format!("watch {i}"))).await;
+        assert_eq!(status, 202, "{j}");
+        ids.push(j["id"].as_str().unwrap().to_owned());
+    }
+    for i in 0..2 {
+        let (status, j) = app
+            .submit(
+                WATCHER,
+                &job("ant/claude-3-5-haiku-latest", &format!("overloaded {i}")),
+            )
+            .await;
+        assert_eq!(status, 202, "{j}");
+        ids.push(j["id"].as_str().unwrap().to_owned());
+    }
+    // waiter: 5 jobs; its limit of 2 a minute admits 2 now, the rest wait ~30 s each.
+    for i in 0..5 {
+        let (status, _) = app.submit(WAITER, &job("fast", &format!("wait {i}"))).await;
+        assert_eq!(status, 202);
+    }
+    let mut states = HashMap::new();
+    for id in &ids {
+        let j = app.wait_job(WATCHER, id, 60).await;
+        *states.entry(j["state"].as_str().unwrap().to_owned()).or_insert(0) += 1;
+    }
+    assert_eq!(states.get("succeeded"), Some(&10), "{states:?}");
+    assert_eq!(states.get("failed"), Some(&2), "{states:?}");
+
+    // The dispatcher counts a finished job after writing it: poll until it has.
+    let text = eventually(30, "the finished jobs to be counted", || async {
+        let text = scrape(&app).await;
+        let finished = metric(&text, "tollgate_jobs_finished_total", &[("tenant", "watcher")]);
+        let queued = metric(
+            &text,
+            "tollgate_queue_depth",
+            &[("tenant", "waiter"), ("state", "queued")],
+        );
+        (finished == 12.0 && queued == 3.0).then_some(text)
+    })
+    .await;
+    let m = |name: &str, labels: &[(&str, &str)]| metric(&text, name, labels);
+    // Admission: every watcher job admitted once per attempt (10 + 2 × 4); waiter's
+    // jobs wait on its own rpm bucket.
+    assert_eq!(
+        m(
+            "tollgate_admission_decisions_total",
+            &[("tenant", "watcher"), ("decision", "admitted")]
+        ),
+        18.0
+    );
+    assert_eq!(
+        m(
+            "tollgate_admission_decisions_total",
+            &[("tenant", "waiter"), ("decision", "admitted")]
+        ),
+        2.0
+    );
+    assert!(
+        m(
+            "tollgate_admission_decisions_total",
+            &[
+                ("tenant", "waiter"),
+                ("decision", "waiting"),
+                ("bucket", "tenant:waiter:rpm"),
+                ("reason", "waiting_for_capacity")
+            ]
+        ) >= 3.0,
+        "{text}"
+    );
+    assert_eq!(
+        m(
+            "tollgate_queue_wait_seconds_count",
+            &[("tenant", "watcher"), ("class", "standard")]
+        ),
+        18.0
+    );
+    // Outcomes, retries and attempts per job.
+    assert_eq!(
+        m(
+            "tollgate_jobs_finished_total",
+            &[("tenant", "watcher"), ("state", "succeeded")]
+        ),
+        10.0
+    );
+    assert_eq!(
+        m(
+            "tollgate_jobs_finished_total",
+            &[
+                ("tenant", "watcher"),
+                ("state", "failed"),
+                ("code", "attempts_exhausted")
+            ]
+        ),
+        2.0
+    );
+    assert_eq!(
+        m(
+            "tollgate_retries_total",
+            &[("tenant", "watcher"), ("code", "provider_overloaded")]
+        ),
+        6.0
+    );
+    assert_eq!(
+        m(
+            "tollgate_attempts_per_job_count",
+            &[("tenant", "watcher"), ("state", "failed")]
+        ),
+        2.0
+    );
+    assert_eq!(
+        m(
+            "tollgate_attempts_per_job_sum",
+            &[("tenant", "watcher"), ("state", "failed")]
+        ),
+        8.0
+    );
+    assert_eq!(
+        m(
+            "tollgate_attempts_per_job_sum",
+            &[("tenant", "watcher"), ("state", "succeeded")]
+        ),
+        10.0
+    );
+    // Provider responses (other tests in this process call the mock too: at least).
+    assert!(
+        m(
+            "tollgate_provider_responses_total",
+            &[("provider", "ant"), ("status", "529"), ("class", "overload")]
+        ) >= 8.0
+    );
+    assert!(
+        m(
+            "tollgate_provider_throttles_total",
+            &[("provider", "ant"), ("status", "529")]
+        ) >= 8.0
+    );
+    assert!(
+        m(
+            "tollgate_provider_responses_total",
+            &[("provider", "oai"), ("status", "200"), ("class", "ok")]
+        ) >= 12.0
+    );
+    // Tokens: the mock writes 12 output tokens of the 32 reserved.
+    let actual_out = m(
+        "tollgate_tokens_actual_total",
+        &[("provider", "oai"), ("direction", "output")],
+    );
+    let estimated_out = m(
+        "tollgate_tokens_estimated_total",
+        &[("provider", "oai"), ("direction", "output")],
+    );
+    let wasted_out = m(
+        "tollgate_over_reserved_tokens_total",
+        &[("provider", "oai"), ("direction", "output")],
+    );
+    assert!(actual_out >= 12.0 * 12.0, "{actual_out}");
+    assert!(estimated_out > actual_out);
+    assert!(wasted_out >= 12.0 * 20.0, "{wasted_out}");
+    // Levels read from the database at scrape time.
+    assert_eq!(
+        m(
+            "tollgate_queue_depth",
+            &[("tenant", "waiter"), ("class", "standard"), ("state", "queued")]
+        ),
+        3.0
+    );
+    assert!(
+        m(
+            "tollgate_queue_oldest_age_seconds",
+            &[("tenant", "waiter"), ("class", "standard")]
+        ) > 0.0
+    );
+    assert_eq!(m("tollgate_queue_depth", &[("tenant", "watcher")]), 0.0);
+    assert_eq!(
+        m(
+            "tollgate_bucket_limit",
+            &[("bucket", "tenant:waiter:rpm"), ("source", "configured")]
+        ),
+        2.0
+    );
+    assert!(m("tollgate_bucket_level", &[("bucket", "tenant:waiter:rpm")]) < 1.0);
+    assert!(m("tollgate_bucket_utilization", &[("bucket", "tenant:waiter:rpm")]) > 0.5);
+    assert!(
+        text.contains("tollgate_tenant_share{tenant=\"watcher\"}"),
+        "{text}"
+    );
+    assert_eq!(m("tollgate_tenant_weight", &[("tenant", "acme")]), 3.0);
     app.shutdown().await;
 }
