@@ -13,6 +13,7 @@
 //! - [`broker`]: starts the roles of one process (API, dispatcher, maintenance,
 //!   notifications) and runs the shutdown sequence; `serve`, `demo` and tests use it.
 //! - [`local`]: a whole stack on this machine (database, mock provider, broker).
+//! - [`cli`]: `tollgate status`, `jobs get`, `submit`, `batches list` against a running server.
 //! - [`demo`]: `tollgate demo`, the whole system on one machine with a sample workload.
 //! - [`bench`]: `tollgate bench`, end-to-end throughput beside a direct-to-provider baseline.
 //!
@@ -23,6 +24,7 @@ pub mod auth;
 pub mod bench;
 pub mod broker;
 pub mod chat;
+pub mod cli;
 pub mod demo;
 pub mod error;
 pub mod jobs;
