@@ -14,6 +14,7 @@
 //!   notifications) and runs the shutdown sequence; `serve`, `demo` and tests use it.
 //! - [`local`]: a whole stack on this machine (database, mock provider, broker).
 //! - [`cli`]: `tollgate status`, `jobs get`, `submit`, `batches list` against a running server.
+//! - [`dashboard`]: `GET /dashboard`, the live page (assets embedded from `api/assets/`).
 //! - [`demo`]: `tollgate demo`, the whole system on one machine with a sample workload.
 //! - [`bench`]: `tollgate bench`, end-to-end throughput beside a direct-to-provider baseline.
 //!
@@ -25,6 +26,7 @@ pub mod bench;
 pub mod broker;
 pub mod chat;
 pub mod cli;
+pub mod dashboard;
 pub mod demo;
 pub mod error;
 pub mod jobs;
@@ -82,6 +84,9 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(status::get))
         .routes(routes!(status::history))
         .routes(routes!(metrics::scrape))
+        .routes(routes!(dashboard::page))
+        .routes(routes!(dashboard::script))
+        .routes(routes!(dashboard::style))
 }
 
 pub fn router(state: AppState) -> Router {

@@ -8,12 +8,14 @@
 //! - [`bad_input`]: every kind of bad request gets a 4xx with a stable code.
 //! - [`durability`]: rescued leases, and SIGKILL of the real binary mid-job.
 //! - [`cli`]: the client commands of the real binary (`submit`, `jobs get`, `status`).
+//! - [`dashboard`]: the dashboard in headless Chromium, checked against the API.
 //! - [`observe`]: OpenAPI, metrics, status, the CLI and the dashboard.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test should stop right there
 
 mod bad_input;
 mod cli;
+mod dashboard;
 mod durability;
 mod gate;
 mod harness;
