@@ -7,7 +7,11 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::harness::{ACME, TestApp, eventually, job};
-use crate::observe::{ADMIN, WAITER, WATCHER, watched_options};
+use crate::observe::{ADMIN, watched_options};
+
+/// This test's tenants (see [`watched_options`]).
+const WATCHER: &str = "tk-viewer";
+const WAITER: &str = "tk-queuer";
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 
@@ -64,9 +68,9 @@ fn attr(dom: &str, marker: &str, attr: &str) -> Option<String> {
 
 #[tokio::test]
 async fn dashboard_renders_what_the_api_reports() {
-    let app = TestApp::spawn_with(watched_options()).await;
-    // A small workload: watcher's jobs succeed, one fails (the Anthropic mock answers
-    // 529 until attempts run out), waiter's wait on its own 2-a-minute limit, acme has a
+    let app = TestApp::spawn_with(watched_options("viewer", "queuer")).await;
+    // A small workload: viewer's jobs succeed, one fails (the Anthropic mock answers
+    // 529 until attempts run out), queuer's wait on its own 2-a-minute limit, acme has a
     // job too.
     for i in 0..6 {
         let (status, _) = app.submit(WATCHER, &job("fast", &format!("dash {i}"))).await;
@@ -88,7 +92,7 @@ async fn dashboard_renders_what_the_api_reports() {
         let waiting = s["queues"]
             .as_array()?
             .iter()
-            .any(|q| q["tenant"] == "waiter" && q["queued"] == 3);
+            .any(|q| q["tenant"] == "queuer" && q["queued"] == 3);
         let failed = s["recent_failures"]
             .as_array()?
             .iter()
@@ -122,7 +126,7 @@ async fn dashboard_renders_what_the_api_reports() {
     }
     // The queue that waits, as the API counts it.
     assert_eq!(
-        attr(&dom, "data-queue=\"waiter/standard\"", "data-queued").as_deref(),
+        attr(&dom, "data-queue=\"queuer/standard\"", "data-queued").as_deref(),
         Some("3"),
         "{dom}"
     );
@@ -143,7 +147,7 @@ async fn dashboard_renders_what_the_api_reports() {
         code
     );
     // Charts drawn from the history: one line per tenant/class queue.
-    assert!(dom.contains("data-series=\"waiter/standard\""), "{dom}");
+    assert!(dom.contains("data-series=\"queuer/standard\""), "{dom}");
     assert!(dom.contains("no batches in progress"));
 
     // A tenant key sees its own jobs and no other tenant's.
@@ -156,14 +160,14 @@ async fn dashboard_renders_what_the_api_reports() {
     .await;
     assert_eq!(
         attr(&dom, "id=\"scope\"", "data-scope").as_deref(),
-        Some("waiter")
+        Some("queuer")
     );
     assert_eq!(
-        attr(&dom, "data-queue=\"waiter/standard\"", "data-queued").as_deref(),
+        attr(&dom, "data-queue=\"queuer/standard\"", "data-queued").as_deref(),
         Some("3")
     );
     assert!(
-        !dom.contains("watcher") && !dom.contains("acme"),
+        !dom.contains("viewer") && !dom.contains("acme"),
         "another tenant leaked into the page"
     );
 

@@ -83,14 +83,13 @@ pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
-pub const WATCHER: &str = "tk-watcher";
-pub const WAITER: &str = "tk-waiter";
 pub const ADMIN: &str = "tk-admin";
 
-/// Two tenants of their own (so counters of other tests running in this process do not
-/// mix in): `watcher`, unlimited; `waiter`, 2 requests a minute. The Anthropic project of
-/// the mock answers every call 529 (overloaded).
-pub fn watched_options() -> TestOptions {
+/// Two tenants of a test's own (so counters recorded by other tests running in this
+/// process do not mix in; their keys are `tk-<name>`): `watcher`, unlimited, and
+/// `waiter`, 2 requests a minute. The Anthropic project of the mock answers every call
+/// 529 (overloaded).
+pub fn watched_options(watcher: &str, waiter: &str) -> TestOptions {
     let mut mock = crate::harness::mock_config();
     mock.faults = vec![FaultConfig {
         project: Some("ant-test".into()),
@@ -103,12 +102,15 @@ pub fn watched_options() -> TestOptions {
         mock,
         server_config: format!("admin_key = \"{ADMIN}\""),
         extra_config: format!(
-            "[[tenants]]\nname = \"watcher\"\napi_key = \"{WATCHER}\"\n\
-             [[tenants]]\nname = \"waiter\"\napi_key = \"{WAITER}\"\nrpm = 2\n"
+            "[[tenants]]\nname = \"{watcher}\"\napi_key = \"tk-{watcher}\"\n\
+             [[tenants]]\nname = \"{waiter}\"\napi_key = \"tk-{waiter}\"\nrpm = 2\n"
         ),
         ..TestOptions::default()
     }
 }
+
+const WATCHER: &str = "tk-watcher";
+const WAITER: &str = "tk-waiter";
 
 async fn scrape(app: &TestApp) -> String {
     let r = app
@@ -124,7 +126,7 @@ async fn scrape(app: &TestApp) -> String {
 
 #[tokio::test]
 async fn metrics_follow_a_workload() {
-    let app = TestApp::spawn_with(watched_options()).await;
+    let app = TestApp::spawn_with(watched_options("watcher", "waiter")).await;
     // Who may scrape: the admin key only, once one is configured.
     let r = app.http.get(app.url("/metrics")).send().await.unwrap();
     assert_eq!(r.status(), 401);
@@ -336,5 +338,32 @@ async fn metrics_follow_a_workload() {
         "{text}"
     );
     assert_eq!(m("tollgate_tenant_weight", &[("tenant", "acme")]), 3.0);
+    // The Grafana dashboard charts series that exist: each name it queries is served (or,
+    // for events this workload has none of, is one tollgate records).
+    let grafana = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/grafana/tollgate.json"
+    ))
+    .unwrap();
+    let recorded_elsewhere = [tollgate::metrics::FALLBACKS, tollgate::metrics::RETRY_AFTER];
+    let mut charted = 0;
+    for word in grafana.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+        if !word.starts_with("tollgate_") {
+            continue;
+        }
+        let name = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| word.strip_suffix(s))
+            .filter(|base| recorded_elsewhere.contains(base) || text.contains(&format!("{base}_count")))
+            .unwrap_or(word);
+        charted += 1;
+        assert!(
+            recorded_elsewhere.contains(&name)
+                || text.contains(&format!("\n{name}{{"))
+                || text.contains(&format!("# TYPE {name} ")),
+            "the Grafana dashboard queries {word}, which /metrics does not serve"
+        );
+    }
+    assert!(charted >= 19, "{charted}");
     app.shutdown().await;
 }
