@@ -610,7 +610,6 @@ impl Gate {
                     None => json!({"reason": "waiting_for_turn"}),
                 },
             };
-            crate::metrics::waiting(job, &note);
             // Rewrite a note only when what it says changes (the expected time to the
             // second), not on every round.
             let stamp = format!(
@@ -622,6 +621,7 @@ impl Gate {
                     .map_or(0, |t| t.timestamp())
             );
             if fairness.explained.get(&job.id) != Some(&stamp) {
+                crate::metrics::waiting(job, &note);
                 fairness.explained.insert(job.id, stamp);
                 notes.push((job.id, note));
             }

@@ -15,7 +15,8 @@ use crate::routing::Target;
 use crate::store::Candidate;
 
 /// Admission decisions: `tenant`, `route`, `bucket` (the one that held the job, or empty),
-/// `decision` (`admitted` | `waiting` | `failed`), `reason`.
+/// `decision` (`admitted` | `waiting` | `failed`), `reason`. `waiting` is counted when a
+/// job's reason to wait changes, not once per round.
 pub const ADMISSION_DECISIONS: &str = "tollgate_admission_decisions_total";
 /// Time from submission to admission, by `tenant` and `class` (histogram).
 pub const QUEUE_WAIT: &str = "tollgate_queue_wait_seconds";
@@ -79,6 +80,8 @@ pub fn failed(job: &Candidate, bucket: &str, reason: &str) {
 }
 
 /// The gate's note on a job that waits, as a decision: its reason and bucket (or scope).
+/// Counted when the note changes (a job starts waiting, or for another reason or time),
+/// not on every round it keeps waiting.
 pub fn waiting(job: &Candidate, note: &serde_json::Value) {
     let reason = note["reason"].as_str().unwrap_or("waiting");
     let bucket = note["bucket"].as_str().or(note["scope"].as_str()).unwrap_or("");
