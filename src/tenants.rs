@@ -80,3 +80,34 @@ impl TenantDirectory {
         self.by_key_digest.get(&digest(presented_key))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(server: &str) -> Config {
+        let text = format!(
+            "[server]\n{server}\n[[providers]]\nname = \"oai\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:1/v1\"\n\
+             keys = [{{ name = \"k1\", value = \"sk-1\" }}]\nmodels = [\"m\"]\n\
+             [[tenants]]\nname = \"acme\"\napi_key = \"tk-acme\"\n"
+        );
+        Config::parse(&text, "test.toml").unwrap()
+    }
+
+    #[test]
+    fn the_admin_key_is_nobody_s_tenant_key() {
+        let dir = TenantDirectory::from_config(&config("admin_key = \"tk-admin\"")).unwrap();
+        assert!(dir.has_admin());
+        assert!(dir.is_admin("tk-admin"));
+        assert!(!dir.is_admin("tk-acme"));
+        assert!(
+            dir.authenticate("tk-admin").is_none(),
+            "the admin key is not a tenant"
+        );
+        assert_eq!(dir.authenticate("tk-acme").map(|t| t.name.as_str()), Some("acme"));
+        let shared = TenantDirectory::from_config(&config("admin_key = \"tk-acme\""));
+        assert!(shared.unwrap_err().contains("admin_key"));
+        let none = TenantDirectory::from_config(&config("")).unwrap();
+        assert!(!none.has_admin() && !none.is_admin(""));
+    }
+}

@@ -346,6 +346,36 @@ async fn metrics_follow_a_workload() {
         "{text}"
     );
     assert_eq!(m("tollgate_tenant_weight", &[("tenant", "acme")]), 3.0);
+    // /v1/status: a tenant sees its own queues, failures and buckets; the admin all.
+    let (status, own) = app.get(WAITER, "/v1/status").await;
+    assert_eq!(status, 200);
+    assert_eq!(own["scope"], "waiter");
+    let queues = own["queues"].as_array().unwrap();
+    assert!(
+        queues.iter().any(|q| q["queued"] == 3) && queues.iter().all(|q| q["tenant"] == "waiter"),
+        "{own}"
+    );
+    assert_eq!(
+        own["recent_failures"].as_array().map(Vec::len),
+        Some(0),
+        "watcher's failures leaked"
+    );
+    assert!(own["buckets"].to_string().contains("tenant:waiter:rpm"));
+    let (_, other) = app.get(WATCHER, "/v1/status").await;
+    assert!(!other.to_string().contains("waiter"), "{other}");
+    assert_eq!(other["recent_failures"].as_array().map(Vec::len), Some(2));
+    let (_, all) = app.get(ADMIN, "/v1/status").await;
+    assert_eq!(all["scope"], "all");
+    assert!(all.to_string().contains("tenant:waiter:rpm") && all.to_string().contains("\"watcher\""));
+    let (_, history) = eventually(10, "a sample of the queues", || async {
+        let (status, h) = app.get(WAITER, "/v1/status/history").await;
+        (h["samples"].as_array().is_some_and(|s| !s.is_empty())).then_some((status, h))
+    })
+    .await;
+    assert!(history.to_string().contains("waiter/standard") && !history.to_string().contains("watcher"));
+    // The admin key is no tenant's: it cannot submit or read jobs.
+    let (status, _) = app.get(ADMIN, "/v1/jobs").await;
+    assert_eq!(status, 401);
     // The Grafana dashboard charts series that exist: each name it queries is served (or,
     // for events this workload has none of, is one tollgate records).
     let grafana = std::fs::read_to_string(concat!(
