@@ -179,7 +179,7 @@ pub fn render_status(s: &Value) -> String {
         );
         let pct = if cap > 0.0 { 100.0 * used / cap } else { 0.0 };
         out.push_str(&format!(
-            "{:<44} {:<16} {:>14} {:>14} {:>5.0}%  {}\n",
+            "{:<44} {:<16} {:>14.0} {:>14.0} {:>5.0}%  {}\n",
             b["bucket"].as_str().unwrap_or(""),
             b["dimension"].as_str().unwrap_or(""),
             used,
@@ -385,9 +385,10 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<bool> {
             .progress_chars("=> "),
     );
     bar.set_prefix("uploading");
+    let started = Instant::now();
     let mut jobs = upload(&http, &args.remote, bodies, args.concurrency, &bar).await;
     if args.wait {
-        follow(&http, &args.remote, &mut jobs, args.concurrency, &bar).await;
+        follow(&http, &args.remote, &mut jobs, args.concurrency, &bar, started).await;
     }
     bar.finish_and_clear();
     let count = |s: &str| jobs.iter().filter(|j| j.state == s).count();
@@ -445,17 +446,18 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<bool> {
 
 /// Long-polls every accepted job until it is finished, updating the bar: done and failed
 /// counts, the admission rate (from the tenant's queue in `/v1/status`), the ETA.
+/// `started`: when the upload began (admissions start then).
 async fn follow(
     http: &reqwest::Client,
     remote: &Remote,
     jobs: &mut [Submitted],
     concurrency: usize,
     bar: &ProgressBar,
+    started: Instant,
 ) {
     bar.set_prefix("running");
     bar.set_position(jobs.iter().filter(|j| is_terminal(&j.state)).count() as u64);
     bar.reset_eta();
-    let started = Instant::now();
     let waiting: Vec<(usize, String)> = jobs
         .iter()
         .enumerate()
@@ -476,7 +478,9 @@ async fn follow(
         .buffer_unordered(concurrency.max(1));
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let (mut failed, mut done) = (0u64, 0u64);
-    let mut admission = String::from("admitting …");
+    let mut admission = String::from("admitted …");
+    // (when, admitted so far) at the previous tick: the admission rate is their slope.
+    let mut previous: Option<(Instant, f64)> = None;
     loop {
         tokio::select! {
             next = finished.next() => {
@@ -494,8 +498,13 @@ async fn follow(
                         q.iter().map(|q| q["queued"].as_f64().unwrap_or(0.0)).sum()
                     });
                     let admitted = (accepted - queued).max(0.0);
-                    let secs = started.elapsed().as_secs_f64().max(0.001);
-                    admission = format!("admitting {:.1}/s", admitted / secs);
+                    let now = Instant::now();
+                    let rate = match previous {
+                        Some((at, before)) => (admitted - before).max(0.0) / (now - at).as_secs_f64().max(0.001),
+                        None => admitted / started.elapsed().as_secs_f64().max(0.001),
+                    };
+                    previous = Some((now, admitted));
+                    admission = format!("admitted {admitted:.0}/{accepted:.0} at {rate:.1}/s");
                 }
             }
         }
