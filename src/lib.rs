@@ -11,6 +11,8 @@
 //! - [`buckets`]: limits as buckets, a job's path through them, their arithmetic.
 //! - [`gate`]: admission — weighted fair queuing over tenants, all-or-nothing reservations.
 //! - [`retry`]: failure classification and the retry policy.
+//! - [`ratelimit`]: what providers say about their limits (headers, 429 bodies), parsed.
+//! - [`learning`]: learned limits — readings and 429s turned into bucket capacities.
 //! - [`metrics`]: metric names, and the one-line helpers the gate and dispatchers call.
 //!
 //! Data flow: the API (`tollgate-api`) authenticates through `tenants`, resolves through
@@ -26,9 +28,11 @@ pub mod db;
 pub mod embedded;
 pub mod estimate;
 pub mod gate;
+pub mod learning;
 pub mod metrics;
 pub mod model;
 pub mod notify;
+pub mod ratelimit;
 pub mod retry;
 pub mod routing;
 pub mod store;

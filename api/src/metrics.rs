@@ -140,7 +140,7 @@ async fn levels(state: &AppState, out: &mut String) -> Result<(), ApiError> {
     family(
         out,
         "tollgate_bucket_limit",
-        "Each bucket's capacity, with its source (configured or learned).",
+        "Each bucket's capacity in force, with its source (configured, learned, probe).",
     );
     for b in &buckets {
         let _ = writeln!(
@@ -152,6 +152,20 @@ async fn levels(state: &AppState, out: &mut String) -> Result<(), ApiError> {
             esc(&b.source),
             b.capacity
         );
+    }
+    family(
+        out,
+        "tollgate_bucket_configured_limit",
+        "What the config says a bucket's capacity is, beside the one in force (tollgate_bucket_limit).",
+    );
+    for b in &buckets {
+        if let Some(configured) = b.configured_capacity {
+            let _ = writeln!(
+                out,
+                "tollgate_bucket_configured_limit{{bucket=\"{}\"}} {configured}",
+                esc(&b.bucket)
+            );
+        }
     }
     family(
         out,

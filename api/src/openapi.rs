@@ -312,6 +312,12 @@ pub struct LimitSchema {
     remaining: f64,
     window_secs: i64,
     resets_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// `configured`, `learned` (a provider's reading or its 429s set it) or `probe` (a
+    /// cold-start limit on calls in flight while nothing is known of a model's limits).
+    source: String,
+    /// What the config says, when a learned limit replaced it.
+    configured_capacity: Option<f64>,
+    learned_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 #[derive(ToSchema)]

@@ -59,8 +59,12 @@ pub struct BucketUse {
     pub remaining: f64,
     /// `capacity − remaining`, at least 0.
     pub used: f64,
-    /// `configured`, or learned (`learned_headers`, `learned_429`…).
+    /// `configured`, `learned` (from a provider's headers or its 429s) or `probe` (a
+    /// cold-start limit while nothing is known).
     pub source: String,
+    /// What the config says, when a learned limit replaced it.
+    pub configured_capacity: Option<f64>,
+    pub learned_at: Option<DateTime<Utc>>,
     pub window_secs: i64,
     pub resets_at: Option<DateTime<Utc>>,
 }
@@ -188,7 +192,6 @@ pub async fn bucket_uses(
     viewer: &Viewer,
     now: DateTime<Utc>,
 ) -> Result<Vec<BucketUse>, StoreError> {
-    let sources: BTreeMap<String, String> = store::bucket_sources(pool).await?.into_iter().collect();
     let own = viewer.tenant().map(|t| format!("{}:", buckets::tenant_scope(t)));
     Ok(store::all_buckets(pool)
         .await?
@@ -201,10 +204,9 @@ pub async fn bucket_uses(
             b.refill(now);
             let remaining = b.level.max(0.0).floor();
             BucketUse {
-                source: sources
-                    .get(&b.key)
-                    .cloned()
-                    .unwrap_or_else(|| "configured".to_owned()),
+                source: crate::limits::source(&b).to_owned(),
+                configured_capacity: b.configured_capacity,
+                learned_at: b.learned_at,
                 dimension: b.dimension.as_str().to_owned(),
                 rule: b.rule.as_str().to_owned(),
                 capacity: b.capacity,

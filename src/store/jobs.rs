@@ -188,6 +188,10 @@ pub async fn claim_jobs(
         "WITH picked AS (
              SELECT id FROM jobs
              WHERE state = 'admitted' AND deadline > $3 AND NOT stream
+               -- A provider's 429 paused the target: what was admitted before waits too.
+               AND NOT EXISTS (SELECT 1 FROM pauses p
+                               WHERE p.scope = 'provider:' || jobs.provider || ':' || jobs.provider_model
+                                 AND p.until > $3)
              ORDER BY class, priority DESC, admitted_at, id
              LIMIT $2
              FOR UPDATE SKIP LOCKED)
@@ -279,8 +283,22 @@ pub struct Outcome {
     pub not_before: Option<DateTime<Utc>>,
     pub settlement: Settlement,
     pub record: Option<AttemptRecord>,
-    /// A provider rate limit answered: pause this scope for every process until then.
-    pub pause: Option<(String, DateTime<Utc>)>,
+    /// Pause this scope for every process until then (a provider's 429: its model; a
+    /// rejected key: the key), with the reason.
+    pub pause: Option<Pause>,
+    /// What the provider's response said about its limits, for the gate to learn; written
+    /// after the outcome commits ([`super::record_observations`]), never inside it.
+    pub observation: Option<super::Observation>,
+}
+
+/// A scope (`provider:oai:gpt-4o`, `key:oai:main`) the gate must not admit to before
+/// `until`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pause {
+    pub scope: String,
+    pub until: DateTime<Utc>,
+    /// `rate_limited` or `key_unusable`.
+    pub reason: &'static str,
 }
 
 impl Outcome {
@@ -307,6 +325,7 @@ impl Outcome {
             settlement,
             record,
             pause: None,
+            observation: None,
         };
         match finish {
             Finish::Succeeded {
@@ -372,20 +391,24 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
     let mut tx = pool.begin().await?;
     let records: Vec<&AttemptRecord> = outcomes.iter().filter_map(|o| o.record.as_ref()).collect();
     record_attempts(&mut tx, &records).await?;
-    let pauses: Vec<&(String, DateTime<Utc>)> = outcomes.iter().filter_map(|o| o.pause.as_ref()).collect();
+    let pauses: Vec<&Pause> = outcomes.iter().filter_map(|o| o.pause.as_ref()).collect();
     if !pauses.is_empty() {
         sqlx::query(
             "INSERT INTO pauses (scope, until, reason, created_at)
-             SELECT scope, max(until), 'rate_limited', $3 FROM unnest($1::text[], $2::timestamptz[]) AS t(scope, until)
+             SELECT scope, max(until), min(reason), $4
+             FROM unnest($1::text[], $2::timestamptz[], $3::text[]) AS t(scope, until, reason)
              GROUP BY scope
-             ON CONFLICT ON CONSTRAINT pauses_pkey DO UPDATE SET until = GREATEST(pauses.until, excluded.until)",
+             ON CONFLICT ON CONSTRAINT pauses_pkey DO UPDATE SET until = GREATEST(pauses.until, excluded.until),
+                                                                 reason = excluded.reason",
         )
-        .bind(pauses.iter().map(|p| p.0.as_str()).collect::<Vec<_>>())
-        .bind(pauses.iter().map(|p| p.1).collect::<Vec<_>>())
+        .bind(pauses.iter().map(|p| p.scope.as_str()).collect::<Vec<_>>())
+        .bind(pauses.iter().map(|p| p.until).collect::<Vec<_>>())
+        .bind(pauses.iter().map(|p| p.reason).collect::<Vec<_>>())
         .bind(now)
         .execute(&mut *tx)
         .await?;
     }
+
     let written = sqlx::query_as::<Postgres, Previous>(
         "WITH t AS (
              SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::job_state[], $5::jsonb[], $6::jsonb[],
@@ -548,15 +571,21 @@ fn clamp_i32(v: i64) -> i32 {
 pub async fn extend_leases(
     ex: impl PgExecutor<'_>,
     owner: &str,
+    ids: &[JobId],
     now: DateTime<Utc>,
     lease: std::time::Duration,
 ) -> Result<u64> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
     let done = sqlx::query(
         "UPDATE jobs SET lease_expires_at = $2
-         WHERE lease_owner = $1 AND (state = 'running' OR (state = 'cancelled' AND reserved_buckets IS NOT NULL))",
+         WHERE lease_owner = $1 AND id = ANY($3)
+           AND (state = 'running' OR (state = 'cancelled' AND reserved_buckets IS NOT NULL))",
     )
     .bind(owner)
     .bind(now + lease)
+    .bind(ids.iter().map(|id| id.0).collect::<Vec<_>>())
     .execute(ex)
     .await?;
     Ok(done.rows_affected())

@@ -4,6 +4,7 @@
 //!
 //! - [`jobs`]: the job rows, from insert to terminal state.
 //! - [`buckets`]: bucket rows and the reservations jobs hold against them.
+//! - [`learned`]: learned limits — what responses said, what the gate applied.
 //! - [`gate`]: what the gate reads (queued work per tenant and class) and writes
 //!   (admissions, explanations).
 //! - [`observe`]: what the dashboard, `/v1/status` and `/metrics` read.
@@ -16,11 +17,13 @@
 pub mod buckets;
 pub mod gate;
 pub mod jobs;
+pub mod learned;
 pub mod observe;
 
 pub use buckets::*;
 pub use gate::*;
 pub use jobs::*;
+pub use learned::*;
 pub use observe::*;
 
 /// Channel on which a job's id is announced when it reaches a terminal state.

@@ -1,6 +1,5 @@
 //! What operators and tenants watch, read from the database: queue depth and oldest age by
-//! tenant and class, recent provider traffic, recent failures, tenant shares, bucket
-//! sources. `tenant = None` reads every tenant; `Some(t)` only `t`'s jobs.
+//! tenant and class, recent provider traffic, recent failures, tenant shares. `tenant = None` reads every tenant; `Some(t)` only `t`'s jobs.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
@@ -112,11 +111,4 @@ pub async fn tenant_holdings(ex: impl PgExecutor<'_>) -> Result<Vec<(String, i64
     )
     .fetch_all(ex)
     .await?)
-}
-
-/// Each bucket's `source`: `configured`, or learned (from headers, from 429s).
-pub async fn bucket_sources(ex: impl PgExecutor<'_>) -> Result<Vec<(String, String)>> {
-    Ok(sqlx::query_as("SELECT key, source FROM buckets ORDER BY key")
-        .fetch_all(ex)
-        .await?)
 }

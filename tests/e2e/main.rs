@@ -19,6 +19,7 @@ mod dashboard;
 mod durability;
 mod gate;
 mod harness;
+mod learning;
 mod lifecycle;
 mod observe;
 mod streaming;

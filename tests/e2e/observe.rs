@@ -10,7 +10,11 @@ use crate::harness::{ACME, TestApp, TestOptions, eventually, job};
 
 #[tokio::test]
 async fn openapi_document_matches_what_the_server_serves() {
-    let app = TestApp::spawn().await;
+    let app = TestApp::spawn_with(TestOptions {
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\nrpm = 600\n".into(),
+        ..TestOptions::default()
+    })
+    .await;
     let r = app.http.get(app.url("/openapi.json")).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let doc: Value = r.json().await.unwrap();
@@ -52,6 +56,20 @@ async fn openapi_document_matches_what_the_server_serves() {
     assert_eq!(
         served_keys, described_keys,
         "the Job schema drifted from jobs::job_view"
+    );
+    // So is a limit.
+    let (status, limits) = app.get(ACME, "/v1/limits").await;
+    assert_eq!(status, 200);
+    let mut served_keys: Vec<&String> = limits["data"][0].as_object().unwrap().keys().collect();
+    let described = doc["components"]["schemas"]["Limit"]["properties"]
+        .as_object()
+        .unwrap();
+    let mut described_keys: Vec<&String> = described.keys().collect();
+    served_keys.sort();
+    described_keys.sort();
+    assert_eq!(
+        served_keys, described_keys,
+        "the Limit schema drifted from limits::view"
     );
     app.shutdown().await;
 }
