@@ -385,12 +385,18 @@ async fn metrics_follow_a_workload() {
     let (_, all) = app.get(ADMIN, "/v1/status").await;
     assert_eq!(all["scope"], "all");
     assert!(all.to_string().contains("tenant:waiter:rpm") && all.to_string().contains("\"watcher\""));
-    let (_, history) = eventually(10, "a sample of the queues", || async {
-        let (status, h) = app.get(WAITER, "/v1/status/history").await;
-        (h["samples"].as_array().is_some_and(|s| !s.is_empty())).then_some((status, h))
+    // The sampler runs every 2 s: wait for a sample taken while waiter's jobs wait.
+    let history = eventually(30, "a sample of waiter's queue", || async {
+        let (_, h) = app.get(WAITER, "/v1/status/history").await;
+        h.to_string().contains("waiter/standard").then_some(h)
     })
     .await;
-    assert!(history.to_string().contains("waiter/standard") && !history.to_string().contains("watcher"));
+    assert!(!history.to_string().contains("watcher"), "{history}");
+    eventually(30, "watcher's traffic in the admin's history", || async {
+        let (_, h) = app.get(ADMIN, "/v1/status/history").await;
+        h.to_string().contains("\"watcher\"").then_some(())
+    })
+    .await;
     // The admin key is no tenant's: it cannot submit or read jobs.
     let (status, _) = app.get(ADMIN, "/v1/jobs").await;
     assert_eq!(status, 401);
