@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::harness::{ACME, TestApp, eventually, job};
-use crate::observe::{ADMIN, watched_options};
+use crate::observe::{ADMIN, waiting_job, watched_options};
 
 /// This test's tenants (see [`watched_options`]).
 const WATCHER: &str = "tk-viewer";
@@ -70,7 +70,7 @@ fn attr(dom: &str, marker: &str, attr: &str) -> Option<String> {
 async fn dashboard_renders_what_the_api_reports() {
     let app = TestApp::spawn_with(watched_options("viewer", "queuer")).await;
     // A small workload: viewer's jobs succeed, one fails (the Anthropic mock answers
-    // 529 until attempts run out), queuer's wait on its own 2-a-minute limit, acme has a
+    // 529 until attempts run out), queuer's wait on its own 2-a-day limit, acme has a
     // job too.
     for i in 0..6 {
         let (status, _) = app.submit(WATCHER, &job("fast", &format!("dash {i}"))).await;
@@ -81,7 +81,7 @@ async fn dashboard_renders_what_the_api_reports() {
         .await;
     assert_eq!(status, 202, "{failing}");
     for i in 0..5 {
-        let (status, _) = app.submit(WAITER, &job("fast", &format!("wait {i}"))).await;
+        let (status, _) = app.submit(WAITER, &waiting_job(i)).await;
         assert_eq!(status, 202);
     }
     let (status, _) = app.submit(ACME, &job("fast", "acme's")).await;

@@ -105,7 +105,8 @@ pub const ADMIN: &str = "tk-admin";
 
 /// Two tenants of a test's own (so counters recorded by other tests running in this
 /// process do not mix in; their keys are `tk-<name>`): `watcher`, unlimited, and
-/// `waiter`, 2 requests a minute. The Anthropic project of the mock answers every call
+/// `waiter`, 2 requests a day (its jobs past the second wait for the next UTC day, when
+/// [`waiting_job`] gives them a deadline after it). The Anthropic project of the mock answers every call
 /// 529 (overloaded).
 pub fn watched_options(watcher: &str, waiter: &str) -> TestOptions {
     let mut mock = crate::harness::mock_config();
@@ -121,7 +122,7 @@ pub fn watched_options(watcher: &str, waiter: &str) -> TestOptions {
         server_config: format!("admin_key = \"{ADMIN}\""),
         extra_config: format!(
             "[[tenants]]\nname = \"{watcher}\"\napi_key = \"tk-{watcher}\"\n\
-             [[tenants]]\nname = \"{waiter}\"\napi_key = \"tk-{waiter}\"\nrpm = 2\n"
+             [[tenants]]\nname = \"{waiter}\"\napi_key = \"tk-{waiter}\"\nrpd = 2\n"
         ),
         ..TestOptions::default()
     }
@@ -129,6 +130,15 @@ pub fn watched_options(watcher: &str, waiter: &str) -> TestOptions {
 
 const WATCHER: &str = "tk-watcher";
 const WAITER: &str = "tk-waiter";
+
+/// A job for `waiter` whose deadline is after the next UTC midnight, so it waits there.
+pub fn waiting_job(i: usize) -> Value {
+    let mut body = job("fast", &format!("wait {i}"));
+    body["deadline"] = (chrono::Utc::now() + chrono::Duration::days(2))
+        .to_rfc3339()
+        .into();
+    body
+}
 
 async fn scrape(app: &TestApp) -> String {
     let r = app
@@ -184,9 +194,9 @@ async fn metrics_follow_a_workload() {
         assert_eq!(status, 202, "{j}");
         ids.push(j["id"].as_str().unwrap().to_owned());
     }
-    // waiter: 5 jobs; its limit of 2 a minute admits 2 now, the rest wait ~30 s each.
+    // waiter: 5 jobs; its limit of 2 a day admits 2, the rest wait for tomorrow.
     for i in 0..5 {
-        let (status, _) = app.submit(WAITER, &job("fast", &format!("wait {i}"))).await;
+        let (status, _) = app.submit(WAITER, &waiting_job(i)).await;
         assert_eq!(status, 202);
     }
     let mut states = HashMap::new();
@@ -211,7 +221,7 @@ async fn metrics_follow_a_workload() {
     .await;
     let m = |name: &str, labels: &[(&str, &str)]| metric(&text, name, labels);
     // Admission: every watcher job admitted once per attempt (10 + 2 × 4); waiter's
-    // jobs wait on its own rpm bucket.
+    // jobs wait on its own rpd bucket.
     assert_eq!(
         m(
             "tollgate_admission_decisions_total",
@@ -240,7 +250,7 @@ async fn metrics_follow_a_workload() {
             &[
                 ("tenant", "waiter"),
                 ("decision", "waiting"),
-                ("bucket", "tenant:waiter:rpm"),
+                ("bucket", "tenant:waiter:rpd"),
                 ("reason", "waiting_for_capacity")
             ]
         ) >= 1.0,
@@ -353,12 +363,20 @@ async fn metrics_follow_a_workload() {
     assert_eq!(
         m(
             "tollgate_bucket_limit",
-            &[("bucket", "tenant:waiter:rpm"), ("source", "configured")]
+            &[("bucket", "tenant:waiter:rpd"), ("source", "configured")]
         ),
         2.0
     );
-    assert!(m("tollgate_bucket_level", &[("bucket", "tenant:waiter:rpm")]) < 1.0);
-    assert!(m("tollgate_bucket_utilization", &[("bucket", "tenant:waiter:rpm")]) > 0.5);
+    assert!(m("tollgate_bucket_level", &[("bucket", "tenant:waiter:rpd")]) < 1.0);
+    assert_eq!(
+        m("tollgate_daily_headroom", &[("bucket", "tenant:waiter:rpd")]),
+        0.0
+    );
+    assert!(
+        text.contains("tollgate_daily_headroom{bucket=\"tenant:waiter:rpd\""),
+        "{text}"
+    );
+    assert!(m("tollgate_bucket_utilization", &[("bucket", "tenant:waiter:rpd")]) > 0.5);
     assert!(
         text.contains("tollgate_tenant_share{tenant=\"watcher\"}"),
         "{text}"
@@ -378,13 +396,13 @@ async fn metrics_follow_a_workload() {
         Some(0),
         "watcher's failures leaked"
     );
-    assert!(own["buckets"].to_string().contains("tenant:waiter:rpm"));
+    assert!(own["buckets"].to_string().contains("tenant:waiter:rpd"));
     let (_, other) = app.get(WATCHER, "/v1/status").await;
     assert!(!other.to_string().contains("waiter"), "{other}");
     assert_eq!(other["recent_failures"].as_array().map(Vec::len), Some(2));
     let (_, all) = app.get(ADMIN, "/v1/status").await;
     assert_eq!(all["scope"], "all");
-    assert!(all.to_string().contains("tenant:waiter:rpm") && all.to_string().contains("\"watcher\""));
+    assert!(all.to_string().contains("tenant:waiter:rpd") && all.to_string().contains("\"watcher\""));
     // The sampler runs every 2 s: wait for a sample taken while waiter's jobs wait.
     let history = eventually(30, "a sample of waiter's queue", || async {
         let (_, h) = app.get(WAITER, "/v1/status/history").await;
