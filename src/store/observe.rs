@@ -21,13 +21,20 @@ pub struct QueueDepth {
 
 pub async fn queue_depths(ex: impl PgExecutor<'_>, tenant: Option<&str>) -> Result<Vec<QueueDepth>> {
     Ok(sqlx::query_as::<_, QueueDepth>(
-        "SELECT tenant, class,
-                count(*) FILTER (WHERE state = 'queued') AS queued,
-                count(*) FILTER (WHERE state = 'admitted') AS admitted,
-                count(*) FILTER (WHERE state = 'running') AS running,
-                min(created_at) FILTER (WHERE state = 'queued') AS oldest_queued
-         FROM jobs
-         WHERE state IN ('queued', 'admitted', 'running') AND ($1::text IS NULL OR tenant = $1)
+        // One branch per state, each matching its partial index (`jobs_gate`,
+        // `jobs_admitted`, `jobs_running_lease`), so finished rows are never read.
+        "SELECT tenant, class, sum(queued)::bigint AS queued, sum(admitted)::bigint AS admitted,
+                sum(running)::bigint AS running, min(oldest) AS oldest_queued
+         FROM (
+             SELECT tenant, class, count(*) AS queued, 0 AS admitted, 0 AS running, min(created_at) AS oldest
+             FROM jobs WHERE state = 'queued' AND ($1::text IS NULL OR tenant = $1) GROUP BY tenant, class
+             UNION ALL
+             SELECT tenant, class, 0, count(*), 0, NULL
+             FROM jobs WHERE state = 'admitted' AND ($1::text IS NULL OR tenant = $1) GROUP BY tenant, class
+             UNION ALL
+             SELECT tenant, class, 0, 0, count(*), NULL
+             FROM jobs WHERE state = 'running' AND ($1::text IS NULL OR tenant = $1) GROUP BY tenant, class
+         ) q
          GROUP BY tenant, class ORDER BY tenant, class",
     )
     .bind(tenant)
@@ -106,8 +113,13 @@ pub async fn recent_failures(
 /// capacity in use.
 pub async fn tenant_holdings(ex: impl PgExecutor<'_>) -> Result<Vec<(String, i64)>> {
     Ok(sqlx::query_as(
-        "SELECT tenant, sum(estimated_input_tokens + estimated_output_tokens)::bigint
-         FROM jobs WHERE state IN ('admitted', 'running') GROUP BY tenant ORDER BY tenant",
+        "SELECT tenant, sum(tokens)::bigint FROM (
+             SELECT tenant, estimated_input_tokens + estimated_output_tokens AS tokens
+             FROM jobs WHERE state = 'admitted'
+             UNION ALL
+             SELECT tenant, estimated_input_tokens + estimated_output_tokens
+             FROM jobs WHERE state = 'running'
+         ) held GROUP BY tenant ORDER BY tenant",
     )
     .fetch_all(ex)
     .await?)
