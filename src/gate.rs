@@ -262,6 +262,14 @@ impl Gate {
             let message = format!("model {:?} is no longer configured", job.model);
             return Err((job.id, "unknown_model", message));
         };
+        // Fallback: targets that failed the job are left out while the route has others.
+        let failed = job.failed_targets.as_deref().unwrap_or_default();
+        let fresh: Vec<Target> = targets
+            .iter()
+            .filter(|t| !failed.contains(&t.label()))
+            .cloned()
+            .collect();
+        let targets = if fresh.is_empty() { targets } else { fresh };
         let weight = config
             .tenants
             .iter()

@@ -494,6 +494,7 @@ pub(crate) fn job_view(job: &Job) -> Value {
         "model": job.model,
         "provider": job.provider,
         "provider_model": job.provider_model,
+        "failed_targets": job.failed_targets,
         "provider_request_id": job.provider_request_id,
         "attempts": job.attempt,
         "max_attempts": job.max_attempts,

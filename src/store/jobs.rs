@@ -286,6 +286,8 @@ pub struct Outcome {
     /// Pause this scope for every process until then (a provider's 429: its model; a
     /// rejected key: the key), with the reason.
     pub pause: Option<Pause>,
+    /// A route target (`provider/model`) to leave for the route's others (fallback).
+    pub failed_target: Option<String>,
     /// What the provider's response said about its limits, for the gate to learn; written
     /// after the outcome commits ([`super::record_observations`]), never inside it.
     pub observation: Option<super::Observation>,
@@ -325,6 +327,7 @@ impl Outcome {
             settlement,
             record,
             pause: None,
+            failed_target: None,
             observation: None,
         };
         match finish {
@@ -412,8 +415,10 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
     let written = sqlx::query_as::<Postgres, Previous>(
         "WITH t AS (
              SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::job_state[], $5::jsonb[], $6::jsonb[],
-                                  $7::text[], $8::text[], $9::text[], $10::timestamptz[], $11::text[], $12::text[])
-                 AS t(id, attempt, owner, state, result, usage, request_id, code, message, not_before, provider, model)),
+                                  $7::text[], $8::text[], $9::text[], $10::timestamptz[], $11::text[], $12::text[],
+                                  $14::text[])
+                 AS t(id, attempt, owner, state, result, usage, request_id, code, message, not_before, provider, model,
+                      failed)),
          old AS (
              SELECT j.id, j.state, j.reserved_buckets, j.reserved_amounts FROM jobs j
              WHERE j.id IN (SELECT id FROM t) ORDER BY j.id FOR UPDATE)
@@ -424,7 +429,9 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
                            finished_at = CASE WHEN t.state = 'queued'::job_state THEN NULL ELSE $13 END,
                            provider = COALESCE(t.provider, j.provider), provider_model = COALESCE(t.model, j.provider_model),
                            lease_owner = NULL, lease_expires_at = NULL,
-                           reserved_buckets = NULL, reserved_amounts = NULL, admission = NULL
+                           reserved_buckets = NULL, reserved_amounts = NULL, admission = NULL,
+                           failed_targets = CASE WHEN t.failed IS NULL THEN j.failed_targets
+                                                 ELSE array_append(COALESCE(j.failed_targets, '{}'), t.failed) END
          FROM t, old
          WHERE j.id = t.id AND old.id = t.id AND j.state = 'running' AND j.attempt = t.attempt AND j.lease_owner = t.owner
          RETURNING j.id, old.state AS old_state, old.reserved_buckets AS old_buckets, old.reserved_amounts AS old_amounts",
@@ -442,6 +449,7 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
     .bind(outcomes.iter().map(|o| o.provider.as_deref()).collect::<Vec<_>>())
     .bind(outcomes.iter().map(|o| o.model.as_deref()).collect::<Vec<_>>())
     .bind(now)
+    .bind(outcomes.iter().map(|o| o.failed_target.as_deref()).collect::<Vec<_>>())
     .fetch_all(&mut *tx)
     .await?;
     let written_ids: std::collections::HashSet<JobId> = written.iter().map(|w| w.id).collect();

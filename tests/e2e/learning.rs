@@ -310,3 +310,57 @@ async fn outages_and_overload_are_ridden_out_within_the_retry_budget() {
     assert!(app.mock.stats().faults_5xx > 0, "the faults were injected");
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_failing_target_falls_back_to_the_routes_next_with_its_own_budget() {
+    let mut mock = mock(100_000, true);
+    // The OpenAI project is down for the whole test; Anthropic is fine.
+    mock.faults = vec![tollgate_workers::mock_provider::FaultConfig {
+        project: Some("oai-test".into()),
+        start_ms: 0,
+        duration_ms: 0,
+        status: 503,
+        probability: 1.0,
+    }];
+    mock.projects[1].rpm = 100_000;
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        extra_config: r#"
+[[routes]]
+alias = "resilient"
+targets = ["oai/gpt-4o-mini", "ant/claude-3-5-haiku-latest"]
+"#
+        .to_owned(),
+        ..TestOptions::default()
+    })
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        let (status, body) = app
+            .submit(ACME, &crate::harness::job("resilient", &format!("f{i}")))
+            .await;
+        assert_eq!(status, 202, "{body}");
+        ids.push(body["id"].as_str().expect("id").to_owned());
+    }
+    assert_eq!(drain(&app, ids.len(), 60).await, 20);
+    let served: Vec<(String, Option<Vec<String>>, i32)> =
+        sqlx::query_as("SELECT provider, failed_targets, attempt FROM jobs ORDER BY id")
+            .fetch_all(&app.db.pool)
+            .await
+            .expect("jobs");
+    for (provider, failed, attempt) in &served {
+        assert_eq!(provider, "ant", "served by the fallback");
+        assert!(
+            *attempt <= 2,
+            "one failed try on the first target at most, then the fallback: {attempt}"
+        );
+        if *attempt == 2 {
+            assert_eq!(failed.as_deref(), Some(&["oai/gpt-4o-mini".to_owned()][..]));
+        }
+    }
+    assert!(
+        served.iter().any(|s| s.2 == 2),
+        "the first target was tried: {served:?}"
+    );
+    app.shutdown().await;
+}

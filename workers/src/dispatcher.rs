@@ -756,9 +756,21 @@ impl Dispatcher {
         } = failed;
         let inner = &self.inner;
         let now = Utc::now();
-        let attempts_left = job.attempt < job.max_attempts;
+        // Fallback: an error another target of the route may not have sends the job to one
+        // it has not failed on, at once, with a retry budget of its own.
+        let here = format!("{}/{}", served.provider, served.model);
+        let failed_before = job.failed_targets.as_deref().unwrap_or_default();
+        let fall_back = matches!(
+            failure.class,
+            FailureClass::Overload | FailureClass::Network | FailureClass::Timeout
+        ) && routing::resolve(&inner.config, &job.model)
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.label() != here && !failed_before.contains(&t.label()));
+        let budget = job.max_attempts * (1 + failed_before.len() as i32 + i32::from(fall_back));
+        let attempts_left = job.attempt < budget;
         let rotate = failure.class == FailureClass::KeyUnusable && key.is_some();
-        let delay = if rotate {
+        let delay = if rotate || fall_back {
             Duration::ZERO
         } else {
             inner.policy.delay(job.attempt as u32, failure.retry_after)
@@ -830,10 +842,14 @@ impl Dispatcher {
                 Outcome::new(holder, Some(served), finish, settlement, Some(record.clone()))
             }
         };
+        if fall_back {
+            tracing::info!(target = %here, code = failure.code, "falling back to the route's next target");
+        }
         self.write(
             Outcome {
                 pause,
                 observation,
+                failed_target: fall_back.then_some(here),
                 ..outcome
             },
             now,

@@ -58,13 +58,13 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
     /// Limits case: jobs per scenario.
-    #[arg(long, default_value_t = 3000)]
+    #[arg(long, default_value_t = 1800)]
     pub limit_jobs: usize,
     /// Limits case: the mock provider's requests per minute.
-    #[arg(long, default_value_t = 3000)]
+    #[arg(long, default_value_t = 1200)]
     pub rpm: u64,
     /// Limits case: the mock provider's tokens per minute.
-    #[arg(long, default_value_t = 300_000)]
+    #[arg(long, default_value_t = 400_000)]
     pub tpm: u64,
     /// Where the embedded PostgreSQL keeps its data (ignored with DATABASE_URL).
     #[arg(long, default_value = ".tollgate/pg")]
