@@ -60,14 +60,19 @@ pub fn class_label(class: JobClass) -> &'static str {
 }
 
 /// The gate admitted `job` on `target` at `now`: counts the decision, its queue wait, and
-/// a fallback when `target` is not the route's `preferred` one.
+/// a fallback when `target` is not the route's `preferred` one (the first it could use) or
+/// a target already failed the job.
 pub fn admitted(job: &Candidate, target: &Target, preferred: &Target, now: DateTime<Utc>) {
     decision(job, "", "admitted", "admitted");
     let waited = (now - job.created_at).num_microseconds().unwrap_or(0).max(0) as f64 / 1e6;
     metrics::histogram!(QUEUE_WAIT, "tenant" => job.tenant.clone(), "class" => class_label(job.class))
         .record(waited);
-    if (&target.provider, &target.model) != (&preferred.provider, &preferred.model) {
-        let to = format!("{}/{}", target.provider, target.model);
+    let to = target.label();
+    let failed_over = job
+        .failed_targets
+        .as_ref()
+        .is_some_and(|f| !f.is_empty() && !f.contains(&to));
+    if failed_over || (&target.provider, &target.model) != (&preferred.provider, &preferred.model) {
         metrics::counter!(FALLBACKS, "tenant" => job.tenant.clone(), "route" => job.model.clone(), "target" => to)
             .increment(1);
     }

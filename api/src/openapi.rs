@@ -252,6 +252,9 @@ pub struct JobSchema {
     provider: Option<String>,
     provider_model: Option<String>,
     provider_request_id: Option<String>,
+    /// Route targets (`provider/model`) that failed the job and are left out while the
+    /// route has others (fallback).
+    failed_targets: Option<Vec<String>>,
     attempts: i32,
     max_attempts: i32,
     deadline: chrono::DateTime<chrono::Utc>,

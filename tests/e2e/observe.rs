@@ -154,7 +154,13 @@ async fn scrape(app: &TestApp) -> String {
 
 #[tokio::test]
 async fn metrics_follow_a_workload() {
-    let app = TestApp::spawn_with(watched_options("watcher", "waiter")).await;
+    let mut options = watched_options("watcher", "waiter");
+    // switcher's route prefers the overloaded Anthropic model and falls back to OpenAI.
+    options.extra_config.push_str(
+        "[[tenants]]\nname = \"switcher\"\napi_key = \"tk-switcher\"\n\
+         [[routes]]\nalias = \"either\"\ntargets = [\"ant/claude-3-5-haiku-latest\", \"oai/gpt-4o-mini\"]\n",
+    );
+    let app = TestApp::spawn_with(options).await;
     // Who may scrape: the admin key only, once one is configured.
     let r = app.http.get(app.url("/metrics")).send().await.unwrap();
     assert_eq!(r.status(), 401);
@@ -194,6 +200,8 @@ async fn metrics_follow_a_workload() {
         assert_eq!(status, 202, "{j}");
         ids.push(j["id"].as_str().unwrap().to_owned());
     }
+    let (status, switched) = app.submit("tk-switcher", &job("either", "fall back")).await;
+    assert_eq!(status, 202, "{switched}");
     // waiter: 5 jobs; its limit of 2 a day admits 2, the rest wait for tomorrow.
     for i in 0..5 {
         let (status, _) = app.submit(WAITER, &waiting_job(i)).await;
@@ -206,6 +214,10 @@ async fn metrics_follow_a_workload() {
     }
     assert_eq!(states.get("succeeded"), Some(&10), "{states:?}");
     assert_eq!(states.get("failed"), Some(&2), "{states:?}");
+    let switched = app
+        .wait_job("tk-switcher", switched["id"].as_str().unwrap(), 60)
+        .await;
+    assert_eq!(switched["state"], "succeeded", "{switched}");
 
     // The dispatcher counts a finished job after writing it: poll until it has.
     let text = eventually(30, "the finished jobs to be counted", || async {
@@ -263,6 +275,21 @@ async fn metrics_follow_a_workload() {
         ),
         18.0
     );
+    // The fall back: one 529 on the preferred target, then the other.
+    assert_eq!(
+        m(
+            "tollgate_fallbacks_total",
+            &[
+                ("tenant", "switcher"),
+                ("route", "either"),
+                ("target", "oai/gpt-4o-mini")
+            ]
+        ),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(m("tollgate_retries_total", &[("tenant", "switcher")]), 1.0);
+    assert_eq!(m("tollgate_fallbacks_total", &[("tenant", "watcher")]), 0.0);
     // Outcomes, retries and attempts per job.
     assert_eq!(
         m(
