@@ -66,6 +66,11 @@ pub struct ServerConfig {
     pub max_wait_secs: u64,
     /// How long `POST /v1/chat/completions` waits for its job before answering 429.
     pub sync_timeout_secs: u64,
+    /// The operators' key (or `admin_key_env`, the variable holding it): sees every tenant
+    /// on the dashboard and `/v1/status`, and is required by `/metrics` when set. Unset:
+    /// nobody sees other tenants, and `/metrics` is open.
+    pub admin_key: Option<SecretString>,
+    pub admin_key_env: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -75,6 +80,8 @@ impl Default for ServerConfig {
             max_body_bytes: 2 * 1024 * 1024,
             max_wait_secs: 60,
             sync_timeout_secs: 120,
+            admin_key: None,
+            admin_key_env: None,
         }
     }
 }

@@ -710,6 +710,7 @@ impl Gate {
                         amounts.push(*amount);
                     }
                 }
+                crate::metrics::admitted(&plan.job, target, &plan.routes[0].0, now);
                 admissions.push(Admission {
                     id: plan.job.id,
                     provider: target.provider.clone(),
@@ -758,6 +759,7 @@ impl Gate {
                     .cloned()
                     .unwrap_or_default();
                 let capacity = buckets.get(&key).map_or(0.0, |b| b.capacity);
+                crate::metrics::failed(&plan.job, &key, "exceeds_limit");
                 failures.push((
                     plan.job.id,
                     "exceeds_limit",
@@ -796,6 +798,7 @@ impl Gate {
             round.blocked += 1;
             let job = &plan.job;
             if let Some(at) = ready.filter(|at| *at > job.deadline) {
+                crate::metrics::failed(job, blocking.map_or("", |(b, _)| &b.key), "deadline_unmeetable");
                 failures.push((
                     job.id,
                     "deadline_unmeetable",
@@ -844,6 +847,7 @@ impl Gate {
                     .map_or(0, |t| t.timestamp())
             );
             if fairness.explained.get(&job.id) != Some(&stamp) {
+                crate::metrics::waiting(job, &note);
                 fairness.explained.insert(job.id, stamp);
                 notes.push((job.id, note));
             }

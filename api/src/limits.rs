@@ -15,6 +15,18 @@ use tollgate::store;
 use crate::AppState;
 use crate::auth::AuthTenant;
 use crate::error::ApiError;
+use crate::openapi as doc;
+
+/// Where a bucket's capacity comes from: `configured`, `learned` or `probe`.
+pub(crate) fn source(b: &Bucket) -> &'static str {
+    if b.key.ends_with(":probe") {
+        "probe"
+    } else if b.learned_at.is_some() {
+        "learned"
+    } else {
+        "configured"
+    }
+}
 
 fn view(mut b: Bucket) -> Value {
     b.refill(Utc::now());
@@ -26,18 +38,22 @@ fn view(mut b: Bucket) -> Value {
         "remaining": b.level.max(0.0).floor(),
         "window_secs": b.window_secs,
         "resets_at": b.resets_at,
-        "source": if b.key.ends_with(":probe") {
-            "probe"
-        } else if b.learned_at.is_some() {
-            "learned"
-        } else {
-            "configured"
-        },
+        "source": source(&b),
         "configured_capacity": b.configured_capacity,
         "learned_at": b.learned_at,
     })
 }
 
+/// The buckets that apply to the caller: provider models, keys, routes, and its own
+/// tenant buckets — never another tenant's.
+#[utoipa::path(
+    get,
+    path = "/v1/limits",
+    operation_id = "list_limits",
+    tag = "limits",
+    responses((status = 200, description = "The caller's buckets", body = doc::LimitListSchema)),
+    security(("bearer" = []))
+)]
 pub(crate) async fn list(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,

@@ -7,6 +7,7 @@
 //! - [`learned`]: learned limits — what responses said, what the gate applied.
 //! - [`gate`]: what the gate reads (queued work per tenant and class) and writes
 //!   (admissions, explanations).
+//! - [`observe`]: what the dashboard, `/v1/status` and `/metrics` read.
 //!
 //! Every write to a running job is guarded by ownership — `state = 'running' AND attempt
 //! = $n AND lease_owner = $owner` — so a dispatcher whose lease was rescued, or whose job
@@ -17,11 +18,13 @@ pub mod buckets;
 pub mod gate;
 pub mod jobs;
 pub mod learned;
+pub mod observe;
 
 pub use buckets::*;
 pub use gate::*;
 pub use jobs::*;
 pub use learned::*;
+pub use observe::*;
 
 /// Channel on which a job's id is announced when it reaches a terminal state.
 pub const CHANNEL_JOB_DONE: &str = "tollgate_job_done";

@@ -7,13 +7,19 @@
 //!   cancel, listing, tenant isolation, the synchronous endpoint, retries.
 //! - [`bad_input`]: every kind of bad request gets a 4xx with a stable code.
 //! - [`durability`]: rescued leases, and SIGKILL of the real binary mid-job.
+//! - [`cli`]: the client commands of the real binary (`submit`, `jobs get`, `status`).
+//! - [`dashboard`]: the dashboard in headless Chromium, checked against the API.
+//! - [`observe`]: OpenAPI, metrics, status, the CLI and the dashboard.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test should stop right there
 
 mod bad_input;
+mod cli;
+mod dashboard;
 mod durability;
 mod gate;
 mod harness;
 mod learning;
 mod lifecycle;
+mod observe;
 mod streaming;

@@ -493,6 +493,7 @@ impl Dispatcher {
             model: &target.model,
         };
         let record = Self::attempt_record(&job, served, &outcome, started_at, Utc::now());
+        crate::observe::provider_call(&job, &target, &outcome);
         let holder = self.holder(&job);
         let usage = match &outcome.result {
             Ok(s) => s.usage,
@@ -656,6 +657,7 @@ impl Dispatcher {
         let outcome = inner.providers.call(&target, &job.request).await;
         let finished_at = Utc::now();
         let record = Self::attempt_record(&job, served, &outcome, started_at, finished_at);
+        crate::observe::provider_call(&job, &target, &outcome);
         let observation = self.observation(&target, &outcome, finished_at);
         let written = match &outcome.result {
             Ok(success) => {
@@ -818,6 +820,7 @@ impl Dispatcher {
         };
         let outcome = match failed {
             Some((code, message)) => {
+                tollgate::metrics::job_finished(&job.tenant, job.class, "failed", code, job.attempt);
                 let finish = Finish::Failed {
                     code,
                     message: &message,
@@ -825,6 +828,7 @@ impl Dispatcher {
                 Outcome::new(holder, Some(served), finish, settlement, Some(record.clone()))
             }
             None => {
+                tollgate::metrics::retry(&job.tenant, served.provider, served.model, failure.code);
                 tracing::info!(
                     code = failure.code,
                     delay_ms = delay.as_millis() as u64,

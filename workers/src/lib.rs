@@ -5,6 +5,7 @@
 //! - [`providers`]: provider adapters (OpenAI, OpenAI-compatible, Anthropic), streaming
 //!   included.
 //! - [`maintenance`]: rescues expired leases, expires deadlines, recalibrates estimates.
+//! - [`observe`]: what each provider call reports to the metrics.
 //! - [`mock_provider`]: an HTTP server that behaves like OpenAI and Anthropic, limits
 //!   and errors included, for tests, the demo and benchmarks.
 //!
@@ -15,4 +16,5 @@
 pub mod dispatcher;
 pub mod maintenance;
 pub mod mock_provider;
+pub mod observe;
 pub mod providers;
