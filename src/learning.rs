@@ -115,11 +115,11 @@ impl Learned {
     }
 }
 
-/// Sets a bucket's capacity, keeping what is in use in use.
+/// Sets a bucket's capacity. A smaller one caps the level (as a provider that lowers a
+/// limit caps what is left, not what was used); a larger one fills by refill, faster.
 fn set_capacity(bucket: &mut Bucket, capacity: f64) {
-    let used = bucket.capacity - bucket.level;
     bucket.capacity = capacity;
-    bucket.level = capacity - used;
+    bucket.level = bucket.level.min(capacity);
 }
 
 /// Applies what `row` says that is new to its `bucket`, at `now`. Returns whether the row
@@ -233,7 +233,7 @@ mod tests {
     }
 
     #[test]
-    fn a_reported_limit_sets_capacity_keeping_use_and_configured_caps_it() {
+    fn a_reported_limit_sets_capacity_and_caps_the_level_and_configured_caps_it() {
         let t0 = Utc::now();
         let mut b = bucket(600.0, 500.0, t0);
         let mut r = Learned {
@@ -241,7 +241,7 @@ mod tests {
             ..row(Source::Headers, t0)
         };
         apply(&mut r, &mut b, Authority::Config, t0);
-        assert_eq!((b.capacity, b.level), (300.0, 200.0));
+        assert_eq!((b.capacity, b.level), (300.0, 300.0));
         assert!(!r.pending());
         // Configured 250 caps a reported 300 unless the provider is the authority.
         let mut b = bucket(600.0, 600.0, t0);

@@ -678,8 +678,11 @@ impl Dispatcher {
                 .await
             }
             Err(failure) => {
-                let sent = outcome.status.is_some();
-                let settlement = if sent {
+                // A provider that answered with an overload (5xx, 529) did not serve the
+                // request: its limits did not count it, so neither do ours (else an outage
+                // would leave the buckets empty of capacity nobody used).
+                let counted = outcome.status.is_some() && failure.class != FailureClass::Overload;
+                let settlement = if counted {
                     self.settlement(&target, None)
                 } else {
                     Settlement::UNSENT

@@ -68,6 +68,9 @@ fn broker_config(mock: std::net::SocketAddr) -> anyhow::Result<Config> {
 max_connections = 16
 [dispatch]
 concurrency = 64
+[gate]
+# Batch work only: nothing to keep for interactive jobs.
+interactive_reserve = 0.0
 [retry]
 max_attempts = 10
 base_delay_ms = 500
