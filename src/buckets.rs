@@ -131,6 +131,12 @@ pub fn target_scope(provider: &str, model: &str) -> String {
     format!("provider:{provider}:{model}")
 }
 
+/// The provider and model of a target scope (`provider:oai:gpt-4o` → `("oai", "gpt-4o")`).
+pub fn scope_target(scope: &str) -> (&str, &str) {
+    let rest = scope.strip_prefix("provider:").unwrap_or(scope);
+    rest.split_once(':').unwrap_or((rest, ""))
+}
+
 pub fn route_scope(alias: &str) -> String {
     format!("route:{alias}")
 }
@@ -368,6 +374,10 @@ pub struct Bucket {
     pub resets_at: Option<DateTime<Utc>>,
     /// Ramp buckets: growth allowed per window.
     pub ramp_step: Option<f64>,
+    /// What the config says (`None` for buckets only learned).
+    pub configured_capacity: Option<f64>,
+    /// When a provider's reading or 429 last set the capacity (`None`: as configured).
+    pub learned_at: Option<DateTime<Utc>>,
 }
 
 /// The next UTC midnight after `now`.
@@ -502,6 +512,8 @@ mod tests {
             updated_at: at,
             resets_at: None,
             ramp_step: (rule == Rule::Ramp).then_some(capacity),
+            configured_capacity: Some(capacity),
+            learned_at: None,
         }
     }
 

@@ -12,7 +12,9 @@ use std::time::Duration;
 use secrecy::SecretString;
 use serde::Deserialize;
 
+use crate::learning::Authority;
 use crate::model::JobClass;
+use crate::ratelimit::Dialect;
 
 mod batches;
 pub use batches::{BatchesConfig, RetentionConfig, WebhookEndpointConfig, WebhooksConfig};
@@ -76,6 +78,11 @@ pub struct ServerConfig {
     pub max_wait_secs: u64,
     /// How long `POST /v1/chat/completions` waits for its job before answering 429.
     pub sync_timeout_secs: u64,
+    /// The operators' key (or `admin_key_env`, the variable holding it): sees every tenant
+    /// on the dashboard and `/v1/status`, and is required by `/metrics` when set. Unset:
+    /// nobody sees other tenants, and `/metrics` is open.
+    pub admin_key: Option<SecretString>,
+    pub admin_key_env: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -85,6 +92,8 @@ impl Default for ServerConfig {
             max_body_bytes: 2 * 1024 * 1024,
             max_wait_secs: 60,
             sync_timeout_secs: 120,
+            admin_key: None,
+            admin_key_env: None,
         }
     }
 }
@@ -128,6 +137,9 @@ pub struct DispatchConfig {
     pub request_timeout_secs: u64,
     /// How often the maintenance loop rescues expired leases and expires deadlines.
     pub maintenance_interval_ms: u64,
+    /// A key the provider rejected (401, 402, 403, `insufficient_quota`) is not used again
+    /// for this long; the other keys carry its work.
+    pub dead_key_secs: u64,
 }
 
 impl Default for DispatchConfig {
@@ -140,6 +152,7 @@ impl Default for DispatchConfig {
             drain_timeout_secs: 20,
             request_timeout_secs: 600,
             maintenance_interval_ms: 1000,
+            dead_key_secs: 600,
         }
     }
 }
@@ -187,6 +200,9 @@ pub struct GateConfig {
     pub poll_interval_ms: u64,
     /// Fraction of each provider rate bucket that only interactive jobs may use.
     pub interactive_reserve: f64,
+    /// Calls in flight to a provider model whose limits are neither configured nor yet
+    /// learned: its first responses teach the limits before more is sent.
+    pub probe_concurrency: u64,
 }
 
 impl Default for GateConfig {
@@ -197,6 +213,7 @@ impl Default for GateConfig {
             headroom_secs: 1.0,
             poll_interval_ms: 1000,
             interactive_reserve: 0.05,
+            probe_concurrency: 2,
         }
     }
 }
@@ -294,6 +311,17 @@ pub struct ProviderConfig {
     /// `anthropic-version` header sent to Anthropic.
     #[serde(default = "default_anthropic_version")]
     pub anthropic_version: String,
+    /// Which rate-limit headers the provider sends (`openai`, `groq`, `anthropic`,
+    /// `mistral`, `together`, `azure`, `gemini`, `none`). Default: by `kind`.
+    #[serde(default)]
+    pub dialect: Option<Dialect>,
+    /// Learn limits from responses (headers, 429 bodies, 429s). Default true.
+    #[serde(default = "default_true")]
+    pub learn_limits: bool,
+    /// `config` (default): configured limits are an upper bound on learned ones;
+    /// `provider`: what the provider reports replaces them.
+    #[serde(default)]
+    pub limit_authority: Authority,
 }
 
 /// USD per million tokens.
@@ -310,17 +338,27 @@ pub struct ModelPrice {
 }
 
 impl ProviderConfig {
-    /// Whether the gate must choose the key at admission: some key has limits of its own
-    /// or serves only some models.
-    pub fn keys_are_distinct(&self) -> bool {
-        self.keys
-            .iter()
-            .any(|k| k.limits.is_some() || !k.models.is_empty())
-    }
-
     /// The configured limits of `model` (its own entry, else `"*"`).
     pub fn limits_for(&self, model: &str) -> Option<&ModelLimits> {
         self.limits.get(model).or_else(|| self.limits.get("*"))
+    }
+
+    /// The rate-limit dialect: configured, else the kind's.
+    pub fn dialect(&self) -> Dialect {
+        self.dialect.unwrap_or(match self.kind {
+            ProviderKind::Anthropic => Dialect::Anthropic,
+            ProviderKind::Openai | ProviderKind::OpenaiCompatible => Dialect::Openai,
+        })
+    }
+
+    /// Whether the config limits requests or tokens of `model` (else its limits are
+    /// learned, starting with a cold-start probe).
+    pub fn configures_rates(&self, model: &str) -> bool {
+        self.limits_for(model).is_some_and(|l| {
+            [l.rpm, l.tpm, l.itpm, l.otpm, l.rpd, l.ramp_rpm]
+                .iter()
+                .any(Option::is_some)
+        })
     }
 
     pub fn price_for(&self, model: &str) -> Option<&ModelPrice> {
@@ -351,6 +389,9 @@ pub struct KeyConfig {
     /// Models this key may be used for; empty = all of the provider's models.
     #[serde(default)]
     pub models: Vec<String>,
+    /// Share of the provider's requests this key gets, relative to its other keys.
+    #[serde(default = "default_weight")]
+    pub weight: u32,
 }
 
 impl KeyConfig {
@@ -493,6 +534,12 @@ impl Config {
             for (k, key) in p.keys.iter().enumerate() {
                 key.resolve()
                     .map_err(|reason| invalid(format!("providers[{i}].keys[{k}]"), reason))?;
+                if key.weight == 0 {
+                    return Err(invalid(
+                        format!("providers[{i}].keys[{k}].weight"),
+                        "must be at least 1",
+                    ));
+                }
                 if let Some(m) = key.models.iter().find(|m| !p.models.contains(m)) {
                     return Err(invalid(
                         format!("providers[{i}].keys[{k}].models"),

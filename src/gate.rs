@@ -32,8 +32,9 @@ use serde_json::json;
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
-use crate::buckets::{self, Bucket, Demand, Rule};
+use crate::buckets::{self, Bucket, BucketSpec, Demand, Dimension, Rule};
 use crate::config::Config;
+use crate::learning::{self, Learned, Source};
 use crate::model::{JobClass, JobId};
 use crate::notify::Notifications;
 use crate::routing::{self, Target};
@@ -118,6 +119,39 @@ struct Scheduled {
     notes: Vec<(JobId, serde_json::Value)>,
     round: Round,
     failures: Vec<(JobId, &'static str, String)>,
+    /// Buckets that stopped a job this round.
+    saturated: HashSet<String>,
+}
+
+/// What the gate knows of provider limits beyond the config, from `learned_limits`.
+#[derive(Default)]
+struct Known {
+    /// Provider model scope → the learned buckets that govern it.
+    buckets: HashMap<String, Vec<(String, Dimension)>>,
+    /// Scopes a response was seen from (their cold-start probe is over).
+    seen: HashSet<String>,
+}
+
+impl Known {
+    fn new(rows: &[Learned]) -> Self {
+        let mut known = Known::default();
+        for r in rows {
+            known.seen.insert(r.scope.clone());
+            if r.governs() {
+                known
+                    .buckets
+                    .entry(r.scope.clone())
+                    .or_default()
+                    .push((r.bucket_key(), r.name.dimension()));
+            }
+        }
+        known
+    }
+}
+
+/// The cold-start probe bucket of a scope.
+fn probe_key(scope: &str) -> String {
+    format!("{scope}:probe")
 }
 
 /// A (class, tenant) queue's place in the round's priority queue.
@@ -221,12 +255,21 @@ impl Gate {
         job: Candidate,
         now: DateTime<Utc>,
         calibration: &HashMap<String, store::Calibration>,
+        known: &Known,
     ) -> Result<Plan, (JobId, &'static str, String)> {
         let config = &self.config;
         let Some(targets) = routing::resolve(config, &job.model) else {
             let message = format!("model {:?} is no longer configured", job.model);
             return Err((job.id, "unknown_model", message));
         };
+        // Fallback: targets that failed the job are left out while the route has others.
+        let failed = job.failed_targets.as_deref().unwrap_or_default();
+        let fresh: Vec<Target> = targets
+            .iter()
+            .filter(|t| !failed.contains(&t.label()))
+            .cloned()
+            .collect();
+        let targets = if fresh.is_empty() { targets } else { fresh };
         let weight = config
             .tenants
             .iter()
@@ -245,7 +288,8 @@ impl Gate {
                     .provider(&target.provider)
                     .and_then(|p| p.price_for(&target.model));
                 let spend = buckets::spend_micro_usd(price, demand.input_tokens, 0.0, demand.output_tokens);
-                let path = buckets::path(config, &job.tenant, &job.model, &target)
+                let path = self
+                    .full_path(&job.tenant, &job.model, &target, known)
                     .into_iter()
                     .map(|(key, dim)| (key, buckets::amount(dim, demand, spend)))
                     .collect();
@@ -268,30 +312,160 @@ impl Gate {
         })
     }
 
-    /// A target as the options admission may choose from: one per key that serves the
-    /// model when keys differ (their own limits, model filters), starting from a rotating
-    /// key so load spreads; otherwise the target itself (any key will do).
-    fn per_key(&self, target: Target) -> Vec<Target> {
-        let Some(p) = self
+    /// The buckets a job sent to `target` must fit: its configured path, the target's
+    /// learned buckets, and — while nothing is known of the target's limits — its
+    /// cold-start probe.
+    fn full_path(
+        &self,
+        tenant: &str,
+        requested: &str,
+        target: &Target,
+        known: &Known,
+    ) -> Vec<(String, Dimension)> {
+        let mut path = buckets::path(&self.config, tenant, requested, target);
+        let scope = buckets::target_scope(&target.provider, &target.model);
+        for (key, dim) in known.buckets.get(&scope).into_iter().flatten() {
+            if !path.iter().any(|(k, _)| k == key) {
+                path.push((key.clone(), *dim));
+            }
+        }
+        let unknown = self
             .config
             .provider(&target.provider)
-            .filter(|p| p.keys_are_distinct())
-        else {
+            .is_some_and(|p| p.learn_limits && !p.configures_rates(&target.model));
+        if unknown && !known.seen.contains(&scope) {
+            path.push((probe_key(&scope), Dimension::Concurrency));
+        }
+        path
+    }
+
+    /// A target as the options admission may choose from: one per key that serves the
+    /// model, starting from a key chosen by weighted rotation so load spreads as the keys'
+    /// weights say (the gate picks the key, so a rejected key can be left out).
+    fn per_key(&self, target: Target) -> Vec<Target> {
+        let Some(p) = self.config.provider(&target.provider) else {
             return vec![target];
         };
-        let keys: Vec<&str> = p
+        let keys: Vec<(&str, u32)> = p
             .keys
             .iter()
             .filter(|k| k.serves(&target.model))
-            .map(|k| k.name.as_str())
+            .map(|k| (k.name.as_str(), k.weight.max(1)))
             .collect();
-        let start = self.key_turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let total: u32 = keys.iter().map(|k| k.1).sum();
+        if total == 0 {
+            return vec![target];
+        }
+        let turn = (self.key_turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % total as usize) as u32;
+        let mut start = 0;
+        let mut acc = 0;
+        for (i, (_, w)) in keys.iter().enumerate() {
+            acc += w;
+            if turn < acc {
+                start = i;
+                break;
+            }
+        }
         (0..keys.len())
             .map(|i| Target {
-                key: Some(keys[(start + i) % keys.len()].to_owned()),
+                key: Some(keys[(start + i) % keys.len()].0.to_owned()),
                 ..target.clone()
             })
             .collect()
+    }
+
+    /// Brings learned limits into the locked `buckets`: creates the buckets that only
+    /// learning or the cold-start probe knows (`needed` keys not found), applies what is
+    /// new in each row. Returns the rows it changed.
+    async fn learn(
+        &self,
+        tx: &mut PgConnection,
+        rows: &mut [Learned],
+        needed: &HashSet<String>,
+        buckets: &mut HashMap<String, Bucket>,
+        now: DateTime<Utc>,
+    ) -> Result<HashSet<usize>, StoreError> {
+        let mut changed = HashSet::new();
+        let mut specs: Vec<(BucketSpec, f64, &str)> = Vec::new();
+        for key in needed
+            .iter()
+            .filter(|k| !buckets.contains_key(*k) && k.ends_with(":probe"))
+        {
+            let capacity = self.config.gate.probe_concurrency.max(1) as f64;
+            let scope = key.trim_end_matches(":probe").to_owned();
+            specs.push((
+                BucketSpec {
+                    key: key.clone(),
+                    scope,
+                    dimension: Dimension::Concurrency,
+                    rule: Rule::Gauge,
+                    capacity,
+                    window_secs: 0,
+                    ramp_step: None,
+                },
+                capacity,
+                "probe",
+            ));
+        }
+        for (i, row) in rows.iter_mut().enumerate() {
+            if !row.governs() || !row.pending() || buckets.contains_key(&row.bucket_key()) {
+                continue;
+            }
+            let (capacity, level) = match (row.reported, row.source) {
+                (Some(reported), _) => (reported, reported),
+                (None, Source::Throttling) => {
+                    let (provider, model) = buckets::scope_target(&row.scope);
+                    let window = chrono::Duration::seconds(row.name.window_secs());
+                    let sent = store::requests_since(&mut *tx, provider, model, now - window).await?;
+                    let (capacity, ceiling) = learning::first_capacity(sent);
+                    // What was admitted while the limit was unknown meets it too.
+                    let requeued = store::requeue_admitted(&mut *tx, provider, model).await?;
+                    tracing::info!(scope = %row.scope, capacity, requeued, "a 429 taught a request limit");
+                    row.ceiling = Some(ceiling);
+                    row.decreases = 1;
+                    row.changed_at = Some(now);
+                    row.applied_at = Some(row.latest());
+                    changed.insert(i);
+                    (capacity, 0.0)
+                }
+                (None, Source::Headers) => continue,
+            };
+            specs.push((
+                BucketSpec {
+                    key: row.bucket_key(),
+                    scope: row.scope.clone(),
+                    dimension: row.name.dimension(),
+                    rule: row.name.rule(),
+                    capacity,
+                    window_secs: row.name.window_secs(),
+                    ramp_step: None,
+                },
+                level,
+                "learned",
+            ));
+        }
+        for mut b in store::create_buckets(&mut *tx, &specs, now).await? {
+            b.refill(now);
+            buckets.insert(b.key.clone(), b);
+        }
+        for (i, row) in rows.iter_mut().enumerate() {
+            if !row.pending() {
+                continue;
+            }
+            let authority = self
+                .config
+                .provider(buckets::scope_target(&row.scope).0)
+                .map(|p| p.limit_authority)
+                .unwrap_or_default();
+            match buckets.get_mut(&row.bucket_key()) {
+                Some(bucket) => learning::apply(row, bucket, authority, now),
+                // Nothing to govern (a bare sighting): just note it was seen.
+                None if !row.governs() => row.applied_at = Some(row.latest()),
+                None => continue,
+            }
+            changed.insert(i);
+        }
+        Ok(changed)
     }
 
     /// One round at time `now`: read candidates, admit what fits, explain what waits.
@@ -306,22 +480,30 @@ impl Gate {
             let per_queue = (wanted / queues.len()).clamp(4, batch) as i64;
             store::candidates(&self.pool, &queues, per_queue, now).await?
         };
-        let learned = self.learned().await?;
+        let calibration = self.learned().await?;
+        let mut learned = store::learned_limits(&self.pool).await?;
+        let known = Known::new(&learned);
         let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
         let mut plans = Vec::new();
         for c in candidates {
-            match self.plan(c, now, &learned) {
+            match self.plan(c, now, &calibration, &known) {
                 Ok(p) => plans.push(p),
                 Err(failure) => failures.push(failure),
             }
         }
-        let keys: Vec<String> = {
-            let set: HashSet<&String> = plans
-                .iter()
-                .flat_map(|p| p.routes.iter().flat_map(|r| r.1.iter().map(|k| &k.0)))
-                .collect();
-            set.into_iter().cloned().collect()
-        };
+        // Every bucket a candidate needs, and those with learned news to apply.
+        let needed: HashSet<String> = plans
+            .iter()
+            .flat_map(|p| p.routes.iter().flat_map(|r| r.1.iter().map(|k| k.0.clone())))
+            .chain(
+                learned
+                    .iter()
+                    .filter(|r| r.pending() || r.source == Source::Throttling)
+                    .map(Learned::bucket_key),
+            )
+            .collect();
+        let keys: Vec<String> = needed.iter().cloned().collect();
+        let news = learned.iter().any(Learned::pending);
 
         let mut tx = self.pool.begin().await?;
         // Settlements of finished jobs first: what they did not use is available again.
@@ -330,7 +512,7 @@ impl Gate {
         // back here is never used before its pause is seen.
         let paused: HashMap<String, DateTime<Utc>> =
             store::active_pauses(&mut *tx, now).await?.into_iter().collect();
-        if plans.is_empty() && refunds.is_empty() {
+        if plans.is_empty() && refunds.is_empty() && !news {
             tx.commit().await?;
             let failed = store::fail_queued(&self.pool, &failures, now).await? as usize;
             return Ok(Round {
@@ -350,6 +532,18 @@ impl Gate {
                 (b.key.clone(), b)
             })
             .collect();
+        // Scopes whose first response is applied now: their probe is over.
+        let first_seen: Vec<String> = {
+            let scopes: HashSet<&str> = learned
+                .iter()
+                .filter(|r| r.applied_at.is_none())
+                .map(|r| r.scope.as_str())
+                .collect();
+            scopes.into_iter().map(probe_key).collect()
+        };
+        let mut learned_changed = self
+            .learn(&mut tx, &mut learned, &needed, &mut buckets, now)
+            .await?;
         let refilled = buckets.clone();
 
         let Scheduled {
@@ -357,8 +551,18 @@ impl Gate {
             notes,
             mut round,
             failures: more_failures,
+            saturated,
         } = self.schedule(plans, &mut buckets, &paused, now);
         failures.extend(more_failures);
+        // Probing upward where 429s taught the limit and the limit is what holds jobs back.
+        for (i, row) in learned.iter_mut().enumerate() {
+            let key = row.bucket_key();
+            if let Some(b) = buckets.get_mut(&key)
+                && learning::increase(row, b, saturated.contains(&key), now)
+            {
+                learned_changed.insert(i);
+            }
+        }
 
         let admitted: HashSet<JobId> = store::admit(&mut tx, &admissions, now)
             .await?
@@ -377,7 +581,10 @@ impl Gate {
         }
         let changed: Vec<Bucket> = buckets.into_values().collect();
         store::save_buckets(&mut tx, &changed).await?;
+        store::drop_buckets(&mut *tx, &first_seen).await?;
         tx.commit().await?;
+        let rows: Vec<Learned> = learned_changed.iter().map(|&i| learned[i].clone()).collect();
+        store::save_learned(&self.pool, &rows).await?;
         round.admitted = admitted.len();
         self.last_admitted.store(
             if round.full {
@@ -414,6 +621,12 @@ impl Gate {
         now: DateTime<Utc>,
     ) -> Scheduled {
         let pause_of = |t: &Target| paused.get(&buckets::target_scope(&t.provider, &t.model)).copied();
+        // A key the provider rejected is paused under its own scope.
+        let key_dead = |t: &Target| {
+            t.key
+                .as_ref()
+                .is_some_and(|k| paused.contains_key(&buckets::key_scope(&t.provider, k)))
+        };
         let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
         let headroom_secs = self.config.gate.headroom_secs;
         let reserve = self.config.gate.interactive_reserve;
@@ -481,6 +694,7 @@ impl Gate {
             // First target whose buckets are open and can hold the job now.
             let fitting = plan.routes.iter().position(|(target, path)| {
                 pause_of(target).is_none()
+                    && !key_dead(target)
                     && path.iter().all(|(key, amount)| {
                         !closed.contains(key) && buckets.get(key).is_none_or(|b| b.fits(*amount, headroom(b)))
                     })
@@ -496,6 +710,7 @@ impl Gate {
                         amounts.push(*amount);
                     }
                 }
+                crate::metrics::admitted(&plan.job, target, &plan.routes[0].0, now);
                 admissions.push(Admission {
                     id: plan.job.id,
                     provider: target.provider.clone(),
@@ -521,6 +736,18 @@ impl Gate {
                 path.iter()
                     .any(|(key, amount)| buckets.get(key).is_some_and(|b| !b.can_ever_fit(*amount)))
             });
+            if !plan.routes.is_empty() && plan.routes.iter().all(|(t, _)| key_dead(t)) {
+                failures.push((
+                    plan.job.id,
+                    "upstream_credentials_exhausted",
+                    "every provider key that could serve the job was rejected by its provider".to_owned(),
+                ));
+                queues[turn.queue].pop_front();
+                if !queues[turn.queue].is_empty() {
+                    heap.push(turn);
+                }
+                continue;
+            }
             if never || plan.routes.is_empty() {
                 let (key, amount) = plan
                     .routes
@@ -532,6 +759,7 @@ impl Gate {
                     .cloned()
                     .unwrap_or_default();
                 let capacity = buckets.get(&key).map_or(0.0, |b| b.capacity);
+                crate::metrics::failed(&plan.job, &key, "exceeds_limit");
                 failures.push((
                     plan.job.id,
                     "exceeds_limit",
@@ -570,6 +798,7 @@ impl Gate {
             round.blocked += 1;
             let job = &plan.job;
             if let Some(at) = ready.filter(|at| *at > job.deadline) {
+                crate::metrics::failed(job, blocking.map_or("", |(b, _)| &b.key), "deadline_unmeetable");
                 failures.push((
                     job.id,
                     "deadline_unmeetable",
@@ -618,6 +847,7 @@ impl Gate {
                     .map_or(0, |t| t.timestamp())
             );
             if fairness.explained.get(&job.id) != Some(&stamp) {
+                crate::metrics::waiting(job, &note);
                 fairness.explained.insert(job.id, stamp);
                 notes.push((job.id, note));
             }
@@ -638,6 +868,7 @@ impl Gate {
             notes,
             round,
             failures,
+            saturated: closed,
         }
     }
 

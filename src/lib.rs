@@ -13,6 +13,9 @@
 //! - [`retry`]: failure classification and the retry policy.
 //! - [`batches`]: files and batches (OpenAI's Files and Batch APIs): ids, statuses, rows.
 //! - [`webhook_signing`]: Standard Webhooks secrets and signatures.
+//! - [`ratelimit`]: what providers say about their limits (headers, 429 bodies), parsed.
+//! - [`learning`]: learned limits — readings and 429s turned into bucket capacities.
+//! - [`metrics`]: metric names, and the one-line helpers the gate and dispatchers call.
 //!
 //! Data flow: the API (`tollgate-api`) authenticates through `tenants`, resolves through
 //! `routing`, estimates, and inserts through `store` (state `queued`); the `gate` admits
@@ -28,8 +31,11 @@ pub mod db;
 pub mod embedded;
 pub mod estimate;
 pub mod gate;
+pub mod learning;
+pub mod metrics;
 pub mod model;
 pub mod notify;
+pub mod ratelimit;
 pub mod retry;
 pub mod routing;
 pub mod store;

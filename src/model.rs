@@ -125,8 +125,11 @@ pub struct Job {
     pub admission: Option<serde_json::Value>,
     /// Run by the API process streaming it to its client, not by dispatchers.
     pub stream: bool,
-    /// The provider key the gate chose (when keys have limits of their own).
+    /// The provider key the gate chose.
     pub provider_key: Option<String>,
+    /// Route targets (`provider/model`) that failed this job with an error another target
+    /// may not have; the gate prefers the route's other targets.
+    pub failed_targets: Option<Vec<String>>,
 }
 
 impl Job {
@@ -166,6 +169,7 @@ impl Job {
             admission: None,
             stream: new.stream,
             provider_key: None,
+            failed_targets: None,
         }
     }
 }

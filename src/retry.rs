@@ -4,11 +4,12 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use http::HeaderMap;
 use rand::Rng;
 
 use crate::config::RetryConfig;
+use crate::ratelimit::{self, Dialect};
 
 /// What kind of failure a provider call ended in, and so what to do next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,7 +98,8 @@ pub fn classify_response(status: u16, headers: &HeaderMap, body: &[u8]) -> Failu
     } else {
         message
     };
-    let retry_after = retry_after(headers).or_else(|| try_again_in(&message));
+    // Retry-After headers, Gemini's `RetryInfo`, OpenAI's "try again in".
+    let retry_after = ratelimit::read(Dialect::None, headers, body, Utc::now()).retry_after;
     let (class, code) = match status {
         429 if spend_cap => (FailureClass::SpendCap, "spend_limit_reached"),
         429 if err_code == "insufficient_quota" || err_type == "insufficient_quota" => {
@@ -121,64 +123,6 @@ pub fn classify_response(status: u16, headers: &HeaderMap, body: &[u8]) -> Failu
         status: Some(status),
         retry_after,
     }
-}
-
-/// `retry-after-ms` (float ms), then `retry-after` as seconds or as an HTTP date.
-pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
-    if let Some(ms) = text("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
-        && ms.is_finite()
-        && ms >= 0.0
-    {
-        return Some(Duration::from_secs_f64(ms / 1000.0));
-    }
-    let value = text("retry-after")?;
-    if let Ok(secs) = value.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
-    }
-    let date = DateTime::parse_from_rfc2822(value).ok()?;
-    (date.with_timezone(&Utc) - Utc::now()).to_std().ok()
-}
-
-/// The "Please try again in 644ms." hint in OpenAI-style messages.
-pub fn try_again_in(message: &str) -> Option<Duration> {
-    let rest = message.split("try again in ").nth(1)?;
-    let token = rest.split_whitespace().next()?.trim_end_matches('.');
-    parse_go_duration(token)
-}
-
-/// Go-style durations as OpenAI and Groq send them: `1s`, `6m0s`, `2m59.56s`, `12ms`, `1h2m3s`.
-pub fn parse_go_duration(text: &str) -> Option<Duration> {
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return None;
-    }
-    let mut total = 0.0f64;
-    while !rest.is_empty() {
-        let number_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        if number_len == 0 {
-            return None;
-        }
-        let value: f64 = rest[..number_len].parse().ok()?;
-        rest = &rest[number_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit_len] {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 0.001,
-            "us" | "µs" => 0.000_001,
-            "ns" => 0.000_000_001,
-            _ => return None,
-        };
-        total += value * scale;
-        rest = &rest[unit_len..];
-    }
-    total.is_finite().then(|| Duration::from_secs_f64(total))
 }
 
 /// The broker's retry policy: capped exponential backoff with jitter; a provider's
@@ -226,40 +170,6 @@ mod tests {
             h.insert(*k, HeaderValue::from_str(v).unwrap());
         }
         h
-    }
-
-    #[test]
-    fn go_durations() {
-        let ms = |t: &str| parse_go_duration(t).map(|d| d.as_millis());
-        assert_eq!(ms("1s"), Some(1000));
-        assert_eq!(ms("6m0s"), Some(360_000));
-        assert_eq!(ms("12ms"), Some(12));
-        assert_eq!(ms("2m59.56s"), Some(179_560));
-        assert_eq!(ms("0.5s"), Some(500));
-        assert_eq!(ms("1h2m3s"), Some(3_723_000));
-        assert_eq!(ms(""), None);
-        assert_eq!(ms("5x"), None);
-        assert_eq!(ms("s"), None);
-    }
-
-    #[test]
-    fn retry_after_forms() {
-        assert_eq!(
-            retry_after(&headers(&[("retry-after", "20")])),
-            Some(Duration::from_secs(20))
-        );
-        assert_eq!(
-            retry_after(&headers(&[("retry-after-ms", "1500"), ("retry-after", "9")])),
-            Some(Duration::from_millis(1500))
-        );
-        assert_eq!(retry_after(&headers(&[("retry-after", "-3")])), None);
-        assert_eq!(retry_after(&headers(&[("retry-after", "soon")])), None);
-        let date = (Utc::now() + chrono::Duration::seconds(60)).to_rfc2822();
-        let d = retry_after(&headers(&[("retry-after", &date)])).unwrap();
-        assert!(
-            d <= Duration::from_secs(60) && d >= Duration::from_secs(55),
-            "{d:?}"
-        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use secrecy::ExposeSecret;
+use secrecy::{ExposeSecret, SecretString};
 use sha2::{Digest, Sha256};
 
 use crate::config::Config;
@@ -18,6 +18,8 @@ pub struct Tenant {
 #[derive(Debug, Clone, Default)]
 pub struct TenantDirectory {
     by_key_digest: HashMap<[u8; 32], Tenant>,
+    /// `server.admin_key`'s digest: the operators, who see every tenant.
+    admin_digest: Option<[u8; 32]>,
 }
 
 fn digest(key: &str) -> [u8; 32] {
@@ -44,10 +46,68 @@ impl TenantDirectory {
                 ));
             }
         }
-        Ok(Self { by_key_digest })
+        let admin_key = match (&config.server.admin_key, &config.server.admin_key_env) {
+            (Some(v), None) => Some(v.clone()),
+            (None, Some(var)) => Some(std::env::var(var).map(SecretString::from).map_err(|_| {
+                format!("environment variable {var} (named by `server.admin_key_env`) is not set")
+            })?),
+            (Some(_), Some(_)) => {
+                return Err("give `server.admin_key` or `server.admin_key_env`, not both".into());
+            }
+            (None, None) => None,
+        };
+        let admin_digest = admin_key.map(|k| digest(k.expose_secret()));
+        if admin_digest.is_some_and(|d| by_key_digest.contains_key(&d)) {
+            return Err("`server.admin_key` is also a tenant's API key".to_owned());
+        }
+        Ok(Self {
+            by_key_digest,
+            admin_digest,
+        })
+    }
+
+    /// Whether `presented_key` is the admin key.
+    pub fn is_admin(&self, presented_key: &str) -> bool {
+        self.admin_digest.is_some_and(|d| d == digest(presented_key))
+    }
+
+    /// Whether an admin key is configured.
+    pub fn has_admin(&self) -> bool {
+        self.admin_digest.is_some()
     }
 
     pub fn authenticate(&self, presented_key: &str) -> Option<&Tenant> {
         self.by_key_digest.get(&digest(presented_key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(server: &str) -> Config {
+        let text = format!(
+            "[server]\n{server}\n[[providers]]\nname = \"oai\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:1/v1\"\n\
+             keys = [{{ name = \"k1\", value = \"sk-1\" }}]\nmodels = [\"m\"]\n\
+             [[tenants]]\nname = \"acme\"\napi_key = \"tk-acme\"\n"
+        );
+        Config::parse(&text, "test.toml").unwrap()
+    }
+
+    #[test]
+    fn the_admin_key_is_nobody_s_tenant_key() {
+        let dir = TenantDirectory::from_config(&config("admin_key = \"tk-admin\"")).unwrap();
+        assert!(dir.has_admin());
+        assert!(dir.is_admin("tk-admin"));
+        assert!(!dir.is_admin("tk-acme"));
+        assert!(
+            dir.authenticate("tk-admin").is_none(),
+            "the admin key is not a tenant"
+        );
+        assert_eq!(dir.authenticate("tk-acme").map(|t| t.name.as_str()), Some("acme"));
+        let shared = TenantDirectory::from_config(&config("admin_key = \"tk-acme\""));
+        assert!(shared.unwrap_err().contains("admin_key"));
+        let none = TenantDirectory::from_config(&config("")).unwrap();
+        assert!(!none.has_admin() && !none.is_admin(""));
     }
 }

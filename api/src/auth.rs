@@ -1,5 +1,6 @@
-//! Authentication: `Authorization: Bearer <tenant key>` → the tenant. Missing or unknown
-//! keys answer 401 with `missing_api_key` / `invalid_api_key`.
+//! Authentication: `Authorization: Bearer <tenant key>` → the tenant ([`AuthTenant`]), or
+//! the admin key (`server.admin_key`) → every tenant ([`Viewer`], for what operators
+//! watch). Missing or unknown keys answer 401 with `missing_api_key` / `invalid_api_key`.
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
@@ -16,40 +17,84 @@ impl FromRequestParts<AppState> for AuthTenant {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        let value = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "missing_api_key",
-                    "send your tenant API key as `Authorization: Bearer <key>`",
-                )
-            })?;
-        let key = value
-            .strip_prefix("Bearer ")
-            .or_else(|| value.strip_prefix("bearer "))
-            .map(str::trim)
-            .filter(|k| !k.is_empty())
-            .ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "missing_api_key",
-                    "the Authorization header must be `Bearer <key>`",
-                )
-            })?;
+        let key = bearer(parts)?;
         state
             .tenants
             .authenticate(key)
             .cloned()
             .map(AuthTenant)
-            .ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "invalid_api_key",
-                    "the API key is not valid",
-                )
-            })
+            .ok_or_else(invalid_key)
     }
+}
+
+/// Who is looking: the operators (admin key) see every tenant, a tenant its own.
+pub enum Viewer {
+    Admin,
+    Tenant(Tenant),
+}
+
+impl Viewer {
+    /// The tenant whose data this viewer may see; `None` = every tenant.
+    pub fn tenant(&self) -> Option<&str> {
+        match self {
+            Viewer::Admin => None,
+            Viewer::Tenant(t) => Some(&t.name),
+        }
+    }
+
+    pub fn may_see(&self, tenant: &str) -> bool {
+        self.tenant().is_none_or(|t| t == tenant)
+    }
+}
+
+impl FromRequestParts<AppState> for Viewer {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let key = bearer(parts)?;
+        if state.tenants.is_admin(key) {
+            return Ok(Viewer::Admin);
+        }
+        state
+            .tenants
+            .authenticate(key)
+            .cloned()
+            .map(Viewer::Tenant)
+            .ok_or_else(invalid_key)
+    }
+}
+
+fn invalid_key() -> ApiError {
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "invalid_api_key",
+        "the API key is not valid",
+    )
+}
+
+/// The key of `Authorization: Bearer <key>`.
+fn bearer(parts: &Parts) -> Result<&str, ApiError> {
+    let value = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "missing_api_key",
+                "send your tenant API key as `Authorization: Bearer <key>`",
+            )
+        })?;
+    value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "missing_api_key",
+                "the Authorization header must be `Bearer <key>`",
+            )
+        })
 }

@@ -37,6 +37,7 @@ use crate::auth::AuthTenant;
 use crate::error::ApiError;
 use crate::files::{EXPIRES_AFTER_RANGE, db, unix};
 use crate::jobs::{json_body, validate_chat_request};
+use crate::openapi as doc;
 use crate::paging;
 
 /// Metadata limits, as OpenAI's: 16 pairs, keys up to 64 characters, values up to 512.
@@ -74,6 +75,19 @@ struct CreateBatch {
 }
 
 /// `POST /v1/batches`.
+#[utoipa::path(
+    post,
+    path = "/v1/batches",
+    operation_id = "create_batch",
+    tag = "batches",
+    request_body(content = Object, description = "`input_file_id`, `endpoint`, `completion_window`, `metadata`; tollgate's `class`, `webhook`"),
+    responses(
+        (status = 200, description = "OpenAI's batch object", body = Object),
+        (status = 400, description = "`invalid_request`, `unsupported_endpoint`, `invalid_completion_window`, `invalid_file_purpose`, `invalid_webhook_secret`, `webhook_url_not_allowed`", body = doc::ErrorBody),
+        (status = 404, description = "`not_found`: no such input file", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn create(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,
@@ -558,6 +572,18 @@ async fn one_view(state: &AppState, batch: BatchRow) -> Result<Json<Value>, ApiE
 }
 
 /// `GET /v1/batches/{id}`.
+#[utoipa::path(
+    get,
+    path = "/v1/batches/{id}",
+    operation_id = "get_batch",
+    tag = "batches",
+    params(("id" = String, Path, description = "Batch id")),
+    responses(
+        (status = 200, description = "OpenAI's batch object", body = Object),
+        (status = 404, description = "`not_found`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn get(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,
@@ -571,6 +597,19 @@ pub(crate) async fn get(
 
 /// `POST /v1/batches/{id}/cancel`: `cancelling` now (its unfinished jobs cancelled),
 /// `cancelled` once maintenance has written its files.
+#[utoipa::path(
+    post,
+    path = "/v1/batches/{id}/cancel",
+    operation_id = "cancel_batch",
+    tag = "batches",
+    params(("id" = String, Path, description = "Batch id")),
+    responses(
+        (status = 200, description = "The batch, `cancelling`", body = Object),
+        (status = 404, description = "`not_found`", body = doc::ErrorBody),
+        (status = 409, description = "`batch_already_finished`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn cancel(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,
@@ -597,6 +636,21 @@ pub(crate) struct ListParams {
 }
 
 /// `GET /v1/batches?after=&limit=`: newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/batches",
+    operation_id = "list_batches",
+    tag = "batches",
+    params(
+        ("limit" = Option<i64>, Query, description = "1 to 100 (default 20)"),
+        ("after" = Option<String>, Query, description = "The previous page's `last_id`"),
+    ),
+    responses(
+        (status = 200, description = "`{object: \"list\", data, first_id, last_id, has_more}`", body = Object),
+        (status = 400, description = "`invalid_request`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn list(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,

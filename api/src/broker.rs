@@ -103,11 +103,13 @@ impl Broker {
             notifications: notifications.clone(),
             dispatcher: dispatcher.clone(),
             relays: relays.clone(),
+            observer: crate::status::Observer::default(),
         };
         let mut addr = None;
         if roles.api {
             let listener = listener.context("the API role needs a listener")?;
             addr = Some(listener.local_addr()?);
+            tracker.spawn(state.observer.clone().sample(pool.clone(), cancel.clone()));
             let app = crate::router(state);
             let stop = cancel.clone();
             let relays = relays.clone();

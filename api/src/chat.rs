@@ -31,7 +31,26 @@ use crate::AppState;
 use crate::auth::AuthTenant;
 use crate::error::ApiError;
 use crate::jobs::{Submission, enqueue, json_body, wait_terminal};
+use crate::openapi as doc;
 
+/// OpenAI-compatible, synchronous: queued as an `interactive` job and awaited. With
+/// `"stream": true`, the provider's SSE is relayed in OpenAI chunk format.
+#[utoipa::path(
+    post,
+    path = "/v1/chat/completions",
+    operation_id = "create_chat_completion",
+    tag = "openai",
+    request_body(content = Object, description = "An OpenAI Chat Completions request"),
+    responses(
+        (status = 200, description = "An OpenAI chat completion (JSON), or its chunks (`text/event-stream`) when streaming; header `x-tollgate-job-id`", body = Object),
+        (status = 400, description = "`invalid_json`, `invalid_request`, `missing_field`, `unknown_model`; or the job's reason code (`provider_rejected_request`, `request_too_large`, `exceeds_limit`)", body = doc::ErrorBody),
+        (status = 409, description = "`cancelled`", body = doc::ErrorBody),
+        (status = 413, description = "`body_too_large`", body = doc::ErrorBody),
+        (status = 429, description = "`queue_timeout`, `deadline_exceeded`, `deadline_unmeetable`, `rate_limited`, `spend_limit_reached`, `queue_full` (+ `Retry-After`)", body = doc::ErrorBody),
+        (status = 502, description = "`upstream_failed`, `upstream_auth_failed`, `insufficient_quota`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn completions(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,

@@ -22,6 +22,7 @@ use tollgate_workers::batches::FILE_CHUNK_BYTES;
 use crate::AppState;
 use crate::auth::AuthTenant;
 use crate::error::ApiError;
+use crate::openapi as doc;
 use crate::paging;
 
 /// Shortest and longest `expires_after[seconds]` OpenAI accepts (1 hour to 30 days).
@@ -144,6 +145,19 @@ async fn text_field(field: Field<'_>) -> Result<String, ApiError> {
 }
 
 /// `POST /v1/files`.
+#[utoipa::path(
+    post,
+    path = "/v1/files",
+    operation_id = "upload_file",
+    tag = "files",
+    request_body(content = Object, content_type = "multipart/form-data", description = "`file` (JSONL) and `purpose=batch`; optional `expires_after[seconds]`"),
+    responses(
+        (status = 200, description = "OpenAI's file object", body = Object),
+        (status = 400, description = "`invalid_request`, `invalid_file_purpose`, `empty_file`, `too_many_lines`", body = doc::ErrorBody),
+        (status = 413, description = "`file_too_large`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn upload(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,
@@ -244,6 +258,18 @@ async fn tenant_file(state: &AppState, tenant: &str, id: &str) -> Result<FileRow
 }
 
 /// `GET /v1/files/{id}`.
+#[utoipa::path(
+    get,
+    path = "/v1/files/{id}",
+    operation_id = "get_file",
+    tag = "files",
+    params(("id" = String, Path, description = "File id")),
+    responses(
+        (status = 200, description = "OpenAI's file object", body = Object),
+        (status = 404, description = "`not_found`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn get(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,
@@ -253,6 +279,18 @@ pub(crate) async fn get(
 }
 
 /// `DELETE /v1/files/{id}`.
+#[utoipa::path(
+    delete,
+    path = "/v1/files/{id}",
+    operation_id = "delete_file",
+    tag = "files",
+    params(("id" = String, Path, description = "File id")),
+    responses(
+        (status = 200, description = "`{id, object: \"file\", deleted: true}`", body = Object),
+        (status = 404, description = "`not_found`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn delete(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,
@@ -265,6 +303,18 @@ pub(crate) async fn delete(
 }
 
 /// `GET /v1/files/{id}/content`: the bytes, streamed chunk by chunk.
+#[utoipa::path(
+    get,
+    path = "/v1/files/{id}/content",
+    operation_id = "get_file_content",
+    tag = "files",
+    params(("id" = String, Path, description = "File id")),
+    responses(
+        (status = 200, description = "The file's bytes (JSONL)", content_type = "application/octet-stream", body = String),
+        (status = 404, description = "`not_found`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn content(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,
@@ -303,6 +353,23 @@ pub(crate) struct ListParams {
 }
 
 /// `GET /v1/files?purpose=&limit=&order=&after=`.
+#[utoipa::path(
+    get,
+    path = "/v1/files",
+    operation_id = "list_files",
+    tag = "files",
+    params(
+        ("purpose" = Option<String>, Query, description = "Only files of this purpose"),
+        ("limit" = Option<i64>, Query, description = "Page size"),
+        ("order" = Option<String>, Query, description = "`asc` or `desc` (default)"),
+        ("after" = Option<String>, Query, description = "The previous page's last id"),
+    ),
+    responses(
+        (status = 200, description = "`{object: \"list\", data, first_id, last_id, has_more}`", body = Object),
+        (status = 400, description = "`invalid_request`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn list(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,

@@ -25,6 +25,7 @@ use tollgate::tenants::Tenant;
 use crate::AppState;
 use crate::auth::AuthTenant;
 use crate::error::ApiError;
+use crate::openapi as doc;
 use crate::paging;
 
 /// Longest idempotency key accepted.
@@ -219,6 +220,25 @@ pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) ->
     Ok(inserted)
 }
 
+/// Enqueue a job: `202` once its row is committed; the same idempotency key again → `200`
+/// with the same job.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs",
+    operation_id = "submit_job",
+    tag = "jobs",
+    request_body = doc::SubmitJobSchema,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Per tenant; same as the body's `idempotency_key`")),
+    responses(
+        (status = 202, description = "Queued", body = doc::JobSchema),
+        (status = 200, description = "This idempotency key's existing job", body = doc::JobSchema),
+        (status = 400, description = "`invalid_json`, `invalid_request`, `missing_field`, `unknown_model`, `invalid_deadline`, `stream_not_supported`", body = doc::ErrorBody),
+        (status = 409, description = "`idempotency_key_reused`", body = doc::ErrorBody),
+        (status = 413, description = "`body_too_large`", body = doc::ErrorBody),
+        (status = 429, description = "`queue_full` (+ `Retry-After`)", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn submit(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,
@@ -301,6 +321,23 @@ fn parse_id(id: &str) -> Result<JobId, ApiError> {
     id.parse().map_err(|_| ApiError::not_found("job"))
 }
 
+/// The job; with `wait`, long-polls until it is finished or the wait ends.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}",
+    operation_id = "get_job",
+    tag = "jobs",
+    params(
+        ("id" = String, Path, description = "Job id"),
+        ("wait" = Option<f64>, Query, description = "Seconds to wait for the job to finish (at most `server.max_wait_secs`)"),
+    ),
+    responses(
+        (status = 200, description = "The job", body = doc::JobSchema),
+        (status = 400, description = "`invalid_request` (bad `wait`)", body = doc::ErrorBody),
+        (status = 404, description = "`not_found`: no such job for this tenant", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn get(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,
@@ -363,6 +400,23 @@ pub(crate) struct ListParams {
     after: Option<String>,
 }
 
+/// The tenant's jobs, newest first, a page at a time.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs",
+    operation_id = "list_jobs",
+    tag = "jobs",
+    params(
+        ("state" = Option<String>, Query, description = "Only jobs in this state"),
+        ("limit" = Option<i64>, Query, description = "1 to 100 (default 20)"),
+        ("after" = Option<String>, Query, description = "The previous page's `last_id`"),
+    ),
+    responses(
+        (status = 200, description = "A page of jobs", body = doc::JobListSchema),
+        (status = 400, description = "`invalid_request`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn list(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,
@@ -383,6 +437,20 @@ pub(crate) async fn list(
     Ok(Json(paging::page(jobs, limit, |j| j.id, job_view)))
 }
 
+/// Cancel a queued, admitted or running job (a running call's result is discarded).
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{id}/cancel",
+    operation_id = "cancel_job",
+    tag = "jobs",
+    params(("id" = String, Path, description = "Job id")),
+    responses(
+        (status = 200, description = "The cancelled job", body = doc::JobSchema),
+        (status = 404, description = "`not_found`", body = doc::ErrorBody),
+        (status = 409, description = "`job_already_finished`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn cancel(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,
@@ -415,6 +483,7 @@ pub(crate) fn job_view(job: &Job) -> Value {
         "model": job.model,
         "provider": job.provider,
         "provider_model": job.provider_model,
+        "failed_targets": job.failed_targets,
         "provider_request_id": job.provider_request_id,
         "attempts": job.attempt,
         "max_attempts": job.max_attempts,

@@ -1,18 +1,23 @@
 //! tollgate API and process wiring.
 //!
 //! - [`router`]: the axum routes (jobs, OpenAI-compatible chat, health), callable without
-//!   a socket.
+//!   a socket; [`routes`] declares each endpoint once, with its OpenAPI description.
+//! - [`openapi`]: `GET /openapi.json`, the document's frame and hand-built bodies' schemas.
 //! - [`jobs`]: submit, read/long-poll, list, cancel; shared validation and enqueueing.
 //! - [`chat`]: `POST /v1/chat/completions`, queued as an interactive job and awaited.
 //! - [`limits`]: the buckets that apply to the caller, and what is left in them.
 //! - [`files`]: OpenAI's Files API (JSONL uploads, output and error files).
 //! - [`batches`]: OpenAI's Batch API: ingest of a JSONL file into jobs, status, cancel.
-//! - [`auth`]: bearer tenant key → tenant.
+//! - [`auth`]: bearer tenant key → tenant; the admin key → every tenant.
+//! - [`status`]: `/v1/status` and its history: queues, buckets, traffic, failures.
+//! - [`metrics`]: `GET /metrics`, Prometheus text (events and database levels).
 //! - [`error`]: `ApiError`, status + stable code + safe message.
 //! - `paging`: OpenAI-style cursor lists (`limit`, `after`, `has_more`).
 //! - [`broker`]: starts the roles of one process (API, dispatcher, maintenance,
 //!   notifications) and runs the shutdown sequence; `serve`, `demo` and tests use it.
 //! - [`local`]: a whole stack on this machine (database, mock provider, broker).
+//! - [`cli`]: `tollgate status`, `jobs get`, `submit`, `batches list` against a running server.
+//! - [`dashboard`]: `GET /dashboard`, the live page (assets embedded from `api/assets/`).
 //! - [`demo`]: `tollgate demo`, the whole system on one machine with a sample workload.
 //! - [`bench`]: `tollgate bench`, end-to-end throughput beside a direct-to-provider baseline.
 //!
@@ -24,13 +29,18 @@ pub mod batches;
 pub mod bench;
 pub mod broker;
 pub mod chat;
+pub mod cli;
+pub mod dashboard;
 pub mod demo;
 pub mod error;
 pub mod files;
 pub mod jobs;
 pub mod limits;
 pub mod local;
+pub mod metrics;
+pub mod openapi;
 pub(crate) mod paging;
+pub mod status;
 
 use std::sync::Arc;
 
@@ -38,13 +48,15 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
 use sqlx::PgPool;
 use tokio_util::task::TaskTracker;
 use tollgate::config::Config;
 use tollgate::notify::Notifications;
 use tollgate::tenants::TenantDirectory;
 use tollgate_workers::dispatcher::Dispatcher;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::error::ApiError;
 
@@ -59,36 +71,66 @@ pub struct AppState {
     pub dispatcher: Dispatcher,
     /// The relay tasks of those streams (waited for at shutdown).
     pub relays: TaskTracker,
+    /// The dashboard's history of queue samples.
+    pub observer: status::Observer,
+}
+
+/// Every endpoint, each with its OpenAPI description (`#[utoipa::path]` on the handler):
+/// the router and `/openapi.json` are both built from this, so neither can miss a route.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .routes(routes!(jobs::submit, jobs::list))
+        .routes(routes!(jobs::get))
+        .routes(routes!(jobs::cancel))
+        .routes(routes!(chat::completions))
+        .routes(routes!(limits::list))
+        .routes({
+            // Uploads stream and enforce `batches.max_file_bytes` themselves.
+            let (schemas, paths, method) = routes!(files::upload, files::list);
+            (schemas, paths, method.layer(DefaultBodyLimit::disable()))
+        })
+        .routes(routes!(files::get, files::delete))
+        .routes(routes!(files::content))
+        .routes(routes!(batches::create, batches::list))
+        .routes(routes!(batches::get))
+        .routes(routes!(batches::cancel))
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(openapi::openapi_json))
+        .routes(routes!(status::get))
+        .routes(routes!(status::history))
+        .routes(routes!(metrics::scrape))
+        .routes(routes!(dashboard::page))
+        .routes(routes!(dashboard::script))
+        .routes(routes!(dashboard::style))
 }
 
 pub fn router(state: AppState) -> Router {
     let max_body = state.config.server.max_body_bytes;
-    Router::new()
-        .route("/v1/jobs", post(jobs::submit).get(jobs::list))
-        .route("/v1/jobs/{id}", get(jobs::get))
-        .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
-        .route("/v1/chat/completions", post(chat::completions))
-        .route("/v1/limits", get(limits::list))
-        .route(
-            "/v1/files",
-            // Uploads stream and enforce `batches.max_file_bytes` themselves.
-            post(files::upload)
-                .layer(DefaultBodyLimit::disable())
-                .get(files::list),
-        )
-        .route("/v1/files/{id}", get(files::get).delete(files::delete))
-        .route("/v1/files/{id}/content", get(files::content))
-        .route("/v1/batches", post(batches::create).get(batches::list))
-        .route("/v1/batches/{id}", get(batches::get))
-        .route("/v1/batches/{id}/cancel", post(batches::cancel))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
+    metrics::recorder();
+    let (routes, _) = routes().split_for_parts();
+    routes
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no_such_endpoint", "no such endpoint") })
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
 }
 
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, description = "`ok`", body = String)))]
+async fn healthz() -> &'static str {
+    "ok"
+}
+
 /// Ready when the database answers.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "`ready`", body = String),
+        (status = 503, description = "`database_unavailable`", body = openapi::ErrorBody),
+    )
+)]
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     match sqlx::query("SELECT 1").execute(&state.pool).await {
         Ok(_) => (StatusCode::OK, "ready").into_response(),

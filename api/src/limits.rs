@@ -1,6 +1,9 @@
 //! `GET /v1/limits`: the buckets that apply to the caller — every provider-side bucket
 //! (provider models, keys, routes) and the caller's own tenant buckets, never another
-//! tenant's — with their capacity and what is left now.
+//! tenant's — with their capacity, what is left now, and where the capacity comes from:
+//! `configured`, `learned` (a provider's reading or its 429s set it; `learned_at` says
+//! when, `configured_capacity` what the config says) or `probe` (a cold-start limit on
+//! calls in flight while nothing is known of a model's limits).
 
 use axum::Json;
 use axum::extract::State;
@@ -12,6 +15,18 @@ use tollgate::store;
 use crate::AppState;
 use crate::auth::AuthTenant;
 use crate::error::ApiError;
+use crate::openapi as doc;
+
+/// Where a bucket's capacity comes from: `configured`, `learned` or `probe`.
+pub(crate) fn source(b: &Bucket) -> &'static str {
+    if b.key.ends_with(":probe") {
+        "probe"
+    } else if b.learned_at.is_some() {
+        "learned"
+    } else {
+        "configured"
+    }
+}
 
 fn view(mut b: Bucket) -> Value {
     b.refill(Utc::now());
@@ -23,9 +38,22 @@ fn view(mut b: Bucket) -> Value {
         "remaining": b.level.max(0.0).floor(),
         "window_secs": b.window_secs,
         "resets_at": b.resets_at,
+        "source": source(&b),
+        "configured_capacity": b.configured_capacity,
+        "learned_at": b.learned_at,
     })
 }
 
+/// The buckets that apply to the caller: provider models, keys, routes, and its own
+/// tenant buckets — never another tenant's.
+#[utoipa::path(
+    get,
+    path = "/v1/limits",
+    operation_id = "list_limits",
+    tag = "limits",
+    responses((status = 200, description = "The caller's buckets", body = doc::LimitListSchema)),
+    security(("bearer" = []))
+)]
 pub(crate) async fn list(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,

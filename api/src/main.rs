@@ -54,6 +54,15 @@ enum Command {
     /// Measure end-to-end throughput against the mock provider, beside a baseline that
     /// calls the mock directly; prints a Markdown table for BENCHMARKS.md.
     Bench(tollgate_api::bench::BenchArgs),
+    /// A running server's queues by tenant and class, and its buckets with use and limit.
+    Status(tollgate_api::cli::StatusArgs),
+    /// A running server's jobs.
+    Jobs(tollgate_api::cli::JobsArgs),
+    /// Submit each line of a JSONL file as a job; with --wait, follow them with a progress
+    /// bar. Exits 1 when any job failed or was rejected.
+    Submit(tollgate_api::cli::SubmitArgs),
+    /// A running server's batches in progress.
+    Batches(tollgate_api::cli::BatchesArgs),
 }
 
 #[tokio::main]
@@ -61,8 +70,8 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // The demo and the bench print their own report; their logs stay quiet unless asked.
     let default_filter = match cli.command {
-        Command::Demo(_) | Command::Bench(_) => "warn",
-        _ => "info,sqlx=warn",
+        Command::Serve { .. } | Command::Migrate { .. } | Command::MockProvider { .. } => "info,sqlx=warn",
+        _ => "warn",
     };
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -103,6 +112,10 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench(args) => tollgate_api::bench::run(args).await,
+        Command::Status(args) => exit_unless(tollgate_api::cli::status(args).await?),
+        Command::Jobs(args) => exit_unless(tollgate_api::cli::jobs(args).await?),
+        Command::Submit(args) => exit_unless(tollgate_api::cli::submit(args).await?),
+        Command::Batches(args) => exit_unless(tollgate_api::cli::batches(args).await?),
         Command::Demo(args) => {
             let ok = tollgate_api::demo::run(args).await?;
             if !ok {
@@ -131,6 +144,14 @@ async fn serve(config_path: PathBuf, listen: Option<std::net::SocketAddr>) -> an
     }
     broker.shutdown().await;
     db.close().await?;
+    Ok(())
+}
+
+/// Exit 1 when a command did not succeed (a job failed), after its output.
+fn exit_unless(ok: bool) -> anyhow::Result<()> {
+    if !ok {
+        std::process::exit(1);
+    }
     Ok(())
 }
 

@@ -58,7 +58,13 @@ struct BucketRow {
     updated_at: DateTime<Utc>,
     resets_at: Option<DateTime<Utc>>,
     ramp_step: Option<f64>,
+    configured_capacity: Option<f64>,
+    learned_at: Option<DateTime<Utc>>,
 }
+
+/// The columns a [`BucketRow`] reads.
+const BUCKET_COLUMNS: &str = "id, key, dimension, rule, capacity, window_secs, level, updated_at, resets_at, \
+                              ramp_step, configured_capacity, learned_at";
 
 impl BucketRow {
     fn into_bucket(self) -> Option<Bucket> {
@@ -73,25 +79,30 @@ impl BucketRow {
             updated_at: self.updated_at,
             resets_at: self.resets_at,
             ramp_step: self.ramp_step,
+            configured_capacity: self.configured_capacity,
+            learned_at: self.learned_at,
         })
     }
 }
 
 /// Creates or updates the configured buckets. A new bucket starts full; a bucket whose
-/// capacity shrank keeps no more than the new capacity.
+/// capacity shrank keeps no more than the new capacity; a learned capacity stays learned
+/// (the gate caps it by the configured one when it next applies a reading).
 pub async fn sync_buckets(ex: impl PgExecutor<'_>, specs: &[BucketSpec], now: DateTime<Utc>) -> Result<()> {
     if specs.is_empty() {
         return Ok(());
     }
     let col = |f: fn(&BucketSpec) -> String| specs.iter().map(f).collect::<Vec<_>>();
     sqlx::query(
-        "INSERT INTO buckets (key, scope, dimension, rule, capacity, window_secs, level, updated_at, ramp_step)
-         SELECT k, s, d, r, c, w, c, $7, NULLIF(rs, 'NaN')
+        "INSERT INTO buckets (key, scope, dimension, rule, capacity, window_secs, level, updated_at, ramp_step,
+                              configured_capacity)
+         SELECT k, s, d, r, c, w, c, $7, NULLIF(rs, 'NaN'), c
          FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::float8[], $6::bigint[], $8::float8[])
               AS t(k, s, d, r, c, w, rs)
          ON CONFLICT ON CONSTRAINT buckets_key DO UPDATE SET
              scope = excluded.scope, dimension = excluded.dimension, rule = excluded.rule,
              window_secs = excluded.window_secs, ramp_step = excluded.ramp_step,
+             configured_capacity = excluded.configured_capacity,
              -- A ramp's capacity is its current allowance, and learned limits stay learned.
              level = CASE WHEN buckets.rule = 'ramp' OR buckets.source <> 'configured' THEN buckets.level
                           ELSE buckets.level + (excluded.capacity - buckets.capacity) END,
@@ -113,25 +124,26 @@ pub async fn sync_buckets(ex: impl PgExecutor<'_>, specs: &[BucketSpec], now: Da
 
 /// Every bucket, for status pages and tests.
 pub async fn all_buckets(ex: impl PgExecutor<'_>) -> Result<Vec<Bucket>> {
-    let rows = sqlx::query_as::<Postgres, BucketRow>(
-        "SELECT id, key, dimension, rule, capacity, window_secs, level, updated_at, resets_at, ramp_step
-         FROM buckets ORDER BY key",
-    )
-    .fetch_all(ex)
-    .await?;
+    let rows =
+        sqlx::query_as::<Postgres, BucketRow>(&format!("SELECT {BUCKET_COLUMNS} FROM buckets ORDER BY key"))
+            .fetch_all(ex)
+            .await?;
     Ok(rows.into_iter().filter_map(BucketRow::into_bucket).collect())
 }
 
-/// Writes levels computed while the buckets were locked.
+/// Writes levels and capacities computed while the buckets were locked (ramps grow,
+/// learned limits change capacities).
 pub async fn save_buckets(conn: &mut PgConnection, buckets: &[Bucket]) -> Result<()> {
     if buckets.is_empty() {
         return Ok(());
     }
     sqlx::query(
         "UPDATE buckets b SET level = t.level, updated_at = t.updated_at, resets_at = t.resets_at,
-                              capacity = CASE WHEN b.rule = 'ramp' THEN t.capacity ELSE b.capacity END
-         FROM unnest($1::bigint[], $2::float8[], $3::timestamptz[], $4::timestamptz[], $5::float8[])
-              AS t(id, level, updated_at, resets_at, capacity)
+                              capacity = t.capacity, learned_at = t.learned_at,
+                              source = CASE WHEN t.learned_at IS NULL THEN b.source ELSE 'learned' END
+         FROM unnest($1::bigint[], $2::float8[], $3::timestamptz[], $4::timestamptz[], $5::float8[],
+                     $6::timestamptz[])
+              AS t(id, level, updated_at, resets_at, capacity, learned_at)
          WHERE b.id = t.id",
     )
     .bind(buckets.iter().map(|b| b.id).collect::<Vec<_>>())
@@ -139,6 +151,7 @@ pub async fn save_buckets(conn: &mut PgConnection, buckets: &[Bucket]) -> Result
     .bind(buckets.iter().map(|b| b.updated_at).collect::<Vec<_>>())
     .bind(buckets.iter().map(|b| b.resets_at).collect::<Vec<_>>())
     .bind(buckets.iter().map(|b| b.capacity).collect::<Vec<_>>())
+    .bind(buckets.iter().map(|b| b.learned_at).collect::<Vec<_>>())
     .execute(conn)
     .await?;
     Ok(())
@@ -227,10 +240,9 @@ pub async fn take_pending_refunds(conn: &mut PgConnection, limit: i64) -> Result
 
 /// Locks buckets by key or id (in id order) for the rest of the transaction.
 pub async fn lock_buckets_by(conn: &mut PgConnection, keys: &[String], ids: &[i64]) -> Result<Vec<Bucket>> {
-    let rows = sqlx::query_as::<Postgres, BucketRow>(
-        "SELECT id, key, dimension, rule, capacity, window_secs, level, updated_at, resets_at, ramp_step
-         FROM buckets WHERE key = ANY($1) OR id = ANY($2) ORDER BY id FOR UPDATE",
-    )
+    let rows = sqlx::query_as::<Postgres, BucketRow>(&format!(
+        "SELECT {BUCKET_COLUMNS} FROM buckets WHERE key = ANY($1) OR id = ANY($2) ORDER BY id FOR UPDATE"
+    ))
     .bind(keys)
     .bind(ids)
     .fetch_all(conn)

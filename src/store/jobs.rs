@@ -188,6 +188,10 @@ pub async fn claim_jobs(
         "WITH picked AS (
              SELECT id FROM jobs
              WHERE state = 'admitted' AND deadline > $3 AND NOT stream
+               -- A provider's 429 paused the target: what was admitted before waits too.
+               AND NOT EXISTS (SELECT 1 FROM pauses p
+                               WHERE p.scope = 'provider:' || jobs.provider || ':' || jobs.provider_model
+                                 AND p.until > $3)
              ORDER BY class, priority DESC, admitted_at, id
              LIMIT $2
              FOR UPDATE SKIP LOCKED)
@@ -279,8 +283,24 @@ pub struct Outcome {
     pub not_before: Option<DateTime<Utc>>,
     pub settlement: Settlement,
     pub record: Option<AttemptRecord>,
-    /// A provider rate limit answered: pause this scope for every process until then.
-    pub pause: Option<(String, DateTime<Utc>)>,
+    /// Pause this scope for every process until then (a provider's 429: its model; a
+    /// rejected key: the key), with the reason.
+    pub pause: Option<Pause>,
+    /// A route target (`provider/model`) to leave for the route's others (fallback).
+    pub failed_target: Option<String>,
+    /// What the provider's response said about its limits, for the gate to learn; written
+    /// after the outcome commits ([`super::record_observations`]), never inside it.
+    pub observation: Option<super::Observation>,
+}
+
+/// A scope (`provider:oai:gpt-4o`, `key:oai:main`) the gate must not admit to before
+/// `until`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pause {
+    pub scope: String,
+    pub until: DateTime<Utc>,
+    /// `rate_limited` or `key_unusable`.
+    pub reason: &'static str,
 }
 
 impl Outcome {
@@ -307,6 +327,8 @@ impl Outcome {
             settlement,
             record,
             pause: None,
+            failed_target: None,
+            observation: None,
         };
         match finish {
             Finish::Succeeded {
@@ -372,25 +394,31 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
     let mut tx = pool.begin().await?;
     let records: Vec<&AttemptRecord> = outcomes.iter().filter_map(|o| o.record.as_ref()).collect();
     record_attempts(&mut tx, &records).await?;
-    let pauses: Vec<&(String, DateTime<Utc>)> = outcomes.iter().filter_map(|o| o.pause.as_ref()).collect();
+    let pauses: Vec<&Pause> = outcomes.iter().filter_map(|o| o.pause.as_ref()).collect();
     if !pauses.is_empty() {
         sqlx::query(
             "INSERT INTO pauses (scope, until, reason, created_at)
-             SELECT scope, max(until), 'rate_limited', $3 FROM unnest($1::text[], $2::timestamptz[]) AS t(scope, until)
+             SELECT scope, max(until), min(reason), $4
+             FROM unnest($1::text[], $2::timestamptz[], $3::text[]) AS t(scope, until, reason)
              GROUP BY scope
-             ON CONFLICT ON CONSTRAINT pauses_pkey DO UPDATE SET until = GREATEST(pauses.until, excluded.until)",
+             ON CONFLICT ON CONSTRAINT pauses_pkey DO UPDATE SET until = GREATEST(pauses.until, excluded.until),
+                                                                 reason = excluded.reason",
         )
-        .bind(pauses.iter().map(|p| p.0.as_str()).collect::<Vec<_>>())
-        .bind(pauses.iter().map(|p| p.1).collect::<Vec<_>>())
+        .bind(pauses.iter().map(|p| p.scope.as_str()).collect::<Vec<_>>())
+        .bind(pauses.iter().map(|p| p.until).collect::<Vec<_>>())
+        .bind(pauses.iter().map(|p| p.reason).collect::<Vec<_>>())
         .bind(now)
         .execute(&mut *tx)
         .await?;
     }
+
     let written = sqlx::query_as::<Postgres, Previous>(
         "WITH t AS (
              SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::job_state[], $5::jsonb[], $6::jsonb[],
-                                  $7::text[], $8::text[], $9::text[], $10::timestamptz[], $11::text[], $12::text[])
-                 AS t(id, attempt, owner, state, result, usage, request_id, code, message, not_before, provider, model)),
+                                  $7::text[], $8::text[], $9::text[], $10::timestamptz[], $11::text[], $12::text[],
+                                  $14::text[])
+                 AS t(id, attempt, owner, state, result, usage, request_id, code, message, not_before, provider, model,
+                      failed)),
          old AS (
              SELECT j.id, j.state, j.reserved_buckets, j.reserved_amounts FROM jobs j
              WHERE j.id IN (SELECT id FROM t) ORDER BY j.id FOR UPDATE)
@@ -401,7 +429,9 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
                            finished_at = CASE WHEN t.state = 'queued'::job_state THEN NULL ELSE $13 END,
                            provider = COALESCE(t.provider, j.provider), provider_model = COALESCE(t.model, j.provider_model),
                            lease_owner = NULL, lease_expires_at = NULL,
-                           reserved_buckets = NULL, reserved_amounts = NULL, admission = NULL
+                           reserved_buckets = NULL, reserved_amounts = NULL, admission = NULL,
+                           failed_targets = CASE WHEN t.failed IS NULL THEN j.failed_targets
+                                                 ELSE array_append(COALESCE(j.failed_targets, '{}'), t.failed) END
          FROM t, old
          WHERE j.id = t.id AND old.id = t.id AND j.state = 'running' AND j.attempt = t.attempt AND j.lease_owner = t.owner
          RETURNING j.id, old.state AS old_state, old.reserved_buckets AS old_buckets, old.reserved_amounts AS old_amounts",
@@ -419,6 +449,7 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
     .bind(outcomes.iter().map(|o| o.provider.as_deref()).collect::<Vec<_>>())
     .bind(outcomes.iter().map(|o| o.model.as_deref()).collect::<Vec<_>>())
     .bind(now)
+    .bind(outcomes.iter().map(|o| o.failed_target.as_deref()).collect::<Vec<_>>())
     .fetch_all(&mut *tx)
     .await?;
     let written_ids: std::collections::HashSet<JobId> = written.iter().map(|w| w.id).collect();
@@ -548,9 +579,13 @@ fn clamp_i32(v: i64) -> i32 {
 pub async fn extend_leases(
     ex: impl PgExecutor<'_>,
     owner: &str,
+    ids: &[JobId],
     now: DateTime<Utc>,
     lease: std::time::Duration,
 ) -> Result<u64> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
     let done = sqlx::query(
         // Rows are locked in id order, as the completer locks them: in scan order the two
         // could deadlock over the same owner's jobs. NO KEY UPDATE (what the UPDATE takes
@@ -558,12 +593,14 @@ pub async fn extend_leases(
         // take, unordered, through their foreign key.
         "UPDATE jobs j SET lease_expires_at = $2
          FROM (SELECT id FROM jobs
-               WHERE lease_owner = $1 AND (state = 'running' OR (state = 'cancelled' AND reserved_buckets IS NOT NULL))
+               WHERE lease_owner = $1 AND id = ANY($3)
+                 AND (state = 'running' OR (state = 'cancelled' AND reserved_buckets IS NOT NULL))
                ORDER BY id FOR NO KEY UPDATE) mine
          WHERE j.id = mine.id",
     )
     .bind(owner)
     .bind(now + lease)
+    .bind(ids.iter().map(|id| id.0).collect::<Vec<_>>())
     .execute(ex)
     .await?;
     Ok(done.rows_affected())

@@ -4,11 +4,13 @@
 //!
 //! - [`jobs`]: the job rows, from insert to terminal state.
 //! - [`buckets`]: bucket rows and the reservations jobs hold against them.
+//! - [`learned`]: learned limits — what responses said, what the gate applied.
 //! - [`gate`]: what the gate reads (queued work per tenant and class) and writes
 //!   (admissions, explanations).
 //! - [`files`]: uploaded and produced files, their bytes in chunks.
 //! - [`batches`]: batch rows, the bulk insert of their jobs, finalization, retention.
 //! - [`webhooks`]: webhook endpoints and the delivery outbox.
+//! - [`observe`]: what the dashboard, `/v1/status` and `/metrics` read.
 //!
 //! Every write to a running job is guarded by ownership — `state = 'running' AND attempt
 //! = $n AND lease_owner = $owner` — so a dispatcher whose lease was rescued, or whose job
@@ -20,6 +22,8 @@ pub mod buckets;
 pub mod files;
 pub mod gate;
 pub mod jobs;
+pub mod learned;
+pub mod observe;
 pub mod webhooks;
 
 pub use batches::*;
@@ -27,6 +31,8 @@ pub use buckets::*;
 pub use files::*;
 pub use gate::*;
 pub use jobs::*;
+pub use learned::*;
+pub use observe::*;
 pub use webhooks::*;
 
 /// Channel on which a job's id is announced when it reaches a terminal state.

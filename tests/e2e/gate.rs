@@ -97,6 +97,8 @@ async fn three_processes_never_exceed_the_providers_limit() {
         // Only standard work here: nothing is held back for interactive jobs.
         gate_config: "interactive_reserve = 0.0".into(),
         roles: Roles::API_ONLY,
+        // What the mock's headers teach must agree with the configured limit.
+        learn_limits: true,
         ..TestOptions::default()
     })
     .await;
@@ -619,6 +621,7 @@ name = "multi"
 kind = "openai"
 base_url = "http://MOCK_ADDR/v1"
 models = ["gpt-4o-mini"]
+learn_limits = false
 keys = [{ name = "a", value = "sk-test-1", limits = { rpm = 30 } },
         { name = "b", value = "sk-test-2", limits = { rpm = 30 } }]
 "#

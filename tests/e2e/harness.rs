@@ -88,6 +88,7 @@ otpm = 100000000
 /// provider comes last, so `[providers.limits."gpt-4o-mini"]` or
 /// `[providers.prices."gpt-4o-mini"]` tables in it apply to `oai`; `[[tenants]]` in it add
 /// tenants.
+/// `MOCK_ADDR` in `extra` stands for the mock's address.
 pub fn config_text(mock_addr: std::net::SocketAddr, extra: &str) -> String {
     format!(
         r#"
@@ -122,15 +123,28 @@ kind = "anthropic"
 base_url = "http://{mock_addr}"
 keys = [{{ name = "a1", value = "sk-ant-test" }}]
 models = ["claude-3-5-haiku-latest"]
+learn_limits = false # harness
 [[providers]]
 name = "oai"
 kind = "openai"
 base_url = "http://{mock_addr}/v1"
 keys = [{{ name = "k1", value = "sk-test-1" }}]
 models = ["gpt-4o-mini"]
+learn_limits = false # harness
 {extra}
 "#
     )
+    .replace("MOCK_ADDR", &mock_addr.to_string())
+}
+
+const RETRY_TABLE: &str = "[retry]\nmax_attempts = 4\nbase_delay_ms = 50\nmax_delay_ms = 1000\n";
+
+fn retry_table(config: String, lines: &str) -> String {
+    if lines.is_empty() {
+        config
+    } else {
+        config.replacen(RETRY_TABLE, &format!("[retry]\n{lines}\n"), 1)
+    }
 }
 
 pub struct TestOptions {
@@ -141,6 +155,12 @@ pub struct TestOptions {
     pub gate_config: String,
     /// Lines added to the `[server]` table.
     pub server_config: String,
+    /// The `[retry]` table's lines, replacing the harness's when not empty.
+    pub retry_config: String,
+    /// Whether the harness's providers (`oai`, `ant`) learn limits from responses. Off by
+    /// default, so tests of other features meet the mock's limits as configured;
+    /// providers added in `extra_config` learn unless they say otherwise.
+    pub learn_limits: bool,
 }
 
 impl Default for TestOptions {
@@ -151,6 +171,8 @@ impl Default for TestOptions {
             extra_config: String::new(),
             gate_config: String::new(),
             server_config: String::new(),
+            retry_config: String::new(),
+            learn_limits: false,
         }
     }
 }
@@ -181,7 +203,15 @@ impl TestApp {
         let (mock, mock_addr) = (local_mock.provider.clone(), local_mock.addr);
         let config = Arc::new(
             Config::parse(
-                &config_text(mock_addr, &opts.extra_config)
+                &retry_table(config_text(mock_addr, &opts.extra_config), &opts.retry_config)
+                    .replace(
+                        "learn_limits = false # harness",
+                        if opts.learn_limits {
+                            "learn_limits = true"
+                        } else {
+                            "learn_limits = false"
+                        },
+                    )
                     .replacen("[server]\n", &format!("[server]\n{}\n", opts.server_config), 1)
                     .replacen("[gate]\n", &format!("[gate]\n{}\n", opts.gate_config), 1),
                 "test config",

@@ -11,15 +11,22 @@
 //!   Python package — 10k lines with malformed ones, across a SIGKILL.
 //! - [`webhooks`]: signed deliveries to a receiver that is down for a while, 410.
 //! - [`python`]: the venv (under `target/`) the Python checks run in.
+//! - [`cli`]: the client commands of the real binary (`submit`, `jobs get`, `status`).
+//! - [`dashboard`]: the dashboard in headless Chromium, checked against the API.
+//! - [`observe`]: OpenAPI, metrics, status, the CLI and the dashboard.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test should stop right there
 
 mod bad_input;
 mod batches;
+mod cli;
+mod dashboard;
 mod durability;
 mod gate;
 mod harness;
+mod learning;
 mod lifecycle;
+mod observe;
 mod python;
 mod streaming;
 mod webhooks;

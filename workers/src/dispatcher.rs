@@ -22,7 +22,9 @@ use tollgate::model::{Job, JobId, Usage};
 use tollgate::notify::Notifications;
 use tollgate::retry::{Failure, FailureClass, RetryPolicy};
 use tollgate::routing::{self, Target};
-use tollgate::store::{self, AttemptRecord, Finish, Holder, Outcome, Served, Settlement, StoreError};
+use tollgate::store::{
+    self, AttemptRecord, Finish, Holder, Observation, Outcome, Pause, Served, Settlement, StoreError,
+};
 use tracing::Instrument;
 
 use crate::providers::{CallOutcome, Providers};
@@ -45,6 +47,12 @@ struct Inner {
     slots: Arc<Semaphore>,
     /// While `run` runs: the completer, which writes outcomes in batches.
     completer: std::sync::Mutex<Option<mpsc::Sender<Pending>>>,
+    /// Jobs whose attempt runs in this process now: the heartbeat extends only their
+    /// leases, so a job whose outcome could not be written is rescued, not held forever.
+    in_flight: std::sync::Mutex<std::collections::HashSet<JobId>>,
+    /// Keys this process saw rejected, until when: jobs admitted for them before the
+    /// gate saw the pause go back to the queue instead of meeting the same 401.
+    dead_keys: std::sync::Mutex<std::collections::HashMap<(String, String), std::time::Instant>>,
 }
 
 /// An outcome waiting for the completer, with where to report whether it was written.
@@ -84,6 +92,8 @@ impl Dispatcher {
                 notifications,
                 owner,
                 completer: std::sync::Mutex::new(None),
+                dead_keys: std::sync::Mutex::new(std::collections::HashMap::new()),
+                in_flight: std::sync::Mutex::new(std::collections::HashSet::new()),
             }),
         }
     }
@@ -110,6 +120,15 @@ impl Dispatcher {
         .await
     }
 
+    /// Marks `id` in flight here until the returned guard drops.
+    fn track(&self, id: JobId) -> Tracked {
+        lock(&self.inner.in_flight).insert(id);
+        Tracked {
+            inner: self.inner.clone(),
+            id,
+        }
+    }
+
     async fn write(&self, outcome: Outcome, now: chrono::DateTime<Utc>) -> Result<bool, StoreError> {
         let completer = match self.inner.completer.lock() {
             Ok(c) => c.clone(),
@@ -134,16 +153,21 @@ impl Dispatcher {
             }
             None => outcome,
         };
-        Ok(store::finish_attempts(&self.inner.pool, &[outcome], now)
+        let observed: Vec<&Observation> = outcome.observation.iter().collect();
+        let written = store::finish_attempts(&self.inner.pool, std::slice::from_ref(&outcome), now)
             .await?
             .first()
             .copied()
-            .unwrap_or(false))
+            .unwrap_or(false);
+        if !observed.is_empty() {
+            store::record_observations(&self.inner.pool, &observed).await?;
+        }
+        Ok(written)
     }
 
     /// The completer: takes every outcome waiting (no added delay when idle) and writes
     /// them in one transaction, until every sender is gone.
-    async fn complete(self, mut outcomes: mpsc::Receiver<Pending>) {
+    async fn complete(self, mut outcomes: mpsc::Receiver<Pending>, observer: mpsc::Sender<Observation>) {
         while let Some(first) = outcomes.recv().await {
             let mut batch = vec![first];
             while batch.len() < COMPLETION_BATCH {
@@ -153,10 +177,25 @@ impl Dispatcher {
                 }
             }
             let (items, replies): (Vec<Outcome>, Vec<_>) = batch.into_iter().unzip();
-            match store::finish_attempts(&self.inner.pool, &items, Utc::now()).await {
+            let pool = &self.inner.pool;
+            let written = match store::finish_attempts(pool, &items, Utc::now()).await {
+                // A lost race (deadlock victim, serialization failure) succeeds when tried again.
+                Err(e) => {
+                    tracing::info!(error = %e, batch = items.len(), "writing outcomes failed; trying once more");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    store::finish_attempts(pool, &items, Utc::now()).await
+                }
+                written => written,
+            };
+            match written {
                 Ok(written) => {
                     for (reply, w) in replies.into_iter().zip(written) {
                         let _ = reply.send(Ok(w));
+                    }
+                    // Off the completer's path: what providers said is advice, not an
+                    // outcome; dropped when the observer is behind.
+                    for o in items.into_iter().filter_map(|o| o.observation) {
+                        let _ = observer.try_send(o);
                     }
                 }
                 Err(e) => {
@@ -167,6 +206,24 @@ impl Dispatcher {
                         ))));
                     }
                 }
+            }
+        }
+    }
+
+    /// Records what providers said about their limits, as it comes, many per statement,
+    /// until the completer (the only sender) is gone.
+    async fn observe(self, mut observations: mpsc::Receiver<Observation>) {
+        while let Some(first) = observations.recv().await {
+            let mut batch = vec![first];
+            while batch.len() < COMPLETION_BATCH {
+                match observations.try_recv() {
+                    Ok(o) => batch.push(o),
+                    Err(_) => break,
+                }
+            }
+            let refs: Vec<&Observation> = batch.iter().collect();
+            if let Err(e) = store::record_observations(&self.inner.pool, &refs).await {
+                tracing::warn!(error = %e, "could not record what providers said about their limits");
             }
         }
     }
@@ -202,7 +259,9 @@ impl Dispatcher {
         let heartbeat = self.spawn_heartbeat();
         let (completions, pending) = mpsc::channel(COMPLETION_BATCH * 4);
         let completer = TaskTracker::new();
-        completer.spawn(self.clone().complete(pending));
+        let (observer, observations) = mpsc::channel(COMPLETION_BATCH * 4);
+        completer.spawn(self.clone().observe(observations));
+        completer.spawn(self.clone().complete(pending, observer));
         completer.close();
         match self.inner.completer.lock() {
             Ok(mut c) => *c = Some(completions),
@@ -290,9 +349,11 @@ impl Dispatcher {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(every) => {}
             }
+            let ids: Vec<JobId> = lock(&self.inner.in_flight).iter().copied().collect();
             let extended = store::extend_leases(
                 &self.inner.pool,
                 &self.inner.owner,
+                &ids,
                 Utc::now(),
                 self.inner.config.dispatch.lease(),
             )
@@ -329,6 +390,7 @@ impl Dispatcher {
             status: None,
             retry_after: None,
         })?;
+        let tracked = self.track(job.id);
         let started_at = Utc::now();
         let mut upstream = match self.inner.providers.call_stream(&target, &job.request).await {
             Ok(s) => s,
@@ -370,6 +432,7 @@ impl Dispatcher {
         let this = self.clone();
         let wants_usage = crate::providers::streaming::ChatStream::client_wants_usage(&job.request);
         relays.spawn(async move {
+            let _tracked = tracked;
             let mut assembled = Assembled::default();
             let mut ended: Result<(), Failure> = Ok(());
             let mut client_gone = false;
@@ -402,6 +465,7 @@ impl Dispatcher {
                 status: Some(upstream.status),
                 request_id: upstream.request_id.clone(),
                 rate_limit: upstream.rate_limit.clone(),
+                signals: tollgate::ratelimit::Signals::default(),
                 result: match &ended {
                     Ok(()) => Ok(crate::providers::Success {
                         body: assembled.completion(usage),
@@ -429,6 +493,7 @@ impl Dispatcher {
             model: &target.model,
         };
         let record = Self::attempt_record(&job, served, &outcome, started_at, Utc::now());
+        crate::observe::provider_call(&job, &target, &outcome);
         let holder = self.holder(&job);
         let usage = match &outcome.result {
             Ok(s) => s.usage,
@@ -496,6 +561,7 @@ impl Dispatcher {
 
     /// One attempt of one job, from target choice to the guarded write of its outcome.
     async fn execute(&self, job: Job) {
+        let _tracked = self.track(job.id);
         let span = tracing::info_span!(
             "attempt",
             job_id = %job.id,
@@ -570,10 +636,29 @@ impl Dispatcher {
             provider: &target.provider,
             model: &target.model,
         };
+        if let Some(key) = target
+            .key
+            .as_deref()
+            .filter(|k| self.key_is_dead(&target.provider, k))
+        {
+            let message = format!("key {key} was rejected by the provider; another key will be used");
+            let finish = Finish::Retry {
+                not_before: Utc::now(),
+                code: "upstream_key_rotated",
+                message: &message,
+            };
+            log_write(
+                self.finish(holder, Some(served), finish, Settlement::UNSENT, None, Utc::now())
+                    .await,
+            );
+            return;
+        }
         let started_at = Utc::now();
         let outcome = inner.providers.call(&target, &job.request).await;
         let finished_at = Utc::now();
         let record = Self::attempt_record(&job, served, &outcome, started_at, finished_at);
+        crate::observe::provider_call(&job, &target, &outcome);
+        let observation = self.observation(&target, &outcome, finished_at);
         let written = match &outcome.result {
             Ok(success) => {
                 let finish = Finish::Succeeded {
@@ -582,25 +667,35 @@ impl Dispatcher {
                     provider_request_id: outcome.request_id.as_deref(),
                 };
                 let settlement = self.settlement(&target, Some(success.usage));
-                self.finish(
-                    holder,
-                    Some(served),
-                    finish,
-                    settlement,
-                    Some(&record),
+                let outcome = Outcome::new(holder, Some(served), finish, settlement, Some(record));
+                self.write(
+                    Outcome {
+                        observation,
+                        ..outcome
+                    },
                     Utc::now(),
                 )
                 .await
             }
             Err(failure) => {
-                let sent = outcome.status.is_some();
-                let settlement = if sent {
+                // A provider that answered with an overload (5xx, 529) did not serve the
+                // request: its limits did not count it, so neither do ours (else an outage
+                // would leave the buckets empty of capacity nobody used).
+                let counted = outcome.status.is_some() && failure.class != FailureClass::Overload;
+                let settlement = if counted {
                     self.settlement(&target, None)
                 } else {
                     Settlement::UNSENT
                 };
-                self.after_failure(&job, holder, served, failure, settlement, &record)
-                    .await
+                let failed = Attempted {
+                    served,
+                    key: Some(outcome.key_name.as_str()).filter(|k| !k.is_empty()),
+                    failure,
+                    settlement,
+                    record: &record,
+                    observation,
+                };
+                self.after_failure(&job, holder, failed).await
             }
         };
         match written {
@@ -612,23 +707,79 @@ impl Dispatcher {
         }
     }
 
+    /// Whether this process saw `key` of `provider` rejected (and the key is still out).
+    fn key_is_dead(&self, provider: &str, key: &str) -> bool {
+        lock(&self.inner.dead_keys)
+            .get(&(provider.to_owned(), key.to_owned()))
+            .is_some_and(|until| *until > std::time::Instant::now())
+    }
+
+    fn mark_key_dead(&self, provider: &str, key: &str) {
+        let until = std::time::Instant::now() + Duration::from_secs(self.inner.config.dispatch.dead_key_secs);
+        lock(&self.inner.dead_keys).insert((provider.to_owned(), key.to_owned()), until);
+    }
+
+    /// What a response said about its provider's limits, for the gate to learn from:
+    /// readings of headers or 429 bodies, or a bare 429. `None` when the request was not
+    /// answered or the provider's limits are not learned.
+    fn observation(
+        &self,
+        target: &Target,
+        outcome: &CallOutcome,
+        at: chrono::DateTime<Utc>,
+    ) -> Option<Observation> {
+        outcome.status?;
+        let learns = self.inner.config.provider(&target.provider)?.learn_limits;
+        let throttled = matches!(&outcome.result, Err(f) if f.class == FailureClass::Capacity);
+        learns.then(|| Observation {
+            scope: buckets::target_scope(&target.provider, &target.model),
+            readings: outcome.signals.readings.clone(),
+            throttled: throttled && !outcome.signals.has_limits(),
+            at,
+        })
+    }
+
     /// Retry with backoff while attempts and the deadline allow; otherwise fail with the
     /// failure's reason code (or `deadline_exceeded` when the next try would land late).
+    /// A rejected key is paused for every process and the job goes back at once for
+    /// another key.
     async fn after_failure(
         &self,
         job: &Job,
         holder: Holder<'_>,
-        served: Served<'_>,
-        failure: &Failure,
-        settlement: Settlement,
-        record: &AttemptRecord,
+        failed: Attempted<'_>,
     ) -> Result<bool, StoreError> {
+        let Attempted {
+            served,
+            key,
+            failure,
+            settlement,
+            record,
+            observation,
+        } = failed;
         let inner = &self.inner;
         let now = Utc::now();
-        let attempts_left = job.attempt < job.max_attempts;
-        let delay = inner.policy.delay(job.attempt as u32, failure.retry_after);
+        // Fallback: an error another target of the route may not have sends the job to one
+        // it has not failed on, at once, with a retry budget of its own.
+        let here = format!("{}/{}", served.provider, served.model);
+        let failed_before = job.failed_targets.as_deref().unwrap_or_default();
+        let fall_back = matches!(
+            failure.class,
+            FailureClass::Overload | FailureClass::Network | FailureClass::Timeout
+        ) && routing::resolve(&inner.config, &job.model)
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.label() != here && !failed_before.contains(&t.label()));
+        let budget = job.max_attempts * (1 + failed_before.len() as i32 + i32::from(fall_back));
+        let attempts_left = job.attempt < budget;
+        let rotate = failure.class == FailureClass::KeyUnusable && key.is_some();
+        let delay = if rotate || fall_back {
+            Duration::ZERO
+        } else {
+            inner.policy.delay(job.attempt as u32, failure.retry_after)
+        };
         let not_before = now + delay;
-        let failed: Option<(&str, String)> = if !failure.class.is_retryable() {
+        let failed: Option<(&str, String)> = if !failure.class.is_retryable() && !rotate {
             Some((failure.code, failure.message.clone()))
         } else if !attempts_left {
             let message = format!(
@@ -649,12 +800,30 @@ impl Dispatcher {
         };
         // A rate limit holds for everyone: pause the target for every process until the
         // provider said to come back, so queued jobs wait instead of meeting 429s too.
-        let pause = (failure.class == FailureClass::Capacity).then(|| {
-            let until = now + failure.retry_after.unwrap_or(DEFAULT_PAUSE);
-            (buckets::target_scope(served.provider, served.model), until)
-        });
+        let pause = match (failure.class, key) {
+            (FailureClass::Capacity, _) => Some(Pause {
+                scope: buckets::target_scope(served.provider, served.model),
+                until: now + with_jitter(failure.retry_after.unwrap_or(DEFAULT_PAUSE)),
+                reason: "rate_limited",
+            }),
+            (FailureClass::KeyUnusable, Some(key)) => {
+                tracing::warn!(
+                    key,
+                    code = failure.code,
+                    "provider rejected a key; rotating it out"
+                );
+                self.mark_key_dead(served.provider, key);
+                Some(Pause {
+                    scope: buckets::key_scope(served.provider, key),
+                    until: now + Duration::from_secs(inner.config.dispatch.dead_key_secs),
+                    reason: "key_unusable",
+                })
+            }
+            _ => None,
+        };
         let outcome = match failed {
             Some((code, message)) => {
+                tollgate::metrics::job_finished(&job.tenant, job.class, "failed", code, job.attempt);
                 let finish = Finish::Failed {
                     code,
                     message: &message,
@@ -662,6 +831,7 @@ impl Dispatcher {
                 Outcome::new(holder, Some(served), finish, settlement, Some(record.clone()))
             }
             None => {
+                tollgate::metrics::retry(&job.tenant, served.provider, served.model, failure.code);
                 tracing::info!(
                     code = failure.code,
                     delay_ms = delay.as_millis() as u64,
@@ -675,7 +845,19 @@ impl Dispatcher {
                 Outcome::new(holder, Some(served), finish, settlement, Some(record.clone()))
             }
         };
-        self.write(Outcome { pause, ..outcome }, now).await
+        if fall_back {
+            tracing::info!(target = %here, code = failure.code, "falling back to the route's next target");
+        }
+        self.write(
+            Outcome {
+                pause,
+                observation,
+                failed_target: fall_back.then_some(here),
+                ..outcome
+            },
+            now,
+        )
+        .await
     }
 
     /// The record of one provider call, written with the attempt's outcome.
@@ -708,6 +890,45 @@ impl Dispatcher {
             finished_at,
         }
     }
+}
+
+/// A job in flight in this process, until dropped.
+struct Tracked {
+    inner: Arc<Inner>,
+    id: JobId,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        lock(&self.inner.in_flight).remove(&self.id);
+    }
+}
+
+/// A pause plus up to a tenth of it (at most 250 ms) at random, so the instances and
+/// jobs a 429 stopped do not all come back in the same instant.
+fn with_jitter(pause: Duration) -> Duration {
+    use rand::Rng;
+    let most = (pause / 10).min(Duration::from_millis(250));
+    pause + most.mul_f64(rand::rng().random::<f64>())
+}
+
+/// Locks a mutex whose data stays valid even if a holder panicked.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+/// A failed provider call, with what its outcome is written with.
+struct Attempted<'a> {
+    served: Served<'a>,
+    /// The key the call used.
+    key: Option<&'a str>,
+    failure: &'a Failure,
+    settlement: Settlement,
+    record: &'a AttemptRecord,
+    observation: Option<Observation>,
 }
 
 /// A streamed answer put back together, to store as the job's result.

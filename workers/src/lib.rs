@@ -9,6 +9,7 @@
 //! - [`batches`]: ends batches and writes their output and error files.
 //! - [`retention`]: deletes finished jobs, batches, files and deliveries past retention.
 //! - [`webhooks`]: the webhook sender (signed, retried, SSRF-guarded) draining the outbox.
+//! - [`observe`]: what each provider call reports to the metrics.
 //! - [`mock_provider`]: an HTTP server that behaves like OpenAI and Anthropic, limits
 //!   and errors included, for tests, the demo and benchmarks.
 //!
@@ -20,6 +21,7 @@ pub mod batches;
 pub mod dispatcher;
 pub mod maintenance;
 pub mod mock_provider;
+pub mod observe;
 pub mod providers;
 pub mod retention;
 pub mod webhooks;

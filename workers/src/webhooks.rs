@@ -259,7 +259,8 @@ impl WebhookSender {
             Ok(r) if r.status() == reqwest::StatusCode::GONE => Attempted::Gone,
             Ok(r) => {
                 let status = r.status().as_u16();
-                let after = tollgate::retry::retry_after(r.headers()).map(|a| a.min(MAX_RETRY_AFTER));
+                let after = tollgate::ratelimit::retry_after(r.headers(), chrono::Utc::now())
+                    .map(|a| a.min(MAX_RETRY_AFTER));
                 self.retry_or_fail(
                     d,
                     Some(i32::from(status)),

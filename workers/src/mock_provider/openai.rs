@@ -312,7 +312,10 @@ impl Reply<'_> {
             LimitKind::Itpm => ("input tokens per min", "ITPM", "tokens"),
             LimitKind::Otpm => ("output tokens per min", "OTPM", "tokens"),
         };
-        let message = if d.too_large {
+        let message = if !self.inner.send_rate_limit_headers && !d.too_large {
+            // DeepSeek-like: says nothing about the limit or when to come back.
+            "Rate limit reached. Please retry later.".to_owned()
+        } else if d.too_large {
             format!(
                 "Request too large for {model} in organization org-{org} on {what} ({abbr}): Limit {}, Requested {}. The input or output tokens must be reduced in order to run successfully. {RATE_LIMIT_DOCS}",
                 d.limit, d.requested

@@ -18,6 +18,7 @@ use secrecy::SecretString;
 use serde_json::{Map, Value};
 use tollgate::config::{Config, ProviderConfig, ProviderKind};
 use tollgate::model::Usage;
+use tollgate::ratelimit::{self, Dialect, Signals};
 use tollgate::retry::{Failure, classify_response};
 use tollgate::routing::Target;
 
@@ -41,6 +42,7 @@ pub struct ProviderClient {
     pub kind: ProviderKind,
     base_url: String,
     anthropic_version: String,
+    dialect: Dialect,
     keys: Vec<ProviderKey>,
     next_key: AtomicUsize,
 }
@@ -60,6 +62,8 @@ pub struct CallOutcome {
     pub request_id: Option<String>,
     /// The rate-limit headers as sent (names lower-case), for the attempt record.
     pub rate_limit: Option<Value>,
+    /// What the response said about the provider's limits, parsed.
+    pub signals: Signals,
     pub result: Result<Success, Failure>,
 }
 
@@ -112,6 +116,7 @@ impl Providers {
                 status: None,
                 request_id: None,
                 rate_limit: None,
+                signals: Signals::default(),
                 result: Err(Failure {
                     class: tollgate::retry::FailureClass::Request,
                     code: "unknown_provider",
@@ -149,6 +154,7 @@ impl ProviderClient {
             kind: p.kind,
             base_url: p.base_url.trim_end_matches('/').to_owned(),
             anthropic_version: p.anthropic_version.clone(),
+            dialect: p.dialect(),
             keys,
             next_key: AtomicUsize::new(0),
         })
@@ -195,6 +201,7 @@ impl ProviderClient {
             status: None,
             request_id: None,
             rate_limit: None,
+            signals: Signals::default(),
             result: Err(Failure::network("request was not sent")),
         };
         let response = match built.send().await {
@@ -216,7 +223,11 @@ impl ProviderClient {
                 return outcome;
             }
         };
-        outcome.result = if (200..300).contains(&status) {
+        let success = (200..300).contains(&status);
+        // Only error bodies carry limits (Gemini's quota, OpenAI's "Limit N").
+        let error_body: &[u8] = if success { b"" } else { &body };
+        outcome.signals = ratelimit::read(self.dialect, &headers, error_body, chrono::Utc::now());
+        outcome.result = if success {
             let parsed = match self.kind {
                 ProviderKind::Openai | ProviderKind::OpenaiCompatible => openai::parse_success(&body),
                 ProviderKind::Anthropic => anthropic::parse_success(&body),

@@ -32,6 +32,8 @@ use tollgate::model::Usage;
 use tollgate::retry::{Failure, FailureClass, classify_response};
 use tollgate::routing::Target;
 
+use tollgate::ratelimit::{self, Signals};
+
 use super::{CallOutcome, Providers, anthropic, int, rate_limit_headers, request_id, send_failure};
 
 /// Largest SSE event (or line) accepted, in bytes; a provider that sends more without an
@@ -453,6 +455,7 @@ impl Providers {
                 status: None,
                 request_id: None,
                 rate_limit: None,
+                signals: Signals::default(),
                 result: Err(Failure {
                     class: FailureClass::Request,
                     code: "unknown_provider",
@@ -491,6 +494,7 @@ impl Providers {
             status: None,
             request_id: None,
             rate_limit: None,
+            signals: Signals::default(),
             result: Err(Failure::network("request was not sent")),
         };
         let response = match builder.header(ACCEPT, "text/event-stream").send().await {
@@ -507,7 +511,10 @@ impl Providers {
         outcome.rate_limit = rate_limit_headers(&headers);
         if !(200..300).contains(&status) {
             outcome.result = Err(match response.bytes().await {
-                Ok(body) => classify_response(status, &headers, &body),
+                Ok(body) => {
+                    outcome.signals = ratelimit::read(client.dialect, &headers, &body, chrono::Utc::now());
+                    classify_response(status, &headers, &body)
+                }
                 Err(e) => send_failure(e),
             });
             return Err(outcome);

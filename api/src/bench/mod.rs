@@ -10,6 +10,11 @@
 //!   batch update of the same size (a queue without admission).
 //! - `steady`: jobs submitted at a steady rate while everything runs; enqueue → admitted
 //!   and enqueue → dispatched latency percentiles.
+//! - `limits` ([`limits`]): limits tollgate was never told — learned from headers, from
+//!   429s, halved mid-run, through an outage — beside 8 clients retrying as the OpenAI SDK
+//!   does.
+
+mod limits;
 
 use std::time::{Duration, Instant};
 
@@ -29,6 +34,7 @@ pub enum Case {
     Throughput,
     Gate,
     Steady,
+    Limits,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -51,6 +57,15 @@ pub struct BenchArgs {
     /// Steady case: seconds of load.
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
+    /// Limits case: jobs per scenario.
+    #[arg(long, default_value_t = 1800)]
+    pub limit_jobs: usize,
+    /// Limits case: the mock provider's requests per minute.
+    #[arg(long, default_value_t = 1200)]
+    pub rpm: u64,
+    /// Limits case: the mock provider's tokens per minute.
+    #[arg(long, default_value_t = 400_000)]
+    pub tpm: u64,
     /// Where the embedded PostgreSQL keeps its data (ignored with DATABASE_URL).
     #[arg(long, default_value = ".tollgate/pg")]
     pub data_dir: std::path::PathBuf,
@@ -124,6 +139,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if matches!(args.case, Case::All | Case::Steady) {
         steady(&args).await?;
+    }
+    if matches!(args.case, Case::All | Case::Limits) {
+        limits::run(&args).await?;
     }
     Ok(())
 }

@@ -1,0 +1,410 @@
+//! `GET /openapi.json`: the OpenAPI 3.1 description of the API, generated from the code.
+//!
+//! Each handler carries its `#[utoipa::path]` (method, path, parameters, responses); the
+//! router is built from those annotations ([`crate::routes`], utoipa-axum's `routes!`), so
+//! a route and its description are declared once, together. Adding an endpoint is:
+//! annotate the handler, add `.routes(routes!(module::handler))` in [`crate::routes`]. This
+//! module holds the document's frame (title, security, error responses every endpoint
+//! shares) and the schemas of bodies whose handlers build JSON by hand.
+
+use std::sync::OnceLock;
+
+use axum::Json;
+use axum::response::IntoResponse;
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{OpenApi as Document, RefOr, Response, ResponseBuilder};
+use utoipa::{Modify, OpenApi, ToSchema};
+
+/// The document's frame; the paths come from the router.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "tollgate",
+        description = "A durable job-queue broker for LLM API work: submit jobs, poll or long-poll their results, call the OpenAI-compatible endpoint, see the limits, queues and metrics.",
+    ),
+    modifiers(&Frame),
+    components(schemas(ErrorBody, ErrorDetail, ErrorCode, JobErrorCode)),
+    tags(
+        (name = "jobs", description = "Queued LLM requests"),
+        (name = "openai", description = "The OpenAI-compatible surface"),
+        (name = "limits", description = "Buckets, queues and status"),
+        (name = "operations", description = "Health, metrics, dashboard, this document"),
+    )
+)]
+pub struct ApiDoc;
+
+/// Adds the bearer scheme and the error answers every authenticated endpoint can give.
+struct Frame;
+
+impl Modify for Frame {
+    fn modify(&self, doc: &mut Document) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "A tenant API key (`tenants[].api_key`), or the admin key (`server.admin_key`) where the endpoint says so",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The error answers shared by every authenticated endpoint, added to each operation that
+/// declares `security`. Runs after the paths are known ([`document`]).
+fn add_common_errors(doc: &mut Document) {
+    let error = |description: &str| -> RefOr<Response> {
+        RefOr::T(
+            ResponseBuilder::new()
+                .description(description)
+                .content(
+                    "application/json",
+                    utoipa::openapi::ContentBuilder::new()
+                        .schema(Some(utoipa::openapi::Ref::from_schema_name("ErrorBody")))
+                        .build(),
+                )
+                .build(),
+        )
+    };
+    for item in doc.paths.paths.values_mut() {
+        for op in [
+            &mut item.get,
+            &mut item.post,
+            &mut item.put,
+            &mut item.delete,
+            &mut item.patch,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let responses = &mut op.responses.responses;
+            if op.security.is_some() {
+                responses
+                    .entry("401".into())
+                    .or_insert_with(|| error("`missing_api_key` or `invalid_api_key`"));
+            }
+            responses.entry("500".into()).or_insert_with(|| {
+                error("`internal_error`: nothing internal is disclosed; the request may be retried")
+            });
+            responses
+                .entry("503".into())
+                .or_insert_with(|| error("`database_unavailable` (with `Retry-After`)"));
+        }
+    }
+}
+
+/// The whole document: the frame, every routed path, the shared errors. Built once.
+pub fn document() -> &'static Document {
+    static DOC: OnceLock<Document> = OnceLock::new();
+    DOC.get_or_init(|| {
+        let (_, mut doc) = crate::routes().split_for_parts();
+        add_common_errors(&mut doc);
+        doc
+    })
+}
+
+/// The OpenAPI 3.1 document of this API.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operations",
+    responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json", body = Object))
+)]
+pub(crate) async fn openapi_json() -> impl IntoResponse {
+    Json(document().clone())
+}
+
+/// Every error body: OpenAI's shape, so OpenAI SDKs surface it as is.
+#[derive(Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Safe, human-readable; 5xx messages never carry internals.
+    pub message: String,
+    /// `invalid_request_error`, `authentication_error`, `permission_error`,
+    /// `not_found_error`, `rate_limit_error` or `server_error`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The field at fault, when one is (`request.messages[0].role`).
+    pub param: Option<String>,
+    pub code: ErrorCode,
+}
+
+/// The stable codes of API errors: branch on these, not on messages.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// 400: the body is not JSON.
+    InvalidJson,
+    /// 400: the body could not be read.
+    UnreadableBody,
+    /// 400: a field is wrong; `param` names it.
+    InvalidRequest,
+    /// 400: a required field is absent.
+    MissingField,
+    /// 400: the model is neither a route alias nor a configured `provider/model`.
+    UnknownModel,
+    /// 400: the deadline is in the past.
+    InvalidDeadline,
+    /// 400: `stream: true` on a queued job (use `/v1/chat/completions`).
+    StreamNotSupported,
+    /// 401: no `Authorization: Bearer` key.
+    MissingApiKey,
+    /// 401: the key is not a tenant's (or not the admin key).
+    InvalidApiKey,
+    /// 403: the endpoint needs the admin key.
+    AdminOnly,
+    /// 404: no such job (or another tenant's).
+    NotFound,
+    /// 404: unknown path.
+    NoSuchEndpoint,
+    /// 409: the idempotency key was used for a different request.
+    IdempotencyKeyReused,
+    /// 409: cancelling a finished job.
+    JobAlreadyFinished,
+    /// 413: the body is larger than `server.max_body_bytes`.
+    BodyTooLarge,
+    /// 429 (+ `Retry-After`): the tenant's queue of that class is full.
+    QueueFull,
+    /// 429 (+ `Retry-After`): a synchronous call could not be served in time.
+    QueueTimeout,
+    /// 429: the synchronous job's deadline passed.
+    DeadlineExceeded,
+    /// 429: capacity is not expected before the deadline.
+    DeadlineUnmeetable,
+    /// 500: an internal failure; retry.
+    InternalError,
+    /// 503 (+ `Retry-After`): the database is unreachable.
+    DatabaseUnavailable,
+}
+
+/// Reason codes of failed jobs (`error.code` on the job) and of synchronous failures.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JobErrorCode {
+    /// The job is larger than a bucket's whole capacity.
+    ExceedsLimit,
+    /// Capacity is not expected before the deadline (e.g. a daily budget).
+    DeadlineUnmeetable,
+    RateLimited,
+    ProviderOverloaded,
+    ProviderError,
+    NetworkError,
+    ProviderTimeout,
+    ProviderBadResponse,
+    AttemptsExhausted,
+    DeadlineExceeded,
+    LeaseExpired,
+    UpstreamAuthFailed,
+    InsufficientQuota,
+    SpendLimitReached,
+    RequestTooLarge,
+    ProviderRejectedRequest,
+    UnknownModel,
+    Cancelled,
+    ClientDisconnected,
+}
+
+/// `POST /v1/jobs` body.
+#[derive(ToSchema)]
+#[schema(as = SubmitJob)]
+#[allow(dead_code)] // a description, read by utoipa only
+pub struct SubmitJobSchema {
+    /// An OpenAI Chat Completions body; `model` is a route alias or `provider/model`.
+    #[schema(value_type = Object)]
+    request: Value,
+    /// `interactive` | `standard` (default) | `background` | `batch`.
+    #[schema(value_type = Option<String>, example = "standard")]
+    class: Option<String>,
+    /// RFC 3339; a job still queued at its deadline fails `deadline_exceeded`.
+    deadline: Option<chrono::DateTime<chrono::Utc>>,
+    /// −1000..1000, higher first within a class.
+    priority: Option<i32>,
+    /// Per tenant; also accepted as the `Idempotency-Key` header.
+    idempotency_key: Option<String>,
+    #[schema(value_type = Option<Object>)]
+    metadata: Option<Value>,
+}
+
+/// A job as clients see it (`jobs::job_view`; a test keeps the two alike).
+#[derive(ToSchema)]
+#[schema(as = Job)]
+#[allow(dead_code)] // a description, read by utoipa only
+pub struct JobSchema {
+    #[schema(format = Uuid)]
+    id: String,
+    /// Always `job`.
+    object: String,
+    /// `queued` → `admitted` → `running` → `succeeded` | `failed` | `cancelled`.
+    state: String,
+    class: String,
+    priority: i32,
+    /// As requested: a route alias or `provider/model`.
+    model: String,
+    provider: Option<String>,
+    provider_model: Option<String>,
+    provider_request_id: Option<String>,
+    /// Route targets (`provider/model`) that failed the job and are left out while the
+    /// route has others (fallback).
+    failed_targets: Option<Vec<String>>,
+    attempts: i32,
+    max_attempts: i32,
+    deadline: chrono::DateTime<chrono::Utc>,
+    /// While queued for a retry: not before this time.
+    not_before: Option<chrono::DateTime<chrono::Utc>>,
+    created_at: chrono::DateTime<chrono::Utc>,
+    admitted_at: Option<chrono::DateTime<chrono::Utc>>,
+    started_at: Option<chrono::DateTime<chrono::Utc>>,
+    finished_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// `{input_tokens, output_tokens}` estimated at submission.
+    #[schema(value_type = Object)]
+    estimate: Value,
+    /// `{input_tokens, output_tokens, cached_tokens}` as the provider reported them.
+    #[schema(value_type = Option<Object>)]
+    usage: Option<Value>,
+    /// The response, in OpenAI chat format (Anthropic's too).
+    #[schema(value_type = Option<Object>)]
+    result: Option<Value>,
+    /// `{code, message}`: why it failed (`JobErrorCode`), or the last attempt's error while
+    /// it waits for a retry.
+    #[schema(value_type = Option<Object>)]
+    error: Option<Value>,
+    /// While queued: why it waits (`reason`, `bucket`, `limit`, `remaining`, `needs`,
+    /// `expected_at`).
+    #[schema(value_type = Option<Object>)]
+    admission: Option<Value>,
+    idempotency_key: Option<String>,
+    #[schema(value_type = Option<Object>)]
+    metadata: Option<Value>,
+}
+
+/// `GET /v1/jobs`: a page of jobs, newest first.
+#[derive(ToSchema)]
+#[schema(as = JobList)]
+#[allow(dead_code)] // a description, read by utoipa only
+pub struct JobListSchema {
+    object: String,
+    data: Vec<JobSchema>,
+    first_id: Option<String>,
+    /// Pass as `after` for the next page.
+    last_id: Option<String>,
+    has_more: bool,
+}
+
+/// One bucket (one limit) and what remains in it now.
+#[derive(ToSchema)]
+#[schema(as = Limit)]
+#[allow(dead_code)] // a description, read by utoipa only
+pub struct LimitSchema {
+    /// `provider:oai:gpt-4o-mini:tpm`, `tenant:acme:daily_spend`, …
+    bucket: String,
+    /// `requests`, `input_tokens`, `output_tokens`, `total_tokens`, `concurrency`,
+    /// `spend_micro_usd`.
+    dimension: String,
+    /// `rolling`, `fixed`, `gauge`, `ramp`.
+    rule: String,
+    capacity: f64,
+    remaining: f64,
+    window_secs: i64,
+    resets_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// `configured`, `learned` (a provider's reading or its 429s set it) or `probe` (a
+    /// cold-start limit on calls in flight while nothing is known of a model's limits).
+    source: String,
+    /// What the config says, when a learned limit replaced it.
+    configured_capacity: Option<f64>,
+    learned_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+#[derive(ToSchema)]
+#[schema(as = LimitList)]
+#[allow(dead_code)] // a description, read by utoipa only
+pub struct LimitListSchema {
+    object: String,
+    data: Vec<LimitSchema>,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// The paths the real router serves, read from its `Debug` output (axum lists them
+    /// there; it offers no other way to enumerate routes).
+    fn routed_paths() -> BTreeSet<String> {
+        let (router, _) = crate::routes().split_for_parts();
+        let debug = format!("{router:?}");
+        // `paths: {RouteId(0): "/v1/jobs", RouteId(1): "/v1/jobs/{id}", …}`
+        // Only the path router's: the fallback router lists the fallback's own catch-all.
+        let at = debug
+            .find("paths: {")
+            .expect("axum's Router Debug lists its paths");
+        let end = debug
+            .find("fallback_router")
+            .expect("axum's Router Debug lists its fallback router");
+        debug[at..end]
+            .split("RouteId(")
+            .skip(1)
+            .filter_map(|entry| entry.split_once("): \"").map(|(_, rest)| rest))
+            .filter_map(|rest| rest.split_once('"').map(|(path, _)| path.to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn every_routed_path_is_described_and_every_described_path_is_routed() {
+        let routed = routed_paths();
+        assert!(
+            routed.contains("/v1/jobs"),
+            "could not read the router's paths: {routed:?}"
+        );
+        let described: BTreeSet<String> = document().paths.paths.keys().cloned().collect();
+        assert_eq!(routed, described, "the router and /openapi.json disagree");
+    }
+
+    #[test]
+    fn the_document_is_openapi_3_1_with_errors_and_reason_codes() {
+        let doc = serde_json::to_value(document()).unwrap();
+        assert!(
+            doc["openapi"].as_str().unwrap().starts_with("3.1"),
+            "{}",
+            doc["openapi"]
+        );
+        let codes = doc["components"]["schemas"]["ErrorCode"]["enum"]
+            .as_array()
+            .unwrap();
+        assert!(codes.iter().any(|c| c == "queue_full"), "{codes:?}");
+        let reasons = doc["components"]["schemas"]["JobErrorCode"]["enum"]
+            .as_array()
+            .unwrap();
+        assert!(reasons.iter().any(|c| c == "deadline_unmeetable"), "{reasons:?}");
+        // Every operation answers with its errors; authenticated ones with 401 too.
+        let submit = &doc["paths"]["/v1/jobs"]["post"];
+        for status in ["400", "401", "429", "500", "503"] {
+            assert!(
+                submit["responses"][status].is_object(),
+                "POST /v1/jobs lacks {status}"
+            );
+        }
+        assert_eq!(submit["security"][0]["bearer"], serde_json::json!([]));
+        // Client generators name methods by operation id: no two alike.
+        let mut ids: Vec<&str> = doc["paths"]
+            .as_object()
+            .unwrap()
+            .values()
+            .flat_map(|item| item.as_object().unwrap().values())
+            .map(|op| op["operationId"].as_str().unwrap())
+            .collect();
+        let all = ids.len();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), all, "duplicate operation ids: {ids:?}");
+    }
+}

@@ -1,0 +1,369 @@
+//! What is happening now: `GET /v1/status` (queues by tenant and class, buckets with use
+//! and limit, recent traffic and failures, batches in progress) and
+//! `GET /v1/status/history` (queue depth and throughput over the last hour). The
+//! dashboard polls both; `tollgate status` prints the first. The admin key sees every
+//! tenant; a tenant key sees its own jobs and the buckets that apply to it.
+//!
+//! History is a bounded ring of samples kept by this API process ([`Observer`]): one
+//! sample every [`SAMPLE_EVERY`], [`HISTORY`] long, taken from the database by
+//! [`Observer::sample`] (a loop the broker runs), so every process shows the same numbers.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use tollgate::buckets;
+use tollgate::metrics::class_label;
+use tollgate::store::{self, StoreError};
+use utoipa::ToSchema;
+
+use crate::AppState;
+use crate::auth::Viewer;
+use crate::error::ApiError;
+
+/// How often the history takes a sample.
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(2);
+/// How much history is kept.
+pub const HISTORY: Duration = Duration::from_secs(3600);
+/// The window of the "now" rates in `/v1/status`.
+const RATE_WINDOW_SECS: i64 = 60;
+/// Failures listed.
+const RECENT_FAILURES: i64 = 20;
+
+/// One (tenant, class) queue.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Queue {
+    pub tenant: String,
+    /// `interactive`, `standard`, `background`, `batch`.
+    pub class: String,
+    pub queued: i64,
+    pub admitted: i64,
+    pub running: i64,
+    /// Age of the oldest queued job, seconds (0 when none is queued).
+    pub oldest_queued_secs: f64,
+}
+
+/// A bucket: its limit, what is used and what remains now.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BucketUse {
+    pub bucket: String,
+    pub dimension: String,
+    pub rule: String,
+    pub capacity: f64,
+    pub remaining: f64,
+    /// `capacity − remaining`, at least 0.
+    pub used: f64,
+    /// `configured`, `learned` (from a provider's headers or its 429s) or `probe` (a
+    /// cold-start limit while nothing is known).
+    pub source: String,
+    /// What the config says, when a learned limit replaced it.
+    pub configured_capacity: Option<f64>,
+    pub learned_at: Option<DateTime<Utc>>,
+    pub window_secs: i64,
+    pub resets_at: Option<DateTime<Utc>>,
+}
+
+/// Provider traffic over the last minute.
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct Rates {
+    pub window_secs: i64,
+    /// Successful provider calls (jobs done) per second.
+    pub jobs_per_sec: f64,
+    /// Reported input + output tokens per second.
+    pub tokens_per_sec: f64,
+    pub failed_attempts: i64,
+    pub provider_429s: i64,
+    pub provider_5xxs: i64,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Failure {
+    pub id: String,
+    pub tenant: String,
+    pub model: String,
+    /// The reason code (`JobErrorCode`).
+    pub code: Option<String>,
+    pub message: Option<String>,
+    pub attempts: i32,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// A batch and its progress. Filled by the batch API; empty until it exists.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BatchProgress {
+    pub id: String,
+    pub tenant: String,
+    pub state: String,
+    pub total: i64,
+    pub completed: i64,
+    pub failed: i64,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Status {
+    /// `all` (admin key) or the tenant's name.
+    pub scope: String,
+    pub generated_at: DateTime<Utc>,
+    pub queues: Vec<Queue>,
+    pub buckets: Vec<BucketUse>,
+    pub rates: Rates,
+    pub recent_failures: Vec<Failure>,
+    pub batches: Vec<BatchProgress>,
+}
+
+/// The batches in progress that `viewer` may see. The batch API fills this in.
+pub async fn batches_in_progress(
+    _state: &AppState,
+    _viewer: &Viewer,
+) -> Result<Vec<BatchProgress>, ApiError> {
+    Ok(Vec::new())
+}
+
+/// The status as `viewer` may see it.
+pub async fn status(state: &AppState, viewer: &Viewer) -> Result<Status, ApiError> {
+    let now = Utc::now();
+    let tenant = viewer.tenant();
+    let queues = store::queue_depths(&state.pool, tenant)
+        .await?
+        .into_iter()
+        .map(|q| Queue {
+            oldest_queued_secs: q
+                .oldest_queued
+                .map_or(0.0, |t| (now - t).num_milliseconds().max(0) as f64 / 1000.0),
+            tenant: q.tenant,
+            class: class_label(q.class).to_owned(),
+            queued: q.queued,
+            admitted: q.admitted,
+            running: q.running,
+        })
+        .collect();
+    let buckets = bucket_uses(&state.pool, viewer, now).await?;
+    let traffic = store::traffic(
+        &state.pool,
+        now - chrono::Duration::seconds(RATE_WINDOW_SECS),
+        now,
+        tenant,
+    )
+    .await?;
+    let window = RATE_WINDOW_SECS as f64;
+    let rates = Rates {
+        window_secs: RATE_WINDOW_SECS,
+        jobs_per_sec: traffic.iter().map(|t| t.succeeded).sum::<i64>() as f64 / window,
+        tokens_per_sec: traffic.iter().map(|t| t.tokens).sum::<i64>() as f64 / window,
+        failed_attempts: traffic.iter().map(|t| t.failed).sum(),
+        provider_429s: traffic.iter().map(|t| t.status_429).sum(),
+        provider_5xxs: traffic.iter().map(|t| t.status_5xx).sum(),
+    };
+    let recent_failures = store::recent_failures(&state.pool, tenant, RECENT_FAILURES)
+        .await?
+        .into_iter()
+        .map(|f| Failure {
+            id: f.id.to_string(),
+            tenant: f.tenant,
+            model: f.model,
+            code: f.error_code,
+            message: f.error_message,
+            attempts: f.attempts,
+            finished_at: f.finished_at,
+        })
+        .collect();
+    Ok(Status {
+        scope: tenant.unwrap_or("all").to_owned(),
+        generated_at: now,
+        queues,
+        buckets,
+        rates,
+        recent_failures,
+        batches: batches_in_progress(state, viewer).await?,
+    })
+}
+
+/// Every bucket `viewer` may see (provider-side ones, and its own tenant's), refilled to
+/// `now`.
+pub async fn bucket_uses(
+    pool: &PgPool,
+    viewer: &Viewer,
+    now: DateTime<Utc>,
+) -> Result<Vec<BucketUse>, StoreError> {
+    let own = viewer.tenant().map(|t| format!("{}:", buckets::tenant_scope(t)));
+    Ok(store::all_buckets(pool)
+        .await?
+        .into_iter()
+        .filter(|b| match &own {
+            None => true,
+            Some(own) => b.key.starts_with(own) || !b.key.starts_with("tenant:"),
+        })
+        .map(|mut b| {
+            b.refill(now);
+            let remaining = b.level.max(0.0).floor();
+            BucketUse {
+                source: crate::limits::source(&b).to_owned(),
+                configured_capacity: b.configured_capacity,
+                learned_at: b.learned_at,
+                dimension: b.dimension.as_str().to_owned(),
+                rule: b.rule.as_str().to_owned(),
+                capacity: b.capacity,
+                used: (b.capacity - remaining).max(0.0),
+                remaining,
+                window_secs: b.window_secs,
+                resets_at: b.resets_at,
+                bucket: b.key,
+            }
+        })
+        .collect())
+}
+
+/// Queues, buckets, rates, recent failures and batches: everything the caller may see.
+#[utoipa::path(
+    get,
+    path = "/v1/status",
+    operation_id = "get_status",
+    tag = "limits",
+    responses((status = 200, description = "The admin key sees every tenant; a tenant key its own", body = Status)),
+    security(("bearer" = []))
+)]
+pub(crate) async fn get(State(state): State<AppState>, viewer: Viewer) -> Result<Json<Status>, ApiError> {
+    Ok(Json(status(&state, &viewer).await?))
+}
+
+/// One sample of the history.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Sample {
+    pub at: DateTime<Utc>,
+    /// Queued jobs per `tenant/class`.
+    pub queued: BTreeMap<String, i64>,
+    /// Per tenant, over the interval since the previous sample.
+    pub traffic: BTreeMap<String, SampleTraffic>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct SampleTraffic {
+    pub succeeded: i64,
+    pub failed: i64,
+    pub tokens: i64,
+    pub status_429: i64,
+    pub status_5xx: i64,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct History {
+    pub interval_secs: f64,
+    pub samples: Vec<Sample>,
+}
+
+/// This process's history of samples (bounded), shared by its handlers.
+#[derive(Clone, Default)]
+pub struct Observer {
+    samples: Arc<Mutex<VecDeque<Sample>>>,
+}
+
+impl Observer {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Sample>> {
+        match self.samples.lock() {
+            Ok(s) => s,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Takes one sample of the database at `now`.
+    pub async fn sample_once(&self, pool: &PgPool, now: DateTime<Utc>) -> Result<(), StoreError> {
+        let since = self.lock().back().map_or(
+            now - chrono::Duration::from_std(SAMPLE_EVERY).unwrap_or_default(),
+            |s| s.at,
+        );
+        let queued = store::queue_depths(pool, None)
+            .await?
+            .into_iter()
+            .map(|q| (format!("{}/{}", q.tenant, class_label(q.class)), q.queued))
+            .collect();
+        let traffic = store::traffic(pool, since, now, None)
+            .await?
+            .into_iter()
+            .map(|t| {
+                (
+                    t.tenant,
+                    SampleTraffic {
+                        succeeded: t.succeeded,
+                        failed: t.failed,
+                        tokens: t.tokens,
+                        status_429: t.status_429,
+                        status_5xx: t.status_5xx,
+                    },
+                )
+            })
+            .collect();
+        let mut samples = self.lock();
+        samples.push_back(Sample {
+            at: now,
+            queued,
+            traffic,
+        });
+        let keep = (HISTORY.as_secs_f64() / SAMPLE_EVERY.as_secs_f64()).ceil() as usize;
+        while samples.len() > keep {
+            samples.pop_front();
+        }
+        Ok(())
+    }
+
+    /// The sampling loop, until `cancel`.
+    pub async fn sample(self, pool: PgPool, cancel: CancellationToken) {
+        let mut every = tokio::time::interval(SAMPLE_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = every.tick() => {}
+            }
+            if let Err(e) = self.sample_once(&pool, Utc::now()).await {
+                tracing::warn!(error = %e, "could not sample the queues for the dashboard");
+            }
+        }
+    }
+
+    /// The history as `viewer` may see it.
+    pub fn history(&self, viewer: &Viewer) -> History {
+        let samples = self
+            .lock()
+            .iter()
+            .map(|s| Sample {
+                at: s.at,
+                queued: s
+                    .queued
+                    .iter()
+                    .filter(|(k, _)| k.split_once('/').is_some_and(|(t, _)| viewer.may_see(t)))
+                    .map(|(k, v)| (k.clone(), *v))
+                    .collect(),
+                traffic: s
+                    .traffic
+                    .iter()
+                    .filter(|(t, _)| viewer.may_see(t))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            })
+            .collect();
+        History {
+            interval_secs: SAMPLE_EVERY.as_secs_f64(),
+            samples,
+        }
+    }
+}
+
+/// Queue depth and traffic over the last hour, one sample every 2 s.
+#[utoipa::path(
+    get,
+    path = "/v1/status/history",
+    operation_id = "get_status_history",
+    tag = "limits",
+    responses((status = 200, description = "Samples, oldest first", body = History)),
+    security(("bearer" = []))
+)]
+pub(crate) async fn history(State(state): State<AppState>, viewer: Viewer) -> Json<History> {
+    Json(state.observer.history(&viewer))
+}

@@ -1,0 +1,344 @@
+//! Learned limits: what providers said about their limits ([`crate::ratelimit`]) and what
+//! their 429s taught, turned into bucket capacities and levels.
+//!
+//! - A reported limit sets the capacity of the bucket `<scope>:<name>`; the gate creates
+//!   the bucket when the config has none. Configured limits stay an upper bound unless the
+//!   provider is the authority ([`Authority`]).
+//! - A reported `remaining` corrects the level down (never up): the provider counted
+//!   something tollgate did not (other clients of the account, a different count).
+//! - Where nothing is reported, 429s teach (AIMD): a 429 cuts the capacity to
+//!   [`DECREASE`] of itself and remembers the old one as the ceiling; while the bucket is
+//!   saturated and no 429 comes, the capacity climbs back quickly towards 90 % of the
+//!   ceiling, then slowly, more slowly after each cut — so 429s taper off.
+//!
+//! Everything here is arithmetic on a [`Learned`] row and its [`Bucket`]; the gate applies
+//! it inside its round, while it holds the bucket locks.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::buckets::Bucket;
+use crate::ratelimit::LimitName;
+
+/// What a 429 leaves of the capacity.
+pub const DECREASE: f64 = 0.7;
+/// 429s closer together than this count as one (the same burst).
+pub const DECREASE_GAP: Duration = Duration::from_secs(3);
+/// How long a bucket must be saturated without a 429 before its capacity grows.
+pub const INCREASE_EVERY: Duration = Duration::from_secs(4);
+/// Growth per step below 90 % of the ceiling (recovery).
+const RECOVER: f64 = 1.25;
+/// Growth per step above it, divided by 1 + the number of cuts so far (probing).
+const PROBE_STEP: f64 = 0.04;
+
+/// Who decides a limit when both the config and the provider say something.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Authority {
+    /// The configured limit is an upper bound: capacity = min(configured, reported).
+    #[default]
+    Config,
+    /// The provider's reported limit replaces the configured one.
+    Provider,
+}
+
+/// How a learned limit was learned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The provider reported it.
+    Headers,
+    /// Its 429s taught it.
+    Throttling,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Headers => "headers",
+            Self::Throttling => "throttling",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Headers, Self::Throttling]
+            .into_iter()
+            .find(|x| x.as_str() == s)
+    }
+}
+
+/// One learned limit (a `learned_limits` row).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Learned {
+    pub scope: String,
+    pub name: LimitName,
+    pub reported: Option<f64>,
+    pub remaining: Option<f64>,
+    pub observed_at: DateTime<Utc>,
+    pub throttled_at: Option<DateTime<Utc>>,
+    pub source: Source,
+    pub ceiling: Option<f64>,
+    pub decreases: i32,
+    pub changed_at: Option<DateTime<Utc>>,
+    pub applied_at: Option<DateTime<Utc>>,
+}
+
+impl Learned {
+    /// The bucket this limit governs.
+    pub fn bucket_key(&self) -> String {
+        format!("{}:{}", self.scope, self.name.as_str())
+    }
+
+    /// The newest news in the row.
+    pub fn latest(&self) -> DateTime<Utc> {
+        self.throttled_at
+            .map_or(self.observed_at, |t| t.max(self.observed_at))
+    }
+
+    /// Whether the row says something the gate has not applied yet.
+    pub fn pending(&self) -> bool {
+        self.applied_at.is_none_or(|a| self.latest() > a)
+    }
+
+    /// Whether the row knows a capacity (so its bucket should exist).
+    pub fn governs(&self) -> bool {
+        self.reported.is_some() || self.throttled_at.is_some()
+    }
+
+    fn new_reading(&self) -> bool {
+        self.applied_at.is_none_or(|a| self.observed_at > a)
+    }
+
+    fn new_throttle(&self) -> bool {
+        self.throttled_at
+            .is_some_and(|t| self.applied_at.is_none_or(|a| t > a))
+    }
+}
+
+/// Sets a bucket's capacity. A smaller one caps the level (as a provider that lowers a
+/// limit caps what is left, not what was used); a larger one fills by refill, faster.
+fn set_capacity(bucket: &mut Bucket, capacity: f64) {
+    bucket.capacity = capacity;
+    bucket.level = bucket.level.min(capacity);
+}
+
+/// Applies what `row` says that is new to its `bucket`, at `now`. Returns whether the row
+/// changed (it always records what it applied).
+pub fn apply(row: &mut Learned, bucket: &mut Bucket, authority: Authority, now: DateTime<Utc>) {
+    if row.new_reading() {
+        if let Some(reported) = row.reported {
+            let capacity = match (authority, bucket.configured_capacity) {
+                (Authority::Config, Some(configured)) => configured.min(reported),
+                _ => reported,
+            };
+            if (capacity - bucket.capacity).abs() > 1e-9 {
+                set_capacity(bucket, capacity);
+            }
+            bucket.learned_at = Some(row.observed_at);
+        }
+        if let Some(remaining) = row.remaining {
+            // What the provider had left then, plus what refilled since.
+            let since = (now - row.observed_at).num_milliseconds().max(0) as f64 / 1000.0;
+            bucket.level = bucket.level.min(remaining + bucket.rate() * since);
+        }
+    }
+    if row.new_throttle() && row.source == Source::Throttling {
+        decrease(row, bucket, now);
+    }
+    row.applied_at = Some(row.latest());
+}
+
+/// A 429 without limit information: cut the capacity (once per burst of 429s), and take
+/// the level to zero — the provider had nothing left.
+pub fn decrease(row: &mut Learned, bucket: &mut Bucket, now: DateTime<Utc>) {
+    bucket.level = bucket.level.min(0.0);
+    let recent = row
+        .changed_at
+        .is_some_and(|c| (now - c).to_std().unwrap_or_default() < DECREASE_GAP);
+    if recent {
+        return;
+    }
+    row.ceiling = Some(bucket.capacity);
+    bucket.capacity = (bucket.capacity * DECREASE).max(1.0);
+    row.decreases += 1;
+    row.changed_at = Some(now);
+    bucket.learned_at = Some(now);
+}
+
+/// Probing upward: a bucket learned from 429s that stopped a job this round (`saturated`)
+/// and has seen no 429 for [`INCREASE_EVERY`] grows. Returns whether it grew.
+pub fn increase(row: &mut Learned, bucket: &mut Bucket, saturated: bool, now: DateTime<Utc>) -> bool {
+    if !saturated || row.source != Source::Throttling {
+        return false;
+    }
+    let quiet_since = row.changed_at.into_iter().chain(row.throttled_at).max();
+    if quiet_since.is_some_and(|t| (now - t).to_std().unwrap_or_default() < INCREASE_EVERY) {
+        return false;
+    }
+    let capacity = bucket.capacity;
+    let grown = match row.ceiling {
+        Some(ceiling) if capacity < 0.9 * ceiling => (capacity * RECOVER).min(0.9 * ceiling),
+        _ => capacity * (1.0 + PROBE_STEP / (1.0 + f64::from(row.decreases))),
+    }
+    .max(capacity + 1.0);
+    set_capacity(bucket, grown);
+    row.changed_at = Some(now);
+    bucket.learned_at = Some(now);
+    true
+}
+
+/// The first capacity of a bucket learned from a 429: what was sent in the last window
+/// (it was too much), cut once.
+pub fn first_capacity(sent_last_window: f64) -> (f64, f64) {
+    let ceiling = sent_last_window.max(1.0);
+    ((ceiling * DECREASE).max(1.0), ceiling)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::buckets::{Dimension, Rule};
+
+    fn bucket(capacity: f64, level: f64, at: DateTime<Utc>) -> Bucket {
+        Bucket {
+            id: 1,
+            key: "provider:oai:m:rpm".into(),
+            dimension: Dimension::Requests,
+            rule: Rule::Rolling,
+            capacity,
+            window_secs: 60,
+            level,
+            updated_at: at,
+            resets_at: None,
+            ramp_step: None,
+            configured_capacity: None,
+            learned_at: None,
+        }
+    }
+
+    fn row(source: Source, at: DateTime<Utc>) -> Learned {
+        Learned {
+            scope: "provider:oai:m".into(),
+            name: LimitName::Rpm,
+            reported: None,
+            remaining: None,
+            observed_at: at,
+            throttled_at: None,
+            source,
+            ceiling: None,
+            decreases: 0,
+            changed_at: None,
+            applied_at: None,
+        }
+    }
+
+    #[test]
+    fn a_reported_limit_sets_capacity_and_caps_the_level_and_configured_caps_it() {
+        let t0 = Utc::now();
+        let mut b = bucket(600.0, 500.0, t0);
+        let mut r = Learned {
+            reported: Some(300.0),
+            ..row(Source::Headers, t0)
+        };
+        apply(&mut r, &mut b, Authority::Config, t0);
+        assert_eq!((b.capacity, b.level), (300.0, 300.0));
+        assert!(!r.pending());
+        // Configured 250 caps a reported 300 unless the provider is the authority.
+        let mut b = bucket(600.0, 600.0, t0);
+        b.configured_capacity = Some(250.0);
+        let mut r2 = Learned {
+            reported: Some(300.0),
+            ..row(Source::Headers, t0)
+        };
+        apply(&mut r2.clone(), &mut b, Authority::Config, t0);
+        assert_eq!(b.capacity, 250.0);
+        apply(&mut r2, &mut b, Authority::Provider, t0);
+        assert_eq!(b.capacity, 300.0);
+    }
+
+    #[test]
+    fn remaining_only_lowers_the_level_with_refill_since() {
+        let t0 = Utc::now();
+        let mut b = bucket(60.0, 50.0, t0);
+        let mut r = Learned {
+            remaining: Some(10.0),
+            ..row(Source::Headers, t0)
+        };
+        // Observed 2 s ago: 10 left then, 2 refilled since.
+        apply(
+            &mut r,
+            &mut b,
+            Authority::Config,
+            t0 + chrono::Duration::seconds(2),
+        );
+        assert!((b.level - 12.0).abs() < 1e-6, "{}", b.level);
+        let mut r = Learned {
+            remaining: Some(59.0),
+            observed_at: t0 + chrono::Duration::seconds(3),
+            ..r
+        };
+        apply(
+            &mut r,
+            &mut b,
+            Authority::Config,
+            t0 + chrono::Duration::seconds(3),
+        );
+        assert!((b.level - 12.0).abs() < 1e-6, "never raised: {}", b.level);
+        // Applied once: the same reading does nothing more.
+        b.level = 40.0;
+        apply(
+            &mut r,
+            &mut b,
+            Authority::Config,
+            t0 + chrono::Duration::seconds(4),
+        );
+        assert_eq!(b.level, 40.0);
+    }
+
+    #[test]
+    fn a_burst_of_429s_cuts_once_then_recovery_and_slower_probing() {
+        let t0 = Utc::now();
+        let mut b = bucket(100.0, 30.0, t0);
+        let mut r = row(Source::Throttling, t0);
+        r.throttled_at = Some(t0);
+        apply(&mut r, &mut b, Authority::Config, t0);
+        assert_eq!((b.capacity, b.level, r.ceiling), (70.0, 0.0, Some(100.0)));
+        // A second 429 of the same burst does not cut again.
+        r.throttled_at = Some(t0 + chrono::Duration::seconds(1));
+        apply(
+            &mut r,
+            &mut b,
+            Authority::Config,
+            t0 + chrono::Duration::seconds(1),
+        );
+        assert_eq!(b.capacity, 70.0);
+        // Not saturated, or too soon: no growth.
+        let later = t0 + chrono::Duration::seconds(10);
+        assert!(!increase(&mut r, &mut b, false, later));
+        assert!(!increase(&mut r, &mut b, true, t0 + chrono::Duration::seconds(2)));
+        // Recovery: ×1.25, capped at 90 % of the ceiling.
+        assert!(increase(&mut r, &mut b, true, later));
+        assert_eq!(b.capacity, 87.5);
+        assert!(increase(
+            &mut r,
+            &mut b,
+            true,
+            later + chrono::Duration::seconds(5)
+        ));
+        assert_eq!(b.capacity, 90.0);
+        // Then probing: +4 % / (1 + cuts) = +2 %.
+        assert!(increase(
+            &mut r,
+            &mut b,
+            true,
+            later + chrono::Duration::seconds(10)
+        ));
+        assert!((b.capacity - 91.8).abs() < 1e-9, "{}", b.capacity);
+    }
+
+    #[test]
+    fn first_capacity_is_a_cut_of_what_was_sent() {
+        assert_eq!(first_capacity(100.0), (70.0, 100.0));
+        assert_eq!(first_capacity(0.0), (1.0, 1.0));
+    }
+}

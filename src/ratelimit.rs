@@ -1,0 +1,537 @@
+//! What providers say about their limits: one parser for every rate-limit signal.
+//!
+//! - Headers, per [`Dialect`]: OpenAI and Groq `x-ratelimit-*` (Go-style relative resets;
+//!   Groq's request limit is per day), Anthropic `anthropic-ratelimit-*` (RFC 3339 absolute
+//!   resets; input and output tokens apart), Mistral `x-ratelimit-*-req-minute` /
+//!   `-tokens-minute`, Together (`x-ratelimit-*` and `x-tokenlimit-*`, per second), Azure
+//!   OpenAI (remaining values, limits when sent).
+//! - Bodies of 429s: Gemini's `QuotaFailure` (the quota's value, per minute or per day) and
+//!   `RetryInfo.retryDelay`; OpenAI-style messages that name the limit
+//!   (`... (TPM): Limit 30000, Used ...`) and say when to come back (`try again in 644ms`).
+//! - When to come back: `retry-after-ms`, `retry-after` as seconds or an HTTP date.
+//!
+//! The result, [`Signals`], names limits as tollgate's buckets do ([`LimitName`]); the gate
+//! turns readings into learned bucket capacities and levels (`store::learned`).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use http::HeaderMap;
+use serde::{Deserialize, Serialize};
+
+use crate::buckets::{Dimension, Rule};
+
+/// Which headers a provider sends, and what they mean.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dialect {
+    /// `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`: RPM and TPM.
+    Openai,
+    /// As OpenAI, but the request limit is per day (RPD).
+    Groq,
+    /// `anthropic-ratelimit-{requests,input-tokens,output-tokens,tokens}-*`.
+    Anthropic,
+    /// `x-ratelimit-{limit,remaining}-{req,tokens}-minute`.
+    Mistral,
+    /// `x-ratelimit-{limit,remaining,reset}` and `x-tokenlimit-*`, per second.
+    Together,
+    /// OpenAI's header names; a limit of 0 or -1 means "not reported".
+    Azure,
+    /// No headers; 429 bodies carry `QuotaFailure` and `RetryInfo`.
+    Gemini,
+    /// Sends nothing (DeepSeek): limits are learned from 429s alone.
+    None,
+}
+
+/// A provider limit, named as tollgate's provider buckets are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LimitName {
+    Rpm,
+    Rpd,
+    Tpm,
+    Itpm,
+    Otpm,
+}
+
+impl LimitName {
+    pub const ALL: [LimitName; 5] = [Self::Rpm, Self::Rpd, Self::Tpm, Self::Itpm, Self::Otpm];
+
+    /// The bucket name suffix (`provider:oai:gpt-4o:rpm`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Rpm => "rpm",
+            Self::Rpd => "rpd",
+            Self::Tpm => "tpm",
+            Self::Itpm => "itpm",
+            Self::Otpm => "otpm",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|n| n.as_str() == s)
+    }
+
+    pub fn dimension(self) -> Dimension {
+        match self {
+            Self::Rpm | Self::Rpd => Dimension::Requests,
+            Self::Tpm => Dimension::TotalTokens,
+            Self::Itpm => Dimension::InputTokens,
+            Self::Otpm => Dimension::OutputTokens,
+        }
+    }
+
+    pub fn rule(self) -> Rule {
+        if self == Self::Rpd {
+            Rule::Fixed
+        } else {
+            Rule::Rolling
+        }
+    }
+
+    pub fn window_secs(self) -> i64 {
+        if self == Self::Rpd { 86_400 } else { 60 }
+    }
+}
+
+/// One limit as a response reported it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reading {
+    pub name: LimitName,
+    /// The limit's capacity per window.
+    pub limit: Option<f64>,
+    /// What is left of it now.
+    pub remaining: Option<f64>,
+    /// Until it is full again.
+    pub reset: Option<Duration>,
+}
+
+/// Everything one response said about limits.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Signals {
+    pub readings: Vec<Reading>,
+    /// When to come back (429s, some 503s).
+    pub retry_after: Option<Duration>,
+}
+
+impl Signals {
+    /// Whether the response said anything about capacities.
+    pub fn has_limits(&self) -> bool {
+        self.readings.iter().any(|r| r.limit.is_some())
+    }
+}
+
+/// Reads every signal of one response.
+pub fn read(dialect: Dialect, headers: &HeaderMap, body: &[u8], now: DateTime<Utc>) -> Signals {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    let number = |name: &str| {
+        text(name)
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|v| v.is_finite())
+    };
+    let mut readings = Vec::new();
+    let mut add = |name, limit: Option<f64>, remaining: Option<f64>, reset: Option<Duration>| {
+        let limit = limit.filter(|l| *l > 0.0);
+        if limit.is_some() || remaining.is_some() {
+            readings.push(Reading {
+                name,
+                limit,
+                remaining: remaining.map(|r| r.max(0.0)),
+                reset,
+            });
+        }
+    };
+    let go = |name: &str| text(name).and_then(parse_go_duration);
+    match dialect {
+        Dialect::Openai | Dialect::Groq | Dialect::Azure => {
+            let requests = if dialect == Dialect::Groq {
+                LimitName::Rpd
+            } else {
+                LimitName::Rpm
+            };
+            for (name, suffix) in [(requests, "requests"), (LimitName::Tpm, "tokens")] {
+                add(
+                    name,
+                    number(&format!("x-ratelimit-limit-{suffix}")),
+                    number(&format!("x-ratelimit-remaining-{suffix}")),
+                    go(&format!("x-ratelimit-reset-{suffix}")),
+                );
+            }
+        }
+        Dialect::Anthropic => {
+            let at = |name: &str| {
+                let reset = DateTime::parse_from_rfc3339(text(name)?).ok()?;
+                Some((reset.with_timezone(&Utc) - now).to_std().unwrap_or_default())
+            };
+            for (name, part) in [
+                (LimitName::Rpm, "requests"),
+                (LimitName::Itpm, "input-tokens"),
+                (LimitName::Otpm, "output-tokens"),
+                (LimitName::Tpm, "tokens"),
+            ] {
+                add(
+                    name,
+                    number(&format!("anthropic-ratelimit-{part}-limit")),
+                    number(&format!("anthropic-ratelimit-{part}-remaining")),
+                    at(&format!("anthropic-ratelimit-{part}-reset")),
+                );
+            }
+        }
+        Dialect::Mistral => {
+            for (name, part) in [(LimitName::Rpm, "req"), (LimitName::Tpm, "tokens")] {
+                add(
+                    name,
+                    number(&format!("x-ratelimit-limit-{part}-minute")),
+                    number(&format!("x-ratelimit-remaining-{part}-minute")),
+                    None,
+                );
+            }
+        }
+        Dialect::Together => {
+            let per_minute = |v: Option<f64>| v.map(|v| v * 60.0);
+            let reset = number("x-ratelimit-reset").map(|s| Duration::from_secs_f64(s.max(0.0)));
+            add(
+                LimitName::Rpm,
+                per_minute(number("x-ratelimit-limit")),
+                per_minute(number("x-ratelimit-remaining")),
+                reset,
+            );
+            add(
+                LimitName::Tpm,
+                per_minute(number("x-tokenlimit-limit")),
+                per_minute(number("x-tokenlimit-remaining")),
+                None,
+            );
+        }
+        Dialect::Gemini | Dialect::None => {}
+    }
+    let parsed: Option<serde_json::Value> = if body.is_empty() {
+        None
+    } else {
+        serde_json::from_slice(body).ok()
+    };
+    let error = parsed.as_ref().and_then(|v| v.get("error"));
+    if let Some(error) = error {
+        readings.extend(quota_failures(error));
+        let message = error.get("message").and_then(|m| m.as_str()).unwrap_or_default();
+        if let Some(r) = limit_in_message(message)
+            && !readings.iter().any(|x| x.name == r.name && x.limit.is_some())
+        {
+            readings.push(r);
+        }
+    }
+    let retry_after = retry_after(headers, now)
+        .or_else(|| error.and_then(retry_delay))
+        .or_else(|| {
+            let message = error?.get("message")?.as_str()?;
+            try_again_in(message)
+        });
+    Signals {
+        readings,
+        retry_after,
+    }
+}
+
+/// `retry-after-ms` (float ms), then `retry-after` as seconds or as an HTTP date.
+pub fn retry_after(headers: &HeaderMap, now: DateTime<Utc>) -> Option<Duration> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    if let Some(ms) = text("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
+        && ms.is_finite()
+        && ms >= 0.0
+    {
+        return Some(Duration::from_secs_f64(ms / 1000.0));
+    }
+    let value = text("retry-after")?;
+    if let Ok(secs) = value.parse::<f64>() {
+        return seconds(secs);
+    }
+    let date = DateTime::parse_from_rfc2822(value).ok()?;
+    (date.with_timezone(&Utc) - now).to_std().ok()
+}
+
+/// The "Please try again in 644ms." hint in OpenAI-style messages.
+pub fn try_again_in(message: &str) -> Option<Duration> {
+    let rest = message.split("try again in ").nth(1)?;
+    let token = rest.split_whitespace().next()?.trim_end_matches('.');
+    parse_go_duration(token)
+}
+
+/// The limit an OpenAI-style 429 message names: `... on tokens per min (TPM): Limit 30000,
+/// Used 29937, Requested 385.` (also Groq's, which adds `RPD`).
+fn limit_in_message(message: &str) -> Option<Reading> {
+    let (before, after) = message.split_once("): Limit ")?;
+    let abbr = before.rsplit('(').next()?;
+    let name = match abbr {
+        "RPM" => LimitName::Rpm,
+        "RPD" => LimitName::Rpd,
+        "TPM" => LimitName::Tpm,
+        _ => return None,
+    };
+    let digits: String = after
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == ',')
+        .filter(char::is_ascii_digit)
+        .collect();
+    let limit: f64 = digits.parse().ok()?;
+    (limit > 0.0).then_some(Reading {
+        name,
+        limit: Some(limit),
+        remaining: Some(0.0),
+        reset: None,
+    })
+}
+
+/// Gemini's `google.rpc.QuotaFailure` violations: the quota's value, per minute or per day,
+/// of requests or tokens. A violated quota has nothing left.
+fn quota_failures(error: &serde_json::Value) -> Vec<Reading> {
+    let Some(details) = error.get("details").and_then(|d| d.as_array()) else {
+        return Vec::new();
+    };
+    details
+        .iter()
+        .filter(|d| {
+            d.get("@type")
+                .and_then(|t| t.as_str())
+                .is_some_and(|t| t.ends_with("QuotaFailure"))
+        })
+        .flat_map(|d| {
+            d.get("violations")
+                .and_then(|v| v.as_array())
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|v| {
+            let id = v.get("quotaId").and_then(|i| i.as_str()).unwrap_or_default();
+            let metric = v.get("quotaMetric").and_then(|m| m.as_str()).unwrap_or_default();
+            let value = match v.get("quotaValue")? {
+                serde_json::Value::String(s) => s.parse::<f64>().ok()?,
+                other => other.as_f64()?,
+            };
+            let tokens = metric.contains("token") || id.contains("Token");
+            let name = match (id.contains("PerDay"), tokens) {
+                (false, false) => LimitName::Rpm,
+                (true, false) => LimitName::Rpd,
+                (false, true) => LimitName::Tpm,
+                // No daily token bucket: nothing to learn.
+                (true, true) => return None,
+            };
+            (value > 0.0).then_some(Reading {
+                name,
+                limit: Some(value),
+                remaining: Some(0.0),
+                reset: None,
+            })
+        })
+        .collect()
+}
+
+/// Gemini's `google.rpc.RetryInfo.retryDelay` (a protobuf Duration: `"36s"`, `"0.5s"`).
+fn retry_delay(error: &serde_json::Value) -> Option<Duration> {
+    error.get("details")?.as_array()?.iter().find_map(|d| {
+        let delay = d.get("retryDelay")?.as_str()?;
+        seconds(delay.strip_suffix('s')?.parse().ok()?)
+    })
+}
+
+/// Go-style durations as OpenAI and Groq send them: `1s`, `6m0s`, `2m59.56s`, `12ms`, `1h2m3s`.
+pub fn parse_go_duration(text: &str) -> Option<Duration> {
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total = 0.0f64;
+    while !rest.is_empty() {
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        if number_len == 0 {
+            return None;
+        }
+        let value: f64 = rest[..number_len].parse().ok()?;
+        rest = &rest[number_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 0.001,
+            "us" | "µs" => 0.000_001,
+            "ns" => 0.000_000_001,
+            _ => return None,
+        };
+        total += value * scale;
+        rest = &rest[unit_len..];
+    }
+    seconds(total)
+}
+
+/// A duration from seconds a provider sent, if it is one (finite, not negative, not absurd).
+fn seconds(secs: f64) -> Option<Duration> {
+    (secs.is_finite() && (0.0..1e9).contains(&secs)).then(|| Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    fn reading(s: &Signals, name: LimitName) -> Reading {
+        *s.readings.iter().find(|r| r.name == name).unwrap()
+    }
+
+    #[test]
+    fn go_durations() {
+        let ms = |t: &str| parse_go_duration(t).map(|d| d.as_millis());
+        assert_eq!(ms("1s"), Some(1000));
+        assert_eq!(ms("6m0s"), Some(360_000));
+        assert_eq!(ms("12ms"), Some(12));
+        assert_eq!(ms("2m59.56s"), Some(179_560));
+        assert_eq!(ms("0.5s"), Some(500));
+        assert_eq!(ms("1h2m3s"), Some(3_723_000));
+        assert_eq!(ms(""), None);
+        assert_eq!(ms("5x"), None);
+        assert_eq!(ms("s"), None);
+        assert_eq!(ms("99999999999h"), None);
+    }
+
+    #[test]
+    fn retry_after_forms() {
+        let now = Utc::now();
+        let ra = |pairs: &[(&'static str, &str)]| retry_after(&headers(pairs), now);
+        assert_eq!(ra(&[("retry-after", "20")]), Some(Duration::from_secs(20)));
+        assert_eq!(
+            ra(&[("retry-after-ms", "1500"), ("retry-after", "9")]),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(ra(&[("retry-after", "-3")]), None);
+        assert_eq!(ra(&[("retry-after", "soon")]), None);
+        assert_eq!(ra(&[("retry-after", "inf")]), None);
+        let date = (now + chrono::Duration::seconds(60)).to_rfc2822();
+        let d = ra(&[("retry-after", &date)]).unwrap();
+        assert!(
+            d <= Duration::from_secs(60) && d >= Duration::from_secs(59),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn openai_and_groq_headers() {
+        let h = headers(&[
+            ("x-ratelimit-limit-requests", "60"),
+            ("x-ratelimit-remaining-requests", "59"),
+            ("x-ratelimit-reset-requests", "1s"),
+            ("x-ratelimit-limit-tokens", "150000"),
+            ("x-ratelimit-remaining-tokens", "149984"),
+            ("x-ratelimit-reset-tokens", "6m0s"),
+            ("x-ratelimit-limit-tokens_usage_based", "1"),
+        ]);
+        let s = read(Dialect::Openai, &h, b"", Utc::now());
+        assert_eq!(s.readings.len(), 2);
+        let rpm = reading(&s, LimitName::Rpm);
+        assert_eq!((rpm.limit, rpm.remaining), (Some(60.0), Some(59.0)));
+        assert_eq!(rpm.reset, Some(Duration::from_secs(1)));
+        let tpm = reading(&s, LimitName::Tpm);
+        assert_eq!(
+            (tpm.limit, tpm.reset),
+            (Some(150_000.0), Some(Duration::from_secs(360)))
+        );
+        let groq = read(Dialect::Groq, &h, b"", Utc::now());
+        assert_eq!(reading(&groq, LimitName::Rpd).limit, Some(60.0));
+        assert!(groq.readings.iter().all(|r| r.name != LimitName::Rpm));
+    }
+
+    #[test]
+    fn anthropic_headers_with_absolute_resets() {
+        let now = Utc::now();
+        let reset = (now + chrono::Duration::seconds(30)).to_rfc3339();
+        let h = headers(&[
+            ("anthropic-ratelimit-requests-limit", "50"),
+            ("anthropic-ratelimit-requests-remaining", "49"),
+            ("anthropic-ratelimit-requests-reset", &reset),
+            ("anthropic-ratelimit-input-tokens-limit", "30000"),
+            ("anthropic-ratelimit-input-tokens-remaining", "28000"),
+            ("anthropic-ratelimit-output-tokens-limit", "8000"),
+            ("anthropic-ratelimit-output-tokens-remaining", "8000"),
+        ]);
+        let s = read(Dialect::Anthropic, &h, b"", now);
+        let rpm = reading(&s, LimitName::Rpm);
+        assert_eq!(rpm.limit, Some(50.0));
+        let r = rpm.reset.unwrap();
+        assert!(
+            r <= Duration::from_secs(30) && r >= Duration::from_secs(29),
+            "{r:?}"
+        );
+        assert_eq!(reading(&s, LimitName::Itpm).remaining, Some(28_000.0));
+        assert_eq!(reading(&s, LimitName::Otpm).limit, Some(8000.0));
+        // Headers of another dialect are not read.
+        assert!(read(Dialect::Openai, &h, b"", now).readings.is_empty());
+    }
+
+    #[test]
+    fn mistral_together_and_azure() {
+        let m = headers(&[
+            ("x-ratelimit-limit-req-minute", "120"),
+            ("x-ratelimit-remaining-req-minute", "100"),
+            ("x-ratelimit-limit-tokens-minute", "500000"),
+            ("x-ratelimit-remaining-tokens-minute", "499000"),
+        ]);
+        let s = read(Dialect::Mistral, &m, b"", Utc::now());
+        assert_eq!(reading(&s, LimitName::Rpm).limit, Some(120.0));
+        assert_eq!(reading(&s, LimitName::Tpm).remaining, Some(499_000.0));
+        let t = headers(&[
+            ("x-ratelimit-limit", "10"),
+            ("x-ratelimit-remaining", "4"),
+            ("x-ratelimit-reset", "2"),
+        ]);
+        let s = read(Dialect::Together, &t, b"", Utc::now());
+        let rpm = reading(&s, LimitName::Rpm);
+        assert_eq!((rpm.limit, rpm.remaining), (Some(600.0), Some(240.0)));
+        let a = headers(&[
+            ("x-ratelimit-limit-requests", "-1"),
+            ("x-ratelimit-remaining-requests", "99"),
+            ("x-ratelimit-remaining-tokens", "1000"),
+        ]);
+        let s = read(Dialect::Azure, &a, b"", Utc::now());
+        let rpm = reading(&s, LimitName::Rpm);
+        assert_eq!((rpm.limit, rpm.remaining), (None, Some(99.0)));
+        assert!(!s.has_limits());
+    }
+
+    #[test]
+    fn gemini_quota_failure_and_retry_info() {
+        let body = br#"{"error":{"code":429,"message":"You exceeded your current quota. Please retry in 36.4s.","status":"RESOURCE_EXHAUSTED","details":[
+            {"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[
+              {"quotaMetric":"generativelanguage.googleapis.com/generate_content_free_tier_requests","quotaId":"GenerateRequestsPerDayPerProjectPerModel-FreeTier","quotaValue":"20"},
+              {"quotaMetric":"generativelanguage.googleapis.com/generate_content_free_tier_input_token_count","quotaId":"GenerateContentInputTokensPerModelPerMinute-FreeTier","quotaValue":"250000"}]},
+            {"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"36s"}]}}"#;
+        let s = read(Dialect::Gemini, &HeaderMap::new(), body, Utc::now());
+        assert_eq!(s.retry_after, Some(Duration::from_secs(36)));
+        let rpd = reading(&s, LimitName::Rpd);
+        assert_eq!((rpd.limit, rpd.remaining), (Some(20.0), Some(0.0)));
+        assert_eq!(reading(&s, LimitName::Tpm).limit, Some(250_000.0));
+    }
+
+    #[test]
+    fn openai_429_message_names_the_limit() {
+        let body = br#"{"error":{"message":"Rate limit reached for gpt-4o in organization org-x on tokens per min (TPM): Limit 30,000, Used 29937, Requested 385. Please try again in 644ms. Visit https://platform.openai.com/account/rate-limits to learn more.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}"#;
+        let s = read(Dialect::None, &HeaderMap::new(), body, Utc::now());
+        assert_eq!(reading(&s, LimitName::Tpm).limit, Some(30_000.0));
+        assert_eq!(s.retry_after, Some(Duration::from_millis(644)));
+        let plain =
+            br#"{"error":{"message":"Rate limit reached. Please retry later.","type":"rate_limit_error"}}"#;
+        let s = read(Dialect::None, &HeaderMap::new(), plain, Utc::now());
+        assert_eq!(s, Signals::default());
+        // Garbage never panics and says nothing.
+        let s = read(Dialect::Openai, &HeaderMap::new(), b"\xff\x00{", Utc::now());
+        assert_eq!(s, Signals::default());
+    }
+}

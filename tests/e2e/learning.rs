@@ -1,0 +1,366 @@
+//! Learned limits and key rotation against the mock provider: limits taught by headers
+//! where the config has none, by 429s where the provider sends nothing, followed when the
+//! provider halves them, kept across a restart; a revoked key rotated out after its first
+//! 401; provider outages ridden out within the retry budget.
+
+use serde_json::{Value, json};
+use tollgate_api::broker::Roles;
+use tollgate_workers::mock_provider::{MockConfig, ProjectLimits};
+
+use crate::harness::{ACME, TestApp, TestOptions, eventually};
+
+/// A job of mixed size: prompt and output vary with `i`.
+fn mixed_job(i: usize) -> Value {
+    let words = 5 + (i * 37) % 120;
+    json!({
+        "request": {
+            "model": "oai/gpt-4o-mini",
+            "messages": [{"role": "user", "content": "lorem ipsum ".repeat(words)}],
+            "max_tokens": 16 + (i * 13) % 200
+        },
+        "class": "batch"
+    })
+}
+
+fn mock(rpm: u64, headers: bool) -> MockConfig {
+    MockConfig::from_toml_str(&format!(
+        r#"
+output_tokens = 12
+send_rate_limit_headers = {headers}
+[[projects]]
+name = "oai-test"
+kind = "openai"
+keys = ["sk-test-1", "sk-test-2"]
+revoked_keys = ["sk-revoked"]
+rpm = {rpm}
+tpm = 100000000
+[[projects]]
+name = "ant-test"
+kind = "anthropic"
+keys = ["sk-ant-test"]
+"#
+    ))
+    .expect("mock config")
+}
+
+async fn submit_all(app: &TestApp, range: std::ops::Range<usize>) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in range {
+        let (status, body) = app.submit(ACME, &mixed_job(i)).await;
+        assert_eq!(status, 202, "{body}");
+        ids.push(body["id"].as_str().expect("job id").to_owned());
+    }
+    ids
+}
+
+/// Waits until every job is terminal; returns how many succeeded.
+async fn drain(app: &TestApp, n: usize, secs: u64) -> i64 {
+    eventually(secs, "the jobs to finish", || async {
+        let (done, ok): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE state IN ('succeeded', 'failed', 'cancelled')),
+                    count(*) FILTER (WHERE state = 'succeeded') FROM jobs",
+        )
+        .fetch_one(&app.db.pool)
+        .await
+        .ok()?;
+        (done as usize == n).then_some(ok)
+    })
+    .await
+}
+
+/// The caller's view of one bucket in `GET /v1/limits`.
+async fn bucket(app: &TestApp, key: &str) -> Option<Value> {
+    let (status, body) = app.get(ACME, "/v1/limits").await;
+    assert_eq!(status, 200, "{body}");
+    body["data"]
+        .as_array()?
+        .iter()
+        .find(|b| b["bucket"] == key)
+        .cloned()
+}
+
+#[tokio::test]
+async fn headers_teach_three_processes_the_limits_the_config_lacks_and_they_survive_a_restart() {
+    const RPM: u64 = 600;
+    const JOBS: usize = 700;
+    let mut app = TestApp::spawn_with(TestOptions {
+        mock: mock(RPM, true),
+        learn_limits: true,
+        roles: Roles::API_ONLY,
+        ..TestOptions::default()
+    })
+    .await;
+    let ids = submit_all(&app, 0..JOBS).await;
+    let peers = [
+        app.spawn_peer(Roles::ALL).await,
+        app.spawn_peer(Roles::ALL).await,
+        app.spawn_peer(Roles::ALL).await,
+    ];
+    assert_eq!(drain(&app, ids.len(), 120).await, JOBS as i64);
+    for peer in peers {
+        peer.shutdown().await;
+    }
+    let stats = app.mock.stats();
+    // Nothing configured: the first calls probe, the headers teach the rest.
+    assert!(
+        stats.rate_limited_429 * 50 <= stats.requests,
+        "more than 2% of provider calls were 429s: {stats:?}"
+    );
+    assert_eq!(stats.limit_violations, 0, "{stats:?}");
+    let rpm = bucket(&app, "provider:oai:gpt-4o-mini:rpm")
+        .await
+        .expect("a learned rpm bucket");
+    assert_eq!(rpm["source"], "learned", "{rpm}");
+    assert_eq!(rpm["capacity"], RPM as f64, "{rpm}");
+    assert!(rpm["learned_at"].is_string(), "{rpm}");
+    assert!(bucket(&app, "provider:oai:gpt-4o-mini:probe").await.is_none());
+
+    // A restarted broker knows the limit before its first call: no probe, no re-learning.
+    app.broker.take().expect("broker").shutdown().await;
+    let restarted = app.spawn_peer(Roles::ALL).await;
+    app.api = format!("http://{}", restarted.addr.expect("api address"));
+    let rpm = bucket(&app, "provider:oai:gpt-4o-mini:rpm").await;
+    assert_eq!(
+        rpm.as_ref().map(|b| b["capacity"].clone()),
+        Some(json!(RPM as f64))
+    );
+    let (learned,): (i64,) = sqlx::query_as("SELECT count(*) FROM learned_limits WHERE reported = $1")
+        .bind(RPM as f64)
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("learned rows");
+    assert_eq!(learned, 1);
+    restarted.shutdown().await;
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_halved_limit_is_followed_within_seconds() {
+    const RPM: u64 = 1200;
+    let app = TestApp::spawn_with(TestOptions {
+        mock: mock(RPM, true),
+        learn_limits: true,
+        ..TestOptions::default()
+    })
+    .await;
+    let first = submit_all(&app, 0..200).await;
+    assert_eq!(drain(&app, first.len(), 60).await, 200);
+    assert!(app.mock.set_limits(
+        "oai-test",
+        ProjectLimits {
+            rpm: RPM / 2,
+            tpm: 100_000_000,
+            ..ProjectLimits::default()
+        }
+    ));
+    let before = app.mock.stats();
+    let second = submit_all(&app, 200..900).await;
+    assert_eq!(drain(&app, first.len() + second.len(), 120).await, 900);
+    let after = app.mock.stats();
+    let rejected = after.rate_limited_429 - before.rate_limited_429;
+    // At most what was in flight when the limit changed meets the new limit.
+    assert!(
+        rejected <= 16,
+        "{rejected} 429s after the provider halved its limit: {after:?}"
+    );
+    let rpm = bucket(&app, "provider:oai:gpt-4o-mini:rpm")
+        .await
+        .expect("learned rpm");
+    assert_eq!(rpm["capacity"], (RPM / 2) as f64, "{rpm}");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn without_headers_429s_teach_a_limit_and_stay_rare() {
+    const RPM: u64 = 1200;
+    const JOBS: usize = 1800;
+    let app = TestApp::spawn_with(TestOptions {
+        mock: mock(RPM, false),
+        learn_limits: true,
+        retry_config: "max_attempts = 12\nbase_delay_ms = 50\nmax_delay_ms = 1000".into(),
+        roles: Roles::API_ONLY,
+        ..TestOptions::default()
+    })
+    .await;
+    // Queue everything, then start the work: the provider meets the whole backlog at once.
+    let ids = submit_all(&app, 0..JOBS).await;
+    let worker = app.spawn_peer(Roles::ALL).await;
+    drain(&app, ids.len(), 180).await;
+    worker.shutdown().await;
+    let end = app.mock.stats();
+    // The backlog exceeds the provider's burst: it answers 429s with nothing to learn from
+    // but the 429s themselves. The first burst of them teaches a limit; probing upward
+    // costs a few more — a small share of the calls, not one per queued job.
+    assert!(
+        end.rate_limited_429 > 0,
+        "the provider never pushed back: {end:?}"
+    );
+    assert!(
+        end.rate_limited_429 * 10 <= end.requests,
+        "{} 429s in {} calls: the 429s did not stop: {end:?}",
+        end.rate_limited_429,
+        end.requests
+    );
+    assert_eq!(end.limit_violations, 0, "{end:?}");
+    let rpm = bucket(&app, "provider:oai:gpt-4o-mini:rpm")
+        .await
+        .expect("an rpm bucket learned from 429s");
+    let capacity = rpm["capacity"].as_f64().unwrap_or_default();
+    assert!(
+        (0.4 * RPM as f64..=1.3 * RPM as f64).contains(&capacity),
+        "learned {capacity} for a limit of {RPM}: {rpm}"
+    );
+    let (source,): (String,) = sqlx::query_as("SELECT source FROM learned_limits WHERE name = 'rpm'")
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("learned row");
+    assert_eq!(source, "throttling");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_revoked_key_is_rotated_out_after_its_first_401() {
+    let app = TestApp::spawn_with(TestOptions {
+        mock: mock(100_000, true),
+        extra_config: r#"
+[[providers]]
+name = "rot"
+kind = "openai"
+base_url = "http://MOCK_ADDR/v1"
+models = ["gpt-4o-mini"]
+keys = [{ name = "good", value = "sk-test-2" }, { name = "bad", value = "sk-revoked" }]
+[[providers]]
+name = "dead"
+kind = "openai"
+base_url = "http://MOCK_ADDR/v1"
+models = ["gpt-4o-mini"]
+keys = [{ name = "only", value = "sk-revoked" }]
+"#
+        .to_owned(),
+        ..TestOptions::default()
+    })
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..60 {
+        let (status, body) = app
+            .submit(ACME, &crate::harness::job("rot/gpt-4o-mini", &format!("r{i}")))
+            .await;
+        assert_eq!(status, 202, "{body}");
+        ids.push(body["id"].as_str().expect("id").to_owned());
+    }
+    let (status, dead) = app
+        .submit(ACME, &crate::harness::job("dead/gpt-4o-mini", "nobody"))
+        .await;
+    assert_eq!(status, 202, "{dead}");
+    assert_eq!(drain(&app, 61, 60).await, 60);
+    let per_key: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT key_name, count(*) FROM job_attempts WHERE provider = 'rot' GROUP BY key_name ORDER BY 1",
+    )
+    .fetch_all(&app.db.pool)
+    .await
+    .expect("attempts");
+    // The revoked key met only the calls sent before its first 401 came back (the cold
+    // start sends at most `probe_concurrency` = 2); the good key carried everything else.
+    assert_eq!(per_key.len(), 2, "{per_key:?}");
+    assert!((1..=2).contains(&per_key[0].1), "{per_key:?}");
+    assert_eq!(per_key[1], ("good".to_owned(), 60));
+    let dead = app.wait_job(ACME, dead["id"].as_str().expect("id"), 10).await;
+    assert_eq!(dead["state"], "failed", "{dead}");
+    assert_eq!(dead["error"]["code"], "upstream_credentials_exhausted", "{dead}");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn outages_and_overload_are_ridden_out_within_the_retry_budget() {
+    let mut mock = mock(100_000, true);
+    mock.faults = vec![
+        tollgate_workers::mock_provider::FaultConfig {
+            project: Some("oai-test".into()),
+            start_ms: 0,
+            duration_ms: 3000,
+            status: 503,
+            probability: 1.0,
+        },
+        tollgate_workers::mock_provider::FaultConfig {
+            project: Some("oai-test".into()),
+            start_ms: 0,
+            duration_ms: 0,
+            status: 529,
+            probability: 0.05,
+        },
+    ];
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        learn_limits: true,
+        // Enough backoff to outlast the 3 s outage: 0.2 + 0.4 + 0.8 + 1.6 + 2 + … s.
+        retry_config: "max_attempts = 8\nbase_delay_ms = 200\nmax_delay_ms = 2000".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let ids = submit_all(&app, 0..300).await;
+    assert_eq!(drain(&app, ids.len(), 120).await, 300);
+    let (over_budget, late): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE attempt > max_attempts), count(*) FILTER (WHERE finished_at > deadline)
+         FROM jobs",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("jobs");
+    assert_eq!((over_budget, late), (0, 0));
+    assert!(app.mock.stats().faults_5xx > 0, "the faults were injected");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_failing_target_falls_back_to_the_routes_next_with_its_own_budget() {
+    let mut mock = mock(100_000, true);
+    // The OpenAI project is down for the whole test; Anthropic is fine.
+    mock.faults = vec![tollgate_workers::mock_provider::FaultConfig {
+        project: Some("oai-test".into()),
+        start_ms: 0,
+        duration_ms: 0,
+        status: 503,
+        probability: 1.0,
+    }];
+    mock.projects[1].rpm = 100_000;
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        extra_config: r#"
+[[routes]]
+alias = "resilient"
+targets = ["oai/gpt-4o-mini", "ant/claude-3-5-haiku-latest"]
+"#
+        .to_owned(),
+        ..TestOptions::default()
+    })
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        let (status, body) = app
+            .submit(ACME, &crate::harness::job("resilient", &format!("f{i}")))
+            .await;
+        assert_eq!(status, 202, "{body}");
+        ids.push(body["id"].as_str().expect("id").to_owned());
+    }
+    assert_eq!(drain(&app, ids.len(), 60).await, 20);
+    let served: Vec<(String, Option<Vec<String>>, i32)> =
+        sqlx::query_as("SELECT provider, failed_targets, attempt FROM jobs ORDER BY id")
+            .fetch_all(&app.db.pool)
+            .await
+            .expect("jobs");
+    for (provider, failed, attempt) in &served {
+        assert_eq!(provider, "ant", "served by the fallback");
+        assert!(
+            *attempt <= 2,
+            "one failed try on the first target at most, then the fallback: {attempt}"
+        );
+        if *attempt == 2 {
+            assert_eq!(failed.as_deref(), Some(&["oai/gpt-4o-mini".to_owned()][..]));
+        }
+    }
+    assert!(
+        served.iter().any(|s| s.2 == 2),
+        "the first target was tried: {served:?}"
+    );
+    app.shutdown().await;
+}
