@@ -264,6 +264,11 @@ pub enum ProviderKind {
     Anthropic,
     /// Any server speaking OpenAI Chat Completions (Groq, Mistral, Together, vLLM, …).
     OpenaiCompatible,
+    /// Google Gemini `generateContent` at `{base_url}/v1beta/models/{model}:generateContent`.
+    Gemini,
+    /// Azure OpenAI at `{base_url}/openai/deployments/{model}/chat/completions`; the
+    /// model names the deployment.
+    Azure,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -272,8 +277,8 @@ pub struct ProviderConfig {
     /// Referenced by routes and clients as `<name>/<model>`.
     pub name: String,
     pub kind: ProviderKind,
-    /// As the provider's own SDK takes it: OpenAI-style ones include `/v1`, Anthropic's is
-    /// the API root.
+    /// As the provider's own SDK takes it: OpenAI-style ones include `/v1`; Anthropic's,
+    /// Gemini's and Azure's (`https://<resource>.openai.azure.com`) are the API root.
     pub base_url: String,
     pub keys: Vec<KeyConfig>,
     /// Models this provider serves; `<name>/<model>` is valid only for these.
@@ -292,6 +297,9 @@ pub struct ProviderConfig {
     /// `anthropic-version` header sent to Anthropic.
     #[serde(default = "default_anthropic_version")]
     pub anthropic_version: String,
+    /// `api-version` query parameter sent to Azure OpenAI.
+    #[serde(default = "default_azure_api_version")]
+    pub azure_api_version: String,
     /// Which rate-limit headers the provider sends (`openai`, `groq`, `anthropic`,
     /// `mistral`, `together`, `azure`, `gemini`, `none`). Default: by `kind`.
     #[serde(default)]
@@ -337,6 +345,8 @@ impl ProviderConfig {
         self.dialect.unwrap_or(match self.kind {
             ProviderKind::Anthropic => Dialect::Anthropic,
             ProviderKind::Openai | ProviderKind::OpenaiCompatible => Dialect::Openai,
+            ProviderKind::Gemini => Dialect::Gemini,
+            ProviderKind::Azure => Dialect::Azure,
         })
     }
 
@@ -361,6 +371,10 @@ fn default_true() -> bool {
 
 fn default_anthropic_version() -> String {
     "2023-06-01".to_owned()
+}
+
+fn default_azure_api_version() -> String {
+    "2024-10-21".to_owned()
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -35,8 +35,9 @@ struct ErrorDetail<'a> {
     code: Option<&'a str>,
 }
 
+/// A Chat Completions response body (also Azure's).
 #[derive(Serialize)]
-struct ChatCompletion<'a> {
+pub(super) struct ChatCompletion<'a> {
     id: String,
     object: &'static str,
     created: i64,
@@ -185,8 +186,22 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
         return reply.stream(stream::body(guard, shape), &view);
     }
     let refund = inner.generate(project, &view, reserved, output).await;
+    let completion = completion(inner, model, input, output, finish_reason);
+    super::stats::bump(&inner.totals.succeeded);
+    let response = reply.json(StatusCode::OK, &completion, Some(&view));
+    drop(refund);
+    response
+}
 
-    let completion = ChatCompletion {
+/// The completion of an admitted request: `output` canned words.
+pub(super) fn completion<'a>(
+    inner: &'a Inner,
+    model: &'a str,
+    input: u64,
+    output: u64,
+    finish_reason: &'static str,
+) -> ChatCompletion<'a> {
+    ChatCompletion {
         id: format!("chatcmpl-{}", super::uuid_v7(inner)),
         object: "chat.completion",
         created: inner.unix_secs(),
@@ -206,11 +221,7 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
             completion_tokens: output,
             total_tokens: input + output,
         },
-    };
-    super::stats::bump(&inner.totals.succeeded);
-    let response = reply.json(StatusCode::OK, &completion, Some(&view));
-    drop(refund);
-    response
+    }
 }
 
 impl Respond for Reply<'_> {

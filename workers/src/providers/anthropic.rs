@@ -74,7 +74,7 @@ pub fn translate_request(model: &str, request: &Value) -> Value {
     Value::Object(out)
 }
 
-fn content_text(content: Option<&Value>) -> String {
+pub(super) fn content_text(content: Option<&Value>) -> String {
     match content {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => parts
