@@ -16,10 +16,10 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use serde_json::json;
 
-use super::buckets::{Admission, Charge, Denial, LimitKind, LimitsView};
+use super::buckets::{Denial, LimitKind, LimitsView};
+use super::openai::{Admit, complete};
 use super::reply::Respond;
 use super::request::{ChatRequest, input_tokens};
-use super::stream::{self, Shape, StreamGuard};
 use super::{Inner, KeyLookup, MAX_BODY_BYTES, MockProvider, ProviderKind, ceil_secs};
 
 struct Reply<'a> {
@@ -99,44 +99,18 @@ pub(super) async fn chat_completions(
         return reply.error(status, code, message, Some(&inner.view(project)));
     }
 
-    let input = input_tokens(&messages, None);
-    let reserved = max_out.unwrap_or(inner.output_tokens);
-    let output = inner.completion_tokens(max_out);
-    let charge = Charge {
-        tokens: input.saturating_add(reserved),
-        input,
-        output: reserved,
+    let chat = Admit {
+        project,
+        model: &deployment,
+        input: input_tokens(&messages, None),
+        max_out,
+        stream: req.stream == Some(true),
+        include_usage: req.stream_options.and_then(|o| o.include_usage) == Some(true),
     };
-    let view = match inner.admit(project, charge, input, output) {
-        Admission::Admitted(view) => view,
-        Admission::Denied(denial, view) => return reply.rate_limited(api_version, &denial, &view),
-    };
-    let finish_reason = if output < inner.output_tokens {
-        "length"
-    } else {
-        "stop"
-    };
-    if req.stream == Some(true) {
-        super::stats::bump(&inner.totals.succeeded);
-        in_flight.hand_over();
-        let otpm_reserved = if view.otpm.is_some() { reserved } else { 0 };
-        let guard = StreamGuard::new(p.clone(), project, output, otpm_reserved);
-        let shape = Shape::OpenAi {
-            id: format!("chatcmpl-{}", super::uuid_v7(inner)),
-            created: inner.unix_secs(),
-            model: deployment.clone(),
-            finish_reason,
-            include_usage: req.stream_options.and_then(|o| o.include_usage) == Some(true),
-            input,
-        };
-        return reply.stream(stream::body(guard, shape), &view);
-    }
-    let refund = inner.generate(project, &view, reserved, output).await;
-    let completion = super::openai::completion(inner, &deployment, input, output, finish_reason);
-    super::stats::bump(&inner.totals.succeeded);
-    let response = reply.json(StatusCode::OK, &completion, Some(&view));
-    drop(refund);
-    response
+    complete(&p, in_flight, &reply, chat, |d, view| {
+        reply.rate_limited(api_version, d, view)
+    })
+    .await
 }
 
 impl Respond for Reply<'_> {
@@ -147,10 +121,8 @@ impl Respond for Reply<'_> {
         content_type: &'static str,
         view: Option<&LimitsView>,
     ) -> Response {
-        let mut resp = Response::new(body);
-        *resp.status_mut() = status;
+        let mut resp = super::reply::base(status, body, content_type);
         let h = resp.headers_mut();
-        h.insert("content-type", HeaderValue::from_static(content_type));
         if let Ok(v) = HeaderValue::from_str(&self.request_id) {
             h.insert("apim-request-id", v.clone());
             h.insert("x-request-id", v);

@@ -191,10 +191,8 @@ impl Respond for Reply<'_> {
         content_type: &'static str,
         _view: Option<&LimitsView>,
     ) -> Response {
-        let mut resp = Response::new(body);
-        *resp.status_mut() = status;
+        let mut resp = super::reply::base(status, body, content_type);
         let h = resp.headers_mut();
-        h.insert("content-type", HeaderValue::from_static(content_type));
         h.insert("server", HeaderValue::from_static("scaffolding on HTTPServer2"));
         resp
     }

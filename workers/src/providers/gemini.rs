@@ -11,7 +11,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Map, Value, json};
 use tollgate::model::Usage;
 
-use super::anthropic::content_text;
+use super::anthropic::{content_text, max_output, stop_sequences};
 use super::{Success, int};
 
 pub(super) fn build(
@@ -44,10 +44,7 @@ pub fn translate_request(request: &Value) -> Value {
         }
     }
     let mut config = Map::new();
-    if let Some(max) = ["max_completion_tokens", "max_tokens"]
-        .iter()
-        .find_map(|k| request.get(*k).and_then(Value::as_i64))
-    {
+    if let Some(max) = max_output(request) {
         config.insert("maxOutputTokens".into(), json!(max));
     }
     for (from, to) in [
@@ -61,14 +58,8 @@ pub fn translate_request(request: &Value) -> Value {
             config.insert(to.into(), v.clone());
         }
     }
-    match request.get("stop") {
-        Some(Value::String(s)) => {
-            config.insert("stopSequences".into(), json!([s]));
-        }
-        Some(Value::Array(a)) => {
-            config.insert("stopSequences".into(), Value::Array(a.clone()));
-        }
-        _ => {}
+    if let Some(stop) = stop_sequences(request) {
+        config.insert("stopSequences".into(), stop);
     }
     if request.pointer("/response_format/type").and_then(Value::as_str) == Some("json_object") {
         config.insert("responseMimeType".into(), json!("application/json"));
