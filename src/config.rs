@@ -729,6 +729,16 @@ weight = 3
     }
 
     #[test]
+    fn gemini_and_azure_kinds_default_their_dialects() {
+        let c = Config::parse(&GOOD.replace("kind = \"openai\"", "kind = \"gemini\""), "t").unwrap();
+        assert_eq!(c.providers[0].kind, ProviderKind::Gemini);
+        assert_eq!(c.providers[0].dialect(), Dialect::Gemini);
+        let c = Config::parse(&GOOD.replace("kind = \"openai\"", "kind = \"azure\""), "t").unwrap();
+        assert_eq!(c.providers[0].dialect(), Dialect::Azure);
+        assert_eq!(c.providers[0].azure_api_version, "2024-10-21");
+    }
+
+    #[test]
     fn errors_name_the_field() {
         let e = err(&GOOD.replace("oai/gpt-4o-mini\"]", "oai/nope\"]"));
         assert!(e.contains("routes[0].targets[0]"), "{e}");

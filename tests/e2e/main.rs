@@ -7,9 +7,12 @@
 //!   cancel, listing, tenant isolation, the synchronous endpoint, retries.
 //! - [`bad_input`]: every kind of bad request gets a 4xx with a stable code.
 //! - [`durability`]: rescued leases, and SIGKILL of the real binary mid-job.
+//! - [`adapters`]: Gemini and Azure OpenAI targets: results in OpenAI format, usage,
+//!   streaming, and a Gemini 429 body teaching a limit.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test should stop right there
 
+mod adapters;
 mod bad_input;
 mod durability;
 mod gate;
