@@ -138,6 +138,17 @@ async fn gemini_and_azure_jobs_come_back_in_openai_format_with_usage() {
     app.shutdown().await;
 }
 
+/// `POST /v1/chat/completions` as tenant acme.
+async fn chat_completions(app: &TestApp, body: &Value) -> reqwest::Response {
+    app.http
+        .post(app.url("/v1/chat/completions"))
+        .bearer_auth(ACME)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn azure_streams_like_openai_and_gemini_refuses_streams_clearly() {
     let app = TestApp::spawn_with(TestOptions {
@@ -149,14 +160,7 @@ async fn azure_streams_like_openai_and_gemini_refuses_streams_clearly() {
     let mut body = chat("az/gpt-4o-deploy");
     body["stream"] = json!(true);
     body["max_tokens"] = json!(3);
-    let resp = app
-        .http
-        .post(app.url("/v1/chat/completions"))
-        .bearer_auth(ACME)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = chat_completions(&app, &body).await;
     assert_eq!(resp.status(), 200);
     let text = resp.text().await.unwrap();
     let content: String = text
@@ -171,14 +175,7 @@ async fn azure_streams_like_openai_and_gemini_refuses_streams_clearly() {
 
     let mut body = chat("gem/gemini-2.0-flash");
     body["stream"] = json!(true);
-    let resp = app
-        .http
-        .post(app.url("/v1/chat/completions"))
-        .bearer_auth(ACME)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = chat_completions(&app, &body).await;
     assert_eq!(resp.status(), 400);
     let err: Value = resp.json().await.unwrap();
     assert_eq!(err["error"]["code"], "streaming_unsupported", "{err}");
