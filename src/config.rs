@@ -283,6 +283,11 @@ pub enum ProviderKind {
     Anthropic,
     /// Any server speaking OpenAI Chat Completions (Groq, Mistral, Together, vLLM, …).
     OpenaiCompatible,
+    /// Google Gemini `generateContent` at `{base_url}/v1beta/models/{model}:generateContent`.
+    Gemini,
+    /// Azure OpenAI at `{base_url}/openai/deployments/{model}/chat/completions`; the
+    /// model names the deployment.
+    Azure,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -291,8 +296,8 @@ pub struct ProviderConfig {
     /// Referenced by routes and clients as `<name>/<model>`.
     pub name: String,
     pub kind: ProviderKind,
-    /// As the provider's own SDK takes it: OpenAI-style ones include `/v1`, Anthropic's is
-    /// the API root.
+    /// As the provider's own SDK takes it: OpenAI-style ones include `/v1`; Anthropic's,
+    /// Gemini's and Azure's (`https://<resource>.openai.azure.com`) are the API root.
     pub base_url: String,
     pub keys: Vec<KeyConfig>,
     /// Models this provider serves; `<name>/<model>` is valid only for these.
@@ -311,6 +316,9 @@ pub struct ProviderConfig {
     /// `anthropic-version` header sent to Anthropic.
     #[serde(default = "default_anthropic_version")]
     pub anthropic_version: String,
+    /// `api-version` query parameter sent to Azure OpenAI.
+    #[serde(default = "default_azure_api_version")]
+    pub azure_api_version: String,
     /// Which rate-limit headers the provider sends (`openai`, `groq`, `anthropic`,
     /// `mistral`, `together`, `azure`, `gemini`, `none`). Default: by `kind`.
     #[serde(default)]
@@ -348,6 +356,8 @@ impl ProviderConfig {
         self.dialect.unwrap_or(match self.kind {
             ProviderKind::Anthropic => Dialect::Anthropic,
             ProviderKind::Openai | ProviderKind::OpenaiCompatible => Dialect::Openai,
+            ProviderKind::Gemini => Dialect::Gemini,
+            ProviderKind::Azure => Dialect::Azure,
         })
     }
 
@@ -372,6 +382,10 @@ fn default_true() -> bool {
 
 fn default_anthropic_version() -> String {
     "2023-06-01".to_owned()
+}
+
+fn default_azure_api_version() -> String {
+    "2024-10-21".to_owned()
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -725,6 +739,16 @@ weight = 3
         let (p, m) = c.provider_target("oai/gpt-4o-mini").unwrap();
         assert_eq!((p.name.as_str(), m), ("oai", "gpt-4o-mini"));
         assert!(c.provider_target("oai/gpt-5").is_none());
+    }
+
+    #[test]
+    fn gemini_and_azure_kinds_default_their_dialects() {
+        let c = Config::parse(&GOOD.replace("kind = \"openai\"", "kind = \"gemini\""), "t").unwrap();
+        assert_eq!(c.providers[0].kind, ProviderKind::Gemini);
+        assert_eq!(c.providers[0].dialect(), Dialect::Gemini);
+        let c = Config::parse(&GOOD.replace("kind = \"openai\"", "kind = \"azure\""), "t").unwrap();
+        assert_eq!(c.providers[0].dialect(), Dialect::Azure);
+        assert_eq!(c.providers[0].azure_api_version, "2024-10-21");
     }
 
     #[test]

@@ -76,7 +76,9 @@ impl Failure {
 /// Classifies a non-2xx provider response from its status, headers and body.
 ///
 /// The body matters: OpenAI sends retryable and non-retryable 429s alike, told apart only
-/// by `error.code` / `error.type` and the message (PROVIDERS.md §1.2, §2.2).
+/// by `error.code` / `error.type` and the message (PROVIDERS.md §1.2, §2.2). Gemini's
+/// `RESOURCE_EXHAUSTED` is capacity even for a per-day quota: its `RetryInfo` delay is the
+/// wait (§3); Azure's 429 carries the string code `"429"` and `retry-after(-ms)` (§4).
 pub fn classify_response(status: u16, headers: &HeaderMap, body: &[u8]) -> Failure {
     let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
     let error = parsed.as_ref().and_then(|v| v.get("error"));
@@ -93,6 +95,14 @@ pub fn classify_response(status: u16, headers: &HeaderMap, body: &[u8]) -> Failu
         .and_then(|d| d.get("error_code"))
         .and_then(|c| c.as_str())
         == Some("enforced_spend_limit_reached");
+    // Google answers a wrong API key with 400 INVALID_ARGUMENT and this `ErrorInfo` reason.
+    let key_invalid = error
+        .and_then(|e| e.get("details"))
+        .and_then(|d| d.as_array())
+        .is_some_and(|d| {
+            d.iter()
+                .any(|x| x.get("reason").and_then(|r| r.as_str()) == Some("API_KEY_INVALID"))
+        });
     let message = if message.is_empty() {
         String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned()
     } else {
@@ -108,6 +118,7 @@ pub fn classify_response(status: u16, headers: &HeaderMap, body: &[u8]) -> Failu
         429 if message.starts_with("Request too large") => (FailureClass::Request, "request_too_large"),
         429 => (FailureClass::Capacity, "rate_limited"),
         401 | 403 => (FailureClass::KeyUnusable, "upstream_auth_failed"),
+        400 if key_invalid => (FailureClass::KeyUnusable, "upstream_auth_failed"),
         402 => (FailureClass::KeyUnusable, "insufficient_quota"),
         408 => (FailureClass::Timeout, "provider_timeout"),
         413 => (FailureClass::Request, "request_too_large"),
@@ -205,6 +216,39 @@ mod tests {
         );
         assert_eq!(classify_response(400, &h, b"{}").class, FailureClass::Request);
         assert_eq!(classify_response(502, &h, b"<html>").code, "provider_error");
+    }
+
+    #[test]
+    fn classifies_gemini_and_azure() {
+        let h = HeaderMap::new();
+        let per_day = br#"{"error":{"code":429,"message":"You exceeded your current quota. Please retry in 36.4s.","status":"RESOURCE_EXHAUSTED","details":[
+            {"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaMetric":"generativelanguage.googleapis.com/generate_content_free_tier_requests","quotaId":"GenerateRequestsPerDayPerProjectPerModel-FreeTier","quotaValue":"20"}]},
+            {"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"36s"}]}}"#;
+        let f = classify_response(429, &h, per_day);
+        assert_eq!((f.class, f.code), (FailureClass::Capacity, "rate_limited"));
+        assert_eq!(f.retry_after, Some(Duration::from_secs(36)));
+        let invalid = br#"{"error":{"code":400,"message":"* GenerateContentRequest.contents: contents is not specified","status":"INVALID_ARGUMENT"}}"#;
+        assert_eq!(classify_response(400, &h, invalid).class, FailureClass::Request);
+        let bad_key = br#"{"error":{"code":400,"message":"API key not valid. Please pass a valid API key.","status":"INVALID_ARGUMENT","details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"API_KEY_INVALID","domain":"googleapis.com"}]}}"#;
+        assert_eq!(
+            classify_response(400, &h, bad_key).class,
+            FailureClass::KeyUnusable
+        );
+        let denied = br#"{"error":{"code":403,"message":"Method doesn't allow unregistered callers","status":"PERMISSION_DENIED"}}"#;
+        assert_eq!(
+            classify_response(403, &h, denied).class,
+            FailureClass::KeyUnusable
+        );
+        let unavailable = br#"{"error":{"code":503,"message":"The model is overloaded. Please try again later.","status":"UNAVAILABLE"}}"#;
+        assert_eq!(
+            classify_response(503, &h, unavailable).class,
+            FailureClass::Overload
+        );
+        let azure = br#"{"error":{"code":"429","message":"Requests to the ChatCompletions_Create Operation under Azure OpenAI API version 2024-10-21 have exceeded token rate limit of your current OpenAI S0 pricing tier. Please retry after 6 seconds."}}"#;
+        let h = headers(&[("retry-after", "6"), ("retry-after-ms", "5500")]);
+        let f = classify_response(429, &h, azure);
+        assert_eq!((f.class, f.code), (FailureClass::Capacity, "rate_limited"));
+        assert_eq!(f.retry_after, Some(Duration::from_millis(5500)));
     }
 
     #[test]

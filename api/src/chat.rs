@@ -146,6 +146,7 @@ fn failure_response(code: &str, message: String) -> ApiError {
         "insufficient_quota" => (StatusCode::BAD_GATEWAY, "insufficient_quota"),
         "spend_limit_reached" => (StatusCode::TOO_MANY_REQUESTS, "spend_limit_reached"),
         "unknown_model" => (StatusCode::BAD_REQUEST, "unknown_model"),
+        "streaming_unsupported" => (StatusCode::BAD_REQUEST, "streaming_unsupported"),
         "rate_limited" => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
         "exceeds_limit" => (StatusCode::BAD_REQUEST, "exceeds_limit"),
         "deadline_unmeetable" => (StatusCode::TOO_MANY_REQUESTS, "deadline_unmeetable"),

@@ -14,9 +14,12 @@
 //! - [`cli`]: the client commands of the real binary (`submit`, `jobs get`, `status`).
 //! - [`dashboard`]: the dashboard in headless Chromium, checked against the API.
 //! - [`observe`]: OpenAPI, metrics, status, the CLI and the dashboard.
+//! - [`adapters`]: Gemini and Azure OpenAI targets: results in OpenAI format, usage,
+//!   streaming, and a Gemini 429 body teaching a limit.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test should stop right there
 
+mod adapters;
 mod bad_input;
 mod batches;
 mod cli;

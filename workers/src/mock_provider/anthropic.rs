@@ -207,10 +207,8 @@ impl Respond for Reply<'_> {
         content_type: &'static str,
         view: Option<&LimitsView>,
     ) -> Response {
-        let mut resp = Response::new(body);
-        *resp.status_mut() = status;
+        let mut resp = super::reply::base(status, body, content_type);
         let h = resp.headers_mut();
-        h.insert("content-type", HeaderValue::from_static(content_type));
         if let Ok(v) = HeaderValue::from_str(&self.request_id) {
             h.insert("request-id", v);
         }

@@ -65,13 +65,20 @@ impl Default for MockConfig {
 }
 
 /// Which provider's API a project speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProviderKind {
     /// `POST /v1/chat/completions`, `Authorization: Bearer`.
     Openai,
     /// `POST /v1/messages`, `x-api-key` + `anthropic-version`.
     Anthropic,
+    /// `POST /v1beta/models/{model}:generateContent`, `x-goog-api-key`; no rate-limit
+    /// headers, 429 bodies with `QuotaFailure` and `RetryInfo`. TPM counts as Gemini's
+    /// input-token quota in those bodies.
+    Gemini,
+    /// `POST /openai/deployments/{deployment}/chat/completions?api-version=…`, `api-key`;
+    /// `x-ratelimit-remaining-*` headers, 429s with `retry-after(-ms)` and code `"429"`.
+    Azure,
 }
 
 /// One project (an account with its own rate limits).

@@ -1,11 +1,12 @@
 //! The mock LLM provider: a real HTTP server that speaks enough of the OpenAI Chat
-//! Completions and Anthropic Messages APIs — headers, error bodies and rate-limit
-//! semantics as in `PROVIDERS.md` §1–2 — for tests, the demo and benchmarks.
+//! Completions, Anthropic Messages, Gemini `generateContent` and Azure OpenAI APIs —
+//! headers, error bodies and rate-limit semantics as in `PROVIDERS.md` §1–4 — for tests,
+//! the demo and benchmarks.
 //!
 //! Modules, in request order:
 //! - `config`: TOML schema ([`MockConfig`]) with documented defaults, and validation.
-//! - `openai` / `anthropic`: the two route handlers; auth, body checks, the provider's
-//!   header set and error shapes.
+//! - `openai` / `anthropic` / `gemini` / `azure`: the route handlers; auth, body checks,
+//!   the provider's header set and error shapes.
 //! - `request`: the body fields the mock reads and the token-count rule
 //!   (`3 + Σ (4 + ceil(chars/4))`, Anthropic `system` counted as one more message).
 //! - `buckets`: per-project limiter — continuous-refill per-minute buckets (RPM, TPM,
@@ -25,9 +26,11 @@
 
 mod anthropic;
 mod audit;
+mod azure;
 mod buckets;
 mod clock;
 mod config;
+mod gemini;
 mod openai;
 mod reply;
 mod request;
@@ -117,8 +120,8 @@ struct Inner {
     send_rate_limit_headers: bool,
     projects: Vec<Project>,
     by_name: HashMap<String, usize>,
-    openai_keys: HashMap<String, KeyEntry>,
-    anthropic_keys: HashMap<String, KeyEntry>,
+    /// Keys per API: a key works only on its project's API.
+    keys: HashMap<ProviderKind, HashMap<String, KeyEntry>>,
     faults: Vec<Fault>,
     clock: Clock,
     totals: Totals,
@@ -136,8 +139,7 @@ impl MockProvider {
     fn with_clock(config: MockConfig, clock: Clock) -> Self {
         let mut projects = Vec::with_capacity(config.projects.len());
         let mut by_name = HashMap::new();
-        let mut openai_keys = HashMap::new();
-        let mut anthropic_keys = HashMap::new();
+        let mut all_keys: HashMap<ProviderKind, HashMap<String, KeyEntry>> = HashMap::new();
         for p in &config.projects {
             if by_name.contains_key(&p.name) {
                 tracing::warn!(project = %p.name, "mock config repeats a project name; ignored");
@@ -145,10 +147,7 @@ impl MockProvider {
             }
             let idx = projects.len();
             by_name.insert(p.name.clone(), idx);
-            let keys = match p.kind {
-                ProviderKind::Openai => &mut openai_keys,
-                ProviderKind::Anthropic => &mut anthropic_keys,
-            };
+            let keys = all_keys.entry(p.kind).or_default();
             let valid = p.keys.iter().map(|k| (k, false));
             let revoked = p.revoked_keys.iter().map(|k| (k, true));
             for (key, revoked) in valid.chain(revoked) {
@@ -191,8 +190,7 @@ impl MockProvider {
             send_rate_limit_headers: config.send_rate_limit_headers,
             projects,
             by_name,
-            openai_keys,
-            anthropic_keys,
+            keys: all_keys,
             faults,
             clock,
             totals: Totals::default(),
@@ -203,12 +201,19 @@ impl MockProvider {
         }
     }
 
-    /// All routes: `POST /v1/chat/completions`, `POST /v1/messages`, `GET /mock/stats`,
+    /// All routes: `POST /v1/chat/completions`, `POST /v1/messages`,
+    /// `POST /v1beta/models/{model}:generateContent`,
+    /// `POST /openai/deployments/{deployment}/chat/completions`, `GET /mock/stats`,
     /// `POST /mock/limits/{project}` (body: [`ProjectLimits`]), `POST /mock/reset`.
     pub fn router(&self) -> Router {
         Router::new()
             .route("/v1/chat/completions", post(openai::chat_completions))
             .route("/v1/messages", post(anthropic::messages))
+            .route("/v1beta/models/{model_action}", post(gemini::generate_content))
+            .route(
+                "/openai/deployments/{deployment}/chat/completions",
+                post(azure::chat_completions),
+            )
             .route("/mock/stats", get(stats_route))
             .route("/mock/limits/{project}", post(limits_route))
             .route("/mock/reset", post(reset_route))
@@ -352,11 +357,7 @@ impl Inner {
     }
 
     fn lookup(&self, kind: ProviderKind, key: &str) -> KeyLookup {
-        let keys = match kind {
-            ProviderKind::Openai => &self.openai_keys,
-            ProviderKind::Anthropic => &self.anthropic_keys,
-        };
-        match keys.get(key) {
+        match self.keys.get(&kind).and_then(|keys| keys.get(key)) {
             Some(e) if e.revoked => KeyLookup::Revoked,
             Some(e) => KeyLookup::Valid(e.project),
             None => KeyLookup::Unknown,

@@ -18,6 +18,7 @@ use serde::Serialize;
 use super::buckets::{Admission, BucketView, Charge, Denial, LimitKind, LimitsView};
 use super::reply::Respond;
 use super::request::{ChatRequest, input_tokens};
+use super::stats::InFlight;
 use super::stream::{self, Shape, StreamGuard};
 use super::{Inner, KeyLookup, MAX_BODY_BYTES, MockProvider, ProviderKind, ceil_secs, hex_id};
 
@@ -35,8 +36,9 @@ struct ErrorDetail<'a> {
     code: Option<&'a str>,
 }
 
+/// A Chat Completions response body (also Azure's).
 #[derive(Serialize)]
-struct ChatCompletion<'a> {
+pub(super) struct ChatCompletion<'a> {
     id: String,
     object: &'static str,
     created: i64,
@@ -153,40 +155,89 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
     }
 
     let input = input_tokens(&messages, None);
-    let reserved = max_out.unwrap_or(inner.output_tokens);
-    let output = inner.completion_tokens(max_out);
-    let charge = Charge {
-        tokens: input.saturating_add(reserved),
+    let chat = Admit {
+        project,
+        model,
         input,
+        max_out,
+        stream: req.stream == Some(true),
+        include_usage: req.stream_options.and_then(|o| o.include_usage) == Some(true),
+    };
+    complete(&p, in_flight, &reply, chat, |d, view| {
+        reply.rate_limited(model, d, view)
+    })
+    .await
+}
+
+/// A checked Chat Completions request, ready for admission.
+pub(super) struct Admit<'a> {
+    pub project: usize,
+    pub model: &'a str,
+    pub input: u64,
+    pub max_out: Option<u64>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// Admits a checked Chat Completions request and answers it, as JSON or as a stream, with
+/// `reply`'s headers; a denial is answered by `rate_limited`. Shared with Azure, whose
+/// bodies are OpenAI's.
+pub(super) async fn complete(
+    p: &MockProvider,
+    in_flight: InFlight<'_>,
+    reply: &impl Respond,
+    c: Admit<'_>,
+    rate_limited: impl FnOnce(&Denial, &LimitsView) -> Response,
+) -> Response {
+    let inner = &*p.inner;
+    let reserved = c.max_out.unwrap_or(inner.output_tokens);
+    let output = inner.completion_tokens(c.max_out);
+    let charge = Charge {
+        tokens: c.input.saturating_add(reserved),
+        input: c.input,
         output: reserved,
     };
-    let view = match inner.admit(project, charge, input, output) {
+    let view = match inner.admit(c.project, charge, c.input, output) {
         Admission::Admitted(view) => view,
-        Admission::Denied(denial, view) => return reply.rate_limited(model, &denial, &view),
+        Admission::Denied(denial, view) => return rate_limited(&denial, &view),
     };
     let finish_reason = if output < inner.output_tokens {
         "length"
     } else {
         "stop"
     };
-    if req.stream == Some(true) {
+    if c.stream {
         super::stats::bump(&inner.totals.succeeded);
         in_flight.hand_over();
         let otpm_reserved = if view.otpm.is_some() { reserved } else { 0 };
-        let guard = StreamGuard::new(p.clone(), project, output, otpm_reserved);
+        let guard = StreamGuard::new(p.clone(), c.project, output, otpm_reserved);
         let shape = Shape::OpenAi {
             id: format!("chatcmpl-{}", super::uuid_v7(inner)),
             created: inner.unix_secs(),
-            model: model.to_owned(),
+            model: c.model.to_owned(),
             finish_reason,
-            include_usage: req.stream_options.and_then(|o| o.include_usage) == Some(true),
-            input,
+            include_usage: c.include_usage,
+            input: c.input,
         };
         return reply.stream(stream::body(guard, shape), &view);
     }
-    let refund = inner.generate(project, &view, reserved, output).await;
+    let refund = inner.generate(c.project, &view, reserved, output).await;
+    let completion = completion(inner, c.model, c.input, output, finish_reason);
+    super::stats::bump(&inner.totals.succeeded);
+    let response = reply.json(StatusCode::OK, &completion, Some(&view));
+    drop(refund);
+    response
+}
 
-    let completion = ChatCompletion {
+/// The completion of an admitted request: `output` canned words.
+pub(super) fn completion<'a>(
+    inner: &'a Inner,
+    model: &'a str,
+    input: u64,
+    output: u64,
+    finish_reason: &'static str,
+) -> ChatCompletion<'a> {
+    ChatCompletion {
         id: format!("chatcmpl-{}", super::uuid_v7(inner)),
         object: "chat.completion",
         created: inner.unix_secs(),
@@ -206,11 +257,7 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
             completion_tokens: output,
             total_tokens: input + output,
         },
-    };
-    super::stats::bump(&inner.totals.succeeded);
-    let response = reply.json(StatusCode::OK, &completion, Some(&view));
-    drop(refund);
-    response
+    }
 }
 
 impl Respond for Reply<'_> {
@@ -221,10 +268,8 @@ impl Respond for Reply<'_> {
         content_type: &'static str,
         view: Option<&LimitsView>,
     ) -> Response {
-        let mut resp = Response::new(body);
-        *resp.status_mut() = status;
+        let mut resp = super::reply::base(status, body, content_type);
         let h = resp.headers_mut();
-        h.insert("content-type", HeaderValue::from_static(content_type));
         if let Ok(v) = HeaderValue::from_str(&self.request_id) {
             h.insert("x-request-id", v);
         }

@@ -8,6 +8,15 @@ use serde::Serialize;
 
 use super::buckets::LimitsView;
 
+/// A bare response: status, body, content type; each API adds its own headers.
+pub(super) fn base(status: StatusCode, body: Body, content_type: &'static str) -> Response {
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert("content-type", HeaderValue::from_static(content_type));
+    resp
+}
+
 pub(super) trait Respond {
     /// A response with this API's headers.
     fn respond(

@@ -881,7 +881,7 @@ fn config_defaults_and_validation() {
         Err(MockConfigError::Parse(_))
     ));
     assert!(matches!(
-        MockConfig::from_toml_str("[[projects]]\nname='a'\nkind='gemini'\nkeys=[]"),
+        MockConfig::from_toml_str("[[projects]]\nname='a'\nkind='cohere'\nkeys=[]"),
         Err(MockConfigError::Parse(_))
     ));
     assert!(matches!(
@@ -1210,4 +1210,228 @@ async fn stream_requests_are_admitted_like_others() {
 
     let s = stats_until(&h, "streams to end", |s| s.in_flight == 0).await;
     assert_eq!((s.streams_started, s.rate_limited_429, s.faults_5xx), (2, 2, 1));
+}
+
+// ---- Gemini and Azure ----
+
+const GEMINI: &str = r#"
+[[projects]]
+name = "gem"
+kind = "gemini"
+keys = ["g-1"]
+revoked_keys = ["g-revoked"]
+models = ["gemini-2.0-flash"]
+rpm = 2
+[[projects]]
+name = "oai"
+kind = "openai"
+keys = ["sk-1"]
+"#;
+
+impl Harness {
+    async fn gemini(&self, model: &str, key: Option<&str>, body: Value) -> reqwest::Response {
+        let mut r = self
+            .client
+            .post(format!("{}/v1beta/models/{model}:generateContent", self.base))
+            .json(&body);
+        if let Some(key) = key {
+            r = r.header("x-goog-api-key", key);
+        }
+        r.send().await.unwrap()
+    }
+
+    async fn azure(
+        &self,
+        deployment: &str,
+        key: &str,
+        version: Option<&str>,
+        body: Value,
+    ) -> reqwest::Response {
+        let mut url = format!("{}/openai/deployments/{deployment}/chat/completions", self.base);
+        if let Some(v) = version {
+            url.push_str(&format!("?api-version={v}"));
+        }
+        self.client
+            .post(url)
+            .header("api-key", key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+}
+
+/// 3 + (4 + 3) + system (4 + 1) = 15 input tokens.
+fn gemini_body(max: u64) -> Value {
+    json!({
+        "systemInstruction": {"parts": [{"text": "be"}]},
+        "contents": [{"role": "user", "parts": [{"text": "hello "}, {"text": "world!"}]}],
+        "generationConfig": {"maxOutputTokens": max},
+    })
+}
+
+#[tokio::test]
+async fn gemini_success_errors_and_quota_429() {
+    let h = start(GEMINI).await;
+    let r = h.gemini("gemini-2.0-flash", Some("g-1"), gemini_body(3)).await;
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.headers()
+            .keys()
+            .all(|k| !k.as_str().contains("ratelimit") && k != "retry-after"),
+        "Gemini sends no rate-limit headers: {:?}",
+        r.headers()
+    );
+    let body: Value = r.json().await.unwrap();
+    let c = &body["candidates"][0];
+    assert_eq!(c["content"]["role"], "model");
+    assert_eq!(c["content"]["parts"][0]["text"], "lorem ipsum dolor");
+    assert_eq!(c["finishReason"], "MAX_TOKENS");
+    assert_eq!(
+        (
+            &body["usageMetadata"]["promptTokenCount"],
+            &body["usageMetadata"]["candidatesTokenCount"],
+            &body["usageMetadata"]["totalTokenCount"]
+        ),
+        (&json!(15), &json!(3), &json!(18))
+    );
+
+    // Auth as Google answers it; an OpenAI key is not a Gemini key.
+    let r = h.gemini("gemini-2.0-flash", None, gemini_body(3)).await;
+    assert_eq!(r.status(), 403);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(
+        (e["error"]["code"].as_u64(), e["error"]["status"].as_str()),
+        (Some(403), Some("PERMISSION_DENIED"))
+    );
+    for key in ["nope", "sk-1"] {
+        let r = h.gemini("gemini-2.0-flash", Some(key), gemini_body(3)).await;
+        assert_eq!(r.status(), 400);
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["status"], "INVALID_ARGUMENT");
+        assert_eq!(e["error"]["details"][0]["reason"], "API_KEY_INVALID");
+    }
+    let r = h
+        .gemini("gemini-2.0-flash", Some("g-revoked"), gemini_body(3))
+        .await;
+    assert_eq!(r.status(), 403);
+    let r = h.gemini("gemini-9", Some("g-1"), gemini_body(3)).await;
+    assert_eq!(r.status(), 404);
+    let r = h
+        .gemini("gemini-2.0-flash", Some("g-1"), json!({"contents": []}))
+        .await;
+    assert_eq!(r.status(), 400);
+
+    // rpm = 2: the second call is admitted, the third gets the quota 429.
+    assert_eq!(
+        h.gemini("gemini-2.0-flash", Some("g-1"), gemini_body(3))
+            .await
+            .status(),
+        200
+    );
+    let r = h.gemini("gemini-2.0-flash", Some("g-1"), gemini_body(3)).await;
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().get("retry-after").is_none());
+    let bytes = r.bytes().await.unwrap();
+    let e: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(e["error"]["code"], 429);
+    assert_eq!(e["error"]["status"], "RESOURCE_EXHAUSTED");
+    let violation = &e["error"]["details"][0]["violations"][0];
+    assert_eq!(
+        violation["quotaId"],
+        "GenerateRequestsPerMinutePerProjectPerModel"
+    );
+    assert_eq!(violation["quotaValue"], "2");
+    let delay = e["error"]["details"][2]["retryDelay"].as_str().unwrap();
+    assert_eq!(delay, "30s", "a 2 RPM bucket refills one request in 30 s");
+    // tollgate's own parser reads what the mock sent.
+    let signals = tollgate::ratelimit::read(
+        tollgate::ratelimit::Dialect::Gemini,
+        &axum::http::HeaderMap::new(),
+        &bytes,
+        Utc::now(),
+    );
+    assert_eq!(signals.retry_after, Some(Duration::from_secs(30)));
+    let rpm = signals.readings[0];
+    assert_eq!(
+        (rpm.name, rpm.limit),
+        (tollgate::ratelimit::LimitName::Rpm, Some(2.0))
+    );
+    let s = h.stats().await;
+    assert_eq!(
+        (
+            s.succeeded,
+            s.rate_limited_429,
+            s.unauthorized,
+            s.not_found,
+            s.bad_request
+        ),
+        (2, 1, 4, 1, 1)
+    );
+}
+
+const AZURE: &str = r#"
+[[projects]]
+name = "az"
+kind = "azure"
+keys = ["az-1"]
+models = ["gpt-4o-deploy"]
+rpm = 1
+tpm = 1000
+[[projects]]
+name = "oai"
+kind = "openai"
+keys = ["sk-1"]
+"#;
+
+#[tokio::test]
+async fn azure_success_headers_and_string_code_429() {
+    let h = start(AZURE).await;
+    let r = h
+        .azure("gpt-4o-deploy", "az-1", Some("2024-10-21"), chat(Some(4)))
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-requests"), 0);
+    // 10 input + 4 max output charged.
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-tokens"), 986);
+    assert!(r.headers().get("x-ratelimit-limit-requests").is_none());
+    assert!(!header(&r, "apim-request-id").is_empty());
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["model"], "gpt-4o-deploy");
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        body["usage"],
+        json!({"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14})
+    );
+
+    let r = h
+        .azure("gpt-4o-deploy", "az-1", Some("2024-10-21"), chat(Some(4)))
+        .await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(header_u64(&r, "retry-after"), 60);
+    assert_eq!(header_u64(&r, "retry-after-ms"), 60_000);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "429", "a string, not a number");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("API version 2024-10-21") && msg.contains("Please retry after 60 seconds"),
+        "{msg}"
+    );
+
+    for (deployment, key, version, status, code) in [
+        ("gpt-4o-deploy", "sk-1", Some("2024-10-21"), 401, "401"),
+        ("gpt-4o-deploy", "az-1", None, 404, "404"),
+        ("other", "az-1", Some("2024-10-21"), 404, "DeploymentNotFound"),
+    ] {
+        let r = h.azure(deployment, key, version, chat(Some(4))).await;
+        assert_eq!(r.status(), status, "{deployment} {key} {version:?}");
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["code"], code);
+    }
+    let s = h.stats().await;
+    assert_eq!(
+        (s.succeeded, s.rate_limited_429, s.unauthorized, s.not_found),
+        (1, 1, 1, 2)
+    );
 }

@@ -43,10 +43,7 @@ pub fn translate_request(model: &str, request: &Value) -> Value {
             _ => messages.push(json!({"role": "user", "content": text})),
         }
     }
-    let max_tokens = ["max_completion_tokens", "max_tokens"]
-        .iter()
-        .find_map(|k| request.get(*k).and_then(Value::as_i64))
-        .unwrap_or(DEFAULT_MAX_TOKENS);
+    let max_tokens = max_output(request).unwrap_or(DEFAULT_MAX_TOKENS);
     let mut out = Map::new();
     out.insert("model".into(), Value::String(model.to_owned()));
     out.insert("max_tokens".into(), json!(max_tokens));
@@ -59,14 +56,8 @@ pub fn translate_request(model: &str, request: &Value) -> Value {
             out.insert(to.into(), v.clone());
         }
     }
-    match request.get("stop") {
-        Some(Value::String(s)) => {
-            out.insert("stop_sequences".into(), json!([s]));
-        }
-        Some(Value::Array(a)) => {
-            out.insert("stop_sequences".into(), Value::Array(a.clone()));
-        }
-        _ => {}
+    if let Some(stop) = stop_sequences(request) {
+        out.insert("stop_sequences".into(), stop);
     }
     if let Some(user) = request.get("user").and_then(Value::as_str) {
         out.insert("metadata".into(), json!({"user_id": user}));
@@ -74,7 +65,23 @@ pub fn translate_request(model: &str, request: &Value) -> Value {
     Value::Object(out)
 }
 
-fn content_text(content: Option<&Value>) -> String {
+/// The output cap of an OpenAI request (`max_completion_tokens`, else `max_tokens`).
+pub(super) fn max_output(request: &Value) -> Option<i64> {
+    ["max_completion_tokens", "max_tokens"]
+        .iter()
+        .find_map(|k| request.get(*k).and_then(Value::as_i64))
+}
+
+/// OpenAI `stop` (a string or a list) as a list of stop sequences.
+pub(super) fn stop_sequences(request: &Value) -> Option<Value> {
+    match request.get("stop") {
+        Some(Value::String(s)) => Some(json!([s])),
+        Some(Value::Array(a)) => Some(Value::Array(a.clone())),
+        _ => None,
+    }
+}
+
+pub(super) fn content_text(content: Option<&Value>) -> String {
     match content {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => parts

@@ -3,8 +3,12 @@
 //!
 //! - [`openai`]: OpenAI Chat Completions and every OpenAI-compatible server.
 //! - [`anthropic`]: Anthropic Messages, translated to and from the OpenAI chat format.
+//! - [`gemini`]: Google Gemini `generateContent`, translated to and from the OpenAI chat format.
+//! - [`azure`]: Azure OpenAI deployments: OpenAI's format at Azure's URL and auth header.
 
 pub mod anthropic;
+pub mod azure;
+pub mod gemini;
 pub mod openai;
 pub mod streaming;
 
@@ -42,6 +46,7 @@ pub struct ProviderClient {
     pub kind: ProviderKind,
     base_url: String,
     anthropic_version: String,
+    azure_api_version: String,
     dialect: Dialect,
     keys: Vec<ProviderKey>,
     next_key: AtomicUsize,
@@ -111,20 +116,13 @@ impl Providers {
     /// Sends `request` (OpenAI chat format) to `target` with the provider's next key.
     pub async fn call(&self, target: &Target, request: &Value) -> CallOutcome {
         let Some(client) = self.get(&target.provider) else {
-            return CallOutcome {
-                key_name: String::new(),
+            return CallOutcome::refused(Failure {
+                class: tollgate::retry::FailureClass::Request,
+                code: "unknown_provider",
+                message: format!("provider {:?} is not configured", target.provider),
                 status: None,
-                request_id: None,
-                rate_limit: None,
-                signals: Signals::default(),
-                result: Err(Failure {
-                    class: tollgate::retry::FailureClass::Request,
-                    code: "unknown_provider",
-                    message: format!("provider {:?} is not configured", target.provider),
-                    status: None,
-                    retry_after: None,
-                }),
-            };
+                retry_after: None,
+            });
         };
         client.call(&self.http, target, request).await
     }
@@ -154,6 +152,7 @@ impl ProviderClient {
             kind: p.kind,
             base_url: p.base_url.trim_end_matches('/').to_owned(),
             anthropic_version: p.anthropic_version.clone(),
+            azure_api_version: p.azure_api_version.clone(),
             dialect: p.dialect(),
             keys,
             next_key: AtomicUsize::new(0),
@@ -195,6 +194,15 @@ impl ProviderClient {
                 model,
                 request,
             ),
+            ProviderKind::Gemini => gemini::build(http, &self.base_url, &key.secret, model, request),
+            ProviderKind::Azure => azure::build(
+                http,
+                &self.base_url,
+                &key.secret,
+                &self.azure_api_version,
+                model,
+                request,
+            ),
         };
         let mut outcome = CallOutcome {
             key_name: key.name.clone(),
@@ -229,7 +237,10 @@ impl ProviderClient {
         outcome.signals = ratelimit::read(self.dialect, &headers, error_body, chrono::Utc::now());
         outcome.result = if success {
             let parsed = match self.kind {
-                ProviderKind::Openai | ProviderKind::OpenaiCompatible => openai::parse_success(&body),
+                ProviderKind::Openai | ProviderKind::OpenaiCompatible | ProviderKind::Azure => {
+                    openai::parse_success(&body)
+                }
+                ProviderKind::Gemini => gemini::parse_success(&body, model),
                 ProviderKind::Anthropic => anthropic::parse_success(&body),
             };
             parsed.map_err(|reason| Failure {
@@ -243,6 +254,20 @@ impl ProviderClient {
             Err(classify_response(status, &headers, &body))
         };
         outcome
+    }
+}
+
+impl CallOutcome {
+    /// A call refused before anything was sent.
+    fn refused(failure: Failure) -> Self {
+        Self {
+            key_name: String::new(),
+            status: None,
+            request_id: None,
+            rate_limit: None,
+            signals: Signals::default(),
+            result: Err(failure),
+        }
     }
 }
 

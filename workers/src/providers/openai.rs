@@ -14,15 +14,20 @@ pub(super) fn build(
     model: &str,
     request: &Value,
 ) -> reqwest::RequestBuilder {
+    http.post(format!("{base_url}/chat/completions"))
+        .bearer_auth(key.expose_secret())
+        .json(&body(model, request))
+}
+
+/// The client's request with the target's model, streaming fields removed.
+pub(super) fn body(model: &str, request: &Value) -> Value {
     let mut body = request.clone();
     if let Some(obj) = body.as_object_mut() {
         obj.insert("model".to_owned(), Value::String(model.to_owned()));
         obj.remove("stream");
         obj.remove("stream_options");
     }
-    http.post(format!("{base_url}/chat/completions"))
-        .bearer_auth(key.expose_secret())
-        .json(&body)
+    body
 }
 
 /// The body is already in the format clients expect; only usage is read out.

@@ -34,7 +34,7 @@ use tollgate::routing::Target;
 
 use tollgate::ratelimit::{self, Signals};
 
-use super::{CallOutcome, Providers, anthropic, int, rate_limit_headers, request_id, send_failure};
+use super::{CallOutcome, Providers, anthropic, azure, int, rate_limit_headers, request_id, send_failure};
 
 /// Largest SSE event (or line) accepted, in bytes; a provider that sends more without an
 /// event boundary is broken, and buffering it without bound would be a memory leak.
@@ -450,20 +450,13 @@ impl Providers {
     /// whose `result` is the `Err`.
     pub async fn call_stream(&self, target: &Target, request: &Value) -> Result<ChatStream, CallOutcome> {
         let Some(client) = self.get(&target.provider) else {
-            return Err(CallOutcome {
-                key_name: String::new(),
+            return Err(CallOutcome::refused(Failure {
+                class: FailureClass::Request,
+                code: "unknown_provider",
+                message: format!("provider {:?} is not configured", target.provider),
                 status: None,
-                request_id: None,
-                rate_limit: None,
-                signals: Signals::default(),
-                result: Err(Failure {
-                    class: FailureClass::Request,
-                    code: "unknown_provider",
-                    message: format!("provider {:?} is not configured", target.provider),
-                    status: None,
-                    retry_after: None,
-                }),
-            });
+                retry_after: None,
+            }));
         };
         let key = client.pick_key(target);
         let (builder, translate) = match client.kind {
@@ -487,6 +480,29 @@ impl Providers {
                         .json(&body),
                     Translate::Anthropic(AnthropicMessage::default()),
                 )
+            }
+            ProviderKind::Azure => (
+                azure::post(
+                    &self.http,
+                    &client.base_url,
+                    &key.secret,
+                    &client.azure_api_version,
+                    &target.model,
+                )
+                .json(&openai_body(&target.model, request)),
+                Translate::OpenAi,
+            ),
+            ProviderKind::Gemini => {
+                return Err(CallOutcome::refused(Failure {
+                    class: FailureClass::Request,
+                    code: "streaming_unsupported",
+                    message: format!(
+                        "provider {:?} (gemini) does not stream through tollgate yet; send the request without `stream`",
+                        target.provider
+                    ),
+                    status: None,
+                    retry_after: None,
+                }));
             }
         };
         let mut outcome = CallOutcome {

@@ -1,0 +1,222 @@
+//! The Gemini and Azure OpenAI adapters end to end: jobs routed to a `gemini` and an
+//! `azure` provider on the mock come back in OpenAI chat format with the usage the mock
+//! reported; Azure streams like OpenAI, Gemini refuses streams with a clear code; a
+//! Gemini 429 (`QuotaFailure` + `RetryInfo`, no headers) teaches the RPM limit.
+
+use serde_json::{Value, json};
+use tollgate_workers::mock_provider::{MockConfig, ProjectConfig, ProviderKind};
+
+use crate::harness::{ACME, GLOBEX, TestApp, TestOptions, eventually, mock_config};
+
+fn project(name: &str, kind: ProviderKind, key: &str, model: &str, rpm: u64) -> ProjectConfig {
+    ProjectConfig {
+        name: name.to_owned(),
+        kind,
+        keys: vec![key.to_owned()],
+        revoked_keys: Vec::new(),
+        models: vec![model.to_owned()],
+        rpm,
+        tpm: 0,
+        rpd: 0,
+        itpm: 0,
+        otpm: 0,
+    }
+}
+
+/// The harness's projects plus a Gemini and an Azure one.
+fn mock(gemini_rpm: u64) -> MockConfig {
+    let mut m = mock_config();
+    m.projects.push(project(
+        "gem-test",
+        ProviderKind::Gemini,
+        "g-test",
+        "gemini-2.0-flash",
+        gemini_rpm,
+    ));
+    m.projects.push(project(
+        "az-test",
+        ProviderKind::Azure,
+        "az-test",
+        "gpt-4o-deploy",
+        100_000,
+    ));
+    m
+}
+
+fn providers(learn: bool) -> String {
+    format!(
+        r#"
+[[providers]]
+name = "gem"
+kind = "gemini"
+base_url = "http://MOCK_ADDR"
+keys = [{{ name = "g1", value = "g-test" }}]
+models = ["gemini-2.0-flash"]
+learn_limits = {learn}
+[[providers]]
+name = "az"
+kind = "azure"
+base_url = "http://MOCK_ADDR"
+azure_api_version = "2024-10-21"
+keys = [{{ name = "z1", value = "az-test" }}]
+models = ["gpt-4o-deploy"]
+learn_limits = false
+"#
+    )
+}
+
+fn chat(model: &str) -> Value {
+    json!({
+        "model": model,
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hello world!"}
+        ],
+        "max_tokens": 32
+    })
+}
+
+async fn run(app: &TestApp, model: &str) -> Value {
+    let (status, accepted) = app.submit(GLOBEX, &json!({"request": chat(model)})).await;
+    assert_eq!(status, 202, "{accepted}");
+    let done = app.wait_job(GLOBEX, accepted["id"].as_str().unwrap(), 30).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    done
+}
+
+#[tokio::test]
+async fn gemini_and_azure_jobs_come_back_in_openai_format_with_usage() {
+    let app = TestApp::spawn_with(TestOptions {
+        mock: mock(100_000),
+        extra_config: providers(false),
+        ..TestOptions::default()
+    })
+    .await;
+
+    let done = run(&app, "gem/gemini-2.0-flash").await;
+    assert_eq!(
+        (done["provider"].as_str(), done["provider_model"].as_str()),
+        (Some("gem"), Some("gemini-2.0-flash"))
+    );
+    let result = &done["result"];
+    assert_eq!(result["object"], "chat.completion");
+    assert_eq!(result["model"], "gemini-2.0-flash");
+    assert_eq!(result["choices"][0]["message"]["role"], "assistant");
+    let text = result["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(text.split(' ').count(), 12, "{text}");
+    assert_eq!(result["choices"][0]["finish_reason"], "stop");
+    // The mock counted the system instruction as a message: 3 + (4 + 3) + (4 + 2) = 16.
+    assert_eq!(result["usage"]["prompt_tokens"], 16);
+    assert_eq!(result["usage"]["total_tokens"], 28);
+    assert_eq!(done["usage"]["input_tokens"], 16);
+    assert_eq!(done["usage"]["output_tokens"], 12);
+
+    let done = run(&app, "az/gpt-4o-deploy").await;
+    assert_eq!(done["provider"], "az");
+    let result = &done["result"];
+    assert_eq!(result["object"], "chat.completion");
+    assert_eq!(result["model"], "gpt-4o-deploy");
+    assert!(result["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    // System and user both count as messages on the OpenAI shape: 3 + 6 + 7 = 16.
+    assert_eq!(done["usage"]["input_tokens"], 16);
+    assert_eq!(done["usage"]["output_tokens"], 12);
+    assert!(
+        done["provider_request_id"]
+            .as_str()
+            .is_some_and(|r| !r.is_empty()),
+        "{done}"
+    );
+
+    let stats = app.mock.stats();
+    assert_eq!(stats.projects["gem-test"].requests_admitted, 1);
+    assert_eq!(stats.projects["az-test"].requests_admitted, 1);
+    assert_eq!(
+        stats.unauthorized + stats.bad_request + stats.not_found,
+        0,
+        "{stats:?}"
+    );
+    app.shutdown().await;
+}
+
+/// `POST /v1/chat/completions` as tenant acme.
+async fn chat_completions(app: &TestApp, body: &Value) -> reqwest::Response {
+    app.http
+        .post(app.url("/v1/chat/completions"))
+        .bearer_auth(ACME)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn azure_streams_like_openai_and_gemini_refuses_streams_clearly() {
+    let app = TestApp::spawn_with(TestOptions {
+        mock: mock(100_000),
+        extra_config: providers(false),
+        ..TestOptions::default()
+    })
+    .await;
+    let mut body = chat("az/gpt-4o-deploy");
+    body["stream"] = json!(true);
+    body["max_tokens"] = json!(3);
+    let resp = chat_completions(&app, &body).await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    let content: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(content, "lorem ipsum dolor");
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert_eq!(app.mock.stats().streams_completed, 1);
+
+    let mut body = chat("gem/gemini-2.0-flash");
+    body["stream"] = json!(true);
+    let resp = chat_completions(&app, &body).await;
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "streaming_unsupported", "{err}");
+    assert!(app.mock.stats().projects["gem-test"].requests_admitted == 0);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_gemini_429_body_teaches_the_rpm_limit() {
+    const RPM: u64 = 3;
+    let app = TestApp::spawn_with(TestOptions {
+        mock: mock(RPM),
+        extra_config: providers(true),
+        ..TestOptions::default()
+    })
+    .await;
+    for i in 0..8 {
+        let mut body = json!({"request": chat("gem/gemini-2.0-flash")});
+        body["request"]["messages"][1]["content"] = json!(format!("job {i}"));
+        let (status, accepted) = app.submit(ACME, &body).await;
+        assert_eq!(status, 202, "{accepted}");
+    }
+    let rpm = eventually(30, "a learned gemini rpm bucket", || async {
+        let (status, body) = app.get(ACME, "/v1/limits").await;
+        assert_eq!(status, 200, "{body}");
+        body["data"]
+            .as_array()?
+            .iter()
+            .find(|b| b["bucket"] == "provider:gem:gemini-2.0-flash:rpm")
+            .cloned()
+    })
+    .await;
+    assert_eq!(rpm["source"], "learned", "{rpm}");
+    assert_eq!(rpm["capacity"], RPM as f64, "{rpm}");
+    let stats = app.mock.stats();
+    assert!(stats.projects["gem-test"].rate_limited_429 >= 1, "{stats:?}");
+    // The 429 was classified as capacity: the job that met it waits to retry, it did not fail.
+    let (failed,): (i64,) = sqlx::query_as("SELECT count(*) FROM jobs WHERE state = 'failed'")
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(failed, 0);
+    app.shutdown().await;
+}

@@ -1,0 +1,291 @@
+//! `POST /v1beta/models/{model}:generateContent` in Google's shape (PROVIDERS.md §3):
+//! `x-goog-api-key` (or `?key=`) auth, `google.rpc.Status` error bodies
+//! (`{"error":{code,message,status,details}}`), **no rate-limit headers**, and 429
+//! `RESOURCE_EXHAUSTED` bodies that carry a `QuotaFailure` (the violated quota's id and
+//! value = the project's limit) and a `RetryInfo.retryDelay`. Success bodies report
+//! `usageMetadata`.
+//!
+//! Auth errors as Google sends them: no key → 403 `PERMISSION_DENIED`; an unknown key →
+//! 400 `INVALID_ARGUMENT` with `ErrorInfo.reason = API_KEY_INVALID`; a revoked key → 403
+//! `PERMISSION_DENIED` (`CONSUMER_SUSPENDED`). Token rule: `contents` count as messages and
+//! `systemInstruction` as one more (`request`). Only `generateContent` is served.
+
+use std::collections::HashMap;
+
+use axum::body::{Body, to_bytes};
+use axum::extract::{Path as UrlPath, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::Response;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::buckets::{Admission, Charge, Denial, LimitKind, LimitsView};
+use super::reply::Respond;
+use super::request::{MessagesTokens, TextChars, input_tokens, message_tokens};
+use super::{Inner, KeyLookup, MAX_BODY_BYTES, MockProvider, ProviderKind, ceil_secs, hex_id};
+
+/// The `GenerateContentRequest` fields the mock reads; others are ignored.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct GenerateContentRequest {
+    #[serde(default)]
+    contents: Option<Vec<Content>>,
+    #[serde(default, alias = "system_instruction")]
+    system_instruction: Option<Content>,
+    #[serde(default, alias = "generation_config")]
+    generation_config: Option<GenerationConfig>,
+}
+
+/// A `Content`, reduced to the characters of its parts' `text`.
+#[derive(Debug, Deserialize)]
+struct Content {
+    #[serde(default)]
+    parts: TextChars,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct GenerationConfig {
+    #[serde(default, alias = "max_output_tokens")]
+    max_output_tokens: Option<u64>,
+}
+
+struct Reply<'a> {
+    inner: &'a Inner,
+}
+
+pub(super) async fn generate_content(
+    State(p): State<MockProvider>,
+    UrlPath(model_action): UrlPath<String>,
+    Query(query): Query<HashMap<String, String>>,
+    req: Request,
+) -> Response {
+    let inner = &*p.inner;
+    let _in_flight = inner.totals.begin();
+    let reply = Reply { inner };
+    let (model, action) = model_action.split_once(':').unwrap_or((&model_action, ""));
+    if action != "generateContent" {
+        super::stats::bump(&inner.totals.not_found);
+        let msg = format!("The mock serves only :generateContent, not {action:?}.");
+        return reply.error(StatusCode::NOT_FOUND, "NOT_FOUND", &msg, Vec::new());
+    }
+    let (parts, body) = req.into_parts();
+    let key = parts
+        .headers
+        .get("x-goog-api-key")
+        .and_then(|v| v.to_str().ok())
+        .or(query.get("key").map(String::as_str))
+        .map(str::trim)
+        .filter(|k| !k.is_empty());
+    let Some(key) = key else {
+        return reply.unauthorized(
+            StatusCode::FORBIDDEN,
+            "PERMISSION_DENIED",
+            "Method doesn't allow unregistered callers (callers without established identity). Please use API Key or other form of API consumer identity to call this API.",
+            None,
+        );
+    };
+    let project = match inner.lookup(ProviderKind::Gemini, key) {
+        KeyLookup::Valid(idx) => idx,
+        KeyLookup::Revoked => {
+            return reply.unauthorized(
+                StatusCode::FORBIDDEN,
+                "PERMISSION_DENIED",
+                "Permission denied: Consumer 'api_key' has been suspended.",
+                Some("CONSUMER_SUSPENDED"),
+            );
+        }
+        KeyLookup::Unknown => {
+            return reply.unauthorized(
+                StatusCode::BAD_REQUEST,
+                "INVALID_ARGUMENT",
+                "API key not valid. Please pass a valid API key.",
+                Some("API_KEY_INVALID"),
+            );
+        }
+    };
+
+    let Ok(bytes) = to_bytes(body, MAX_BODY_BYTES).await else {
+        return reply.bad_request("The request body could not be read.");
+    };
+    let req: GenerateContentRequest = match serde_json::from_slice(&bytes) {
+        Ok(r) => r,
+        Err(e) => return reply.bad_request(&format!("Invalid JSON payload received. {e}")),
+    };
+    let contents = req.contents.unwrap_or_default();
+    if contents.is_empty() {
+        return reply.bad_request("* GenerateContentRequest.contents: contents is not specified\n");
+    }
+    let max_out = req.generation_config.and_then(|c| c.max_output_tokens);
+    if max_out == Some(0) {
+        return reply
+            .bad_request("* GenerateContentRequest.generation_config.max_output_tokens: must be positive\n");
+    }
+    if !inner.model_allowed(project, model) {
+        super::stats::bump(&inner.totals.not_found);
+        let msg = format!(
+            "models/{model} is not found for API version v1beta, or is not supported for generateContent. Call ListModels to see the list of available models and their supported methods."
+        );
+        return reply.error(StatusCode::NOT_FOUND, "NOT_FOUND", &msg, Vec::new());
+    }
+    if let Some(status) = inner.fault(project) {
+        let (name, msg) = match status.as_u16() {
+            500 => (
+                "INTERNAL",
+                "An internal error has occurred. Please retry or report in https://developers.generativeai.google/guide/troubleshooting",
+            ),
+            _ => ("UNAVAILABLE", "The model is overloaded. Please try again later."),
+        };
+        return reply.error(status, name, msg, Vec::new());
+    }
+
+    let messages = MessagesTokens {
+        count: contents.len() as u64,
+        tokens: contents.iter().map(|c| message_tokens(c.parts.0)).sum(),
+    };
+    let input = input_tokens(&messages, req.system_instruction.as_ref().map(|s| &s.parts));
+    let reserved = max_out.unwrap_or(inner.output_tokens);
+    let output = inner.completion_tokens(max_out);
+    let charge = Charge {
+        tokens: input.saturating_add(reserved),
+        input,
+        output: reserved,
+    };
+    let view = match inner.admit(project, charge, input, output) {
+        Admission::Admitted(view) => view,
+        Admission::Denied(denial, _) => return reply.rate_limited(model, &denial),
+    };
+    let refund = inner.generate(project, &view, reserved, output).await;
+    let finish_reason = if output < inner.output_tokens {
+        "MAX_TOKENS"
+    } else {
+        "STOP"
+    };
+    let body = json!({
+        "candidates": [{
+            "content": {"parts": [{"text": inner.text.words(output)}], "role": "model"},
+            "finishReason": finish_reason,
+            "index": 0,
+        }],
+        "usageMetadata": {
+            "promptTokenCount": input,
+            "candidatesTokenCount": output,
+            "totalTokenCount": input + output,
+            "promptTokensDetails": [{"modality": "TEXT", "tokenCount": input}],
+        },
+        "modelVersion": model,
+        "responseId": hex_id(22),
+    });
+    super::stats::bump(&inner.totals.succeeded);
+    let response = reply.json(StatusCode::OK, &body, None);
+    drop(refund);
+    response
+}
+
+impl Respond for Reply<'_> {
+    /// Google sends no rate-limit or request-id headers; `view` is ignored.
+    fn respond(
+        &self,
+        status: StatusCode,
+        body: Body,
+        content_type: &'static str,
+        _view: Option<&LimitsView>,
+    ) -> Response {
+        let mut resp = super::reply::base(status, body, content_type);
+        let h = resp.headers_mut();
+        h.insert("server", HeaderValue::from_static("scaffolding on HTTPServer2"));
+        resp
+    }
+}
+
+impl Reply<'_> {
+    /// A `google.rpc.Status` error body.
+    fn error(&self, status: StatusCode, name: &str, message: &str, details: Vec<Value>) -> Response {
+        let mut error = json!({"code": status.as_u16(), "message": message, "status": name});
+        if !details.is_empty() {
+            error["details"] = Value::Array(details);
+        }
+        self.json(status, &json!({"error": error}), None)
+    }
+
+    fn unauthorized(&self, status: StatusCode, name: &str, message: &str, reason: Option<&str>) -> Response {
+        super::stats::bump(&self.inner.totals.unauthorized);
+        let details = reason
+            .map(|r| {
+                vec![json!({
+                    "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                    "reason": r,
+                    "domain": "googleapis.com",
+                    "metadata": {"service": "generativelanguage.googleapis.com"},
+                })]
+            })
+            .unwrap_or_default();
+        self.error(status, name, message, details)
+    }
+
+    fn bad_request(&self, message: &str) -> Response {
+        super::stats::bump(&self.inner.totals.bad_request);
+        self.error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", message, Vec::new())
+    }
+
+    fn rate_limited(&self, model: &str, d: &Denial) -> Response {
+        let (metric, quota_id) = quota(d.kind);
+        let metric = format!("generativelanguage.googleapis.com/{metric}");
+        let wait = d.wait_ns as f64 / 1e9;
+        let mut message = format!(
+            "You exceeded your current quota, please check your plan and billing details. For more information on this error, head to: https://ai.google.dev/gemini-api/docs/rate-limits.\n* Quota exceeded for metric: {metric}, limit: {}, model: {model}",
+            d.limit
+        );
+        let mut details = vec![
+            json!({
+                "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                "violations": [{
+                    "quotaMetric": metric,
+                    "quotaId": quota_id,
+                    "quotaDimensions": {"location": "global", "model": model},
+                    "quotaValue": d.limit.to_string(),
+                }],
+            }),
+            json!({
+                "@type": "type.googleapis.com/google.rpc.Help",
+                "links": [{"description": "Learn more about Gemini API quotas", "url": "https://ai.google.dev/gemini-api/docs/rate-limits"}],
+            }),
+        ];
+        if !d.too_large {
+            message.push_str(&format!("\nPlease retry in {wait}s."));
+            details.push(json!({
+                "@type": "type.googleapis.com/google.rpc.RetryInfo",
+                "retryDelay": format!("{}s", ceil_secs(d.wait_ns)),
+            }));
+        }
+        self.error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "RESOURCE_EXHAUSTED",
+            &message,
+            details,
+        )
+    }
+}
+
+/// The quota metric and id Google names for a limit. Gemini's token quotas count input
+/// tokens; the mock's TPM and ITPM both stand for that one.
+fn quota(kind: LimitKind) -> (&'static str, &'static str) {
+    match kind {
+        LimitKind::Rpm => (
+            "generate_requests_per_model",
+            "GenerateRequestsPerMinutePerProjectPerModel",
+        ),
+        LimitKind::Rpd => (
+            "generate_requests_per_model_per_day",
+            "GenerateRequestsPerDayPerProjectPerModel",
+        ),
+        LimitKind::Tpm | LimitKind::Itpm => (
+            "generate_content_input_token_count",
+            "GenerateContentInputTokensPerModelPerMinute",
+        ),
+        LimitKind::Otpm => (
+            "generate_content_output_token_count",
+            "GenerateContentOutputTokensPerModelPerMinute",
+        ),
+    }
+}

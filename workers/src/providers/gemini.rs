@@ -1,0 +1,236 @@
+//! Google Gemini `generateContent`: `POST {base_url}/v1beta/models/{model}:generateContent`
+//! with an `x-goog-api-key` header. Requests arrive in OpenAI chat format and are
+//! translated (`system` → `systemInstruction`, `assistant` → role `model`, sampling
+//! fields → `generationConfig`); the response is translated back, usage from
+//! `usageMetadata`. Gemini sends no rate-limit headers: its 429 bodies (`QuotaFailure`,
+//! `RetryInfo`) are read by `tollgate::ratelimit` and classified by
+//! `tollgate::retry::classify_response`. Streaming (`streamGenerateContent`) is not
+//! translated; `providers::streaming` refuses it with `streaming_unsupported`.
+
+use secrecy::{ExposeSecret, SecretString};
+use serde_json::{Map, Value, json};
+use tollgate::model::Usage;
+
+use super::anthropic::{content_text, max_output, stop_sequences};
+use super::{Success, int};
+
+pub(super) fn build(
+    http: &reqwest::Client,
+    base_url: &str,
+    key: &SecretString,
+    model: &str,
+    request: &Value,
+) -> reqwest::RequestBuilder {
+    http.post(format!("{base_url}/v1beta/models/{model}:generateContent"))
+        .header("x-goog-api-key", key.expose_secret())
+        .json(&translate_request(request))
+}
+
+/// OpenAI chat request → Gemini `GenerateContentRequest` (the model is in the URL).
+pub fn translate_request(request: &Value) -> Value {
+    let mut system = Vec::new();
+    let mut contents = Vec::new();
+    for m in request
+        .get("messages")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let text = content_text(m.get("content"));
+        match m.get("role").and_then(Value::as_str).unwrap_or("user") {
+            "system" | "developer" => system.push(json!({"text": text})),
+            "assistant" => contents.push(json!({"role": "model", "parts": [{"text": text}]})),
+            _ => contents.push(json!({"role": "user", "parts": [{"text": text}]})),
+        }
+    }
+    let mut config = Map::new();
+    if let Some(max) = max_output(request) {
+        config.insert("maxOutputTokens".into(), json!(max));
+    }
+    for (from, to) in [
+        ("temperature", "temperature"),
+        ("top_p", "topP"),
+        ("seed", "seed"),
+        ("presence_penalty", "presencePenalty"),
+        ("frequency_penalty", "frequencyPenalty"),
+    ] {
+        if let Some(v) = request.get(from).filter(|v| v.is_number()) {
+            config.insert(to.into(), v.clone());
+        }
+    }
+    if let Some(stop) = stop_sequences(request) {
+        config.insert("stopSequences".into(), stop);
+    }
+    if request.pointer("/response_format/type").and_then(Value::as_str) == Some("json_object") {
+        config.insert("responseMimeType".into(), json!("application/json"));
+    }
+    let mut out = Map::new();
+    out.insert("contents".into(), Value::Array(contents));
+    if !system.is_empty() {
+        out.insert("systemInstruction".into(), json!({"parts": system}));
+    }
+    if !config.is_empty() {
+        out.insert("generationConfig".into(), Value::Object(config));
+    }
+    Value::Object(out)
+}
+
+/// `finishReason` → OpenAI `finish_reason`.
+fn finish_reason(reason: Option<&str>) -> &'static str {
+    match reason {
+        Some("MAX_TOKENS") => "length",
+        Some("SAFETY" | "RECITATION" | "BLOCKLIST" | "PROHIBITED_CONTENT" | "SPII" | "IMAGE_SAFETY") => {
+            "content_filter"
+        }
+        _ => "stop",
+    }
+}
+
+/// Gemini `GenerateContentResponse` → OpenAI chat completion. A prompt blocked before
+/// generation (no candidates, `promptFeedback.blockReason`) is an empty `content_filter`
+/// answer, as OpenAI reports its own refusals.
+pub(super) fn parse_success(body: &[u8], model: &str) -> Result<Success, String> {
+    let r: Value = serde_json::from_slice(body)
+        .map_err(|e| format!("provider answered 2xx with a body that is not JSON: {e}"))?;
+    let candidate = r.pointer("/candidates/0");
+    let blocked = r.pointer("/promptFeedback/blockReason").is_some();
+    if candidate.is_none() && !blocked {
+        return Err("provider answered 2xx without `candidates`".to_owned());
+    }
+    let text: String = candidate
+        .and_then(|c| c.pointer("/content/parts"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|p| p.get("thought").and_then(Value::as_bool) != Some(true))
+        .filter_map(|p| p.get("text").and_then(Value::as_str))
+        .collect();
+    let finish = if candidate.is_none() {
+        "content_filter"
+    } else {
+        finish_reason(
+            candidate
+                .and_then(|c| c.get("finishReason"))
+                .and_then(Value::as_str),
+        )
+    };
+    let u = r.get("usageMetadata").cloned().unwrap_or(Value::Null);
+    let input = int(&u, &["promptTokenCount"]);
+    let thoughts = int(&u, &["thoughtsTokenCount"]);
+    // Thinking is billed as output.
+    let output = int(&u, &["candidatesTokenCount"]) + thoughts;
+    let cached = int(&u, &["cachedContentTokenCount"]);
+    let body = json!({
+        "id": r.get("responseId").cloned().unwrap_or(Value::Null),
+        "object": "chat.completion",
+        "created": chrono::Utc::now().timestamp(),
+        "model": r.get("modelVersion").and_then(Value::as_str).unwrap_or(model),
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": finish,
+        }],
+        "usage": {
+            "prompt_tokens": input,
+            "completion_tokens": output,
+            "total_tokens": input + output,
+            "prompt_tokens_details": {"cached_tokens": cached},
+            "completion_tokens_details": {"reasoning_tokens": thoughts},
+        },
+    });
+    Ok(Success {
+        body,
+        usage: Usage {
+            input_tokens: input,
+            output_tokens: output,
+            cached_tokens: cached,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn translates_roles_system_and_generation_config() {
+        let r = json!({
+            "model": "fast",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]},
+                {"role": "assistant", "content": "yes?"},
+                {"role": "user", "content": "go"}
+            ],
+            "max_completion_tokens": 77, "temperature": 0.2, "top_p": 0.9, "stop": ["END", "STOP"],
+            "response_format": {"type": "json_object"}
+        });
+        let g = translate_request(&r);
+        assert_eq!(g["systemInstruction"], json!({"parts": [{"text": "be brief"}]}));
+        assert_eq!(
+            g["contents"],
+            json!([
+                {"role": "user", "parts": [{"text": "hi there"}]},
+                {"role": "model", "parts": [{"text": "yes?"}]},
+                {"role": "user", "parts": [{"text": "go"}]}
+            ])
+        );
+        let c = &g["generationConfig"];
+        assert_eq!(c["maxOutputTokens"], 77);
+        assert_eq!(c["temperature"], 0.2);
+        assert_eq!(c["topP"], 0.9);
+        assert_eq!(c["stopSequences"], json!(["END", "STOP"]));
+        assert_eq!(c["responseMimeType"], "application/json");
+        assert!(g.get("model").is_none());
+        let bare = translate_request(
+            &json!({"messages": [{"role": "user", "content": "x"}], "stop": "Z", "max_tokens": 5}),
+        );
+        assert!(bare.get("systemInstruction").is_none());
+        assert_eq!(
+            bare["generationConfig"],
+            json!({"maxOutputTokens": 5, "stopSequences": ["Z"]})
+        );
+        // Not an object at all: an empty request, no panic.
+        assert_eq!(translate_request(&json!("nope")), json!({"contents": []}));
+    }
+
+    #[test]
+    fn translates_the_response_and_usage() {
+        let body = br#"{"candidates":[{"content":{"parts":[{"text":"thinking...","thought":true},{"text":"hello "},{"text":"world"}],"role":"model"},"finishReason":"MAX_TOKENS","index":0}],
+            "usageMetadata":{"promptTokenCount":20,"candidatesTokenCount":3,"thoughtsTokenCount":2,"cachedContentTokenCount":8,"totalTokenCount":25},
+            "modelVersion":"gemini-2.0-flash-001","responseId":"resp-1"}"#;
+        let s = parse_success(body, "gemini-2.0-flash").unwrap();
+        assert_eq!(s.body["object"], "chat.completion");
+        assert_eq!(s.body["id"], "resp-1");
+        assert_eq!(s.body["model"], "gemini-2.0-flash-001");
+        assert_eq!(s.body["choices"][0]["message"]["content"], "hello world");
+        assert_eq!(s.body["choices"][0]["finish_reason"], "length");
+        assert_eq!(
+            s.usage,
+            Usage {
+                input_tokens: 20,
+                output_tokens: 5,
+                cached_tokens: 8
+            }
+        );
+        assert_eq!(s.body["usage"]["total_tokens"], 25);
+        assert_eq!(s.body["usage"]["prompt_tokens_details"]["cached_tokens"], 8);
+
+        for (reason, expected) in [("STOP", "stop"), ("SAFETY", "content_filter"), ("OTHER", "stop")] {
+            let body = format!(
+                r#"{{"candidates":[{{"content":{{"parts":[{{"text":"x"}}]}},"finishReason":"{reason}"}}],"usageMetadata":{{"promptTokenCount":1}}}}"#
+            );
+            let s = parse_success(body.as_bytes(), "m").unwrap();
+            assert_eq!(s.body["choices"][0]["finish_reason"], expected, "{reason}");
+            assert_eq!(s.body["model"], "m");
+        }
+        let blocked = br#"{"promptFeedback":{"blockReason":"SAFETY"},"usageMetadata":{"promptTokenCount":4,"totalTokenCount":4}}"#;
+        let s = parse_success(blocked, "m").unwrap();
+        assert_eq!(s.body["choices"][0]["finish_reason"], "content_filter");
+        assert_eq!(s.body["choices"][0]["message"]["content"], "");
+        assert_eq!(s.usage.input_tokens, 4);
+        assert!(parse_success(b"not json", "m").is_err());
+        assert!(parse_success(b"{}", "m").is_err());
+        assert!(parse_success(br#"{"candidates":"x"}"#, "m").is_err());
+    }
+}
