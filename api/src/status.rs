@@ -118,12 +118,27 @@ pub struct Status {
     pub batches: Vec<BatchProgress>,
 }
 
-/// The batches in progress that `viewer` may see. The batch API fills this in.
-pub async fn batches_in_progress(
-    _state: &AppState,
-    _viewer: &Viewer,
-) -> Result<Vec<BatchProgress>, ApiError> {
-    Ok(Vec::new())
+/// The open batches `viewer` may see (the 20 newest), with their progress.
+pub async fn batches_in_progress(state: &AppState, viewer: &Viewer) -> Result<Vec<BatchProgress>, ApiError> {
+    let open = store::open_batches(&state.pool, viewer.tenant(), 20).await?;
+    let ids: Vec<&str> = open.iter().map(|b| b.id.as_str()).collect();
+    let counts = store::job_counts(&state.pool, &ids).await?;
+    Ok(open
+        .iter()
+        .map(|b| {
+            let (completed, failed) = counts.get(&b.id).copied().unwrap_or_default();
+            BatchProgress {
+                id: b.id.clone(),
+                tenant: b.tenant.clone(),
+                state: b.status.clone(),
+                total: i64::from(b.total),
+                completed,
+                // Lines refused at ingest are failures of the batch too.
+                failed: failed + i64::from(b.rejected),
+                created_at: b.created_at,
+            }
+        })
+        .collect())
 }
 
 /// The status as `viewer` may see it.

@@ -168,6 +168,23 @@ pub async fn list_batches(
     .await?)
 }
 
+/// Open batches (`in_progress`, `cancelling`), of one tenant or of all, newest first.
+pub async fn open_batches(
+    ex: impl PgExecutor<'_>,
+    tenant: Option<&str>,
+    limit: i64,
+) -> Result<Vec<BatchRow>> {
+    Ok(sqlx::query_as::<Postgres, BatchRow>(
+        "SELECT * FROM batches WHERE status IN ('in_progress', 'cancelling')
+           AND ($1::text IS NULL OR tenant = $1)
+         ORDER BY id DESC LIMIT $2",
+    )
+    .bind(tenant)
+    .bind(limit)
+    .fetch_all(ex)
+    .await?)
+}
+
 /// Succeeded and failed-or-cancelled jobs of each batch (for batches still running).
 pub async fn job_counts(ex: impl PgExecutor<'_>, batch_ids: &[&str]) -> Result<HashMap<String, (i64, i64)>> {
     if batch_ids.is_empty() {
