@@ -338,12 +338,17 @@ pub fn path(config: &Config, tenant: &str, requested: &str, target: &Target) -> 
 /// actual (negative when it used more). `usage` is `None` when the provider reported
 /// none; `sent` says whether the request reached the provider (failed requests still
 /// count against provider limits, so nothing is given back for them).
+///
+/// `charged_output` is the output a provider counts against its token limit whatever was
+/// generated (OpenAI counts `max_tokens` against TPM when the request starts and never
+/// gives it back), so a total-token bucket keeps it.
 pub fn refund(
     dimension: Dimension,
     reserved: f64,
     usage: Option<&Usage>,
     actual_spend: f64,
     sent: bool,
+    charged_output: Option<f64>,
 ) -> f64 {
     if dimension == Dimension::Concurrency || !sent {
         return reserved;
@@ -353,7 +358,9 @@ pub fn refund(
         Dimension::Requests => return 0.0,
         Dimension::InputTokens => u.input_tokens as f64,
         Dimension::OutputTokens => u.output_tokens as f64,
-        Dimension::TotalTokens => (u.input_tokens + u.output_tokens) as f64,
+        Dimension::TotalTokens => {
+            u.input_tokens as f64 + (u.output_tokens as f64).max(charged_output.unwrap_or(0.0))
+        }
         Dimension::SpendMicroUsd => actual_spend,
         Dimension::Concurrency => return reserved,
     };
@@ -589,13 +596,30 @@ mod tests {
             output_tokens: 20,
             cached_tokens: 0,
         };
-        assert_eq!(refund(Dimension::TotalTokens, 300.0, Some(&u), 0.0, true), 180.0);
-        assert_eq!(refund(Dimension::OutputTokens, 10.0, Some(&u), 0.0, true), -10.0);
-        assert_eq!(refund(Dimension::Requests, 1.0, Some(&u), 0.0, true), 0.0);
-        assert_eq!(refund(Dimension::Concurrency, 1.0, None, 0.0, true), 1.0);
-        assert_eq!(refund(Dimension::TotalTokens, 300.0, None, 0.0, true), 0.0);
-        assert_eq!(refund(Dimension::TotalTokens, 300.0, None, 0.0, false), 300.0);
-        assert_eq!(refund(Dimension::SpendMicroUsd, 50.0, Some(&u), 20.0, true), 30.0);
+        assert_eq!(
+            refund(Dimension::TotalTokens, 300.0, Some(&u), 0.0, true, None),
+            180.0
+        );
+        // Charged max_tokens of 150 stays charged: only the input estimate is corrected.
+        assert_eq!(
+            refund(Dimension::TotalTokens, 300.0, Some(&u), 0.0, true, Some(150.0)),
+            50.0
+        );
+        assert_eq!(
+            refund(Dimension::OutputTokens, 10.0, Some(&u), 0.0, true, None),
+            -10.0
+        );
+        assert_eq!(refund(Dimension::Requests, 1.0, Some(&u), 0.0, true, None), 0.0);
+        assert_eq!(refund(Dimension::Concurrency, 1.0, None, 0.0, true, None), 1.0);
+        assert_eq!(refund(Dimension::TotalTokens, 300.0, None, 0.0, true, None), 0.0);
+        assert_eq!(
+            refund(Dimension::TotalTokens, 300.0, None, 0.0, false, None),
+            300.0
+        );
+        assert_eq!(
+            refund(Dimension::SpendMicroUsd, 50.0, Some(&u), 20.0, true, None),
+            30.0
+        );
     }
 
     #[test]

@@ -28,6 +28,9 @@ pub struct Settlement {
     pub actual_spend: f64,
     /// Whether the request reached the provider (its limits count it even if it failed).
     pub sent: bool,
+    /// Output the provider counts against its token limits whatever was generated (its
+    /// `max_tokens`, for providers that charge it up front).
+    pub charged_output: Option<f64>,
 }
 
 impl Settlement {
@@ -36,6 +39,7 @@ impl Settlement {
         usage: None,
         actual_spend: 0.0,
         sent: false,
+        charged_output: None,
     };
     /// Sent, outcome unknown (holder died, call failed): keep what rate limits count, give
     /// back the concurrency slot.
@@ -43,6 +47,7 @@ impl Settlement {
         usage: None,
         actual_spend: 0.0,
         sent: true,
+        charged_output: None,
     };
 }
 
@@ -186,7 +191,14 @@ pub async fn settle(conn: &mut PgConnection, ended: &[(JobId, Reservation, Settl
     for (job, reservation, s) in ended {
         for (id, amount) in reservation.bucket_ids.iter().zip(&reservation.amounts) {
             let Some(dim) = dims.get(id) else { continue };
-            let r = refund(*dim, *amount, s.usage.as_ref(), s.actual_spend, s.sent);
+            let r = refund(
+                *dim,
+                *amount,
+                s.usage.as_ref(),
+                s.actual_spend,
+                s.sent,
+                s.charged_output,
+            );
             if r != 0.0 {
                 jobs.push(job.0);
                 buckets.push(*id);

@@ -405,7 +405,7 @@ impl Dispatcher {
                 };
                 let record = Self::attempt_record(&job, served, &outcome, started_at, Utc::now());
                 let settlement = if outcome.status.is_some() {
-                    self.settlement(&target, None)
+                    self.settlement(&job, &target, None)
                 } else {
                     Settlement::UNSENT
                 };
@@ -499,7 +499,7 @@ impl Dispatcher {
             Ok(s) => s.usage,
             Err(_) => Usage::default(),
         };
-        let settlement = self.settlement(&target, Some(usage));
+        let settlement = self.settlement(&job, &target, Some(usage));
         let finish = match (&outcome.result, client_gone) {
             (Ok(success), false) => Finish::Succeeded {
                 result: &success.body,
@@ -594,13 +594,19 @@ impl Dispatcher {
     }
 
     /// What the reservation is settled with: actual usage and its price.
-    fn settlement(&self, target: &Target, usage: Option<Usage>) -> Settlement {
-        let price = self
-            .inner
-            .config
-            .provider(&target.provider)
-            .and_then(|p| p.price_for(&target.model));
+    fn settlement(&self, job: &Job, target: &Target, usage: Option<Usage>) -> Settlement {
+        let provider = self.inner.config.provider(&target.provider);
+        let price = provider.and_then(|p| p.price_for(&target.model));
+        // What the provider counted against its token limit when the request started.
+        let charged_output = provider
+            .filter(|p| p.charges_max_tokens)
+            .and_then(|_| {
+                let r = &job.request;
+                r.get("max_tokens").or_else(|| r.get("max_completion_tokens"))
+            })
+            .and_then(serde_json::Value::as_f64);
         Settlement {
+            charged_output,
             usage,
             actual_spend: usage.map_or(0.0, |u| {
                 buckets::spend_micro_usd(
@@ -666,7 +672,7 @@ impl Dispatcher {
                     usage: success.usage,
                     provider_request_id: outcome.request_id.as_deref(),
                 };
-                let settlement = self.settlement(&target, Some(success.usage));
+                let settlement = self.settlement(&job, &target, Some(success.usage));
                 let outcome = Outcome::new(holder, Some(served), finish, settlement, Some(record));
                 self.write(
                     Outcome {
@@ -683,7 +689,7 @@ impl Dispatcher {
                 // would leave the buckets empty of capacity nobody used).
                 let counted = outcome.status.is_some() && failure.class != FailureClass::Overload;
                 let settlement = if counted {
-                    self.settlement(&target, None)
+                    self.settlement(&job, &target, None)
                 } else {
                     Settlement::UNSENT
                 };
