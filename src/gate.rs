@@ -226,8 +226,8 @@ impl Gate {
         }
     }
 
-    /// The learned estimates, re-read when older than [`CALIBRATION_REFRESH`].
-    async fn learned(&self) -> Result<HashMap<String, store::Calibration>, StoreError> {
+    /// The learned estimates (calibration), re-read when older than [`CALIBRATION_REFRESH`].
+    async fn calibration(&self) -> Result<HashMap<String, store::Calibration>, StoreError> {
         {
             let cached = match self.calibration.lock() {
                 Ok(c) => c,
@@ -480,7 +480,7 @@ impl Gate {
             let per_queue = (wanted / queues.len()).clamp(4, batch) as i64;
             store::candidates(&self.pool, &queues, per_queue, now).await?
         };
-        let calibration = self.learned().await?;
+        let calibration = self.calibration().await?;
         let mut learned = store::learned_limits(&self.pool).await?;
         let known = Known::new(&learned);
         let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
