@@ -74,6 +74,10 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// Largest request body accepted; larger bodies get 413 `body_too_large`.
     pub max_body_bytes: usize,
+    /// Largest body of `POST /v1/jobs/bulk`.
+    pub max_bulk_body_bytes: usize,
+    /// Most jobs in one `POST /v1/jobs/bulk`.
+    pub max_bulk_jobs: usize,
     /// Longest `?wait=` a long-poll may ask for, in seconds; longer asks are clamped.
     pub max_wait_secs: u64,
     /// How long `POST /v1/chat/completions` waits for its job before answering 429.
@@ -90,6 +94,8 @@ impl Default for ServerConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_body_bytes: 2 * 1024 * 1024,
+            max_bulk_body_bytes: 64 * 1024 * 1024,
+            max_bulk_jobs: 10_000,
             max_wait_secs: 60,
             sync_timeout_secs: 120,
             admin_key: None,

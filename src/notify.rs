@@ -147,7 +147,7 @@ impl Notifications {
                     };
                     match next {
                         Ok(Some(n)) if n.channel() == CHANNEL_JOB_DONE => {
-                            if let Ok(id) = n.payload().parse::<JobId>() {
+                            for id in n.payload().split(',').filter_map(|id| id.parse::<JobId>().ok()) {
                                 let _ = hub.job_done.send(JobDone::Job(id));
                             }
                             // A finished job may have freed capacity.

@@ -127,16 +127,66 @@ pub(crate) fn validate_chat_request(request: &Value, param_prefix: &str) -> Resu
     Ok(model)
 }
 
-/// What a client may send to `POST /v1/jobs`.
+/// What a client may send to `POST /v1/jobs` (and each item of `POST /v1/jobs/bulk`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct SubmitJob {
+pub(crate) struct SubmitJob {
     request: Value,
     class: Option<JobClass>,
     deadline: Option<DateTime<Utc>>,
     priority: Option<i32>,
     idempotency_key: Option<String>,
     metadata: Option<Value>,
+}
+
+impl SubmitJob {
+    /// Checks what does not need the config (stream, priority, idempotency key, metadata);
+    /// `header_key` is the `Idempotency-Key` header, used when the body names none.
+    pub(crate) fn into_submission(self, header_key: Option<String>) -> Result<Submission, ApiError> {
+        if self.request.get("stream").and_then(Value::as_bool) == Some(true) {
+            return Err(ApiError::bad_request(
+                "stream_not_supported",
+                "queued jobs cannot stream; use POST /v1/chat/completions for streaming",
+            )
+            .with_param("request.stream"));
+        }
+        let priority = self.priority.unwrap_or(0);
+        if !PRIORITY_RANGE.contains(&priority) {
+            return Err(ApiError::bad_request(
+                "invalid_request",
+                "`priority` must be between -1000 and 1000",
+            )
+            .with_param("priority"));
+        }
+        let idempotency_key = self.idempotency_key.or(header_key);
+        if idempotency_key
+            .as_ref()
+            .is_some_and(|k| k.is_empty() || k.len() > MAX_IDEMPOTENCY_KEY_LEN)
+        {
+            return Err(
+                ApiError::bad_request("invalid_request", "`idempotency_key` must be 1 to 255 bytes")
+                    .with_param("idempotency_key"),
+            );
+        }
+        if let Some(meta) = &self.metadata
+            && (!meta.is_object() || meta.to_string().len() > MAX_METADATA_BYTES)
+        {
+            return Err(ApiError::bad_request(
+                "invalid_request",
+                "`metadata` must be an object of at most 16 KiB",
+            )
+            .with_param("metadata"));
+        }
+        Ok(Submission {
+            stream: false,
+            request: self.request,
+            class: self.class.unwrap_or(JobClass::Standard),
+            deadline: self.deadline,
+            priority,
+            idempotency_key,
+            metadata: self.metadata,
+        })
+    }
 }
 
 /// A validated submission, ready to insert.
@@ -151,8 +201,14 @@ pub(crate) struct Submission {
     pub metadata: Option<Value>,
 }
 
-/// Validates and inserts; the row is committed when this returns.
-pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) -> Result<Inserted, ApiError> {
+/// The row a submission becomes: its request checked against the routes, its deadline
+/// defaulted by class, its tokens estimated. `now` is the acceptance time.
+pub(crate) fn new_job(
+    state: &AppState,
+    tenant: &Tenant,
+    s: Submission,
+    now: DateTime<Utc>,
+) -> Result<NewJob, ApiError> {
     let model = validate_chat_request(&s.request, "request.")?;
     let Some(targets) = routing::resolve(&state.config, &model) else {
         return Err(ApiError::bad_request(
@@ -161,8 +217,6 @@ pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) ->
         )
         .with_param("request.model"));
     };
-    // PostgreSQL keeps microseconds: so does the 202, to match every later read.
-    let now = Utc::now().trunc_subsecs(6);
     let default_deadline = state.config.classes.get(s.class).default_deadline_secs;
     let deadline = s
         .deadline
@@ -173,7 +227,7 @@ pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) ->
                 .with_param("deadline"),
         );
     }
-    let job = NewJob {
+    Ok(NewJob {
         id: JobId::new(),
         tenant: tenant.name.clone(),
         class: s.class,
@@ -188,21 +242,49 @@ pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) ->
         max_attempts: state.config.retry.max_attempts.min(i32::MAX as u32) as i32,
         created_at: now,
         stream: s.stream,
+    })
+}
+
+/// Refuses `adding` more jobs of `class` when the tenant's queue of that class is full
+/// (`classes.*.max_queued_per_tenant`).
+pub(crate) async fn check_queue_room(
+    state: &AppState,
+    tenant: &Tenant,
+    class: JobClass,
+    adding: u64,
+) -> Result<(), ApiError> {
+    let Some(cap) = state.config.classes.get(class).max_queued_per_tenant else {
+        return Ok(());
     };
-    if let Some(cap) = state.config.classes.get(s.class).max_queued_per_tenant {
-        let waiting = store::waiting_count(&state.pool, &tenant.name, s.class).await?;
-        if waiting as u64 >= cap {
-            return Err(ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "queue_full",
-                format!(
-                    "{waiting} jobs of class {:?} are already waiting for this tenant (limit {cap}); retry later",
-                    s.class
-                ),
-            )
-            .with_retry_after(Duration::from_secs(5)));
-        }
+    let waiting = store::waiting_count(&state.pool, &tenant.name, class).await? as u64;
+    if waiting + adding > cap {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "queue_full",
+            format!(
+                "{waiting} jobs of class {class:?} are already waiting for this tenant (limit {cap}); retry later"
+            ),
+        )
+        .with_retry_after(Duration::from_secs(5)));
     }
+    Ok(())
+}
+
+/// The error for an idempotency key already used for another request.
+pub(crate) fn idempotency_key_reused() -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "idempotency_key_reused",
+        "this idempotency key was used for a different request",
+    )
+    .with_param("idempotency_key")
+}
+
+/// Validates and inserts; the row is committed when this returns.
+pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) -> Result<Inserted, ApiError> {
+    // PostgreSQL keeps microseconds: so does the 202, to match every later read.
+    let job = new_job(state, tenant, s, Utc::now().trunc_subsecs(6))?;
+    check_queue_room(state, tenant, job.class, 1).await?;
     let inserted = store::insert_job(&state.pool, &job).await?;
     if let Inserted::New(_) = inserted {
         state.notifications.work_queued();
@@ -210,12 +292,7 @@ pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) ->
     if let Inserted::Existing(existing) = &inserted
         && existing.request != job.request
     {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "idempotency_key_reused",
-            "this idempotency key was used for a different request",
-        )
-        .with_param("idempotency_key"));
+        return Err(idempotency_key_reused());
     }
     Ok(inserted)
 }
@@ -254,57 +331,11 @@ pub(crate) async fn submit(
     }
     let submit: SubmitJob = serde_json::from_value(value)
         .map_err(|e| ApiError::bad_request("invalid_request", format!("invalid job: {e}")))?;
-    if submit.request.get("stream").and_then(Value::as_bool) == Some(true) {
-        return Err(ApiError::bad_request(
-            "stream_not_supported",
-            "queued jobs cannot stream; use POST /v1/chat/completions for streaming",
-        )
-        .with_param("request.stream"));
-    }
-    let priority = submit.priority.unwrap_or(0);
-    if !PRIORITY_RANGE.contains(&priority) {
-        return Err(
-            ApiError::bad_request("invalid_request", "`priority` must be between -1000 and 1000")
-                .with_param("priority"),
-        );
-    }
     let header_key = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let idempotency_key = submit.idempotency_key.or(header_key);
-    if idempotency_key
-        .as_ref()
-        .is_some_and(|k| k.is_empty() || k.len() > MAX_IDEMPOTENCY_KEY_LEN)
-    {
-        return Err(
-            ApiError::bad_request("invalid_request", "`idempotency_key` must be 1 to 255 bytes")
-                .with_param("idempotency_key"),
-        );
-    }
-    if let Some(meta) = &submit.metadata
-        && (!meta.is_object() || meta.to_string().len() > MAX_METADATA_BYTES)
-    {
-        return Err(ApiError::bad_request(
-            "invalid_request",
-            "`metadata` must be an object of at most 16 KiB",
-        )
-        .with_param("metadata"));
-    }
-    let inserted = enqueue(
-        &state,
-        &tenant,
-        Submission {
-            stream: false,
-            request: submit.request,
-            class: submit.class.unwrap_or(JobClass::Standard),
-            deadline: submit.deadline,
-            priority,
-            idempotency_key,
-            metadata: submit.metadata,
-        },
-    )
-    .await?;
+    let inserted = enqueue(&state, &tenant, submit.into_submission(header_key)?).await?;
     Ok(match inserted {
         Inserted::New(job) => (StatusCode::ACCEPTED, Json(job_view(&job))).into_response(),
         Inserted::Existing(job) => (StatusCode::OK, Json(job_view(&job))).into_response(),

@@ -28,6 +28,7 @@ pub mod auth;
 pub mod batches;
 pub mod bench;
 pub mod broker;
+pub(crate) mod bulk;
 pub mod chat;
 pub mod cli;
 pub mod dashboard;
@@ -80,6 +81,11 @@ pub struct AppState {
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .routes(routes!(jobs::submit, jobs::list))
+        .routes({
+            // Bulk bodies have their own limit (`server.max_bulk_body_bytes`), read by the handler.
+            let (schemas, paths, method) = routes!(bulk::submit);
+            (schemas, paths, method.layer(DefaultBodyLimit::disable()))
+        })
         .routes(routes!(jobs::get))
         .routes(routes!(jobs::cancel))
         .routes(routes!(chat::completions))

@@ -73,6 +73,11 @@ impl LocalStack {
         })
     }
 
+    /// The server's maintenance URL (database `postgres`), for tools run beside the stack.
+    pub fn admin_url(&self) -> &str {
+        &self.admin_url
+    }
+
     /// Stops the broker (its shutdown sequence) and the mock; the database stays readable.
     pub async fn stop_services(&mut self) {
         if let Some(broker) = self.broker.take() {

@@ -156,6 +156,10 @@ pub enum ErrorCode {
     InvalidDeadline,
     /// 400: `stream: true` on a queued job (use `/v1/chat/completions`).
     StreamNotSupported,
+    /// 400: `POST /v1/jobs/bulk` with no jobs or more than `server.max_bulk_jobs`.
+    TooManyJobs,
+    /// 400: two jobs of one bulk request share an idempotency key.
+    DuplicateIdempotencyKey,
     /// 401: no `Authorization: Bearer` key.
     MissingApiKey,
     /// 401: the key is not a tenant's (or not the admin key).
@@ -232,6 +236,40 @@ pub struct SubmitJobSchema {
     idempotency_key: Option<String>,
     #[schema(value_type = Option<Object>)]
     metadata: Option<Value>,
+}
+
+/// `POST /v1/jobs/bulk`'s body.
+#[derive(ToSchema)]
+#[schema(as = BulkSubmit)]
+#[allow(dead_code)] // a description, read by utoipa only
+pub struct BulkSubmitSchema {
+    /// 1 to `server.max_bulk_jobs` jobs, each as `POST /v1/jobs` takes it.
+    jobs: Vec<SubmitJobSchema>,
+}
+
+/// One job of a bulk submission, in the order sent.
+#[derive(ToSchema)]
+#[schema(as = BulkAcceptedJob)]
+#[allow(dead_code)] // a description, read by utoipa only
+pub struct BulkAcceptedJobSchema {
+    #[schema(format = Uuid)]
+    id: String,
+    /// An earlier job with the same idempotency key and request.
+    existing: bool,
+}
+
+/// `POST /v1/jobs/bulk`'s answer.
+#[derive(ToSchema)]
+#[schema(as = BulkAccepted)]
+#[allow(dead_code)] // a description, read by utoipa only
+pub struct BulkAcceptedSchema {
+    /// Always `list`.
+    object: String,
+    data: Vec<BulkAcceptedJobSchema>,
+    /// Jobs queued by this request.
+    created: u64,
+    /// Idempotent replays among them.
+    existing: u64,
 }
 
 /// A job as clients see it (`jobs::job_view`; a test keeps the two alike).

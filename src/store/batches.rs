@@ -428,7 +428,7 @@ pub async fn prune_finished_jobs(ex: impl PgExecutor<'_>, before: DateTime<Utc>,
         "DELETE FROM jobs WHERE id IN (
              SELECT j.id FROM jobs j
              WHERE j.state IN ('succeeded', 'failed', 'cancelled') AND j.finished_at < $1
-               AND j.reserved_buckets IS NULL AND j.refund_buckets IS NULL
+               AND j.reserved_buckets IS NULL
                AND (j.batch_id IS NULL OR NOT EXISTS (
                    SELECT 1 FROM batches b WHERE b.id = j.batch_id
                      AND b.status IN ('validating', 'in_progress', 'finalizing', 'cancelling')))

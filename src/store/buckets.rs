@@ -162,10 +162,11 @@ pub async fn save_buckets(conn: &mut PgConnection, buckets: &[Bucket]) -> Result
     Ok(())
 }
 
-/// Records on each job what its ended reservation gives back (or takes, when it used
-/// more than estimated). Call inside the transaction that cleared the reservation from the
-/// job, so each is settled exactly once; the gate applies pending refunds to the buckets
-/// ([`take_pending_refunds`]). Reads bucket dimensions without locking them.
+/// Records what the ended reservations give back (or take, when a job used more than
+/// estimated), summed per bucket. Call inside the transaction that cleared the
+/// reservations from their jobs, so each is settled exactly once; the gate applies pending
+/// refunds to the buckets ([`take_pending_refunds`]). Reads bucket dimensions without
+/// locking them.
 pub async fn settle(conn: &mut PgConnection, ended: &[(JobId, Reservation, Settlement)]) -> Result<()> {
     let ids: Vec<i64> = {
         let mut ids: Vec<i64> = ended
@@ -187,11 +188,11 @@ pub async fn settle(conn: &mut PgConnection, ended: &[(JobId, Reservation, Settl
         .into_iter()
         .filter_map(|(id, d)| Some((id, Dimension::parse(&d)?)))
         .collect();
-    let (mut jobs, mut buckets, mut refunds) = (Vec::new(), Vec::new(), Vec::new());
-    for (job, reservation, s) in ended {
+    let mut sums: BTreeMap<i64, f64> = BTreeMap::new();
+    for (_, reservation, s) in ended {
         for (id, amount) in reservation.bucket_ids.iter().zip(&reservation.amounts) {
             let Some(dim) = dims.get(id) else { continue };
-            let r = refund(
+            *sums.entry(*id).or_default() += refund(
                 *dim,
                 *amount,
                 s.usage.as_ref(),
@@ -199,53 +200,37 @@ pub async fn settle(conn: &mut PgConnection, ended: &[(JobId, Reservation, Settl
                 s.sent,
                 s.charged_output,
             );
-            if r != 0.0 {
-                jobs.push(job.0);
-                buckets.push(*id);
-                refunds.push(r);
-            }
         }
     }
-    if jobs.is_empty() {
+    sums.retain(|_, r| *r != 0.0);
+    if sums.is_empty() {
         return Ok(());
     }
     sqlx::query(
-        "UPDATE jobs j SET refund_buckets = COALESCE(j.refund_buckets, '{}') || t.buckets,
-                           refund_amounts = COALESCE(j.refund_amounts, '{}') || t.amounts
-         FROM (SELECT job, array_agg(bucket) AS buckets, array_agg(amount) AS amounts
-               FROM unnest($1::uuid[], $2::bigint[], $3::float8[]) AS r(job, bucket, amount)
-               GROUP BY job) t
-         WHERE j.id = t.job",
+        "INSERT INTO pending_refunds (bucket, amount) SELECT * FROM unnest($1::bigint[], $2::float8[])",
     )
-    .bind(jobs)
-    .bind(buckets)
-    .bind(refunds)
+    .bind(sums.keys().copied().collect::<Vec<_>>())
+    .bind(sums.values().copied().collect::<Vec<_>>())
     .execute(conn)
     .await?;
     Ok(())
 }
 
-/// Takes pending refunds off up to `limit` jobs (skipping rows other transactions hold)
-/// and returns them summed per bucket id. Run in the gate's transaction, which applies
-/// them to the buckets it has locked.
+/// Takes up to `limit` pending refunds (skipping rows other transactions hold) and
+/// returns them summed per bucket id. Run in the gate's transaction, which applies them to
+/// the buckets it has locked: the delete and the new levels commit together.
 pub async fn take_pending_refunds(conn: &mut PgConnection, limit: i64) -> Result<BTreeMap<i64, f64>> {
-    let rows: Vec<(Vec<i64>, Vec<f64>)> = sqlx::query_as(
-        "WITH pending AS (
-             SELECT id, refund_buckets, refund_amounts FROM jobs
-             WHERE refund_buckets IS NOT NULL
-             LIMIT $1 FOR UPDATE SKIP LOCKED)
-         UPDATE jobs j SET refund_buckets = NULL, refund_amounts = NULL
-         FROM pending WHERE j.id = pending.id
-         RETURNING pending.refund_buckets, pending.refund_amounts",
+    let rows: Vec<(i64, f64)> = sqlx::query_as(
+        "DELETE FROM pending_refunds WHERE id IN (
+             SELECT id FROM pending_refunds ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
+         RETURNING bucket, amount",
     )
     .bind(limit)
     .fetch_all(conn)
     .await?;
     let mut sums = BTreeMap::new();
-    for (buckets, amounts) in rows {
-        for (b, a) in buckets.into_iter().zip(amounts) {
-            *sums.entry(b).or_default() += a;
-        }
+    for (bucket, amount) in rows {
+        *sums.entry(bucket).or_default() += amount;
     }
     Ok(sums)
 }

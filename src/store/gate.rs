@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor, Postgres};
 
-use super::{CHANNEL_JOB_DONE, CHANNEL_JOBS_READY, Result};
+use super::{CHANNEL_JOBS_READY, Result};
 use crate::model::{JobClass, JobId};
 
 /// The (class, tenant) pairs with queued work: a loose index scan over `jobs_gate`, one
@@ -114,7 +114,7 @@ pub async fn admit(
          UPDATE jobs j SET state = 'admitted', admitted_at = $4, provider = t.provider, provider_model = t.model,
                            provider_key = t.key,
                            reserved_buckets = t.buckets, reserved_amounts = t.amounts, admission = NULL
-         FROM t WHERE j.id = t.id AND j.state = 'queued'
+         FROM t WHERE j.id = ANY($1) AND j.id = t.id AND j.state = 'queued'
          RETURNING j.id",
     )
     .bind(admissions.iter().map(|a| a.id.0).collect::<Vec<_>>())
@@ -154,27 +154,28 @@ pub async fn explain(ex: impl PgExecutor<'_>, notes: &[(JobId, serde_json::Value
 
 /// Fails queued jobs the gate can never admit in time, with a reason code each.
 pub async fn fail_queued(
-    ex: impl PgExecutor<'_>,
+    pool: &sqlx::PgPool,
     failures: &[(JobId, &str, String)],
     now: DateTime<Utc>,
 ) -> Result<u64> {
     if failures.is_empty() {
         return Ok(0);
     }
+    let mut tx = pool.begin().await?;
     let rows: Vec<(JobId,)> = sqlx::query_as(
-        "WITH done AS (
-             UPDATE jobs j SET state = 'failed', error_code = t.code, error_message = t.message, finished_at = $4
-             FROM unnest($1::uuid[], $2::text[], $3::text[]) AS t(id, code, message)
-             WHERE j.id = t.id AND j.state = 'queued'
-             RETURNING j.id)
-         SELECT id FROM done WHERE pg_notify($5, id::text) IS NOT NULL",
+        "UPDATE jobs j SET state = 'failed', error_code = t.code, error_message = t.message, finished_at = $4
+         FROM unnest($1::uuid[], $2::text[], $3::text[]) AS t(id, code, message)
+         WHERE j.id = t.id AND j.state = 'queued'
+         RETURNING j.id",
     )
     .bind(failures.iter().map(|f| f.0.0).collect::<Vec<_>>())
     .bind(failures.iter().map(|f| f.1).collect::<Vec<_>>())
     .bind(failures.iter().map(|f| f.2.as_str()).collect::<Vec<_>>())
     .bind(now)
-    .bind(CHANNEL_JOB_DONE)
-    .fetch_all(ex)
+    .fetch_all(&mut *tx)
     .await?;
-    Ok(rows.len() as u64)
+    let ids: Vec<JobId> = rows.into_iter().map(|(id,)| id).collect();
+    super::jobs::notify_done(&mut tx, &ids).await?;
+    tx.commit().await?;
+    Ok(ids.len() as u64)
 }

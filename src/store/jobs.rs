@@ -55,6 +55,96 @@ pub async fn insert_job(ex: impl PgExecutor<'_> + Copy, job: &NewJob) -> Result<
     Ok(Inserted::Existing(existing))
 }
 
+/// What [`insert_jobs`] did with each job, in the order given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BulkInserted {
+    New(JobId),
+    /// The tenant already used this job's idempotency key, for the same request.
+    Existing(JobId),
+    /// The tenant already used this job's idempotency key for a different request.
+    Conflict,
+}
+
+/// Inserts many jobs in one statement (`INSERT … SELECT FROM unnest(…)`), never one per
+/// job. A job whose idempotency key its tenant already used is not inserted: it comes back
+/// as [`BulkInserted::Existing`] (same request) or [`BulkInserted::Conflict`]. Run it in a
+/// transaction so that a caller refusing a conflict can roll the whole lot back.
+pub async fn insert_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec<BulkInserted>> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let col = |f: fn(&NewJob) -> i32| jobs.iter().map(f).collect::<Vec<_>>();
+    let inserted: Vec<(JobId,)> = sqlx::query_as(
+        "INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
+                           deadline, not_before, max_attempts, estimated_input_tokens,
+                           estimated_output_tokens, created_at, stream)
+         SELECT id, tenant, class, priority, request, model, key, metadata, deadline, created_at, attempts, ein,
+                eout, created_at, stream
+         FROM unnest($1::uuid[], $2::text[], $3::job_class[], $4::int[], $5::jsonb[], $6::text[], $7::text[],
+                     $8::jsonb[], $9::timestamptz[], $10::timestamptz[], $11::int[], $12::int[], $13::int[],
+                     $14::bool[])
+             AS t(id, tenant, class, priority, request, model, key, metadata, deadline, created_at, attempts, ein,
+                  eout, stream)
+         ON CONFLICT ON CONSTRAINT jobs_tenant_idempotency_key DO NOTHING
+         RETURNING id",
+    )
+    .bind(jobs.iter().map(|j| j.id.0).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.tenant.as_str()).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.class).collect::<Vec<_>>())
+    .bind(col(|j| j.priority))
+    .bind(jobs.iter().map(|j| &j.request).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.model.as_str()).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.idempotency_key.as_deref()).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.metadata.as_ref()).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.deadline).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.created_at).collect::<Vec<_>>())
+    .bind(col(|j| j.max_attempts))
+    .bind(col(|j| j.estimated_input_tokens))
+    .bind(col(|j| j.estimated_output_tokens))
+    .bind(jobs.iter().map(|j| j.stream).collect::<Vec<_>>())
+    .fetch_all(&mut *conn)
+    .await?;
+    let new: std::collections::HashSet<JobId> = inserted.into_iter().map(|(id,)| id).collect();
+    // Keys already taken: compare with what the tenant sent under them before.
+    let taken: Vec<(&str, &str)> = jobs
+        .iter()
+        .filter(|j| !new.contains(&j.id))
+        .filter_map(|j| Some((j.tenant.as_str(), j.idempotency_key.as_deref()?)))
+        .collect();
+    let mut existing = std::collections::HashMap::new();
+    if !taken.is_empty() {
+        let rows: Vec<(String, String, JobId, serde_json::Value)> = sqlx::query_as(
+            "SELECT j.tenant, j.idempotency_key, j.id, j.request
+             FROM unnest($1::text[], $2::text[]) AS t(tenant, key)
+             JOIN jobs j ON j.tenant = t.tenant AND j.idempotency_key = t.key",
+        )
+        .bind(taken.iter().map(|t| t.0).collect::<Vec<_>>())
+        .bind(taken.iter().map(|t| t.1).collect::<Vec<_>>())
+        .fetch_all(&mut *conn)
+        .await?;
+        existing = rows
+            .into_iter()
+            .map(|(t, k, id, req)| ((t, k), (id, req)))
+            .collect();
+    }
+    Ok(jobs
+        .iter()
+        .map(|j| {
+            if new.contains(&j.id) {
+                return BulkInserted::New(j.id);
+            }
+            let found = j
+                .idempotency_key
+                .as_ref()
+                .and_then(|k| existing.get(&(j.tenant.clone(), k.clone())));
+            match found {
+                Some((id, request)) if *request == j.request => BulkInserted::Existing(*id),
+                _ => BulkInserted::Conflict,
+            }
+        })
+        .collect())
+}
+
 /// Tells the gate that work is waiting. Cheap; call after the insert commits.
 pub async fn notify_gate(ex: impl PgExecutor<'_>) -> Result<()> {
     sqlx::query("SELECT pg_notify($1, '')")
@@ -162,17 +252,28 @@ pub async fn cancel_job(pool: &PgPool, tenant: &str, id: JobId, now: DateTime<Ut
     Ok(job.map_or(Cancelled::NotFound, Cancelled::Now))
 }
 
+/// Announces finished jobs: their ids, comma-separated, up to [`IDS_PER_NOTIFY`] per
+/// NOTIFY (a payload must stay under 8000 bytes), so a batch of completions costs a few
+/// notifications, not one per job.
 pub(crate) async fn notify_done(conn: &mut PgConnection, ids: &[JobId]) -> Result<()> {
     if ids.is_empty() {
         return Ok(());
     }
-    sqlx::query("SELECT pg_notify($1, id::text) FROM unnest($2::uuid[]) AS t(id)")
-        .bind(CHANNEL_JOB_DONE)
-        .bind(ids.iter().map(|i| i.0).collect::<Vec<_>>())
-        .execute(conn)
-        .await?;
+    sqlx::query(
+        "SELECT pg_notify($1, string_agg(id::text, ',')) FROM (
+             SELECT id, (ordinality - 1) / $3 AS chunk FROM unnest($2::uuid[]) WITH ORDINALITY AS t(id, ordinality)) c
+         GROUP BY chunk",
+    )
+    .bind(CHANNEL_JOB_DONE)
+    .bind(ids.iter().map(|i| i.0).collect::<Vec<_>>())
+    .bind(IDS_PER_NOTIFY)
+    .execute(conn)
+    .await?;
     Ok(())
 }
+
+/// Job ids per `tollgate_job_done` notification (37 bytes each with the comma).
+pub const IDS_PER_NOTIFY: i64 = 200;
 
 /// Claims up to `limit` admitted jobs for `owner` in one short statement and commits:
 /// the provider is called only after this returns, with no lock held.
@@ -421,7 +522,7 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
                       failed)),
          old AS (
              SELECT j.id, j.state, j.reserved_buckets, j.reserved_amounts FROM jobs j
-             WHERE j.id IN (SELECT id FROM t) ORDER BY j.id FOR UPDATE)
+             WHERE j.id = ANY($1) ORDER BY j.id FOR UPDATE)
          UPDATE jobs j SET state = t.state, result = COALESCE(t.result, j.result), usage = COALESCE(t.usage, j.usage),
                            provider_request_id = COALESCE(t.request_id, j.provider_request_id),
                            error_code = t.code, error_message = t.message,
@@ -433,7 +534,8 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
                            failed_targets = CASE WHEN t.failed IS NULL THEN j.failed_targets
                                                  ELSE array_append(COALESCE(j.failed_targets, '{}'), t.failed) END
          FROM t, old
-         WHERE j.id = t.id AND old.id = t.id AND j.state = 'running' AND j.attempt = t.attempt AND j.lease_owner = t.owner
+         WHERE j.id = ANY($1) AND j.id = t.id AND old.id = t.id AND j.state = 'running' AND j.attempt = t.attempt
+           AND j.lease_owner = t.owner
          RETURNING j.id, old.state AS old_state, old.reserved_buckets AS old_buckets, old.reserved_amounts AS old_amounts",
     )
     .bind(outcomes.iter().map(|o| o.id.0).collect::<Vec<_>>())
@@ -463,7 +565,7 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
             "WITH t AS (SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[]) AS t(id, attempt, owner)),
              old AS (
                  SELECT j.id, j.state, j.reserved_buckets, j.reserved_amounts FROM jobs j
-                 WHERE j.id IN (SELECT id FROM t) ORDER BY j.id FOR UPDATE)
+                 WHERE j.id = ANY($1) ORDER BY j.id FOR UPDATE)
              UPDATE jobs j SET reserved_buckets = NULL, reserved_amounts = NULL,
                                lease_owner = NULL, lease_expires_at = NULL
              FROM t, old

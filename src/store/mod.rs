@@ -11,6 +11,7 @@
 //! - [`batches`]: batch rows, the bulk insert of their jobs, finalization, retention.
 //! - [`webhooks`]: webhook endpoints and the delivery outbox.
 //! - [`observe`]: what the dashboard, `/v1/status` and `/metrics` read.
+//! - [`statistics`]: the planner's statistics of `jobs`, analyzed when stale.
 //!
 //! Every write to a running job is guarded by ownership — `state = 'running' AND attempt
 //! = $n AND lease_owner = $owner` — so a dispatcher whose lease was rescued, or whose job
@@ -24,6 +25,7 @@ pub mod gate;
 pub mod jobs;
 pub mod learned;
 pub mod observe;
+pub mod statistics;
 pub mod webhooks;
 
 pub use batches::*;
@@ -33,6 +35,7 @@ pub use gate::*;
 pub use jobs::*;
 pub use learned::*;
 pub use observe::*;
+pub use statistics::*;
 pub use webhooks::*;
 
 /// Channel on which a job's id is announced when it reaches a terminal state.

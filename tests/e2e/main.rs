@@ -22,6 +22,7 @@
 mod adapters;
 mod bad_input;
 mod batches;
+mod bulk;
 mod cli;
 mod dashboard;
 mod durability;

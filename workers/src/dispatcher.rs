@@ -58,11 +58,21 @@ struct Inner {
 /// An outcome waiting for the completer, with where to report whether it was written.
 type Pending = (Outcome, oneshot::Sender<Result<bool, StoreError>>);
 
+tokio::task_local! {
+    /// The slot (`dispatch.concurrency`) of the call this task makes. Given back when the
+    /// call's outcome is handed to the completer: the slot bounds calls in flight to
+    /// providers, and holding it through the completer's commit as well made every slot
+    /// wait on a disk flush (throughput = slots ÷ commit latency).
+    static SLOT: std::cell::RefCell<Option<tokio::sync::OwnedSemaphorePermit>>;
+}
+
 /// How long a 429 without a Retry-After pauses its target.
 const DEFAULT_PAUSE: Duration = Duration::from_secs(1);
 
 /// Most outcomes the completer writes in one transaction.
 const COMPLETION_BATCH: usize = 256;
+/// Completer tasks writing batches of outcomes side by side.
+const COMPLETERS: usize = 2;
 
 /// What a step of the dispatcher did, for tests and logs.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +147,11 @@ impl Dispatcher {
         let outcome = match completer {
             Some(completer) => {
                 let (reply, written) = oneshot::channel();
-                match completer.send((outcome, reply)).await {
+                let sent = completer.send((outcome, reply)).await;
+                // The call is over: its slot may take the next one while this outcome waits
+                // for its commit (the task still tracks the job, so its lease is kept).
+                let _ = SLOT.try_with(|slot| slot.borrow_mut().take());
+                match sent {
                     // The completer answers every outcome it takes; no answer means it
                     // stopped mid-batch, and the lease's expiry will retry the job.
                     Ok(()) => {
@@ -167,15 +181,30 @@ impl Dispatcher {
 
     /// The completer: takes every outcome waiting (no added delay when idle) and writes
     /// them in one transaction, until every sender is gone.
-    async fn complete(self, mut outcomes: mpsc::Receiver<Pending>, observer: mpsc::Sender<Observation>) {
-        while let Some(first) = outcomes.recv().await {
-            let mut batch = vec![first];
-            while batch.len() < COMPLETION_BATCH {
-                match outcomes.try_recv() {
-                    Ok(p) => batch.push(p),
-                    Err(_) => break,
+    ///
+    /// [`COMPLETERS`] of them share the queue: while one waits for its commit to reach
+    /// the disk, the next gathers and writes the following batch. Their batches hold
+    /// disjoint jobs (each outcome is taken once), so they never wait on each other's rows.
+    async fn complete(
+        self,
+        outcomes: Arc<tokio::sync::Mutex<mpsc::Receiver<Pending>>>,
+        observer: mpsc::Sender<Observation>,
+    ) {
+        loop {
+            let batch = {
+                let mut outcomes = outcomes.lock().await;
+                let Some(first) = outcomes.recv().await else {
+                    return;
+                };
+                let mut batch = vec![first];
+                while batch.len() < COMPLETION_BATCH {
+                    match outcomes.try_recv() {
+                        Ok(p) => batch.push(p),
+                        Err(_) => break,
+                    }
                 }
-            }
+                batch
+            };
             let (items, replies): (Vec<Outcome>, Vec<_>) = batch.into_iter().unzip();
             let pool = &self.inner.pool;
             let written = match store::finish_attempts(pool, &items, Utc::now()).await {
@@ -261,7 +290,11 @@ impl Dispatcher {
         let completer = TaskTracker::new();
         let (observer, observations) = mpsc::channel(COMPLETION_BATCH * 4);
         completer.spawn(self.clone().observe(observations));
-        completer.spawn(self.clone().complete(pending, observer));
+        let pending = Arc::new(tokio::sync::Mutex::new(pending));
+        for _ in 0..COMPLETERS {
+            completer.spawn(self.clone().complete(pending.clone(), observer.clone()));
+        }
+        drop(observer);
         completer.close();
         match self.inner.completer.lock() {
             Ok(mut c) => *c = Some(completions),
@@ -311,10 +344,9 @@ impl Dispatcher {
                     },
                 };
                 let this = self.clone();
-                in_flight.spawn(async move {
+                in_flight.spawn(SLOT.scope(std::cell::RefCell::new(Some(permit)), async move {
                     this.execute(job).await;
-                    drop(permit);
-                });
+                }));
             }
             drop(permit);
             if full {

@@ -1,7 +1,8 @@
 //! Maintenance: rescues jobs whose lease expired (their dispatcher died or lost the
 //! database), settling the reservations they held, and fails queued or admitted jobs
 //! whose deadline passed; then ends due batches (`batches`) and, when configured, prunes
-//! what retention no longer keeps (`retention`). Safe to run in every process at
+//! what retention no longer keeps (`retention`), and analyzes the queue table when its
+//! planner statistics went stale (`store::statistics`). Safe to run in every process at
 //! once: each statement locks with SKIP LOCKED and changes a row only once.
 
 use std::time::Duration;
@@ -95,6 +96,7 @@ impl Maintenance {
         let deadlines_expired = store::expire_deadlines(&self.pool, now).await?;
         let calibrated = self.calibrate(now).await?;
         store::prune_pauses(&self.pool, now).await?;
+        store::refresh_job_statistics(&self.pool).await?;
         let batches_finished = self.batches.run_once(now).await?;
         let pruned = match &self.retention {
             Some(r) => r.run_once(now).await?,

@@ -10,14 +10,18 @@
 //!   batch update of the same size (a queue without admission).
 //! - `steady`: jobs submitted at a steady rate while everything runs; enqueue → admitted
 //!   and enqueue → dispatched latency percentiles.
+//! - `scale` ([`scale`]): the gate admitting from a million queued jobs across a thousand
+//!   tenants, beside the same admissions from a queue holding only them.
 //! - `limits` ([`limits`]): limits tollgate was never told — learned from headers, from
 //!   429s, halved mid-run, through an outage — beside 8 clients retrying as the OpenAI SDK
 //!   does.
 
 mod limits;
+mod scale;
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use tollgate::config::Config;
@@ -35,6 +39,7 @@ pub enum Case {
     Gate,
     Steady,
     Limits,
+    Scale,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -66,12 +71,25 @@ pub struct BenchArgs {
     /// Limits case: the mock provider's tokens per minute.
     #[arg(long, default_value_t = 400_000)]
     pub tpm: u64,
+    /// Scale case: jobs queued behind the measured ones.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub backlog: usize,
+    /// Scale case: tenants the backlog is spread over.
+    #[arg(long, default_value_t = 1_000)]
+    pub tenants: usize,
+    /// Throughput case: skip the run that submits jobs one request each.
+    #[arg(long)]
+    pub skip_single: bool,
+    /// The apalis-postgres baseline's binary (`bench/apalis-baseline`), run beside the
+    /// throughput case on the same PostgreSQL when given.
+    #[arg(long)]
+    pub apalis: Option<std::path::PathBuf>,
     /// Where the embedded PostgreSQL keeps its data (ignored with DATABASE_URL).
     #[arg(long, default_value = ".tollgate/pg")]
     pub data_dir: std::path::PathBuf,
 }
 
-fn mock_config() -> MockConfig {
+pub(super) fn mock_config() -> MockConfig {
     MockConfig::from_toml_str(
         r#"
 output_tokens = 8
@@ -143,10 +161,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if matches!(args.case, Case::All | Case::Limits) {
         limits::run(&args).await?;
     }
+    if matches!(args.case, Case::Scale) {
+        scale::run(&args).await?;
+    }
     Ok(())
 }
 
-async fn stack(args: &BenchArgs, roles: Roles) -> anyhow::Result<LocalStack> {
+async fn stack_for(args: &BenchArgs, roles: Roles) -> anyhow::Result<LocalStack> {
     let concurrency = args.concurrency;
     LocalStack::start("bench", args.data_dir.clone(), mock_config(), roles, |addr| {
         broker_config(addr, concurrency)
@@ -154,7 +175,7 @@ async fn stack(args: &BenchArgs, roles: Roles) -> anyhow::Result<LocalStack> {
     .await
 }
 
-fn rate(n: usize, d: Duration) -> f64 {
+pub(super) fn rate(n: usize, d: Duration) -> f64 {
     n as f64 / d.as_secs_f64().max(1e-9)
 }
 
@@ -168,6 +189,21 @@ async fn submit(http: &reqwest::Client, url: &str, i: usize) -> bool {
         .await;
     matches!(r, Ok(resp) if resp.status().as_u16() == 202)
 }
+
+/// Submits jobs `range` in one `POST /v1/jobs/bulk`; true when all were accepted.
+async fn submit_bulk(http: &reqwest::Client, url: &str, range: std::ops::Range<usize>) -> bool {
+    let jobs: Vec<Value> = range.map(|i| json!({"request": request(i)})).collect();
+    let r = http
+        .post(url)
+        .bearer_auth("tk-bench")
+        .json(&json!({ "jobs": jobs }))
+        .send()
+        .await;
+    matches!(r, Ok(resp) if resp.status().as_u16() == 202)
+}
+
+/// Jobs per `POST /v1/jobs/bulk` in the benchmarks.
+const BULK_CHUNK: usize = 2_000;
 
 /// Sends `n` requests with `clients` in flight; returns how many failed.
 async fn send_all<F, Fut>(n: usize, clients: usize, send: F) -> usize
@@ -200,7 +236,7 @@ async fn wait_finished(pool: &sqlx::PgPool, expected: i64) -> anyhow::Result<(i6
 
 #[allow(clippy::print_stdout)]
 async fn throughput(args: &BenchArgs) -> anyhow::Result<()> {
-    let stack = stack(args, Roles::ALL).await?;
+    let stack = stack_for(args, Roles::ALL).await?;
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(args.clients)
         .build()?;
@@ -219,45 +255,133 @@ async fn throughput(args: &BenchArgs) -> anyhow::Result<()> {
     .await;
     let direct = begin.elapsed();
 
-    let jobs_url = format!("{}/v1/jobs", stack.api);
-    let begin = Instant::now();
-    let submit_failures = send_all(args.jobs, args.clients, |i| {
-        let (http, url) = (http.clone(), jobs_url.clone());
-        async move { submit(&http, &url, i).await }
-    })
-    .await;
-    let submitted = begin.elapsed();
-    let expected = (args.jobs - submit_failures) as i64;
-    let (succeeded, failed) = wait_finished(&stack.pool, expected).await?;
-    let through = begin.elapsed();
+    let (per_job, per_job_submit, per_job_failures) = if args.skip_single {
+        (None, None, 0)
+    } else {
+        let jobs_url = format!("{}/v1/jobs", stack.api);
+        let begin = Instant::now();
+        let submit_failures = send_all(args.jobs, args.clients, |i| {
+            let (http, url) = (http.clone(), jobs_url.clone());
+            async move { submit(&http, &url, i).await }
+        })
+        .await;
+        let submitted = begin.elapsed();
+        let expected = (args.jobs - submit_failures) as i64;
+        let (succeeded, failed) = wait_finished(&stack.pool, expected).await?;
+        anyhow::ensure!(
+            succeeded == expected,
+            "only {succeeded} of {expected} jobs succeeded ({failed} failed)"
+        );
+        (Some(begin.elapsed()), Some(submitted), failed)
+    };
     stack.stop().await?;
 
-    let (direct_rate, e2e_rate) = (rate(args.jobs, direct), rate(args.jobs, through));
+    // Bulk: the same jobs in `POST /v1/jobs/bulk` requests of BULK_CHUNK, 4 in flight, on a
+    // fresh database.
+    let stack = stack_for(args, Roles::ALL).await?;
+    let bulk_url = format!("{}/v1/jobs/bulk", stack.api);
+    let chunks: Vec<std::ops::Range<usize>> = (0..args.jobs)
+        .step_by(BULK_CHUNK)
+        .map(|from| from..(from + BULK_CHUNK).min(args.jobs))
+        .collect();
+    let begin = Instant::now();
+    let bulk_failures = send_all(chunks.len(), 4, |c| {
+        let (http, url, range) = (http.clone(), bulk_url.clone(), chunks[c].clone());
+        async move { submit_bulk(&http, &url, range).await }
+    })
+    .await;
+    anyhow::ensure!(bulk_failures == 0, "{bulk_failures} bulk submissions failed");
+    let bulk_submitted = begin.elapsed();
+    let (succeeded, failed) = wait_finished(&stack.pool, args.jobs as i64).await?;
+    let bulk_through = begin.elapsed();
+    let mut stack = stack;
+    stack.stop_services().await;
+    let apalis = match &args.apalis {
+        Some(bin) => apalis_baseline(bin, stack.admin_url(), args.jobs).await?,
+        None => Vec::new(),
+    };
+    stack.stop().await?;
+    anyhow::ensure!(
+        succeeded == args.jobs as i64,
+        "bulk: only {succeeded} of {} jobs succeeded ({failed} failed)",
+        args.jobs
+    );
+
+    let direct_rate = rate(args.jobs, direct);
     println!(
         "\n### throughput: {} jobs end to end vs. direct to the mock\n",
         args.jobs
     );
-    println!("| case | wall s | jobs/s | failures |");
-    println!("|---|---:|---:|---:|");
-    println!(
-        "| baseline: direct to mock | {:.2} | {direct_rate:.0} | {direct_failures} |",
-        direct.as_secs_f64()
+    println!("| case | wall s | jobs/s | ratio to baseline | failures |");
+    println!("|---|---:|---:|---:|---:|");
+    let row = |name: &str, d: Duration, failures: usize| {
+        println!(
+            "| {name} | {:.2} | {:.0} | {:.2} | {failures} |",
+            d.as_secs_f64(),
+            rate(args.jobs, d),
+            rate(args.jobs, d) / direct_rate
+        );
+    };
+    row("baseline: direct to mock", direct, direct_failures);
+    if let (Some(through), Some(submitted)) = (per_job, per_job_submit) {
+        row(
+            "tollgate: submit only (`POST /v1/jobs`, one commit per job)",
+            submitted,
+            0,
+        );
+        row(
+            "tollgate: end to end, jobs submitted one by one",
+            through,
+            per_job_failures as usize,
+        );
+    }
+    row(
+        "tollgate: submit only (`POST /v1/jobs/bulk`, 2,000 per request)",
+        bulk_submitted,
+        0,
     );
-    println!(
-        "| tollgate: submit only | {:.2} | {:.0} | {submit_failures} |",
-        submitted.as_secs_f64(),
-        rate(args.jobs, submitted)
+    row(
+        "tollgate: end to end, jobs submitted in bulk",
+        bulk_through,
+        failed as usize,
     );
-    println!(
-        "| tollgate: end to end | {:.2} | {e2e_rate:.0} | {failed} |",
-        through.as_secs_f64()
-    );
-    println!("\nratio end-to-end / baseline: {:.2}", e2e_rate / direct_rate);
-    anyhow::ensure!(
-        succeeded == expected,
-        "only {succeeded} of {expected} jobs succeeded"
-    );
+    if !apalis.is_empty() {
+        let bulk_rate = rate(args.jobs, bulk_through);
+        println!("\napalis-postgres on the same PostgreSQL (no-op jobs, no HTTP call, no admission):\n");
+        println!("| apalis case | workers × batch | jobs | jobs/s | tollgate bulk end to end ÷ this |");
+        println!("|---|---|---:|---:|---:|");
+        for c in &apalis {
+            println!(
+                "| {} | {} × {} | {} | {:.0} | {:.2} |",
+                c["case"].as_str().unwrap_or("?"),
+                c["workers"],
+                c["batch"],
+                c["jobs"],
+                c["jobs_per_sec"].as_f64().unwrap_or(0.0),
+                bulk_rate / c["jobs_per_sec"].as_f64().unwrap_or(f64::NAN)
+            );
+        }
+    }
     Ok(())
+}
+
+/// Runs the apalis-postgres baseline (`bench/apalis-baseline`) against the same server;
+/// returns its JSON lines, one per case.
+async fn apalis_baseline(bin: &std::path::Path, admin_url: &str, jobs: usize) -> anyhow::Result<Vec<Value>> {
+    let out = tokio::process::Command::new(bin)
+        .args(["--database-url", admin_url, "--jobs", &jobs.to_string()])
+        .output()
+        .await
+        .with_context(|| format!("running {}", bin.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "the apalis baseline failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect())
 }
 
 /// Inserts `n` queued jobs for the bench tenant in one statement.
@@ -280,7 +404,7 @@ async fn insert_queued(pool: &sqlx::PgPool, n: usize) -> anyhow::Result<()> {
 
 #[allow(clippy::print_stdout)]
 async fn gate(args: &BenchArgs) -> anyhow::Result<()> {
-    let stack = stack(args, Roles::API_ONLY).await?;
+    let stack = stack_for(args, Roles::API_ONLY).await?;
     let pool = stack.pool.clone();
 
     // Baseline: the same rows, moved by a plain SKIP LOCKED batch update (no admission).
@@ -344,21 +468,26 @@ async fn gate(args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Interactive probes per second in the steady case, beside the background load.
+const PROBES_PER_SEC: u64 = 20;
+
 #[allow(clippy::print_stdout)]
 async fn steady(args: &BenchArgs) -> anyhow::Result<()> {
-    let stack = stack(args, Roles::ALL).await?;
+    let stack = stack_for(args, Roles::ALL).await?;
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(args.clients)
         .build()?;
     let jobs_url = format!("{}/v1/jobs", stack.api);
     let total = (args.rate * args.seconds) as usize;
     let interval = Duration::from_secs_f64(1.0 / args.rate as f64);
+    let probes = (PROBES_PER_SEC * args.seconds) as usize;
+    let probe_interval = Duration::from_secs_f64(1.0 / PROBES_PER_SEC as f64);
     let begin = Instant::now();
     let start = tokio::time::Instant::now();
-    let sends = futures::stream::iter(0..total)
+    // Each request at its slot: a steady offered rate, whatever the latency.
+    let background = futures::stream::iter(0..total)
         .map(|i| {
             let (http, url) = (http.clone(), jobs_url.clone());
-            // Each request at its slot: a steady offered rate, whatever the latency.
             let at = start + interval * i as u32;
             async move {
                 tokio::time::sleep_until(at).await;
@@ -367,39 +496,63 @@ async fn steady(args: &BenchArgs) -> anyhow::Result<()> {
         })
         .buffer_unordered(args.clients)
         .filter(|ok| futures::future::ready(!*ok))
-        .count()
-        .await;
+        .count();
+    let interactive = futures::stream::iter(0..probes)
+        .map(|i| {
+            let (http, url) = (http.clone(), jobs_url.clone());
+            let at = start + probe_interval * i as u32 + probe_interval / 2;
+            async move {
+                tokio::time::sleep_until(at).await;
+                let r = http
+                    .post(url)
+                    .bearer_auth("tk-bench")
+                    .json(&json!({"request": request(i), "class": "interactive"}))
+                    .send()
+                    .await;
+                matches!(r, Ok(resp) if resp.status().as_u16() == 202)
+            }
+        })
+        .buffer_unordered(8)
+        .filter(|ok| futures::future::ready(!*ok))
+        .count();
+    let (sends, probe_failures) = futures::join!(background, interactive);
     let offered = begin.elapsed();
-    let expected = (total - sends) as i64;
+    let expected = (total + probes - sends - probe_failures) as i64;
     wait_finished(&stack.pool, expected).await?;
-    let row: (f64, f64, f64, f64, f64) = sqlx::query_as(
-        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY a), percentile_cont(0.99) WITHIN GROUP (ORDER BY a),
-                percentile_cont(0.5) WITHIN GROUP (ORDER BY d), percentile_cont(0.99) WITHIN GROUP (ORDER BY d),
-                (count(*) / greatest(extract(epoch FROM max(admitted_at) - min(admitted_at)), 0.001))::float8
-         FROM (SELECT (extract(epoch FROM admitted_at - created_at) * 1000)::float8 AS a,
-                      (extract(epoch FROM started_at - created_at) * 1000)::float8 AS d, admitted_at
-               FROM jobs WHERE started_at IS NOT NULL) t",
+    let rows: Vec<(String, i64, f64, f64, f64, f64)> = sqlx::query_as(
+        "SELECT class::text, count(*),
+                percentile_cont(0.5) WITHIN GROUP (ORDER BY a), percentile_cont(0.99) WITHIN GROUP (ORDER BY a),
+                percentile_cont(0.5) WITHIN GROUP (ORDER BY d), percentile_cont(0.99) WITHIN GROUP (ORDER BY d)
+         FROM (SELECT class, (extract(epoch FROM admitted_at - created_at) * 1000)::float8 AS a,
+                      (extract(epoch FROM started_at - created_at) * 1000)::float8 AS d
+               FROM jobs WHERE started_at IS NOT NULL) t
+         GROUP BY class ORDER BY class",
+    )
+    .fetch_all(&stack.pool)
+    .await?;
+    let admissions: f64 = sqlx::query_scalar(
+        "SELECT (count(*) / greatest(extract(epoch FROM max(admitted_at) - min(admitted_at)), 0.001))::float8
+         FROM jobs WHERE admitted_at IS NOT NULL",
     )
     .fetch_one(&stack.pool)
     .await?;
     stack.stop().await?;
     println!(
-        "\n### steady: {} jobs/s offered for {} s ({} jobs, achieved {:.0}/s)\n",
+        "\n### steady: {} jobs/s offered for {} s ({} jobs, achieved {:.0}/s) + {PROBES_PER_SEC} interactive probes/s\n",
         args.rate,
         args.seconds,
         total,
         rate(total, offered)
     );
-    println!("| measure | p50 ms | p99 ms |");
-    println!("|---|---:|---:|");
-    println!("| enqueue → admitted | {:.1} | {:.1} |", row.0, row.1);
     println!(
-        "| enqueue → dispatched (provider request) | {:.1} | {:.1} |",
-        row.2, row.3
+        "| class | jobs | enqueue → admitted p50 / p99 ms | enqueue → dispatched (provider request) p50 / p99 ms |"
     );
+    println!("|---|---:|---:|---:|");
+    for (class, n, a50, a99, d50, d99) in rows {
+        println!("| {class} | {n} | {a50:.1} / {a99:.1} | {d50:.1} / {d99:.1} |");
+    }
     println!(
-        "\nadmissions/s while steady: {:.0}; submit failures: {sends}",
-        row.4
+        "\nadmissions/s while steady: {admissions:.0}; submit failures: {sends} background, {probe_failures} probes"
     );
     Ok(())
 }

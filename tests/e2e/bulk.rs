@@ -1,0 +1,191 @@
+//! `POST /v1/jobs/bulk`: many jobs in one request, all of them or none.
+
+use serde_json::{Value, json};
+
+use crate::harness::{ACME, GLOBEX, TestApp, TestOptions, eventually, job};
+
+async fn count_jobs(app: &TestApp, tenant: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM jobs WHERE tenant = $1")
+        .bind(tenant)
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("count jobs")
+}
+
+fn jobs(n: usize, key_prefix: Option<&str>) -> Vec<Value> {
+    (0..n)
+        .map(|i| {
+            let mut j = job("fast", &format!("bulk {i}"));
+            if let Some(p) = key_prefix {
+                j["idempotency_key"] = json!(format!("{p}-{i}"));
+            }
+            j
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_bulk_submission_queues_every_job_and_each_finishes() {
+    let app = TestApp::spawn().await;
+    let (status, body) = app
+        .post(ACME, "/v1/jobs/bulk", &json!({"jobs": jobs(300, None)}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["created"], 300);
+    assert_eq!(body["existing"], 0);
+    let ids: Vec<String> = body["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|d| d["id"].as_str().expect("id").to_owned())
+        .collect();
+    assert_eq!(ids.len(), 300);
+    let done: i64 = eventually(60, "every bulk job to succeed", || async {
+        let n: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM jobs WHERE id::text = ANY($1) AND state = 'succeeded'")
+                .bind(&ids)
+                .fetch_one(&app.db.pool)
+                .await
+                .expect("count");
+        (n == 300).then_some(n)
+    })
+    .await;
+    assert_eq!(done, 300);
+    // Each id is the tenant's job, readable as any other.
+    let (status, one) = app.get(ACME, &format!("/v1/jobs/{}", ids[17])).await;
+    assert_eq!(status, 200, "{one}");
+    assert_eq!(one["state"], "succeeded");
+    // In the order sent: item 17 is the job holding "bulk 17".
+    let text: String =
+        sqlx::query_scalar("SELECT request->'messages'->0->>'content' FROM jobs WHERE id::text = $1")
+            .bind(&ids[17])
+            .fetch_one(&app.db.pool)
+            .await
+            .expect("stored request");
+    assert_eq!(text, "bulk 17");
+    let (status, _) = app.get(GLOBEX, &format!("/v1/jobs/{}", ids[17])).await;
+    assert_eq!(status, 404, "another tenant must not see it");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn one_bad_item_rejects_the_whole_request_and_names_it() {
+    let app = TestApp::spawn().await;
+    let mut items = jobs(50, None);
+    items[3]["request"]["model"] = json!("no-such-model");
+    let (status, body) = app.post(ACME, "/v1/jobs/bulk", &json!({"jobs": items})).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "unknown_model");
+    assert_eq!(body["error"]["param"], "jobs[3].request.model");
+
+    let mut items = jobs(50, None);
+    items[49]["priority"] = json!(5000);
+    let (status, body) = app.post(ACME, "/v1/jobs/bulk", &json!({"jobs": items})).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["param"], "jobs[49].priority");
+
+    let mut items = jobs(5, None);
+    items[2] = json!({"request": {"model": "fast"}, "surprise": 1});
+    let (status, body) = app.post(ACME, "/v1/jobs/bulk", &json!({"jobs": items})).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["param"], "jobs[2]");
+
+    for (bad, code) in [
+        (json!({"jobs": []}), "too_many_jobs"),
+        (json!({"jobs": "x"}), "invalid_request"),
+        (json!([1, 2]), "invalid_request"),
+        (json!({"jobs": jobs(2, None), "more": 1}), "invalid_request"),
+    ] {
+        let (status, body) = app.post(ACME, "/v1/jobs/bulk", &bad).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert_eq!(body["error"]["code"], code, "{bad}: {body}");
+    }
+    let r = app
+        .http
+        .post(app.url("/v1/jobs/bulk"))
+        .bearer_auth(ACME)
+        .body("{\"jobs\": [")
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(r.status().as_u16(), 400);
+    assert_eq!(count_jobs(&app, "acme").await, 0, "nothing may be half-written");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn bulk_limits_on_count_and_size_are_clear() {
+    let app = TestApp::spawn_with(TestOptions {
+        server_config: "max_bulk_jobs = 20\nmax_bulk_body_bytes = 4096".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let (status, body) = app
+        .post(ACME, "/v1/jobs/bulk", &json!({"jobs": jobs(21, None)}))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "too_many_jobs");
+    let mut big = jobs(2, None);
+    big[0]["metadata"] = json!({"pad": "x".repeat(5000)});
+    let (status, body) = app.post(ACME, "/v1/jobs/bulk", &json!({"jobs": big})).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["error"]["code"], "body_too_large");
+    assert_eq!(count_jobs(&app, "acme").await, 0);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn idempotency_keys_replay_and_a_reused_key_rolls_back_everything() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: tollgate_api::broker::Roles::API_ONLY,
+        ..TestOptions::default()
+    })
+    .await;
+    let first = json!({"jobs": jobs(10, Some("k"))});
+    let (status, body) = app.post(ACME, "/v1/jobs/bulk", &first).await;
+    assert_eq!(status, 202, "{body}");
+    let ids: Vec<Value> = body["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|d| d["id"].clone())
+        .collect();
+
+    // The same request again: the same jobs, nothing new.
+    let (status, again) = app.post(ACME, "/v1/jobs/bulk", &first).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["created"], 0);
+    assert_eq!(again["existing"], 10);
+    let replayed: Vec<Value> = again["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|d| d["id"].clone())
+        .collect();
+    assert_eq!(replayed, ids);
+
+    // Five new jobs plus one old key with another request: refused, and the five are not kept.
+    let mut mixed = jobs(5, Some("new"));
+    let mut reused = job("fast", "something else");
+    reused["idempotency_key"] = json!("k-4");
+    mixed.push(reused);
+    let (status, body) = app.post(ACME, "/v1/jobs/bulk", &json!({"jobs": mixed})).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "idempotency_key_reused");
+    assert_eq!(body["error"]["param"], "jobs[5].idempotency_key");
+    assert_eq!(count_jobs(&app, "acme").await, 10);
+
+    // Two items sharing a key in one request.
+    let mut twins = jobs(2, Some("twin"));
+    twins[1]["idempotency_key"] = json!("twin-0");
+    let (status, body) = app.post(ACME, "/v1/jobs/bulk", &json!({"jobs": twins})).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "duplicate_idempotency_key");
+    assert_eq!(body["error"]["param"], "jobs[1].idempotency_key");
+
+    // Keys are per tenant: another tenant may use the same ones.
+    let (status, body) = app.post(GLOBEX, "/v1/jobs/bulk", &first).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["created"], 10);
+    app.shutdown().await;
+}
