@@ -5,6 +5,7 @@
 //! Prints one JSON object per case on stdout; progress and errors go to stderr.
 
 use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -12,6 +13,7 @@ use apalis::prelude::*;
 use apalis_postgres::{Config, PgConnectOptions, PgPool, PostgresStorage};
 use clap::{Parser, ValueEnum};
 use serde::Serialize;
+use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgPoolOptions;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -93,6 +95,10 @@ fn rate(jobs: usize, elapsed: Duration) -> (f64, f64) {
     ((secs * 1000.0).round() / 1000.0, per_sec.round())
 }
 
+/// apalis refuses to register a worker whose name is still alive in `apalis.workers`,
+/// so every worker of every case gets a fresh name.
+static WORKER_SEQ: AtomicUsize = AtomicUsize::new(0);
+
 /// The no-op job: the argument is the job's index, the handler does nothing.
 async fn noop(_n: u64) -> Result<(), BoxDynError> {
     Ok(())
@@ -163,13 +169,14 @@ fn spawn_workers(
     stop: &watch::Receiver<bool>,
 ) -> Result<Vec<JoinHandle<Result<()>>>> {
     let mut handles = Vec::with_capacity(workers);
-    for i in 0..workers {
+    for _ in 0..workers {
         // LISTEN/NOTIFY wakes a worker as soon as jobs are inserted (what `mixed` needs);
         // the interval is the fallback poll once a fetch came back empty.
         let backend = storage(pool, queue, batch)?
             .with_pubsub()
             .poll_with_strategy(Strategy::new().interval(Duration::from_millis(100)));
-        let worker = WorkerBuilder::new(format!("{queue}-w{i}-{}", std::process::id()))
+        let seq = WORKER_SEQ.fetch_add(1, Ordering::Relaxed);
+        let worker = WorkerBuilder::new(format!("{queue}-{}-w{seq}", std::process::id()))
             .backend(backend)
             .build(noop);
         let mut stop = stop.clone();
@@ -191,10 +198,23 @@ fn spawn_workers(
     Ok(handles)
 }
 
-/// Waits until `target` more jobs than `baseline_done` are committed Done (or failed).
-async fn wait_done(pool: &PgPool, queue: &str, baseline: &Counts, target: usize) -> Result<i64> {
+/// Waits until `target` more jobs than `baseline` are committed Done (or failed);
+/// fails if every worker has ended before that.
+async fn wait_done(
+    pool: &PgPool,
+    queue: &str,
+    baseline: &Counts,
+    target: usize,
+    handles: &mut Vec<JoinHandle<Result<()>>>,
+) -> Result<i64> {
     let deadline = Instant::now() + Duration::from_secs(3600);
     loop {
+        if !handles.is_empty() && handles.iter().all(|h| h.is_finished()) {
+            for h in handles.drain(..) {
+                h.await.context("worker task panicked")??;
+            }
+            bail!("all workers stopped before {target} jobs were done");
+        }
         let c = counts(pool, queue).await?;
         let finished = (c.done - baseline.done) + (c.failed - baseline.failed);
         if finished >= target as i64 {
@@ -245,8 +265,8 @@ async fn run_drain(
     let baseline = counts(pool, queue).await?;
     let (tx, rx) = watch::channel(false);
     let t0 = Instant::now();
-    let handles = spawn_workers(pool, queue, workers, batch, &rx)?;
-    let failed = wait_done(pool, queue, &baseline, jobs).await?;
+    let mut handles = spawn_workers(pool, queue, workers, batch, &rx)?;
+    let failed = wait_done(pool, queue, &baseline, jobs, &mut handles).await?;
     let elapsed = t0.elapsed();
     stop_workers(tx, handles).await?;
     let (seconds, jobs_per_sec) = rate(jobs, elapsed);
@@ -273,7 +293,7 @@ async fn run_mixed(
     let baseline = counts(pool, queue).await?;
     let (tx, rx) = watch::channel(false);
     let t0 = Instant::now();
-    let handles = spawn_workers(pool, queue, workers, batch, &rx)?;
+    let mut handles = spawn_workers(pool, queue, workers, batch, &rx)?;
     let producer = {
         let pool = pool.clone();
         let queue = queue.to_owned();
@@ -281,7 +301,7 @@ async fn run_mixed(
     };
     producer.await.context("producer task panicked")??;
     let enqueued = t0.elapsed();
-    let failed = wait_done(pool, queue, &baseline, jobs).await?;
+    let failed = wait_done(pool, queue, &baseline, jobs, &mut handles).await?;
     let elapsed = t0.elapsed();
     stop_workers(tx, handles).await?;
     let (seconds, jobs_per_sec) = rate(jobs, elapsed);
@@ -316,7 +336,8 @@ async fn reset(pool: &PgPool) -> Result<()> {
 async fn run_all(args: &Args, server: PgConnectOptions) -> Result<()> {
     let admin = connect(server.clone()).await?;
     let db = format!("apalis_bench_{}", std::process::id());
-    sqlx::query(&format!("CREATE DATABASE {db}"))
+    // `db` is `apalis_bench_` and digits: nothing to inject.
+    sqlx::query(AssertSqlSafe(format!("CREATE DATABASE {db}")))
         .execute(&admin)
         .await
         .with_context(|| format!("creating database {db}"))?;
@@ -357,7 +378,9 @@ async fn run_all(args: &Args, server: PgConnectOptions) -> Result<()> {
         Ok::<(), anyhow::Error>(())
     }
     .await;
-    let dropped = sqlx::query(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+    let dropped = sqlx::query(AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {db} WITH (FORCE)"
+    )))
         .execute(&admin)
         .await
         .with_context(|| format!("dropping database {db}"));
