@@ -208,6 +208,8 @@ async fn wait_done(
     handles: &mut Vec<JoinHandle<Result<()>>>,
 ) -> Result<i64> {
     let deadline = Instant::now() + Duration::from_secs(3600);
+    let mut last_finished = 0i64;
+    let mut last_poll = Instant::now();
     loop {
         if !handles.is_empty() && handles.iter().all(|h| h.is_finished()) {
             for h in handles.drain(..) {
@@ -223,7 +225,20 @@ async fn wait_done(
         if Instant::now() > deadline {
             bail!("timed out: {finished} of {target} jobs finished");
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Each poll is a scan of the jobs table, which competes with apalis for PostgreSQL's
+        // CPU: poll every 100 ms, and sooner only when the jobs left should finish before that.
+        let now = Instant::now();
+        let progressed = finished - last_finished;
+        let since = now.duration_since(last_poll).as_secs_f64();
+        let remaining = (target as i64 - finished) as f64;
+        let wait = if progressed > 0 && since > 0.0 {
+            remaining / (progressed as f64 / since)
+        } else {
+            0.1
+        };
+        last_finished = finished;
+        last_poll = now;
+        tokio::time::sleep(Duration::from_secs_f64(wait.clamp(0.005, 0.1))).await;
     }
 }
 
