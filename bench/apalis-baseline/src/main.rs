@@ -396,9 +396,9 @@ async fn run_all(args: &Args, server: PgConnectOptions) -> Result<()> {
     let dropped = sqlx::query(AssertSqlSafe(format!(
         "DROP DATABASE IF EXISTS {db} WITH (FORCE)"
     )))
-        .execute(&admin)
-        .await
-        .with_context(|| format!("dropping database {db}"));
+    .execute(&admin)
+    .await
+    .with_context(|| format!("dropping database {db}"));
     admin.close().await;
     result?;
     dropped?;
@@ -409,8 +409,7 @@ async fn run_all(args: &Args, server: PgConnectOptions) -> Result<()> {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    let options =
-        PgConnectOptions::from_str(&args.database_url).context("parsing --database-url")?;
+    let options = PgConnectOptions::from_str(&args.database_url).context("parsing --database-url")?;
     if args.mode == Mode::All {
         return run_all(&args, options).await;
     }
@@ -420,9 +419,7 @@ async fn main() -> Result<()> {
         .context("apalis-postgres migrations")?;
     match args.mode {
         Mode::Enqueue => run_enqueue(&pool, &args.queue, args.jobs, args.chunk).await?,
-        Mode::Drain => {
-            run_drain(&pool, "drain", &args.queue, args.jobs, args.workers, args.batch).await?
-        }
+        Mode::Drain => run_drain(&pool, "drain", &args.queue, args.jobs, args.workers, args.batch).await?,
         Mode::Mixed => {
             run_mixed(
                 &pool,
