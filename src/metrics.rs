@@ -145,7 +145,8 @@ pub fn provider_response(
 
 /// A provider answered 2xx without usage; the estimate stood in for it.
 pub fn usage_missing(provider: &str, model: &str) {
-    metrics::counter!(USAGE_MISSING, "provider" => provider.to_owned(), "model" => model.to_owned()).increment(1);
+    metrics::counter!(USAGE_MISSING, "provider" => provider.to_owned(), "model" => model.to_owned())
+        .increment(1);
 }
 
 /// Estimated against reported tokens of a successful attempt, and the over-reservation.

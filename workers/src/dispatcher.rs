@@ -178,14 +178,21 @@ impl Dispatcher {
             }
             let (items, replies): (Vec<Outcome>, Vec<_>) = batch.into_iter().unzip();
             let pool = &self.inner.pool;
-            let written = match store::finish_attempts(pool, &items, Utc::now()).await {
-                // A lost race (deadlock victim, serialization failure) succeeds when tried again.
-                Err(e) => {
-                    tracing::info!(error = %e, batch = items.len(), "writing outcomes failed; trying once more");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    store::finish_attempts(pool, &items, Utc::now()).await
+            // A lost race (deadlock victim, serialization failure) succeeds when tried again;
+            // so does a write while the database restarts. Retried with backoff while the
+            // leases (kept by the heartbeat) could still hold: after that the rescuer owns
+            // the jobs and the guarded write would be refused anyway.
+            let give_up = tokio::time::Instant::now() + self.inner.config.dispatch.lease();
+            let mut backoff = Duration::from_millis(50);
+            let written = loop {
+                match store::finish_attempts(pool, &items, Utc::now()).await {
+                    Err(e) if tokio::time::Instant::now() + backoff < give_up => {
+                        tracing::warn!(error = %e, batch = items.len(), "writing outcomes failed; retrying");
+                        tokio::time::sleep(with_jitter(backoff)).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                    }
+                    written => break written,
                 }
-                written => written,
             };
             match written {
                 Ok(written) => {

@@ -88,7 +88,16 @@ impl InjectedFaults {
     }
 
     pub(crate) fn from_array(a: [u64; 8]) -> Self {
-        let [http_500, http_503, http_529, reset, hang, truncated, non_json, no_usage] = a;
+        let [
+            http_500,
+            http_503,
+            http_529,
+            reset,
+            hang,
+            truncated,
+            non_json,
+            no_usage,
+        ] = a;
         Self {
             http_500,
             http_503,
@@ -124,7 +133,11 @@ impl Mix {
             sum += s.max(0.0);
             *b = sum;
         }
-        let hang_ms = if config.hang_ms == 0 { 60_000 } else { config.hang_ms };
+        let hang_ms = if config.hang_ms == 0 {
+            60_000
+        } else {
+            config.hang_ms
+        };
         Some(Self {
             bounds,
             hang: Duration::from_millis(hang_ms),
@@ -138,10 +151,7 @@ impl Mix {
             Ok(mut rng) => rng.random(),
             Err(poisoned) => poisoned.into_inner().random(),
         };
-        self.bounds
-            .iter()
-            .position(|b| x < *b)
-            .map(|i| KINDS[i])
+        self.bounds.iter().position(|b| x < *b).map(|i| KINDS[i])
     }
 }
 

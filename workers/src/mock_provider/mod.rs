@@ -54,7 +54,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use tokio_util::sync::CancellationToken;
 
-pub use config::{FaultConfig, FaultMix, MockConfig, MockConfigError, ProjectConfig, ProjectLimits, ProviderKind};
+pub use config::{
+    FaultConfig, FaultMix, MockConfig, MockConfigError, ProjectConfig, ProjectLimits, ProviderKind,
+};
 pub use faults::InjectedFaults;
 pub use stats::{MockStats, ProjectStats};
 

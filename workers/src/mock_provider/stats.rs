@@ -125,8 +125,9 @@ impl Totals {
         s.streams_started = self.streams_started.load(Relaxed);
         s.streams_completed = self.streams_completed.load(Relaxed);
         s.streams_cancelled = self.streams_cancelled.load(Relaxed);
-        s.faults_injected =
-            super::faults::InjectedFaults::from_array(std::array::from_fn(|i| self.injected[i].load(Relaxed)));
+        s.faults_injected = super::faults::InjectedFaults::from_array(std::array::from_fn(|i| {
+            self.injected[i].load(Relaxed)
+        }));
     }
 
     /// Zeroes the counters; `in_flight` is a gauge and stays, `max_in_flight` restarts from it.

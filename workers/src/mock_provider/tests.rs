@@ -1521,15 +1521,24 @@ async fn fault_mix_spoils_bodies_it_was_told_to() {
     assert!(serde_json::from_slice::<Value>(&r.bytes().await.unwrap()).is_err());
 
     let h = start(&with_mix("truncated = 1.0")).await;
-    for r in [h.openai("sk-1", chat(None)).await, h.anthropic("ak-1", claude(5)).await] {
+    for r in [
+        h.openai("sk-1", chat(None)).await,
+        h.anthropic("ak-1", claude(5)).await,
+    ] {
         assert_eq!(r.status(), 200);
         let body = r.bytes().await.unwrap();
         assert!(!body.is_empty());
-        assert!(serde_json::from_slice::<Value>(&body).is_err(), "truncated JSON must not parse");
+        assert!(
+            serde_json::from_slice::<Value>(&body).is_err(),
+            "truncated JSON must not parse"
+        );
     }
     let s = h.stats().await;
     // A truncated reply was served: it counts against the limits.
-    assert_eq!((s.faults_injected.truncated, s.projects["oai"].requests_admitted), (2, 1));
+    assert_eq!(
+        (s.faults_injected.truncated, s.projects["oai"].requests_admitted),
+        (2, 1)
+    );
 
     let h = start(&with_mix("no_usage = 1.0")).await;
     let oai: Value = h.openai("sk-1", chat(None)).await.json().await.unwrap();
@@ -1564,13 +1573,22 @@ async fn fault_mix_is_reproducible_by_seed_and_counts_every_fault() {
     let s = &runs[0].1;
     let f = s.faults_injected;
     assert_eq!(s.faults_injected, runs[1].1.faults_injected);
-    for (kind, n) in [("500", f.http_500), ("503", f.http_503), ("529", f.http_529), ("html", f.non_json), ("no usage", f.no_usage)] {
+    for (kind, n) in [
+        ("500", f.http_500),
+        ("503", f.http_503),
+        ("529", f.http_529),
+        ("html", f.non_json),
+        ("no usage", f.no_usage),
+    ] {
         assert!(n > 0, "no {kind} fault in 200 draws at 10%");
     }
     assert_eq!((f.reset, f.hang, f.truncated), (0, 0, 0));
     // Every request either met a fault or succeeded with usage.
     assert_eq!(s.requests, 200);
-    assert_eq!(s.succeeded, 200 - f.http_500 - f.http_503 - f.http_529 - f.non_json);
+    assert_eq!(
+        s.succeeded,
+        200 - f.http_500 - f.http_503 - f.http_529 - f.non_json
+    );
     let with_usage = runs[0].0.iter().filter(|(_, u)| *u == Some(true)).count() as u64;
     assert_eq!(with_usage, 200 - f.total());
 }
