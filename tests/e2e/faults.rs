@@ -61,8 +61,10 @@ pub async fn wait_all_terminal(pool: &PgPool, secs: u64) {
 /// (nor the last dispatch) started after the job's deadline. Returns the number of jobs
 /// per (state, reason code).
 pub async fn check_terminal_jobs(pool: &PgPool, expected: usize) -> Vec<(String, Option<String>, i64)> {
-    let bad: Vec<(uuid::Uuid, String, Option<String>, i32, i32, bool, bool)> = sqlx::query_as(
-        "SELECT id, state::text, error_code, attempt, max_attempts, result IS NOT NULL, reserved_buckets IS NOT NULL
+    let bad: Vec<(uuid::Uuid, String, Option<String>, String)> = sqlx::query_as(
+        "SELECT id, state::text, error_code,
+                format('attempt %s of %s, result %s, reserved %s', attempt, max_attempts,
+                       result IS NOT NULL, reserved_buckets IS NOT NULL)
          FROM jobs
          WHERE NOT ((state = 'succeeded' AND result IS NOT NULL)
                     OR (state = 'failed' AND error_code IS NOT NULL AND result IS NULL))

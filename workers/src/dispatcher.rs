@@ -300,7 +300,7 @@ impl Dispatcher {
                     tracing::warn!(error = %e, "claim failed; backing off");
                     tokio::select! {
                         _ = cancel.cancelled() => break,
-                        _ = tokio::time::sleep(db_backoff) => {}
+                        _ = tokio::time::sleep(with_jitter(db_backoff)) => {}
                     }
                     db_backoff = (db_backoff * 2).min(Duration::from_secs(5));
                     continue;
