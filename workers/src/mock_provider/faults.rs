@@ -71,42 +71,27 @@ pub struct InjectedFaults {
 impl InjectedFaults {
     /// All kinds together.
     pub fn total(&self) -> u64 {
-        self.as_array().iter().sum()
+        self.http_500
+            + self.http_503
+            + self.http_529
+            + self.reset
+            + self.hang
+            + self.truncated
+            + self.non_json
+            + self.no_usage
     }
 
-    fn as_array(&self) -> [u64; 8] {
-        [
-            self.http_500,
-            self.http_503,
-            self.http_529,
-            self.reset,
-            self.hang,
-            self.truncated,
-            self.non_json,
-            self.no_usage,
-        ]
-    }
-
+    /// Counts in [`Injected`] order.
     pub(crate) fn from_array(a: [u64; 8]) -> Self {
-        let [
-            http_500,
-            http_503,
-            http_529,
-            reset,
-            hang,
-            truncated,
-            non_json,
-            no_usage,
-        ] = a;
         Self {
-            http_500,
-            http_503,
-            http_529,
-            reset,
-            hang,
-            truncated,
-            non_json,
-            no_usage,
+            http_500: a[Injected::Http500 as usize],
+            http_503: a[Injected::Http503 as usize],
+            http_529: a[Injected::Http529 as usize],
+            reset: a[Injected::Reset as usize],
+            hang: a[Injected::Hang as usize],
+            truncated: a[Injected::Truncated as usize],
+            non_json: a[Injected::NonJson as usize],
+            no_usage: a[Injected::NoUsage as usize],
         }
     }
 }
