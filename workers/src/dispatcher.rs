@@ -667,6 +667,25 @@ impl Dispatcher {
             return;
         }
         let started_at = Utc::now();
+        // The claim checked the deadline, but a busy process may reach the call later.
+        if started_at >= job.deadline {
+            tollgate::metrics::job_finished(
+                &job.tenant,
+                job.class,
+                "failed",
+                "deadline_exceeded",
+                job.attempt,
+            );
+            let finish = Finish::Failed {
+                code: "deadline_exceeded",
+                message: "the deadline passed before the call could be sent",
+            };
+            log_write(
+                self.finish(holder, Some(served), finish, Settlement::UNSENT, None, started_at)
+                    .await,
+            );
+            return;
+        }
         let outcome = inner.providers.call(&target, &job.request).await;
         let finished_at = Utc::now();
         let record = Self::attempt_record(&job, served, &outcome, started_at, finished_at);
