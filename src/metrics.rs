@@ -42,6 +42,9 @@ pub const RETRIES: &str = "tollgate_retries_total";
 pub const ATTEMPTS_PER_JOB: &str = "tollgate_attempts_per_job";
 /// Jobs finished by the dispatchers, by `tenant`, `class`, `state` and reason `code`.
 pub const JOBS_FINISHED: &str = "tollgate_jobs_finished_total";
+/// Successful provider answers without usage, by `provider` and `model`: their usage
+/// was estimated from the request (the result's `usage.tollgate_estimated` is true).
+pub const USAGE_MISSING: &str = "tollgate_provider_usage_missing_total";
 
 /// Histogram buckets for [`QUEUE_WAIT`] and [`RETRY_AFTER`] (seconds).
 pub const SECONDS_BUCKETS: &[f64] = &[
@@ -138,6 +141,12 @@ pub fn provider_response(
         metrics::histogram!(RETRY_AFTER, "provider" => provider.to_owned(), "model" => model.to_owned())
             .record(after.as_secs_f64());
     }
+}
+
+/// A provider answered 2xx without usage; the estimate stood in for it.
+pub fn usage_missing(provider: &str, model: &str) {
+    metrics::counter!(USAGE_MISSING, "provider" => provider.to_owned(), "model" => model.to_owned())
+        .increment(1);
 }
 
 /// Estimated against reported tokens of a successful attempt, and the over-reservation.

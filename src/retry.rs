@@ -62,6 +62,18 @@ impl Failure {
         }
     }
 
+    /// A 2xx the adapter could not read (truncated, not JSON, no `choices`): the call
+    /// may have been served, but its answer is lost; retried like a broken connection.
+    pub fn bad_response(message: impl Into<String>, status: u16) -> Self {
+        Self {
+            class: FailureClass::Network,
+            code: "provider_bad_response",
+            message: message.into(),
+            status: Some(status),
+            retry_after: None,
+        }
+    }
+
     pub fn timeout(message: impl Into<String>) -> Self {
         Self {
             class: FailureClass::Timeout,

@@ -86,6 +86,12 @@ impl From<tollgate::store::StoreError> for ApiError {
             tollgate::store::StoreError::Database(
                 sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed,
             ) => Self::unavailable(e),
+            // 57P01..57P03: the server is shutting down, crashed or starting (a restart).
+            tollgate::store::StoreError::Database(sqlx::Error::Database(d))
+                if d.code().is_some_and(|c| c.starts_with("57P")) =>
+            {
+                Self::unavailable(e)
+            }
             _ => Self::internal(e),
         }
     }

@@ -138,8 +138,15 @@ async fn healthz() -> &'static str {
     )
 )]
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    match sqlx::query("SELECT 1").execute(&state.pool).await {
-        Ok(_) => (StatusCode::OK, "ready").into_response(),
-        Err(e) => ApiError::unavailable(e).into_response(),
+    // Bounded well below the pool's acquire timeout: while the database restarts a probe
+    // must say "not ready" promptly, not hang.
+    let probe = sqlx::query("SELECT 1").execute(&state.pool);
+    match tokio::time::timeout(READY_PROBE_TIMEOUT, probe).await {
+        Ok(Ok(_)) => (StatusCode::OK, "ready").into_response(),
+        Ok(Err(e)) => ApiError::unavailable(e).into_response(),
+        Err(_) => ApiError::unavailable("no database connection within the probe timeout").into_response(),
     }
 }
+
+/// How long `/readyz` waits for the database before answering 503.
+const READY_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);

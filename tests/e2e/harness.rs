@@ -155,6 +155,8 @@ pub struct TestOptions {
     pub gate_config: String,
     /// Lines added to the `[server]` table.
     pub server_config: String,
+    /// Lines added to the `[dispatch]` table.
+    pub dispatch_config: String,
     /// The `[retry]` table's lines, replacing the harness's when not empty.
     pub retry_config: String,
     /// Whether the harness's providers (`oai`, `ant`) learn limits from responses. Off by
@@ -171,6 +173,7 @@ impl Default for TestOptions {
             extra_config: String::new(),
             gate_config: String::new(),
             server_config: String::new(),
+            dispatch_config: String::new(),
             retry_config: String::new(),
             learn_limits: false,
         }
@@ -213,7 +216,12 @@ impl TestApp {
                         },
                     )
                     .replacen("[server]\n", &format!("[server]\n{}\n", opts.server_config), 1)
-                    .replacen("[gate]\n", &format!("[gate]\n{}\n", opts.gate_config), 1),
+                    .replacen("[gate]\n", &format!("[gate]\n{}\n", opts.gate_config), 1)
+                    .replacen(
+                        "[dispatch]\n",
+                        &format!("[dispatch]\n{}\n", opts.dispatch_config),
+                        1,
+                    ),
                 "test config",
             )
             .expect("valid test config"),

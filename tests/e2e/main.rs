@@ -14,6 +14,10 @@
 //! - [`cli`]: the client commands of the real binary (`submit`, `jobs get`, `status`).
 //! - [`dashboard`]: the dashboard in headless Chromium, checked against the API.
 //! - [`observe`]: OpenAPI, metrics, status, the CLI and the dashboard.
+//! - [`faults`]: the mock's fault mix on a few hundred jobs: every fault classified,
+//!   nothing stuck, deadlines kept, buckets full again.
+//! - [`chaos`]: ten SIGKILLs of `tollgate serve` mid-run, and a PostgreSQL restart under
+//!   it: every job finished once, every webhook event delivered.
 //! - [`adapters`]: Gemini and Azure OpenAI targets: results in OpenAI format, usage,
 //!   streaming, and a Gemini 429 body teaching a limit.
 
@@ -23,9 +27,11 @@ mod adapters;
 mod bad_input;
 mod batches;
 mod bulk;
+mod chaos;
 mod cli;
 mod dashboard;
 mod durability;
+mod faults;
 mod gate;
 mod harness;
 mod learning;

@@ -207,14 +207,21 @@ impl Dispatcher {
             };
             let (items, replies): (Vec<Outcome>, Vec<_>) = batch.into_iter().unzip();
             let pool = &self.inner.pool;
-            let written = match store::finish_attempts(pool, &items, Utc::now()).await {
-                // A lost race (deadlock victim, serialization failure) succeeds when tried again.
-                Err(e) => {
-                    tracing::info!(error = %e, batch = items.len(), "writing outcomes failed; trying once more");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    store::finish_attempts(pool, &items, Utc::now()).await
+            // A lost race (deadlock victim, serialization failure) succeeds when tried again;
+            // so does a write while the database restarts. Retried with backoff while the
+            // leases (kept by the heartbeat) could still hold: after that the rescuer owns
+            // the jobs and the guarded write would be refused anyway.
+            let give_up = tokio::time::Instant::now() + self.inner.config.dispatch.lease();
+            let mut backoff = Duration::from_millis(50);
+            let written = loop {
+                match store::finish_attempts(pool, &items, Utc::now()).await {
+                    Err(e) if tokio::time::Instant::now() + backoff < give_up => {
+                        tracing::warn!(error = %e, batch = items.len(), "writing outcomes failed; retrying");
+                        tokio::time::sleep(with_jitter(backoff)).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                    }
+                    written => break written,
                 }
-                written => written,
             };
             match written {
                 Ok(written) => {
@@ -326,7 +333,7 @@ impl Dispatcher {
                     tracing::warn!(error = %e, "claim failed; backing off");
                     tokio::select! {
                         _ = cancel.cancelled() => break,
-                        _ = tokio::time::sleep(db_backoff) => {}
+                        _ = tokio::time::sleep(with_jitter(db_backoff)) => {}
                     }
                     db_backoff = (db_backoff * 2).min(Duration::from_secs(5));
                     continue;
@@ -692,6 +699,25 @@ impl Dispatcher {
             return;
         }
         let started_at = Utc::now();
+        // The claim checked the deadline, but a busy process may reach the call later.
+        if started_at >= job.deadline {
+            tollgate::metrics::job_finished(
+                &job.tenant,
+                job.class,
+                "failed",
+                "deadline_exceeded",
+                job.attempt,
+            );
+            let finish = Finish::Failed {
+                code: "deadline_exceeded",
+                message: "the deadline passed before the call could be sent",
+            };
+            log_write(
+                self.finish(holder, Some(served), finish, Settlement::UNSENT, None, started_at)
+                    .await,
+            );
+            return;
+        }
         let outcome = inner.providers.call(&target, &job.request).await;
         let finished_at = Utc::now();
         let record = Self::attempt_record(&job, served, &outcome, started_at, finished_at);

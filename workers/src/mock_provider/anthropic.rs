@@ -128,7 +128,8 @@ pub(super) async fn messages(State(p): State<MockProvider>, req: Request) -> Res
         super::stats::bump(&inner.totals.not_found);
         return reply.error(StatusCode::NOT_FOUND, "not_found_error", &msg, Some(&view));
     }
-    if let Some(status) = inner.fault(project) {
+    let injected = inner.fault_or_inject(project);
+    if let Some(status) = injected.status {
         let (kind, msg) = match status.as_u16() {
             529 => ("overloaded_error", "Overloaded"),
             500 => ("api_error", "Internal server error"),
@@ -136,6 +137,9 @@ pub(super) async fn messages(State(p): State<MockProvider>, req: Request) -> Res
         };
         let view = inner.view(project);
         return reply.error(status, kind, msg, Some(&view));
+    }
+    if let Some(resp) = super::faults::before(inner, injected.fault).await {
+        return resp;
     }
 
     let input = input_tokens(&messages, req.system.as_ref());
@@ -196,7 +200,8 @@ pub(super) async fn messages(State(p): State<MockProvider>, req: Request) -> Res
     } else {
         view
     };
-    reply.json(StatusCode::OK, &message, Some(&view))
+    let resp = reply.json(StatusCode::OK, &message, Some(&view));
+    super::faults::after(injected.fault, resp).await
 }
 
 impl Respond for Reply<'_> {

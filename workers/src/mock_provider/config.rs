@@ -28,6 +28,11 @@ use serde::{Deserialize, Serialize};
 /// duration_ms = 20000
 /// status = 503
 /// probability = 1.0
+///
+/// [fault_mix]                     # random faults on every model request, by share
+/// seed = 7
+/// http_503 = 0.02
+/// reset = 0.02
 /// ```
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -49,6 +54,8 @@ pub struct MockConfig {
     pub projects: Vec<ProjectConfig>,
     /// Optional fault windows. Default none.
     pub faults: Vec<FaultConfig>,
+    /// Random faults mixed into every model request. Default: all shares 0 (none).
+    pub fault_mix: FaultMix,
 }
 
 impl Default for MockConfig {
@@ -60,6 +67,7 @@ impl Default for MockConfig {
             send_rate_limit_headers: true,
             projects: Vec::new(),
             faults: Vec::new(),
+            fault_mix: FaultMix::default(),
         }
     }
 }
@@ -179,6 +187,72 @@ fn default_probability() -> f64 {
     1.0
 }
 
+/// Faults injected at random into model requests on the OpenAI and Anthropic APIs (all
+/// projects; a streamed 200 is never spoiled), each kind with its share of the requests: the failures a real provider or the network
+/// in between produces now and then. One draw per request from an RNG seeded with
+/// `seed`, so a run's sequence of faults is reproducible. Every share defaults to 0; the
+/// shares may add up to at most 1.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FaultMix {
+    /// Seed of the fault draws. Default 0.
+    pub seed: u64,
+    /// 500 `server_error` / `api_error`, before admission (nothing charged).
+    pub http_500: f64,
+    /// 503 "overloaded or not ready", before admission.
+    pub http_503: f64,
+    /// 529 (Anthropic `overloaded_error`; OpenAI's body shape on OpenAI routes), before
+    /// admission.
+    pub http_529: f64,
+    /// The connection is closed without a reply, before admission.
+    pub reset: f64,
+    /// No reply for `hang_ms`, past any sensible client timeout, then a 504; before
+    /// admission.
+    pub hang: f64,
+    /// How long a `hang` lasts, in ms. Default 0 = 60 000.
+    pub hang_ms: u64,
+    /// An admitted 200 whose JSON body is cut in half (the request was served and counts
+    /// against the limits).
+    pub truncated: f64,
+    /// A 200 `text/html` error page instead of JSON, before admission (what a proxy in
+    /// front of the provider sends).
+    pub non_json: f64,
+    /// An admitted 200 whose body has no `usage` object.
+    pub no_usage: f64,
+}
+
+impl FaultMix {
+    /// The shares in [`super::faults::Injected`] order.
+    pub(crate) fn shares(&self) -> [f64; 8] {
+        [
+            self.http_500,
+            self.http_503,
+            self.http_529,
+            self.reset,
+            self.hang,
+            self.truncated,
+            self.non_json,
+            self.no_usage,
+        ]
+    }
+
+    /// The same share for every kind (tests, chaos runs).
+    pub fn uniform(seed: u64, share: f64) -> Self {
+        Self {
+            seed,
+            http_500: share,
+            http_503: share,
+            http_529: share,
+            reset: share,
+            hang: share,
+            hang_ms: 0,
+            truncated: share,
+            non_json: share,
+            no_usage: share,
+        }
+    }
+}
+
 /// Why a mock configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum MockConfigError {
@@ -254,6 +328,10 @@ impl MockConfig {
                     f.probability
                 ));
             }
+        }
+        let shares = self.fault_mix.shares();
+        if shares.iter().any(|s| !(0.0..=1.0).contains(s)) || shares.iter().sum::<f64>() > 1.0 + 1e-9 {
+            return invalid("fault_mix shares must each be in 0..=1 and add up to at most 1".to_owned());
         }
         Ok(())
     }

@@ -12,13 +12,15 @@
 //! - `buckets`: per-project limiter — continuous-refill per-minute buckets (RPM, TPM,
 //!   ITPM, OTPM) and a UTC-day RPD window, admitting all-or-nothing.
 //! - `audit`: an independent check that what was admitted never exceeds the limits.
+//! - `faults`: the random fault mix — seeded draws, resets, hangs, spoiled bodies.
 //! - `stream`: the SSE bodies of `"stream": true` requests and their accounting.
 //! - `stats`: atomic counters and the [`MockStats`] snapshot.
 //! - `clock`: time since start (tests pin it).
 //!
 //! A model request flows: key → project (401) → body (400) → model (404) → fault window
-//! (5xx, nothing charged) → limiter under the project's mutex (429, nothing charged) →
-//! latency sleep with no lock held → OTPM correction → 200. A `"stream": true` request
+//! (5xx, nothing charged) → fault mix (5xx, reset, hang, HTML page) → limiter under the project's mutex (429, nothing charged) →
+//! latency sleep with no lock held → OTPM correction → 200 (which the fault mix may
+//! truncate or strip of `usage`). A `"stream": true` request
 //! is admitted the same way (errors stay plain JSON responses), then answered 200 with
 //! an SSE body that spends the latency between its events and settles OTPM when it ends
 //! or the client drops it (`stream`). Control routes:
@@ -30,6 +32,7 @@ mod azure;
 mod buckets;
 mod clock;
 mod config;
+mod faults;
 mod gemini;
 mod openai;
 mod reply;
@@ -51,7 +54,10 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use tokio_util::sync::CancellationToken;
 
-pub use config::{FaultConfig, MockConfig, MockConfigError, ProjectConfig, ProjectLimits, ProviderKind};
+pub use config::{
+    FaultConfig, FaultMix, MockConfig, MockConfigError, ProjectConfig, ProjectLimits, ProviderKind,
+};
+pub use faults::InjectedFaults;
 pub use stats::{MockStats, ProjectStats};
 
 use buckets::{Admission, Charge, Limiter, LimitsView};
@@ -123,6 +129,8 @@ struct Inner {
     /// Keys per API: a key works only on its project's API.
     keys: HashMap<ProviderKind, HashMap<String, KeyEntry>>,
     faults: Vec<Fault>,
+    /// The random fault mix; `None` when every share is 0.
+    mix: Option<faults::Mix>,
     clock: Clock,
     totals: Totals,
     text: CannedText,
@@ -192,6 +200,7 @@ impl MockProvider {
             by_name,
             keys: all_keys,
             faults,
+            mix: faults::Mix::new(&config.fault_mix),
             clock,
             totals: Totals::default(),
             text: CannedText::new(config.output_tokens),

@@ -150,8 +150,12 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
             &inner.totals.not_found,
         );
     }
-    if let Some(status) = inner.fault(project) {
+    let injected = inner.fault_or_inject(project);
+    if let Some(status) = injected.status {
         return reply.fault(status);
+    }
+    if let Some(resp) = super::faults::before(inner, injected.fault).await {
+        return resp;
     }
 
     let input = input_tokens(&messages, None);
@@ -163,10 +167,11 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
         stream: req.stream == Some(true),
         include_usage: req.stream_options.and_then(|o| o.include_usage) == Some(true),
     };
-    complete(&p, in_flight, &reply, chat, |d, view| {
+    let resp = complete(&p, in_flight, &reply, chat, |d, view| {
         reply.rate_limited(model, d, view)
     })
-    .await
+    .await;
+    super::faults::after(injected.fault, resp).await
 }
 
 /// A checked Chat Completions request, ready for admission.

@@ -41,6 +41,9 @@ pub struct MockStats {
     /// `output_tokens_admitted`.
     #[serde(default)]
     pub streams_cancelled: u64,
+    /// Faults injected by the fault mix, by kind.
+    #[serde(default)]
+    pub faults_injected: super::faults::InjectedFaults,
     /// Sum of the projects' `limit_violations`; anything but 0 is a bug in the mock.
     pub limit_violations: u64,
     /// Per project, by name.
@@ -81,6 +84,8 @@ pub(crate) struct Totals {
     pub streams_started: AtomicU64,
     pub streams_completed: AtomicU64,
     pub streams_cancelled: AtomicU64,
+    /// Faults of the fault mix, in `faults::Injected` order.
+    pub injected: [AtomicU64; 8],
 }
 
 /// Per-project counters.
@@ -120,6 +125,9 @@ impl Totals {
         s.streams_started = self.streams_started.load(Relaxed);
         s.streams_completed = self.streams_completed.load(Relaxed);
         s.streams_cancelled = self.streams_cancelled.load(Relaxed);
+        s.faults_injected = super::faults::InjectedFaults::from_array(std::array::from_fn(|i| {
+            self.injected[i].load(Relaxed)
+        }));
     }
 
     /// Zeroes the counters; `in_flight` is a gauge and stays, `max_in_flight` restarts from it.
@@ -135,7 +143,10 @@ impl Totals {
             &self.streams_started,
             &self.streams_completed,
             &self.streams_cancelled,
-        ] {
+        ]
+        .into_iter()
+        .chain(&self.injected)
+        {
             c.store(0, Relaxed);
         }
         self.max_in_flight.store(self.in_flight.load(Relaxed), Relaxed);

@@ -1435,3 +1435,169 @@ async fn azure_success_headers_and_string_code_429() {
         (1, 1, 1, 2)
     );
 }
+
+const UNLIMITED: &str = r#"
+[[projects]]
+name = "oai"
+kind = "openai"
+keys = ["sk-1"]
+[[projects]]
+name = "ant"
+kind = "anthropic"
+keys = ["ak-1"]
+"#;
+
+fn with_mix(mix: &str) -> String {
+    format!("{UNLIMITED}\n[fault_mix]\nseed = 42\n{mix}\n")
+}
+
+#[tokio::test]
+async fn fault_mix_5xx_kinds_speak_each_api() {
+    for (share, status, oai_type, ant_type) in [
+        ("http_500", 500, "server_error", "api_error"),
+        ("http_503", 503, "server_error", "api_error"),
+        ("http_529", 529, "server_error", "overloaded_error"),
+    ] {
+        let h = start(&with_mix(&format!("{share} = 1.0"))).await;
+        let r = h.openai("sk-1", chat(None)).await;
+        assert_eq!(r.status().as_u16(), status, "{share}");
+        let b: Value = r.json().await.unwrap();
+        assert_eq!(b["error"]["type"], oai_type, "{share}");
+        let r = h.anthropic("ak-1", claude(5)).await;
+        assert_eq!(r.status().as_u16(), status, "{share}");
+        let b: Value = r.json().await.unwrap();
+        assert_eq!(b["error"]["type"], ant_type, "{share}");
+        let s = h.stats().await;
+        assert_eq!(s.faults_injected.total(), 2, "{share}");
+        // Nothing was admitted, so nothing was charged.
+        assert_eq!(s.projects["oai"].requests_admitted, 0);
+        assert_eq!(s.succeeded, 0);
+    }
+}
+
+#[tokio::test]
+async fn fault_mix_reset_closes_the_connection_without_a_reply() {
+    let h = start(&with_mix("reset = 1.0")).await;
+    let sent = h
+        .client
+        .post(format!("{}/v1/chat/completions", h.base))
+        .bearer_auth("sk-1")
+        .json(&chat(None))
+        .send()
+        .await;
+    // Either the head never arrives, or the body breaks before its first byte.
+    let failed = match sent {
+        Err(e) => !e.is_timeout(),
+        Ok(r) => r.bytes().await.is_err(),
+    };
+    assert!(failed, "a reset must not read as a complete reply");
+    assert_eq!(h.stats().await.faults_injected.reset, 1);
+}
+
+#[tokio::test]
+async fn fault_mix_hang_outlasts_the_client_timeout() {
+    let h = start(&with_mix("hang = 1.0\nhang_ms = 10000")).await;
+    let err = h
+        .client
+        .post(format!("{}/v1/messages", h.base))
+        .header("x-api-key", "ak-1")
+        .header("anthropic-version", "2023-06-01")
+        .timeout(Duration::from_millis(200))
+        .json(&claude(5))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    let s = h.stats().await;
+    assert_eq!((s.faults_injected.hang, s.succeeded), (1, 0));
+}
+
+#[tokio::test]
+async fn fault_mix_spoils_bodies_it_was_told_to() {
+    let h = start(&with_mix("non_json = 1.0")).await;
+    let r = h.openai("sk-1", chat(None)).await;
+    assert_eq!(r.status(), 200);
+    assert!(header(&r, "content-type").starts_with("text/html"));
+    assert!(serde_json::from_slice::<Value>(&r.bytes().await.unwrap()).is_err());
+
+    let h = start(&with_mix("truncated = 1.0")).await;
+    for r in [
+        h.openai("sk-1", chat(None)).await,
+        h.anthropic("ak-1", claude(5)).await,
+    ] {
+        assert_eq!(r.status(), 200);
+        let body = r.bytes().await.unwrap();
+        assert!(!body.is_empty());
+        assert!(
+            serde_json::from_slice::<Value>(&body).is_err(),
+            "truncated JSON must not parse"
+        );
+    }
+    let s = h.stats().await;
+    // A truncated reply was served: it counts against the limits.
+    assert_eq!(
+        (s.faults_injected.truncated, s.projects["oai"].requests_admitted),
+        (2, 1)
+    );
+
+    let h = start(&with_mix("no_usage = 1.0")).await;
+    let oai: Value = h.openai("sk-1", chat(None)).await.json().await.unwrap();
+    assert!(oai.get("usage").is_none() && oai["choices"][0]["message"]["content"].is_string());
+    let ant: Value = h.anthropic("ak-1", claude(5)).await.json().await.unwrap();
+    assert!(ant.get("usage").is_none() && ant["content"][0]["text"].is_string());
+    // A stream is never spoiled.
+    let mut streaming = chat(None);
+    streaming["stream"] = json!(true);
+    let r = h.openai("sk-1", streaming).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("[DONE]"));
+    assert_eq!(h.stats().await.faults_injected.no_usage, 3);
+}
+
+#[tokio::test]
+async fn fault_mix_is_reproducible_by_seed_and_counts_every_fault() {
+    let mix = with_mix("http_500 = 0.1\nhttp_503 = 0.1\nhttp_529 = 0.1\nnon_json = 0.1\nno_usage = 0.1");
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let h = start(&mix).await;
+        let mut seen = Vec::new();
+        for _ in 0..200 {
+            let r = h.openai("sk-1", chat(None)).await;
+            let html = header(&r, "content-type").starts_with("text/html");
+            let body: Option<Value> = r.json().await.ok();
+            seen.push((html, body.map(|b| b.get("usage").is_some())));
+        }
+        runs.push((seen, h.stats().await));
+    }
+    assert_eq!(runs[0].0, runs[1].0, "the same seed draws the same faults");
+    let s = &runs[0].1;
+    let f = s.faults_injected;
+    assert_eq!(s.faults_injected, runs[1].1.faults_injected);
+    for (kind, n) in [
+        ("500", f.http_500),
+        ("503", f.http_503),
+        ("529", f.http_529),
+        ("html", f.non_json),
+        ("no usage", f.no_usage),
+    ] {
+        assert!(n > 0, "no {kind} fault in 200 draws at 10%");
+    }
+    assert_eq!((f.reset, f.hang, f.truncated), (0, 0, 0));
+    // Every request either met a fault or succeeded with usage.
+    assert_eq!(s.requests, 200);
+    assert_eq!(
+        s.succeeded,
+        200 - f.http_500 - f.http_503 - f.http_529 - f.non_json
+    );
+    let with_usage = runs[0].0.iter().filter(|(_, u)| *u == Some(true)).count() as u64;
+    assert_eq!(with_usage, 200 - f.total());
+}
+
+#[test]
+fn fault_mix_shares_are_validated() {
+    assert!(MockConfig::from_toml_str(&with_mix("reset = 0.6\nhang = 0.6")).is_err());
+    assert!(MockConfig::from_toml_str(&with_mix("reset = -0.1")).is_err());
+    let c = MockConfig::from_toml_str(&with_mix("reset = 0.5\nhang = 0.5")).unwrap();
+    assert_eq!(c.fault_mix.seed, 42);
+    assert_eq!(MockConfig::default().fault_mix, FaultMix::default());
+}

@@ -111,11 +111,12 @@ pub(super) fn parse_success(body: &[u8]) -> Result<Success, String> {
         Some("refusal") => "content_filter",
         _ => "stop",
     };
+    let reported = msg.get("usage").is_some_and(Value::is_object);
     let u = msg.get("usage").cloned().unwrap_or(Value::Null);
     let cache_read = int(&u, &["cache_read_input_tokens"]);
     let input = int(&u, &["input_tokens"]) + int(&u, &["cache_creation_input_tokens"]) + cache_read;
     let output = int(&u, &["output_tokens"]);
-    let body = json!({
+    let mut body = json!({
         "id": msg.get("id").cloned().unwrap_or(Value::Null),
         "object": "chat.completion",
         "created": chrono::Utc::now().timestamp(),
@@ -132,6 +133,10 @@ pub(super) fn parse_success(body: &[u8]) -> Result<Success, String> {
             "prompt_tokens_details": {"cached_tokens": cache_read},
         },
     });
+    if !reported {
+        // No usage invented: the caller sees it is missing and estimates it.
+        super::drop_usage(&mut body);
+    }
     Ok(Success {
         body,
         usage: Usage {
@@ -183,5 +188,10 @@ mod tests {
             }
         );
         assert_eq!(s.body["usage"]["total_tokens"], 18);
+        // No usage is not invented as zeros: the caller sees it missing and estimates it.
+        let bare = br#"{"id":"msg_2","type":"message","content":[{"type":"text","text":"hi"}]}"#;
+        assert!(parse_success(bare).unwrap().body.get("usage").is_none());
+        // A truncated body is an error, not a panic.
+        assert!(parse_success(&body[..body.len() / 2]).is_err());
     }
 }

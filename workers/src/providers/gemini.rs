@@ -114,13 +114,14 @@ pub(super) fn parse_success(body: &[u8], model: &str) -> Result<Success, String>
                 .and_then(Value::as_str),
         )
     };
+    let reported = r.get("usageMetadata").is_some_and(Value::is_object);
     let u = r.get("usageMetadata").cloned().unwrap_or(Value::Null);
     let input = int(&u, &["promptTokenCount"]);
     let thoughts = int(&u, &["thoughtsTokenCount"]);
     // Thinking is billed as output.
     let output = int(&u, &["candidatesTokenCount"]) + thoughts;
     let cached = int(&u, &["cachedContentTokenCount"]);
-    let body = json!({
+    let mut body = json!({
         "id": r.get("responseId").cloned().unwrap_or(Value::Null),
         "object": "chat.completion",
         "created": chrono::Utc::now().timestamp(),
@@ -138,6 +139,9 @@ pub(super) fn parse_success(body: &[u8], model: &str) -> Result<Success, String>
             "completion_tokens_details": {"reasoning_tokens": thoughts},
         },
     });
+    if !reported {
+        super::drop_usage(&mut body);
+    }
     Ok(Success {
         body,
         usage: Usage {

@@ -243,17 +243,53 @@ impl ProviderClient {
                 ProviderKind::Gemini => gemini::parse_success(&body, model),
                 ProviderKind::Anthropic => anthropic::parse_success(&body),
             };
-            parsed.map_err(|reason| Failure {
-                class: tollgate::retry::FailureClass::Network,
-                code: "provider_bad_response",
-                message: reason,
-                status: Some(status),
-                retry_after: None,
-            })
+            parsed
+                .map(|s| self.with_usage(s, model, request))
+                .map_err(|reason| Failure::bad_response(reason, status))
         } else {
             Err(classify_response(status, &headers, &body))
         };
         outcome
+    }
+}
+
+impl ProviderClient {
+    /// A success whose body has no `usage` (a provider or proxy fault) is settled with
+    /// the request's estimate — input by the tokenizer or char rule, output at its cap —
+    /// so its reservation is kept whole rather than refunded as if nothing was used; the
+    /// result says so in `usage.tollgate_estimated`.
+    fn with_usage(&self, mut success: Success, model: &str, request: &Value) -> Success {
+        if success.body.get("usage").is_some_and(Value::is_object) {
+            return success;
+        }
+        let input = i64::from(tollgate::estimate::input_tokens(request, Some(model)));
+        let output = i64::from(tollgate::estimate::output_tokens(request));
+        tracing::warn!(provider = %self.name, model, "provider answered without usage; settling with the estimate");
+        tollgate::metrics::usage_missing(&self.name, model);
+        success.usage = Usage {
+            input_tokens: input,
+            output_tokens: output,
+            cached_tokens: 0,
+        };
+        if let Some(obj) = success.body.as_object_mut() {
+            obj.insert(
+                "usage".to_owned(),
+                serde_json::json!({
+                    "prompt_tokens": input,
+                    "completion_tokens": output,
+                    "total_tokens": input + output,
+                    "tollgate_estimated": true,
+                }),
+            );
+        }
+        success
+    }
+}
+
+/// Removes the `usage` a translation filled with zeros when the provider sent none.
+pub(crate) fn drop_usage(body: &mut Value) {
+    if let Some(obj) = body.as_object_mut() {
+        obj.remove("usage");
     }
 }
 
