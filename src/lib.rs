@@ -30,6 +30,8 @@ pub mod config;
 pub mod db;
 pub mod embedded;
 pub mod estimate;
+#[doc(hidden)]
+pub mod fuzz_bodies;
 pub mod gate;
 pub mod learning;
 pub mod metrics;

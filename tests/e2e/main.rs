@@ -14,6 +14,9 @@
 //! - [`cli`]: the client commands of the real binary (`submit`, `jobs get`, `status`).
 //! - [`dashboard`]: the dashboard in headless Chromium, checked against the API.
 //! - [`observe`]: OpenAPI, metrics, status, the CLI and the dashboard.
+//! - [`security`]: hostile input limits, the auth matrix over every endpoint, provider
+//!   keys never leaking, API rate limits.
+//! - [`schemathesis`]: generated requests against `/openapi.json`: no 5xx, schema-true.
 //! - [`adapters`]: Gemini and Azure OpenAI targets: results in OpenAI format, usage,
 //!   streaming, and a Gemini 429 body teaching a limit.
 
@@ -31,5 +34,7 @@ mod learning;
 mod lifecycle;
 mod observe;
 mod python;
+mod schemathesis;
+mod security;
 mod streaming;
 mod webhooks;
