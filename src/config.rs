@@ -103,8 +103,8 @@ impl Default for ServerConfig {
             sync_timeout_secs: 120,
             admin_key: None,
             admin_key_env: None,
-            api_rate_per_sec: 1000.0,
-            api_burst: 2000.0,
+            api_rate_per_sec: 10_000.0,
+            api_burst: 20_000.0,
             max_header_bytes: 16 * 1024,
         }
     }
