@@ -251,6 +251,8 @@ pub enum JobErrorCode {
     ProviderRejectedRequest,
     UnknownModel,
     Cancelled,
+    /// Every key that could serve the job was rejected by its provider (401/403).
+    UpstreamCredentialsExhausted,
     ClientDisconnected,
 }
 

@@ -387,7 +387,7 @@ async fn provider_keys_appear_in_no_log_metric_error_record_or_page() {
     assert!(mock.stats().unauthorized >= 1, "the provider's 401 path ran");
     assert!(mock.stats().succeeded >= 8, "the live key carried the work");
     assert!(
-        seen.contains("\"failed\"") && seen.contains("upstream_auth_failed"),
+        seen.contains("\"failed\"") && seen.contains("upstream_credentials_exhausted"),
         "the job on the revoked key failed as the provider's 401 says: {seen}"
     );
     for (path, key) in [
