@@ -2,9 +2,15 @@
 //! statuses, rows, completion windows. A batch's lines are ordinary jobs (class `batch`
 //! unless the batch names another) that carry the batch id, their `custom_id` and their
 //! input line; its output and error files are built from those jobs when it finishes.
+//! An input file is read as a stream: [`LineSplitter`] cuts it into lines holding at most
+//! one line's bytes, and [`parse_line`] checks each line's envelope (both are fuzzed:
+//! `fuzz/`, and `tests::fuzz_bodies_*`).
+
+use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use uuid::Uuid;
 
 use crate::model::JobClass;
@@ -163,6 +169,158 @@ pub fn parse_window(text: &str) -> Option<std::time::Duration> {
     (secs > 0).then(|| std::time::Duration::from_secs(secs))
 }
 
+/// A line as the splitter hands it out.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Line<'a> {
+    Text(&'a [u8]),
+    /// Longer than the limit; its bytes were dropped as they came.
+    TooLarge,
+}
+
+/// Splits a byte stream into non-blank lines numbered from 1 (blank lines count in the
+/// numbering, as an editor shows them), holding at most one line of `max` bytes.
+pub struct LineSplitter {
+    max: usize,
+    carry: Vec<u8>,
+    carry_too_large: bool,
+    number: i32,
+    out: Vec<(i32, Option<Vec<u8>>)>,
+}
+
+impl LineSplitter {
+    pub fn new(max: usize) -> Self {
+        Self {
+            max,
+            carry: Vec::new(),
+            carry_too_large: false,
+            number: 0,
+            out: Vec::new(),
+        }
+    }
+
+    /// The complete lines in `data` (and, when `last`, the final unterminated one).
+    pub fn feed(&mut self, data: &[u8], last: bool) -> Vec<(i32, Line<'_>)> {
+        self.out.clear();
+        let mut rest = data;
+        while let Some(end) = rest.iter().position(|&b| b == b'\n') {
+            self.append(&rest[..end]);
+            self.end_line();
+            rest = &rest[end + 1..];
+        }
+        self.append(rest);
+        if last && (self.carry_too_large || !self.carry.is_empty()) {
+            self.end_line();
+        }
+        self.out
+            .iter()
+            .map(|(n, l)| (*n, l.as_deref().map_or(Line::TooLarge, Line::Text)))
+            .collect()
+    }
+
+    fn append(&mut self, part: &[u8]) {
+        if self.carry_too_large {
+            return;
+        }
+        if self.carry.len() + part.len() > self.max {
+            self.carry_too_large = true;
+            self.carry = Vec::new();
+        } else {
+            self.carry.extend_from_slice(part);
+        }
+    }
+
+    fn end_line(&mut self) {
+        self.number += 1;
+        let line = std::mem::take(&mut self.carry);
+        if std::mem::take(&mut self.carry_too_large) {
+            self.out.push((self.number, None));
+        } else if line.iter().any(|b| !b.is_ascii_whitespace()) {
+            self.out.push((self.number, Some(line)));
+        }
+    }
+}
+
+/// Longest `custom_id` accepted.
+pub const MAX_CUSTOM_ID: usize = 512;
+
+/// A batch input line's envelope, checked: its `custom_id` and the request (`body`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LineEnvelope {
+    pub custom_id: String,
+    pub request: Value,
+}
+
+/// Why a line's envelope was refused: a stable code for the error file, and the
+/// `custom_id` when it was readable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineReject {
+    pub custom_id: Option<String>,
+    pub code: &'static str,
+    pub message: String,
+}
+
+/// Checks a batch input line's envelope, as OpenAI's Batch API defines it: a JSON object
+/// with a non-empty `custom_id` not seen on an earlier line (`seen` remembers them),
+/// `"method": "POST"` and `"url": "/v1/chat/completions"`. Returns the `body` (the
+/// request, checked by the caller). Any bytes in; never panics.
+pub fn parse_line(text: &[u8], seen: &mut HashSet<String>) -> Result<LineEnvelope, LineReject> {
+    let reject = |custom_id: Option<&str>, code: &'static str, message: String| LineReject {
+        custom_id: custom_id.map(str::to_owned),
+        code,
+        message,
+    };
+    let value: Value = serde_json::from_slice(text)
+        .map_err(|e| reject(None, "invalid_json", format!("the line is not valid JSON: {e}")))?;
+    let Value::Object(mut obj) = value else {
+        return Err(reject(
+            None,
+            "invalid_json",
+            "the line must be a JSON object".to_owned(),
+        ));
+    };
+    let custom_id = match obj.get("custom_id") {
+        Some(Value::String(c)) if !c.is_empty() && c.len() <= MAX_CUSTOM_ID => c.clone(),
+        Some(Value::String(c)) if !c.is_empty() => {
+            return Err(reject(
+                None,
+                "invalid_custom_id",
+                format!("`custom_id` is longer than {MAX_CUSTOM_ID} bytes"),
+            ));
+        }
+        _ => {
+            return Err(reject(
+                None,
+                "missing_custom_id",
+                "`custom_id` must be a non-empty string".to_owned(),
+            ));
+        }
+    };
+    let cid = Some(custom_id.as_str());
+    if !seen.insert(custom_id.clone()) {
+        return Err(reject(
+            cid,
+            "duplicate_custom_id",
+            format!("`custom_id` {custom_id:?} appears on an earlier line"),
+        ));
+    }
+    if obj.get("method").and_then(Value::as_str) != Some("POST") {
+        return Err(reject(
+            cid,
+            "invalid_method",
+            "`method` must be \"POST\"".to_owned(),
+        ));
+    }
+    if obj.get("url").and_then(Value::as_str) != Some(CHAT_COMPLETIONS) {
+        return Err(reject(
+            cid,
+            "invalid_url",
+            format!("`url` must be the batch's endpoint, {CHAT_COMPLETIONS}"),
+        ));
+    }
+    let request = obj.remove("body").unwrap_or(Value::Null);
+    Ok(LineEnvelope { custom_id, request })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,5 +341,48 @@ mod tests {
         let (a, b) = (new_batch_id(), new_batch_id());
         assert!(a < b && a.starts_with("batch_") && a.len() == 38, "{a} {b}");
         assert!(new_file_id().starts_with("file-"));
+    }
+
+    fn split(max: usize, parts: &[&[u8]]) -> Vec<(i32, String)> {
+        let mut s = LineSplitter::new(max);
+        let mut out = Vec::new();
+        for (i, p) in parts.iter().enumerate() {
+            for (n, l) in s.feed(p, i + 1 == parts.len()) {
+                out.push((
+                    n,
+                    match l {
+                        Line::Text(t) => String::from_utf8_lossy(t).into_owned(),
+                        Line::TooLarge => "<too large>".to_owned(),
+                    },
+                ));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn lines_across_chunks() {
+        let got = split(100, &[b"ab", b"c\n\nde", b"f\r\n  \ng", b""]);
+        assert_eq!(
+            got,
+            vec![
+                (1, "abc".to_owned()),
+                (3, "def\r".to_owned()),
+                (5, "g".to_owned())
+            ]
+        );
+    }
+
+    #[test]
+    fn long_lines_are_dropped_not_held() {
+        let got = split(4, &[b"12345", b"678\nok\n123", b"45", b""]);
+        assert_eq!(
+            got,
+            vec![
+                (1, "<too large>".to_owned()),
+                (2, "ok".to_owned()),
+                (3, "<too large>".to_owned())
+            ]
+        );
     }
 }

@@ -634,4 +634,156 @@ mod tests {
         assert!((micro - (800.0 * 0.15 + 200.0 * 0.075 + 100.0 * 0.6)).abs() < 1e-9);
         assert_eq!(spend_micro_usd(None, 1000.0, 0.0, 10.0), 0.0);
     }
+
+    mod properties {
+        //! The bucket arithmetic under random sequences of refills, reservations and
+        //! settlements: a level never goes over capacity, never below zero by more than
+        //! jobs used beyond their estimates, and what is reserved and refunded adds up to
+        //! what was used.
+
+        use proptest::prelude::*;
+
+        use super::*;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            /// Time passes (milliseconds).
+            Wait(u32),
+            /// A job reserves this much, if it fits (with this headroom).
+            Reserve(u32, u16),
+            /// The oldest open reservation settles: it used this fraction of its estimate
+            /// (above 1.0: more than estimated), or was never sent.
+            Settle { used: f64, sent: bool },
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                (0u32..120_000).prop_map(Op::Wait),
+                (1u32..5_000, 0u16..500).prop_map(|(a, h)| Op::Reserve(a, h)),
+                (0.0f64..3.0, any::<bool>()).prop_map(|(used, sent)| Op::Settle { used, sent }),
+            ]
+        }
+
+        fn rule() -> impl Strategy<Value = Rule> {
+            prop_oneof![
+                Just(Rule::Rolling),
+                Just(Rule::Fixed),
+                Just(Rule::Gauge),
+                Just(Rule::Ramp)
+            ]
+        }
+
+        const EPS: f64 = 1e-6;
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 2000, failure_persistence: None, ..ProptestConfig::default() })]
+
+            #[test]
+            fn levels_stay_within_capacity_and_overdraw_only_by_overuse(
+                rule in rule(),
+                capacity in 1.0f64..100_000.0,
+                ops in proptest::collection::vec(op(), 1..80),
+            ) {
+                let t0 = Utc.with_ymd_and_hms(2030, 1, 1, 23, 0, 0).unwrap();
+                let mut b = bucket(rule, capacity, capacity, t0);
+                let mut now = t0;
+                let mut open: std::collections::VecDeque<f64> = Default::default();
+                let mut overuse = 0.0;
+                for op in ops {
+                    match op {
+                        Op::Wait(ms) => {
+                            now += chrono::Duration::milliseconds(ms.into());
+                            let before = b.level;
+                            b.refill(now);
+                            if rule == Rule::Rolling || rule == Rule::Gauge {
+                                prop_assert!(b.level >= before - EPS, "a refill took tokens away");
+                            }
+                        }
+                        Op::Reserve(amount, headroom) => {
+                            let (amount, headroom) = (f64::from(amount), f64::from(headroom));
+                            if b.fits(amount, headroom) {
+                                b.take(amount);
+                                open.push_back(amount);
+                                prop_assert!(b.level >= -overuse - EPS, "a reservation overdrew: {b:?}");
+                            } else if b.level >= amount + headroom.min((b.capacity - amount).max(0.0)) + EPS {
+                                prop_assert!(false, "{amount} did not fit a level of {}", b.level);
+                            }
+                        }
+                        Op::Settle { used, sent } => {
+                            let Some(reserved) = open.pop_front() else { continue };
+                            let actual = (reserved * used).round();
+                            let usage = Usage { input_tokens: actual as i64, output_tokens: 0, cached_tokens: 0 };
+                            let refund = refund(Dimension::InputTokens, reserved, Some(&usage), 0.0, sent, None);
+                            if sent {
+                                prop_assert!((reserved - refund - actual).abs() < EPS, "reserved - refund = used");
+                                overuse += (actual - reserved).max(0.0);
+                            } else {
+                                prop_assert_eq!(refund, reserved, "an unsent request costs nothing");
+                            }
+                            b.give_back(refund);
+                        }
+                    }
+                    prop_assert!(b.level <= b.capacity + EPS, "over capacity: {b:?}");
+                    prop_assert!(b.level >= -overuse - EPS, "negative beyond overuse {overuse}: {b:?}");
+                    prop_assert!(b.level.is_finite() && b.capacity.is_finite());
+                }
+            }
+
+            #[test]
+            fn without_refill_reservations_and_refunds_conserve_tokens(
+                capacity in 1.0f64..1_000_000.0,
+                steps in proptest::collection::vec((1u32..10_000, 0.0f64..1.0, any::<bool>(), any::<bool>()), 1..60),
+            ) {
+                // A gauge never refills by itself: every token is accounted for by
+                // what is still reserved and what settled reservations used.
+                let t0 = Utc.with_ymd_and_hms(2030, 1, 1, 0, 0, 0).unwrap();
+                let mut b = bucket(Rule::Gauge, capacity, capacity, t0);
+                let (mut outstanding, mut used_total) = (Vec::new(), 0.0);
+                for (amount, used, sent, settle) in steps {
+                    let amount = f64::from(amount);
+                    if b.fits(amount, 0.0) {
+                        b.take(amount);
+                        outstanding.push(amount);
+                    }
+                    if settle && let Some(reserved) = outstanding.pop() {
+                        let actual = (reserved * used).floor();
+                        let usage = Usage { input_tokens: 0, output_tokens: actual as i64, cached_tokens: 0 };
+                        b.give_back(refund(Dimension::OutputTokens, reserved, Some(&usage), 0.0, sent, None));
+                        if sent {
+                            used_total += actual;
+                        }
+                    }
+                    let accounted = b.level + outstanding.iter().sum::<f64>() + used_total;
+                    prop_assert!((accounted - capacity).abs() < 1e-6 * capacity.max(1.0), "{accounted} != {capacity}");
+                }
+            }
+
+            #[test]
+            fn refunds_return_exactly_the_unused_estimate(
+                reserved in 0.0f64..1e7,
+                input in 0i64..10_000_000,
+                output in 0i64..10_000_000,
+                charged in proptest::option::of(0.0f64..1e6),
+                spend in 0.0f64..1e9,
+            ) {
+                let usage = Usage { input_tokens: input, output_tokens: output, cached_tokens: 0 };
+                let total = input as f64 + (output as f64).max(charged.unwrap_or(0.0));
+                for (dimension, actual) in [
+                    (Dimension::InputTokens, input as f64),
+                    (Dimension::OutputTokens, output as f64),
+                    (Dimension::TotalTokens, total),
+                    (Dimension::SpendMicroUsd, spend),
+                    (Dimension::Requests, reserved),
+                    (Dimension::Concurrency, 0.0),
+                ] {
+                    let r = refund(dimension, reserved, Some(&usage), spend, true, charged);
+                    prop_assert!((reserved - r - actual).abs() < 1e-6 * reserved.max(actual).max(1.0), "{dimension:?}");
+                    // Not sent, or no usage reported: never more than the estimate back.
+                    prop_assert_eq!(refund(dimension, reserved, Some(&usage), spend, false, charged), reserved);
+                    let none = refund(dimension, reserved, None, spend, true, charged);
+                    prop_assert!(none == 0.0 || (dimension == Dimension::Concurrency && none == reserved));
+                }
+            }
+        }
+    }
 }

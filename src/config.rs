@@ -87,6 +87,15 @@ pub struct ServerConfig {
     /// nobody sees other tenants, and `/metrics` is open.
     pub admin_key: Option<SecretString>,
     pub admin_key_env: Option<String>,
+    /// Requests per second one tenant may make to the API (a token bucket per tenant, in
+    /// each process); past it, 429 `api_rate_limited` with Retry-After. Protects the API
+    /// and the database from one client's loop.
+    pub api_rate_per_sec: f64,
+    /// Requests a tenant may make at once above `api_rate_per_sec` (the bucket's size).
+    pub api_burst: f64,
+    /// Largest total size of a request's headers (names and values); larger get 431
+    /// `headers_too_large` before any handler or key lookup runs.
+    pub max_header_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -100,6 +109,9 @@ impl Default for ServerConfig {
             sync_timeout_secs: 120,
             admin_key: None,
             admin_key_env: None,
+            api_rate_per_sec: 10_000.0,
+            api_burst: 20_000.0,
+            max_header_bytes: 16 * 1024,
         }
     }
 }
@@ -456,6 +468,9 @@ pub struct TenantConfig {
     pub api_key: Option<SecretString>,
     /// Name of the environment variable holding the tenant's API key.
     pub api_key_env: Option<String>,
+    /// The SHA-256 of the tenant's API key, in hex: the key itself never appears in the
+    /// config (`printf %s "$KEY" | sha256sum`).
+    pub api_key_sha256: Option<String>,
     /// Share of contended capacity relative to other tenants.
     #[serde(default = "default_weight")]
     pub weight: u32,
@@ -528,6 +543,15 @@ impl Config {
         }
         if !(self.gate.headroom_secs.is_finite() && self.gate.headroom_secs >= 0.0) {
             return Err(invalid("gate.headroom_secs", "must be a non-negative number"));
+        }
+        if !(self.server.api_rate_per_sec.is_finite() && self.server.api_rate_per_sec > 0.0) {
+            return Err(invalid("server.api_rate_per_sec", "must be a positive number"));
+        }
+        if !(self.server.api_burst.is_finite() && self.server.api_burst >= 1.0) {
+            return Err(invalid("server.api_burst", "must be at least 1"));
+        }
+        if self.server.max_header_bytes < 1024 {
+            return Err(invalid("server.max_header_bytes", "must be at least 1024"));
         }
         if self.retry.max_attempts == 0 {
             return Err(invalid("retry.max_attempts", "must be at least 1"));
@@ -644,7 +668,7 @@ impl Config {
             if t.weight == 0 {
                 return Err(invalid(format!("tenants[{i}].weight"), "must be at least 1"));
             }
-            t.resolve_key()
+            t.key_sha256()
                 .map_err(|reason| invalid(format!("tenants[{i}]"), reason))?;
         }
         let tenant_names: Vec<&str> = self.tenants.iter().map(|t| t.name.as_str()).collect();
@@ -692,16 +716,35 @@ impl KeyConfig {
 }
 
 impl TenantConfig {
-    pub fn resolve_key(&self) -> Result<SecretString, String> {
-        match (&self.api_key, &self.api_key_env) {
-            (Some(v), None) => Ok(v.clone()),
-            (None, Some(var)) => std::env::var(var)
+    /// The SHA-256 of the tenant's API key: from `api_key_sha256`, or of the key in
+    /// `api_key` / the variable `api_key_env`. Exactly one of the three is required.
+    pub fn key_sha256(&self) -> Result<[u8; 32], String> {
+        use secrecy::ExposeSecret;
+        use sha2::{Digest, Sha256};
+        let key = match (&self.api_key, &self.api_key_env, &self.api_key_sha256) {
+            (Some(v), None, None) => v.clone(),
+            (None, Some(var), None) => std::env::var(var)
                 .map(SecretString::from)
-                .map_err(|_| format!("environment variable {var} (named by `api_key_env`) is not set")),
-            (Some(_), Some(_)) => Err("give `api_key` or `api_key_env`, not both".to_owned()),
-            (None, None) => Err("needs `api_key` or `api_key_env`".to_owned()),
-        }
+                .map_err(|_| format!("environment variable {var} (named by `api_key_env`) is not set"))?,
+            (None, None, Some(hex)) => return parse_sha256_hex(hex),
+            (None, None, None) => return Err("needs `api_key`, `api_key_env` or `api_key_sha256`".to_owned()),
+            _ => return Err("give one of `api_key`, `api_key_env`, `api_key_sha256`".to_owned()),
+        };
+        Ok(Sha256::digest(key.expose_secret().as_bytes()).into())
     }
+}
+
+/// 64 hex digits → the 32 bytes of a SHA-256.
+pub fn parse_sha256_hex(hex: &str) -> Result<[u8; 32], String> {
+    let bad = || "`api_key_sha256` must be 64 hex digits (a SHA-256)".to_owned();
+    if hex.len() != 64 || !hex.is_ascii() {
+        return Err(bad());
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

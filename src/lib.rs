@@ -11,11 +11,13 @@
 //! - [`buckets`]: limits as buckets, a job's path through them, their arithmetic.
 //! - [`gate`]: admission — weighted fair queuing over tenants, all-or-nothing reservations.
 //! - [`retry`]: failure classification and the retry policy.
-//! - [`batches`]: files and batches (OpenAI's Files and Batch APIs): ids, statuses, rows.
+//! - [`batches`]: files and batches (OpenAI's Files and Batch APIs): ids, statuses, rows,
+//!   and the JSONL input's line splitter and envelope check.
 //! - [`webhook_signing`]: Standard Webhooks secrets and signatures.
 //! - [`ratelimit`]: what providers say about their limits (headers, 429 bodies), parsed.
 //! - [`learning`]: learned limits — readings and 429s turned into bucket capacities.
 //! - [`metrics`]: metric names, and the one-line helpers the gate and dispatchers call.
+//! - `fuzz_bodies`: the fuzz targets' bodies (`fuzz/`), also replayed by `cargo test`.
 //!
 //! Data flow: the API (`tollgate-api`) authenticates through `tenants`, resolves through
 //! `routing`, estimates, and inserts through `store` (state `queued`); the `gate` admits
@@ -30,6 +32,8 @@ pub mod config;
 pub mod db;
 pub mod embedded;
 pub mod estimate;
+#[doc(hidden)]
+pub mod fuzz_bodies;
 pub mod gate;
 pub mod learning;
 pub mod metrics;

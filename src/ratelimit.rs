@@ -130,7 +130,9 @@ pub fn read(dialect: Dialect, headers: &HeaderMap, body: &[u8], now: DateTime<Ut
     };
     let mut readings = Vec::new();
     let mut add = |name, limit: Option<f64>, remaining: Option<f64>, reset: Option<Duration>| {
-        let limit = limit.filter(|l| *l > 0.0);
+        // Finite again after scaling (Together's per-second values × 60 can overflow).
+        let limit = limit.filter(|l| l.is_finite() && *l > 0.0);
+        let remaining = remaining.filter(|r| r.is_finite());
         if limit.is_some() || remaining.is_some() {
             readings.push(Reading {
                 name,
@@ -160,7 +162,7 @@ pub fn read(dialect: Dialect, headers: &HeaderMap, body: &[u8], now: DateTime<Ut
         Dialect::Anthropic => {
             let at = |name: &str| {
                 let reset = DateTime::parse_from_rfc3339(text(name)?).ok()?;
-                Some((reset.with_timezone(&Utc) - now).to_std().unwrap_or_default())
+                bounded((reset.with_timezone(&Utc) - now).to_std().unwrap_or_default())
             };
             for (name, part) in [
                 (LimitName::Rpm, "requests"),
@@ -188,7 +190,7 @@ pub fn read(dialect: Dialect, headers: &HeaderMap, body: &[u8], now: DateTime<Ut
         }
         Dialect::Together => {
             let per_minute = |v: Option<f64>| v.map(|v| v * 60.0);
-            let reset = number("x-ratelimit-reset").map(|s| Duration::from_secs_f64(s.max(0.0)));
+            let reset = number("x-ratelimit-reset").and_then(|s| seconds(s.max(0.0)));
             add(
                 LimitName::Rpm,
                 per_minute(number("x-ratelimit-limit")),
@@ -235,17 +237,16 @@ pub fn read(dialect: Dialect, headers: &HeaderMap, body: &[u8], now: DateTime<Ut
 pub fn retry_after(headers: &HeaderMap, now: DateTime<Utc>) -> Option<Duration> {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
     if let Some(ms) = text("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
-        && ms.is_finite()
-        && ms >= 0.0
+        && let Some(after) = seconds(ms / 1000.0)
     {
-        return Some(Duration::from_secs_f64(ms / 1000.0));
+        return Some(after);
     }
     let value = text("retry-after")?;
     if let Ok(secs) = value.parse::<f64>() {
         return seconds(secs);
     }
     let date = DateTime::parse_from_rfc2822(value).ok()?;
-    (date.with_timezone(&Utc) - now).to_std().ok()
+    bounded((date.with_timezone(&Utc) - now).to_std().ok()?)
 }
 
 /// The "Please try again in 644ms." hint in OpenAI-style messages.
@@ -314,7 +315,7 @@ fn quota_failures(error: &serde_json::Value) -> Vec<Reading> {
                 // No daily token bucket: nothing to learn.
                 (true, true) => return None,
             };
-            (value > 0.0).then_some(Reading {
+            (value.is_finite() && value > 0.0).then_some(Reading {
                 name,
                 limit: Some(value),
                 remaining: Some(0.0),
@@ -366,9 +367,19 @@ pub fn parse_go_duration(text: &str) -> Option<Duration> {
     seconds(total)
 }
 
+/// Longest wait or reset a provider may announce (about 31 years); anything longer is
+/// not a duration but garbage, and would overflow `Duration::from_secs_f64` or a
+/// timestamp addition downstream.
+const MAX_SECS: f64 = 1e9;
+
 /// A duration from seconds a provider sent, if it is one (finite, not negative, not absurd).
 fn seconds(secs: f64) -> Option<Duration> {
-    (secs.is_finite() && (0.0..1e9).contains(&secs)).then(|| Duration::from_secs_f64(secs))
+    (secs.is_finite() && (0.0..MAX_SECS).contains(&secs)).then(|| Duration::from_secs_f64(secs))
+}
+
+/// A duration computed from a date a provider sent, if it is not absurd.
+fn bounded(d: Duration) -> Option<Duration> {
+    (d.as_secs_f64() < MAX_SECS).then_some(d)
 }
 
 #[cfg(test)]
@@ -533,5 +544,48 @@ mod tests {
         // Garbage never panics and says nothing.
         let s = read(Dialect::Openai, &HeaderMap::new(), b"\xff\x00{", Utc::now());
         assert_eq!(s, Signals::default());
+    }
+
+    /// Found by the `ratelimit_headers` fuzzer: a `retry-after-ms` of 8.9e21 panicked in
+    /// `Duration::from_secs_f64`. Absurd values of every kind are ignored, not trusted.
+    #[test]
+    fn absurd_values_are_ignored_and_never_panic() {
+        let now = Utc::now();
+        let headers = |pairs: &[(&'static str, &str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(*k, v.parse().unwrap());
+            }
+            h
+        };
+        assert_eq!(
+            retry_after(&headers(&[("retry-after-ms", "8888888888888888888888889")]), now),
+            None
+        );
+        assert_eq!(retry_after(&headers(&[("retry-after", "1e300")]), now), None);
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", "Fri, 31 Dec 9999 23:59:59 GMT")]), now),
+            None
+        );
+        let together = headers(&[("x-ratelimit-reset", "1e30"), ("x-tokenlimit-limit", "1e308")]);
+        let s = read(Dialect::Together, &together, b"", now);
+        assert!(
+            s.readings
+                .iter()
+                .all(|r| r.reset.is_none() && r.limit.is_none_or(f64::is_finite)),
+            "{s:?}"
+        );
+        let anthropic = headers(&[
+            ("anthropic-ratelimit-requests-limit", "50"),
+            ("anthropic-ratelimit-requests-reset", "9999-12-31T23:59:59Z"),
+        ]);
+        let s = read(Dialect::Anthropic, &anthropic, b"", now);
+        assert_eq!((s.readings[0].limit, s.readings[0].reset), (Some(50.0), None));
+        let gemini = br#"{"error":{"details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaId":"PerMinute","quotaValue":"inf"}]}]}}"#;
+        assert!(
+            read(Dialect::Gemini, &HeaderMap::new(), gemini, now)
+                .readings
+                .is_empty()
+        );
     }
 }

@@ -1,11 +1,14 @@
 //! Tenant identity: API key → tenant. Keys are kept only as SHA-256 digests, so a memory
 //! dump or a log line never holds one, and lookup by digest does not leak timing about
-//! the key's bytes.
+//! the key's bytes: what a lookup compares is the digest, which an attacker cannot steer
+//! byte by byte. The config may hold only the digest (`api_key_sha256`). The admin digest
+//! is compared in constant time.
 
 use std::collections::HashMap;
 
 use secrecy::{ExposeSecret, SecretString};
 use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 
 use crate::config::Config;
 
@@ -31,15 +34,12 @@ impl TenantDirectory {
     pub fn from_config(config: &Config) -> Result<Self, String> {
         let mut by_key_digest = HashMap::new();
         for t in &config.tenants {
-            let key = t.resolve_key()?;
+            let key_digest = t.key_sha256()?;
             let tenant = Tenant {
                 name: t.name.clone(),
                 weight: t.weight,
             };
-            if by_key_digest
-                .insert(digest(key.expose_secret()), tenant)
-                .is_some()
-            {
+            if by_key_digest.insert(key_digest, tenant).is_some() {
                 return Err(format!(
                     "tenant {:?} shares its API key with another tenant",
                     t.name
@@ -68,7 +68,8 @@ impl TenantDirectory {
 
     /// Whether `presented_key` is the admin key.
     pub fn is_admin(&self, presented_key: &str) -> bool {
-        self.admin_digest.is_some_and(|d| d == digest(presented_key))
+        self.admin_digest
+            .is_some_and(|d| bool::from(d.ct_eq(&digest(presented_key))))
     }
 
     /// Whether an admin key is configured.
@@ -109,5 +110,31 @@ mod tests {
         assert!(shared.unwrap_err().contains("admin_key"));
         let none = TenantDirectory::from_config(&config("")).unwrap();
         assert!(!none.has_admin() && !none.is_admin(""));
+    }
+
+    #[test]
+    fn a_tenant_may_be_configured_by_its_key_s_digest_only() {
+        // sha256("tk-acme")
+        let hex = format!("{:x}", Sha256::digest(b"tk-acme"));
+        let text = |tenant: &str| {
+            format!(
+                "[[providers]]\nname = \"oai\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:1/v1\"\n\
+                 keys = [{{ name = \"k1\", value = \"sk-1\" }}]\nmodels = [\"m\"]\n\
+                 [[tenants]]\nname = \"acme\"\n{tenant}\n"
+            )
+        };
+        let config = Config::parse(&text(&format!("api_key_sha256 = \"{hex}\"")), "t").unwrap();
+        let dir = TenantDirectory::from_config(&config).unwrap();
+        assert_eq!(dir.authenticate("tk-acme").map(|t| t.name.as_str()), Some("acme"));
+        assert!(dir.authenticate(&hex).is_none(), "the digest is not itself a key");
+        for bad in [
+            "api_key_sha256 = \"abc\"".to_owned(),
+            format!("api_key_sha256 = \"{}\"", "z".repeat(64)),
+            format!("api_key = \"tk-acme\"\napi_key_sha256 = \"{hex}\""),
+            String::new(),
+        ] {
+            let e = Config::parse(&text(&bad), "t").unwrap_err().to_string();
+            assert!(e.contains("tenants[0]"), "{bad}: {e}");
+        }
     }
 }

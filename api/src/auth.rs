@@ -4,7 +4,7 @@
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use tollgate::tenants::Tenant;
 
 use crate::AppState;
@@ -17,7 +17,7 @@ impl FromRequestParts<AppState> for AuthTenant {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        let key = bearer(parts)?;
+        let key = bearer(&parts.headers)?;
         state
             .tenants
             .authenticate(key)
@@ -51,7 +51,7 @@ impl FromRequestParts<AppState> for Viewer {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        let key = bearer(parts)?;
+        let key = bearer(&parts.headers)?;
         if state.tenants.is_admin(key) {
             return Ok(Viewer::Admin);
         }
@@ -73,9 +73,8 @@ fn invalid_key() -> ApiError {
 }
 
 /// The key of `Authorization: Bearer <key>`.
-fn bearer(parts: &Parts) -> Result<&str, ApiError> {
-    let value = parts
-        .headers
+pub(crate) fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
+    let value = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .ok_or_else(|| {

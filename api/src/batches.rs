@@ -25,7 +25,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 use tollgate::batches::{
-    BatchRow, BatchStatus, CHAT_COMPLETIONS, PURPOSE_BATCH, RequestCounts, new_batch_id, parse_window,
+    BatchRow, BatchStatus, CHAT_COMPLETIONS, Line, LineEnvelope, LineSplitter, PURPOSE_BATCH, RequestCounts,
+    new_batch_id, parse_line, parse_window,
 };
 use tollgate::model::{JobClass, JobId};
 use tollgate::store::{self, BatchCancel, BatchJobs, LineError};
@@ -44,8 +45,6 @@ use crate::paging;
 const MAX_METADATA_PAIRS: usize = 16;
 const MAX_METADATA_KEY: usize = 64;
 const MAX_METADATA_VALUE: usize = 512;
-/// Longest `custom_id` accepted.
-const MAX_CUSTOM_ID: usize = 512;
 
 #[derive(Debug, Deserialize)]
 struct ExpiresAfter {
@@ -308,77 +307,6 @@ async fn ingest(state: &AppState, conn: &mut PgConnection, batch: &BatchRow) -> 
     })
 }
 
-/// A line as the splitter hands it out.
-#[derive(Debug, PartialEq, Eq)]
-enum Line<'a> {
-    Text(&'a [u8]),
-    /// Longer than the limit; its bytes were dropped as they came.
-    TooLarge,
-}
-
-/// Splits a byte stream into non-blank lines numbered from 1 (blank lines count in the
-/// numbering, as an editor shows them), holding at most one line of `max` bytes.
-struct LineSplitter {
-    max: usize,
-    carry: Vec<u8>,
-    carry_too_large: bool,
-    number: i32,
-    out: Vec<(i32, Option<Vec<u8>>)>,
-}
-
-impl LineSplitter {
-    fn new(max: usize) -> Self {
-        Self {
-            max,
-            carry: Vec::new(),
-            carry_too_large: false,
-            number: 0,
-            out: Vec::new(),
-        }
-    }
-
-    /// The complete lines in `data` (and, when `last`, the final unterminated one).
-    fn feed(&mut self, data: &[u8], last: bool) -> Vec<(i32, Line<'_>)> {
-        self.out.clear();
-        let mut rest = data;
-        while let Some(end) = rest.iter().position(|&b| b == b'\n') {
-            self.append(&rest[..end]);
-            self.end_line();
-            rest = &rest[end + 1..];
-        }
-        self.append(rest);
-        if last && (self.carry_too_large || !self.carry.is_empty()) {
-            self.end_line();
-        }
-        self.out
-            .iter()
-            .map(|(n, l)| (*n, l.as_deref().map_or(Line::TooLarge, Line::Text)))
-            .collect()
-    }
-
-    fn append(&mut self, part: &[u8]) {
-        if self.carry_too_large {
-            return;
-        }
-        if self.carry.len() + part.len() > self.max {
-            self.carry_too_large = true;
-            self.carry = Vec::new();
-        } else {
-            self.carry.extend_from_slice(part);
-        }
-    }
-
-    fn end_line(&mut self) {
-        self.number += 1;
-        let line = std::mem::take(&mut self.carry);
-        if std::mem::take(&mut self.carry_too_large) {
-            self.out.push((self.number, None));
-        } else if line.iter().any(|b| !b.is_ascii_whitespace()) {
-            self.out.push((self.number, Some(line)));
-        }
-    }
-}
-
 /// A valid line, ready to become a job.
 struct LineJob {
     custom_id: String,
@@ -428,55 +356,9 @@ impl LineChecker<'_> {
                 ));
             }
         };
-        let value: Value = serde_json::from_slice(text)
-            .map_err(|e| reject(None, "invalid_json", format!("the line is not valid JSON: {e}")))?;
-        let Value::Object(mut obj) = value else {
-            return Err(reject(
-                None,
-                "invalid_json",
-                "the line must be a JSON object".to_owned(),
-            ));
-        };
-        let custom_id = match obj.get("custom_id") {
-            Some(Value::String(c)) if !c.is_empty() && c.len() <= MAX_CUSTOM_ID => c.clone(),
-            Some(Value::String(c)) if !c.is_empty() => {
-                return Err(reject(
-                    None,
-                    "invalid_custom_id",
-                    format!("`custom_id` is longer than {MAX_CUSTOM_ID} bytes"),
-                ));
-            }
-            _ => {
-                return Err(reject(
-                    None,
-                    "missing_custom_id",
-                    "`custom_id` must be a non-empty string".to_owned(),
-                ));
-            }
-        };
+        let LineEnvelope { custom_id, request } = parse_line(text, &mut self.seen)
+            .map_err(|r| reject(r.custom_id.as_deref(), r.code, r.message))?;
         let cid = Some(custom_id.as_str());
-        if !self.seen.insert(custom_id.clone()) {
-            return Err(reject(
-                cid,
-                "duplicate_custom_id",
-                format!("`custom_id` {custom_id:?} appears on an earlier line"),
-            ));
-        }
-        if obj.get("method").and_then(Value::as_str) != Some("POST") {
-            return Err(reject(
-                cid,
-                "invalid_method",
-                "`method` must be \"POST\"".to_owned(),
-            ));
-        }
-        if obj.get("url").and_then(Value::as_str) != Some(CHAT_COMPLETIONS) {
-            return Err(reject(
-                cid,
-                "invalid_url",
-                format!("`url` must be the batch's endpoint, {CHAT_COMPLETIONS}"),
-            ));
-        }
-        let request = obj.remove("body").unwrap_or(Value::Null);
         let model = validate_chat_request(&request, "body.").map_err(|e| reject(cid, e.code, e.message))?;
         if request.get("stream").and_then(Value::as_bool) == Some(true) {
             return Err(reject(
@@ -667,52 +549,4 @@ pub(crate) async fn list(
         |(b, _)| b.id.clone(),
         |(b, c)| batch_view(b, *c),
     )))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn split(max: usize, parts: &[&[u8]]) -> Vec<(i32, String)> {
-        let mut s = LineSplitter::new(max);
-        let mut out = Vec::new();
-        for (i, p) in parts.iter().enumerate() {
-            for (n, l) in s.feed(p, i + 1 == parts.len()) {
-                out.push((
-                    n,
-                    match l {
-                        Line::Text(t) => String::from_utf8_lossy(t).into_owned(),
-                        Line::TooLarge => "<too large>".to_owned(),
-                    },
-                ));
-            }
-        }
-        out
-    }
-
-    #[test]
-    fn lines_across_chunks() {
-        let got = split(100, &[b"ab", b"c\n\nde", b"f\r\n  \ng", b""]);
-        assert_eq!(
-            got,
-            vec![
-                (1, "abc".to_owned()),
-                (3, "def\r".to_owned()),
-                (5, "g".to_owned())
-            ]
-        );
-    }
-
-    #[test]
-    fn long_lines_are_dropped_not_held() {
-        let got = split(4, &[b"12345", b"678\nok\n123", b"45", b""]);
-        assert_eq!(
-            got,
-            vec![
-                (1, "<too large>".to_owned()),
-                (2, "ok".to_owned()),
-                (3, "<too large>".to_owned())
-            ]
-        );
-    }
 }

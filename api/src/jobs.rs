@@ -168,14 +168,20 @@ impl SubmitJob {
                     .with_param("idempotency_key"),
             );
         }
-        if let Some(meta) = &self.metadata
-            && (!meta.is_object() || meta.to_string().len() > MAX_METADATA_BYTES)
-        {
-            return Err(ApiError::bad_request(
-                "invalid_request",
-                "`metadata` must be an object of at most 16 KiB",
-            )
-            .with_param("metadata"));
+        if let Some(meta) = &self.metadata {
+            if !meta.is_object() {
+                return Err(
+                    ApiError::bad_request("invalid_request", "`metadata` must be an object")
+                        .with_param("metadata"),
+                );
+            }
+            if meta.to_string().len() > MAX_METADATA_BYTES {
+                return Err(ApiError::bad_request(
+                    "metadata_too_large",
+                    "`metadata` must be at most 16 KiB serialized",
+                )
+                .with_param("metadata"));
+            }
         }
         Ok(Submission {
             stream: false,
@@ -309,10 +315,10 @@ pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) ->
     responses(
         (status = 202, description = "Queued", body = doc::JobSchema),
         (status = 200, description = "This idempotency key's existing job", body = doc::JobSchema),
-        (status = 400, description = "`invalid_json`, `invalid_request`, `missing_field`, `unknown_model`, `invalid_deadline`, `stream_not_supported`", body = doc::ErrorBody),
+        (status = 400, description = "`invalid_json`, `invalid_request`, `missing_field`, `unknown_model`, `invalid_deadline`, `stream_not_supported`, `metadata_too_large`", body = doc::ErrorBody),
         (status = 409, description = "`idempotency_key_reused`", body = doc::ErrorBody),
         (status = 413, description = "`body_too_large`", body = doc::ErrorBody),
-        (status = 429, description = "`queue_full` (+ `Retry-After`)", body = doc::ErrorBody),
+        (status = 429, description = "`queue_full`, `api_rate_limited` (+ `Retry-After`)", body = doc::ErrorBody),
     ),
     security(("bearer" = []))
 )]

@@ -12,6 +12,7 @@
 //! - [`status`]: `/v1/status` and its history: queues, buckets, traffic, failures.
 //! - [`metrics`]: `GET /metrics`, Prometheus text (events and database levels).
 //! - [`error`]: `ApiError`, status + stable code + safe message.
+//! - [`guard`]: before every handler: header size, the tenant's API request rate.
 //! - `paging`: OpenAI-style cursor lists (`limit`, `after`, `has_more`).
 //! - [`broker`]: starts the roles of one process (API, dispatcher, maintenance,
 //!   notifications) and runs the shutdown sequence; `serve`, `demo` and tests use it.
@@ -35,6 +36,7 @@ pub mod dashboard;
 pub mod demo;
 pub mod error;
 pub mod files;
+pub mod guard;
 pub mod jobs;
 pub mod limits;
 pub mod local;
@@ -114,10 +116,12 @@ pub fn routes() -> OpenApiRouter<AppState> {
 pub fn router(state: AppState) -> Router {
     let max_body = state.config.server.max_body_bytes;
     metrics::recorder();
+    let guard = guard::Guard::new(&state);
     let (routes, _) = routes().split_for_parts();
     routes
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no_such_endpoint", "no such endpoint") })
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn_with_state(guard, guard::check))
         .with_state(state)
 }
 

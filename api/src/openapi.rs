@@ -184,6 +184,47 @@ pub enum ErrorCode {
     DeadlineExceeded,
     /// 429: capacity is not expected before the deadline.
     DeadlineUnmeetable,
+    /// 400: `metadata` is over 16 KiB serialized.
+    MetadataTooLarge,
+    /// 400: an upload that is not `multipart/form-data` with a `file` part.
+    InvalidMultipart,
+    /// 400: a file `purpose` tollgate does not accept.
+    InvalidPurpose,
+    /// 400: a batch's input file is not a `batch` file.
+    InvalidFilePurpose,
+    /// 400: an empty file.
+    EmptyFile,
+    /// 400: a file with more than `batches.max_lines` lines.
+    TooManyLines,
+    /// 400: a batch endpoint other than `/v1/chat/completions`.
+    UnsupportedEndpoint,
+    /// 400: a `completion_window` that is malformed or out of range.
+    InvalidCompletionWindow,
+    /// 400: a webhook secret that is not `whsec_` + base64.
+    InvalidWebhookSecret,
+    /// 400: a webhook URL that resolves to an internal address.
+    WebhookUrlNotAllowed,
+    /// 409: cancelling a finished batch.
+    BatchAlreadyFinished,
+    /// 413: an upload larger than `batches.max_file_bytes`.
+    FileTooLarge,
+    /// 429 (+ `Retry-After`): the tenant's requests to the API are over
+    /// `server.api_rate_per_sec`.
+    ApiRateLimited,
+    /// 431: the request's headers are larger than `server.max_header_bytes`.
+    HeadersTooLarge,
+    /// 400/409/429/502 from `POST /v1/chat/completions`: the failed job's reason
+    /// (`JobErrorCode`), mapped to the status an OpenAI client expects.
+    UpstreamFailed,
+    UpstreamAuthFailed,
+    InsufficientQuota,
+    SpendLimitReached,
+    RequestTooLarge,
+    ProviderRejectedRequest,
+    Cancelled,
+    StreamingUnsupported,
+    RateLimited,
+    ExceedsLimit,
     /// 500: an internal failure; retry.
     InternalError,
     /// 503 (+ `Retry-After`): the database is unreachable.
@@ -214,6 +255,8 @@ pub enum JobErrorCode {
     ProviderRejectedRequest,
     UnknownModel,
     Cancelled,
+    /// Every key that could serve the job was rejected by its provider (401/403).
+    UpstreamCredentialsExhausted,
     ClientDisconnected,
 }
 
@@ -444,5 +487,61 @@ mod tests {
         ids.sort();
         ids.dedup();
         assert_eq!(ids.len(), all, "duplicate operation ids: {ids:?}");
+    }
+
+    /// Every error code the API's sources construct is in the documented `ErrorCode`
+    /// enum, so a generated client (and schemathesis) accepts every error body.
+    #[test]
+    fn every_error_code_in_the_sources_is_documented() {
+        let doc = serde_json::to_value(document()).unwrap();
+        let documented: BTreeSet<String> = doc["components"]["schemas"]["ErrorCode"]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_str().unwrap().to_owned())
+            .collect();
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut found = BTreeSet::new();
+        for entry in std::fs::read_dir(&src).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text: String = std::fs::read_to_string(&path)
+                .unwrap()
+                .chars()
+                .filter(|c| !c.is_whitespace())
+                .collect();
+            for opener in ["bad_request(\"", "bad(\"", "StatusCode::"] {
+                for (at, _) in text.match_indices(opener) {
+                    let rest = &text[at + opener.len()..];
+                    // `ApiError::new(StatusCode::X, <code literal>, …)`: the literal after the status.
+                    let rest = if opener == "StatusCode::" {
+                        match rest.split_once(",\"") {
+                            Some((status, r))
+                                if status != "OK"
+                                    && status.chars().all(|c| c.is_ascii_uppercase() || c == '_') =>
+                            {
+                                r
+                            }
+                            _ => continue,
+                        }
+                    } else {
+                        rest
+                    };
+                    if let Some((code, _)) = rest.split_once('"')
+                        && code.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                    {
+                        found.insert(code.to_owned());
+                    }
+                }
+            }
+        }
+        assert!(
+            found.contains("invalid_multipart") && found.len() >= 20,
+            "{found:?}"
+        );
+        let missing: Vec<_> = found.difference(&documented).collect();
+        assert!(missing.is_empty(), "codes missing from ErrorCode: {missing:?}");
     }
 }

@@ -18,6 +18,9 @@
 //!   nothing stuck, deadlines kept, buckets full again.
 //! - [`chaos`]: ten SIGKILLs of `tollgate serve` mid-run, and a PostgreSQL restart under
 //!   it: every job finished once, every webhook event delivered.
+//! - [`security`]: hostile input limits, the auth matrix over every endpoint, provider
+//!   keys never leaking, API rate limits.
+//! - [`schemathesis`]: generated requests against `/openapi.json`: no 5xx, schema-true.
 //! - [`adapters`]: Gemini and Azure OpenAI targets: results in OpenAI format, usage,
 //!   streaming, and a Gemini 429 body teaching a limit.
 
@@ -38,5 +41,7 @@ mod learning;
 mod lifecycle;
 mod observe;
 mod python;
+mod schemathesis;
+mod security;
 mod streaming;
 mod webhooks;

@@ -11,7 +11,7 @@ use tokio::sync::OnceCell;
 
 const PACKAGES: [&str; 2] = ["openai", "standardwebhooks"];
 
-fn target_dir() -> PathBuf {
+pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))

@@ -417,4 +417,99 @@ mod tests {
         );
         assert_eq!(check_url("http://127.0.0.1:9/hook", true).await, Ok(()));
     }
+
+    #[test]
+    fn ipv6_forms_of_internal_addresses_are_internal() {
+        for ip in [
+            "::",                     // unspecified
+            "::ffff:169.254.169.254", // mapped metadata address
+            "::ffff:10.0.0.1",        // mapped private
+            "::169.254.169.254",      // IPv4-compatible metadata address
+            "fc00::1",                // unique local
+            "fdff:ffff::1",           // unique local, top of the range
+            "fe80::a9fe:a9fe",        // link-local
+            "ff02::1",                // multicast
+            "64:ff9b::a9fe:a9fe",     // NAT64 of 169.254.169.254
+            "100.64.0.1",             // shared address space
+            "255.255.255.255",        // broadcast
+        ] {
+            assert!(is_internal(ip.parse().unwrap()), "{ip}");
+        }
+        assert!(
+            !is_internal("64:ff9b::808:808".parse().unwrap()),
+            "NAT64 of a public address"
+        );
+    }
+
+    #[tokio::test]
+    async fn metadata_and_ipv6_internal_urls_are_refused_unless_allowed() {
+        for url in [
+            "http://169.254.169.254/latest/meta-data/",
+            "http://[fd00:ec2::254]/latest",
+            "http://[::ffff:127.0.0.1]:9/hook",
+            "http://[::ffff:a9fe:a9fe]/latest",
+            "http://10.0.0.1/hook",
+            "http://0.0.0.0:9/hook",
+        ] {
+            assert_eq!(check_url(url, false).await, Err(UrlRefused::Internal), "{url}");
+            assert_eq!(
+                check_url(url, true).await,
+                Ok(()),
+                "{url} with allow_private_addresses"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn redirects_are_not_followed_and_names_resolving_inside_are_refused() {
+        use futures::FutureExt;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .unwrap();
+        let allowing = WebhooksConfig {
+            allow_private_addresses: true,
+            ..WebhooksConfig::default()
+        };
+        let sender = WebhookSender::new(pool.clone(), &allowing).unwrap();
+        let first = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let second = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let elsewhere = second.local_addr().unwrap();
+        let receiver = async {
+            let (mut conn, _) = first.accept().await.unwrap();
+            let mut buf = vec![0u8; 8192];
+            let _ = conn.read(&mut buf).await.unwrap();
+            let reply = format!(
+                "HTTP/1.1 307 Temporary Redirect\r\nlocation: http://{elsewhere}/stolen\r\n\
+                 content-length: 0\r\nconnection: close\r\n\r\n"
+            );
+            conn.write_all(reply.as_bytes()).await.unwrap();
+        };
+        let url = format!("http://{}/hook", first.local_addr().unwrap());
+        let (_, answered) = tokio::join!(receiver, sender.http.post(&url).body("{}").send());
+        assert_eq!(
+            answered.unwrap().status().as_u16(),
+            307,
+            "the redirect is the answer"
+        );
+        assert!(
+            second.accept().now_or_never().is_none(),
+            "the redirect was followed"
+        );
+
+        // Guarded (the default): a name resolving to loopback never gets a connection.
+        let guarded = WebhookSender::new(pool, &WebhooksConfig::default()).unwrap();
+        let refused = guarded
+            .http
+            .post(format!("http://localhost:{}/hook", elsewhere.port()))
+            .body("{}")
+            .send()
+            .await;
+        assert!(refused.is_err(), "{refused:?}");
+        assert!(
+            second.accept().now_or_never().is_none(),
+            "the guard let a connection through"
+        );
+    }
 }
