@@ -10,6 +10,7 @@
 //! - [`files`]: uploaded and produced files, their bytes in chunks.
 //! - [`batches`]: batch rows, the bulk insert of their jobs, finalization, retention.
 //! - [`webhooks`]: webhook endpoints and the delivery outbox.
+//! - [`provider_batches`]: dispatch decisions and packs sent through providers' batch APIs.
 //! - [`observe`]: what the dashboard, `/v1/status` and `/metrics` read.
 //!
 //! Every write to a running job is guarded by ownership — `state = 'running' AND attempt
@@ -24,6 +25,7 @@ pub mod gate;
 pub mod jobs;
 pub mod learned;
 pub mod observe;
+pub mod provider_batches;
 pub mod webhooks;
 
 pub use batches::*;
@@ -33,6 +35,7 @@ pub use gate::*;
 pub use jobs::*;
 pub use learned::*;
 pub use observe::*;
+pub use provider_batches::*;
 pub use webhooks::*;
 
 /// Channel on which a job's id is announced when it reaches a terminal state.

@@ -12,6 +12,9 @@
 //! - `buckets`: per-project limiter — continuous-refill per-minute buckets (RPM, TPM,
 //!   ITPM, OTPM) and a UTC-day RPD window, admitting all-or-nothing.
 //! - `audit`: an independent check that what was admitted never exceeds the limits.
+//! - `batch_state` / `openai_batch` / `anthropic_batch`: the batch APIs (OpenAI Files +
+//!   Batch, Anthropic Message Batches), in memory, processing lines at
+//!   [`BatchMockConfig::lines_per_sec`] with deterministic failures and expiries.
 //! - `stream`: the SSE bodies of `"stream": true` requests and their accounting.
 //! - `stats`: atomic counters and the [`MockStats`] snapshot.
 //! - `clock`: time since start (tests pin it).
@@ -25,13 +28,16 @@
 //! `GET /mock/stats`, `POST /mock/limits/{project}`, `POST /mock/reset`.
 
 mod anthropic;
+mod anthropic_batch;
 mod audit;
+mod batch_state;
 mod azure;
 mod buckets;
 mod clock;
 mod config;
 mod gemini;
 mod openai;
+mod openai_batch;
 mod reply;
 mod request;
 mod stats;
@@ -51,7 +57,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use tokio_util::sync::CancellationToken;
 
-pub use config::{FaultConfig, MockConfig, MockConfigError, ProjectConfig, ProjectLimits, ProviderKind};
+pub use config::{BatchMockConfig, FaultConfig, MockConfig, MockConfigError, ProjectConfig, ProjectLimits, ProviderKind};
 pub use stats::{MockStats, ProjectStats};
 
 use buckets::{Admission, Charge, Limiter, LimitsView};
@@ -126,6 +132,9 @@ struct Inner {
     clock: Clock,
     totals: Totals,
     text: CannedText,
+    /// Files and batches of the batch APIs (`batch_state`).
+    batches: Mutex<batch_state::BatchState>,
+    batch_config: BatchMockConfig,
 }
 
 impl MockProvider {
@@ -195,13 +204,17 @@ impl MockProvider {
             clock,
             totals: Totals::default(),
             text: CannedText::new(config.output_tokens),
+            batches: Mutex::new(batch_state::BatchState::default()),
+            batch_config: config.batch,
         };
         Self {
             inner: Arc::new(inner),
         }
     }
 
-    /// All routes: `POST /v1/chat/completions`, `POST /v1/messages`,
+    /// All routes: `POST /v1/chat/completions`, `POST /v1/messages`, the batch APIs
+    /// (`/v1/files`, `/v1/batches`, `/v1/messages/batches`: see `openai_batch`,
+    /// `anthropic_batch`),
     /// `POST /v1beta/models/{model}:generateContent`,
     /// `POST /openai/deployments/{deployment}/chat/completions`, `GET /mock/stats`,
     /// `POST /mock/limits/{project}` (body: [`ProjectLimits`]), `POST /mock/reset`.
@@ -214,6 +227,15 @@ impl MockProvider {
                 "/openai/deployments/{deployment}/chat/completions",
                 post(azure::chat_completions),
             )
+            .route("/v1/files", post(openai_batch::upload_file))
+            .route("/v1/files/{id}/content", get(openai_batch::file_content))
+            .route("/v1/batches", post(openai_batch::create_batch))
+            .route("/v1/batches/{id}", get(openai_batch::get_batch))
+            .route("/v1/batches/{id}/cancel", post(openai_batch::cancel_batch))
+            .route("/v1/messages/batches", post(anthropic_batch::create_batch))
+            .route("/v1/messages/batches/{id}", get(anthropic_batch::get_batch))
+            .route("/v1/messages/batches/{id}/results", get(anthropic_batch::results))
+            .route("/v1/messages/batches/{id}/cancel", post(anthropic_batch::cancel_batch))
             .route("/mock/stats", get(stats_route))
             .route("/mock/limits/{project}", post(limits_route))
             .route("/mock/reset", post(reset_route))
@@ -348,6 +370,11 @@ impl Drop for OutputRefund<'_> {
 }
 
 impl Inner {
+    /// The batch APIs' files and batches; held for plain bookkeeping, never across an await.
+    fn batch_state(&self) -> MutexGuard<'_, batch_state::BatchState> {
+        self.batches.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn lock(&self, project: usize) -> MutexGuard<'_, Limiter> {
         // The limiter does plain arithmetic; a poisoned lock still holds consistent state.
         self.projects[project]
