@@ -164,17 +164,19 @@ pub async fn pack_submitted(
     id: &str,
     provider_batch_id: &str,
     input_file_id: Option<&str>,
+    key_name: &str,
     now: DateTime<Utc>,
 ) -> Result<bool> {
     let done = sqlx::query(
         "UPDATE provider_batches SET status = 'in_progress', provider_batch_id = $2, input_file_id = $3,
-                                     submitted_at = $4, next_poll_at = $4
+                                     submitted_at = $4, next_poll_at = $4, key_name = $5
          WHERE id = $1 AND status = 'submitting'",
     )
     .bind(id)
     .bind(provider_batch_id)
     .bind(input_file_id)
     .bind(now)
+    .bind(key_name)
     .execute(ex)
     .await?;
     Ok(done.rows_affected() == 1)
