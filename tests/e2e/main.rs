@@ -30,6 +30,7 @@ mod harness;
 mod learning;
 mod lifecycle;
 mod observe;
+mod provider_batches;
 mod python;
 mod streaming;
 mod webhooks;
