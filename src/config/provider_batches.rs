@@ -72,3 +72,37 @@ impl BatchApiConfig {
         (self.max_lines.unwrap_or(lines), self.max_bytes.unwrap_or(bytes))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Config, ProviderKind};
+
+    #[test]
+    fn the_example_block_parses_and_defaults_follow_the_kind() {
+        let base = include_str!("../../tollgate.example.toml");
+        // The example's commented block, switched on (it follows the `oai` provider).
+        let mut inside = false;
+        let on: String = base
+            .lines()
+            .map(|l| {
+                inside = l == "# [providers.batch_api]" || (inside && l.starts_with("# "));
+                if inside { &l[2..] } else { l }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let c = Config::parse(&on, "t.toml").unwrap();
+        let oai = c.provider("oai").unwrap();
+        assert!(oai.batch_api.enabled);
+        assert_eq!(oai.batch_api.enqueued_tokens, Some(2_000_000));
+        assert_eq!(oai.batch_api.limits(oai.kind), (50_000, 209_715_200));
+        let ant = c.provider("ant").unwrap();
+        assert!(!ant.batch_api.enabled);
+        assert_eq!(ant.batch_api.limits(ProviderKind::Anthropic), (100_000, 256 * 1024 * 1024));
+        let buckets = crate::buckets::configured(&c);
+        assert!(buckets.iter().any(|b| b.key == "provider:oai:gpt-4o-mini:batch_queue_tokens"));
+
+        let bad = on.replace("discount = 0.5", "discount = 1.5");
+        let e = Config::parse(&bad, "t.toml").unwrap_err().to_string();
+        assert!(e.contains("providers[0].batch_api"), "{e}");
+    }
+}

@@ -97,14 +97,18 @@ async fn run_batch(app: &TestApp, model: &str, n: usize, batch_id_prefix: &str) 
     // have the API's shape.
     let rows = jobs_of(app, &id).await;
     assert_eq!(rows.len(), n);
-    let packs: Vec<(String, Option<String>, String)> =
-        sqlx::query_as("SELECT id, provider_batch_id, status FROM provider_batches ORDER BY id")
-            .fetch_all(&app.db.pool)
-            .await
-            .unwrap();
+    // A pack is marked ended just after its lines' outcomes are written.
+    let packs: Vec<(String, Option<String>, String)> = crate::harness::eventually(20, "the packs to end", || async {
+        let packs: Vec<(String, Option<String>, String)> =
+            sqlx::query_as("SELECT id, provider_batch_id, status FROM provider_batches ORDER BY id")
+                .fetch_all(&app.db.pool)
+                .await
+                .ok()?;
+        packs.iter().all(|p| p.2 == "ended").then_some(packs)
+    })
+    .await;
     assert!(!packs.is_empty());
-    for (_, provider_id, status) in &packs {
-        assert_eq!(status, "ended");
+    for (_, provider_id, _) in &packs {
         assert!(provider_id.as_deref().unwrap().starts_with(batch_id_prefix), "{provider_id:?}");
     }
     for (job, ..) in &rows {

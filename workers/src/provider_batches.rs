@@ -317,8 +317,11 @@ impl ProviderBatcher {
         let requeued = self.back_online(&pack.id, failed, now).await?;
         end.requeued = requeued as i32;
         end.failed -= end.requeued;
-        store::finish_attempts(&self.pool, &outcomes, now).await?;
+        // Savings first: once a line's outcome is written its tollgate batch may finish,
+        // and its report must include them. The pack ends last, so a crash before that
+        // polls it again and rewrites nothing (the outcomes are guarded).
         store::record_savings(&self.pool, &pack.id, &saved).await?;
+        store::finish_attempts(&self.pool, &outcomes, now).await?;
         store::pack_ended(&self.pool, &pack.id, &end, now).await?;
         tracing::info!(
             pack = %pack.id, succeeded = end.succeeded, requeued = end.requeued, failed = end.failed,
