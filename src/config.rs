@@ -550,7 +550,9 @@ impl Config {
             if p.keys.is_empty() {
                 return Err(invalid(at("keys"), "at least one key is required"));
             }
-            p.batch_api.validate(p.kind).map_err(|reason| invalid(at("batch_api"), reason))?;
+            p.batch_api
+                .validate(p.kind)
+                .map_err(|reason| invalid(at("batch_api"), reason))?;
             for (k, key) in p.keys.iter().enumerate() {
                 key.resolve()
                     .map_err(|reason| invalid(format!("providers[{i}].keys[{k}]"), reason))?;

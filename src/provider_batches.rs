@@ -103,7 +103,10 @@ pub fn path(config: &Config, tenant: &str, requested: &str, target: &Target) -> 
         .filter(|(k, d)| k.starts_with(&tenant_prefix) && *d != Dimension::Concurrency)
         .collect();
     if batch_api(config, target).is_some_and(|p| p.batch_api.enqueued_tokens.is_some()) {
-        keys.push((buckets::batch_queue_key(&target.provider, &target.model), Dimension::InputTokens));
+        keys.push((
+            buckets::batch_queue_key(&target.provider, &target.model),
+            Dimension::InputTokens,
+        ));
     }
     keys
 }

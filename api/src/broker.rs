@@ -95,7 +95,12 @@ impl Broker {
         let maintenance_pool = role_pool(2);
         let tenants = TenantDirectory::from_config(&config).map_err(anyhow::Error::msg)?;
         let providers = Providers::from_config(&config)?;
-        let dispatcher = Dispatcher::new(dispatch_pool, config.clone(), providers.clone(), notifications.clone());
+        let dispatcher = Dispatcher::new(
+            dispatch_pool,
+            config.clone(),
+            providers.clone(),
+            notifications.clone(),
+        );
         let relays = TaskTracker::new();
         let state = AppState {
             pool: pool.clone(),

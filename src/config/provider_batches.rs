@@ -97,9 +97,16 @@ mod tests {
         assert_eq!(oai.batch_api.limits(oai.kind), (50_000, 209_715_200));
         let ant = c.provider("ant").unwrap();
         assert!(!ant.batch_api.enabled);
-        assert_eq!(ant.batch_api.limits(ProviderKind::Anthropic), (100_000, 256 * 1024 * 1024));
+        assert_eq!(
+            ant.batch_api.limits(ProviderKind::Anthropic),
+            (100_000, 256 * 1024 * 1024)
+        );
         let buckets = crate::buckets::configured(&c);
-        assert!(buckets.iter().any(|b| b.key == "provider:oai:gpt-4o-mini:batch_queue_tokens"));
+        assert!(
+            buckets
+                .iter()
+                .any(|b| b.key == "provider:oai:gpt-4o-mini:batch_queue_tokens")
+        );
 
         let bad = on.replace("discount = 0.5", "discount = 1.5");
         let e = Config::parse(&bad, "t.toml").unwrap_err().to_string();

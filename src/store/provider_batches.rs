@@ -261,7 +261,12 @@ pub async fn pack_jobs(ex: impl PgExecutor<'_>, id: &str) -> Result<Vec<Job>> {
 
 /// Lines sent back online: the decision changes (with why) before their outcome is
 /// written, while the pack still holds them.
-pub async fn dispatch_online(ex: impl PgExecutor<'_>, pack_id: &str, ids: &[JobId], reason: &str) -> Result<u64> {
+pub async fn dispatch_online(
+    ex: impl PgExecutor<'_>,
+    pack_id: &str,
+    ids: &[JobId],
+    reason: &str,
+) -> Result<u64> {
     if ids.is_empty() {
         return Ok(0);
     }

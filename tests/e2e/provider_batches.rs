@@ -25,7 +25,9 @@ fn batch_api(extra: &str) -> String {
 }
 
 fn prices(model: &str) -> String {
-    format!("[providers.prices.\"{model}\"]\ninput_per_mtok = {INPUT_PRICE}\noutput_per_mtok = {OUTPUT_PRICE}\n")
+    format!(
+        "[providers.prices.\"{model}\"]\ninput_per_mtok = {INPUT_PRICE}\noutput_per_mtok = {OUTPUT_PRICE}\n"
+    )
 }
 
 fn mock(fail_every_nth: u64, expire_every_nth: u64) -> MockConfig {
@@ -98,18 +100,22 @@ async fn run_batch(app: &TestApp, model: &str, n: usize, batch_id_prefix: &str) 
     let rows = jobs_of(app, &id).await;
     assert_eq!(rows.len(), n);
     // A pack is marked ended just after its lines' outcomes are written.
-    let packs: Vec<(String, Option<String>, String)> = crate::harness::eventually(20, "the packs to end", || async {
-        let packs: Vec<(String, Option<String>, String)> =
-            sqlx::query_as("SELECT id, provider_batch_id, status FROM provider_batches ORDER BY id")
-                .fetch_all(&app.db.pool)
-                .await
-                .ok()?;
-        packs.iter().all(|p| p.2 == "ended").then_some(packs)
-    })
-    .await;
+    let packs: Vec<(String, Option<String>, String)> =
+        crate::harness::eventually(20, "the packs to end", || async {
+            let packs: Vec<(String, Option<String>, String)> =
+                sqlx::query_as("SELECT id, provider_batch_id, status FROM provider_batches ORDER BY id")
+                    .fetch_all(&app.db.pool)
+                    .await
+                    .ok()?;
+            packs.iter().all(|p| p.2 == "ended").then_some(packs)
+        })
+        .await;
     assert!(!packs.is_empty());
     for (_, provider_id, _) in &packs {
-        assert!(provider_id.as_deref().unwrap().starts_with(batch_id_prefix), "{provider_id:?}");
+        assert!(
+            provider_id.as_deref().unwrap().starts_with(batch_id_prefix),
+            "{provider_id:?}"
+        );
     }
     for (job, ..) in &rows {
         let (status, view) = app.get(ACME, &format!("/v1/jobs/{job}")).await;
@@ -137,10 +143,18 @@ async fn run_batch(app: &TestApp, model: &str, n: usize, batch_id_prefix: &str) 
     .await
     .unwrap();
     assert!(online > 0.0);
-    assert!((online - expected_online).abs() < 1e-6, "{online} vs {expected_online}");
-    assert!((batch_cost - online * 0.5).abs() < 1e-6, "batch price is half: {batch_cost} of {online}");
+    assert!(
+        (online - expected_online).abs() < 1e-6,
+        "{online} vs {expected_online}"
+    );
+    assert!(
+        (batch_cost - online * 0.5).abs() < 1e-6,
+        "batch price is half: {batch_cost} of {online}"
+    );
     let (_, view) = app.get(ACME, &format!("/v1/batches/{id}")).await;
-    let saved = view["provider_batch"]["estimated_savings_micro_usd"].as_i64().unwrap();
+    let saved = view["provider_batch"]["estimated_savings_micro_usd"]
+        .as_i64()
+        .unwrap();
     assert_eq!(saved, (online - batch_cost).round() as i64, "{view}");
     assert!(saved > 0);
 
@@ -178,7 +192,11 @@ async fn openai_batch_api_carries_a_batch_at_half_price() {
         assert!(pb.is_some());
     }
     // No online call was made for them.
-    assert_eq!(app.mock.stats().succeeded, 0, "the online endpoint served nothing");
+    assert_eq!(
+        app.mock.stats().succeeded,
+        0,
+        "the online endpoint served nothing"
+    );
     app.shutdown().await;
 }
 
@@ -199,8 +217,15 @@ async fn anthropic_message_batches_carry_a_batch_at_half_price() {
     .await;
     let done = run_batch(&app, "antb/claude-3-5-haiku-latest", 9, "msgbatch_").await;
     let rows = jobs_of(&app, done["id"].as_str().unwrap()).await;
-    assert!(rows.iter().all(|r| r.1.as_deref() == Some("provider_batch")), "{rows:?}");
-    assert_eq!(app.mock.stats().succeeded, 0, "the online endpoint served nothing");
+    assert!(
+        rows.iter().all(|r| r.1.as_deref() == Some("provider_batch")),
+        "{rows:?}"
+    );
+    assert_eq!(
+        app.mock.stats().succeeded,
+        0,
+        "the online endpoint served nothing"
+    );
     app.shutdown().await;
 }
 
@@ -221,15 +246,30 @@ async fn failed_and_expired_lines_go_back_online_and_finish() {
         .enumerate()
         .filter(|(_, r)| r.1.as_deref() == Some("online"))
         .map(|(i, r)| {
-            assert_eq!(r.2.as_deref(), Some("provider_batch_failed_retry_online"), "{r:?}");
+            assert_eq!(
+                r.2.as_deref(),
+                Some("provider_batch_failed_retry_online"),
+                "{r:?}"
+            );
             i + 1
         })
         .collect();
-    assert_eq!(online, vec![4, 5, 8, 10], "the lines the mock did not answer went online");
-    assert_eq!(app.mock.stats().succeeded, 4, "the online endpoint served exactly those");
+    assert_eq!(
+        online,
+        vec![4, 5, 8, 10],
+        "the lines the mock did not answer went online"
+    );
+    assert_eq!(
+        app.mock.stats().succeeded,
+        4,
+        "the online endpoint served exactly those"
+    );
     let (_, job) = app.get(ACME, &format!("/v1/jobs/{}", rows[3].0)).await;
     assert_eq!(job["dispatch"]["via"], "online", "{job}");
-    assert_eq!(job["dispatch"]["reason"], "provider_batch_failed_retry_online", "{job}");
+    assert_eq!(
+        job["dispatch"]["reason"], "provider_batch_failed_retry_online",
+        "{job}"
+    );
     app.shutdown().await;
 }
 
@@ -255,12 +295,19 @@ async fn a_deadline_too_close_for_the_batch_api_goes_online() {
     let far = app.wait_job(ACME, far["id"].as_str().unwrap(), 30).await;
     assert_eq!(close["state"], "succeeded", "{close}");
     assert_eq!(close["dispatch"]["via"], "online", "{close}");
-    assert_eq!(close["dispatch"]["reason"], "deadline_too_close_for_batch_api", "{close}");
+    assert_eq!(
+        close["dispatch"]["reason"], "deadline_too_close_for_batch_api",
+        "{close}"
+    );
     assert!(close["dispatch"]["provider_batch_id"].is_null());
     assert_eq!(far["state"], "succeeded", "{far}");
     assert_eq!(far["dispatch"]["via"], "provider_batch", "{far}");
     assert_eq!(far["dispatch"]["reason"], "deadline_allows_batch_api", "{far}");
     assert!(far["dispatch"]["provider_batch_id"].is_string(), "{far}");
-    assert_eq!(app.mock.stats().succeeded, 1, "one online call: the close deadline's");
+    assert_eq!(
+        app.mock.stats().succeeded,
+        1,
+        "one online call: the close deadline's"
+    );
     app.shutdown().await;
 }

@@ -25,8 +25,8 @@ use tollgate::config::{Config, ProviderConfig};
 use tollgate::model::{Job, JobId};
 use tollgate::provider_batches::FAILED_RETRY_ONLINE;
 use tollgate::store::{
-    self, AttemptRecord, Finish, Holder, NewPack, Outcome, PackEnd, PackGroup, ProviderBatch, Served, Settlement,
-    StoreError,
+    self, AttemptRecord, Finish, Holder, NewPack, Outcome, PackEnd, PackGroup, ProviderBatch, Served,
+    Settlement, StoreError,
 };
 
 use crate::providers::Providers;
@@ -104,7 +104,13 @@ impl ProviderBatcher {
             let jobs = store::pack_jobs(&self.pool, &id).await?;
             let failed = jobs
                 .into_iter()
-                .map(|j| (j, "provider_batch_not_submitted".to_owned(), "the pack was never submitted".to_owned()))
+                .map(|j| {
+                    (
+                        j,
+                        "provider_batch_not_submitted".to_owned(),
+                        "the pack was never submitted".to_owned(),
+                    )
+                })
                 .collect();
             step.requeued += self.back_online(&id, failed, now).await?;
         }
@@ -165,16 +171,23 @@ impl ProviderBatcher {
         let client = self
             .providers
             .batch_client(&group.provider, &group.model, group.key.as_deref());
-        let lines: Vec<(String, &serde_json::Value)> = jobs.iter().map(|j| (j.id.to_string(), &j.request)).collect();
+        let lines: Vec<(String, &serde_json::Value)> =
+            jobs.iter().map(|j| (j.id.to_string(), &j.request)).collect();
         let submitted = match &client {
             Some(c) => c.submit(&group.model, &lines, id).await,
             None => Err(format!("provider {:?} is not configured", group.provider)),
         };
         match submitted {
             Ok(s) => {
-                let recorded =
-                    store::pack_submitted(&self.pool, id, &s.batch_id, s.input_file_id.as_deref(), &s.key_name, now)
-                        .await?;
+                let recorded = store::pack_submitted(
+                    &self.pool,
+                    id,
+                    &s.batch_id,
+                    s.input_file_id.as_deref(),
+                    &s.key_name,
+                    now,
+                )
+                .await?;
                 if recorded {
                     tracing::info!(pack = id, provider_batch = %s.batch_id, lines = jobs.len(), "provider batch submitted");
                     step.submitted += 1;
@@ -196,7 +209,12 @@ impl ProviderBatcher {
         Ok(())
     }
 
-    async fn poll(&self, pack: &ProviderBatch, now: DateTime<Utc>, step: &mut Step) -> Result<(), StoreError> {
+    async fn poll(
+        &self,
+        pack: &ProviderBatch,
+        now: DateTime<Utc>,
+        step: &mut Step,
+    ) -> Result<(), StoreError> {
         let interval = self
             .provider(&pack.provider)
             .map_or(60_000, |p| p.batch_api.poll_interval_ms);
@@ -212,7 +230,13 @@ impl ProviderBatcher {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(pack = %pack.id, error = %e, "could not poll the provider batch");
-                store::poll_later(&self.pool, &pack.id, pack.provider_status.as_deref().unwrap_or(""), later).await?;
+                store::poll_later(
+                    &self.pool,
+                    &pack.id,
+                    pack.provider_status.as_deref().unwrap_or(""),
+                    later,
+                )
+                .await?;
                 return Ok(());
             }
         };
@@ -271,8 +295,12 @@ impl ProviderBatcher {
                 }
             };
             let u = success.usage;
-            let online =
-                buckets::spend_micro_usd(price, u.input_tokens as f64, u.cached_tokens as f64, u.output_tokens as f64);
+            let online = buckets::spend_micro_usd(
+                price,
+                u.input_tokens as f64,
+                u.cached_tokens as f64,
+                u.output_tokens as f64,
+            );
             let batch_cost = online * discount;
             end.succeeded += 1;
             end.online_cost_micro_usd += online;
@@ -311,7 +339,13 @@ impl ProviderBatcher {
                 started_at: job.started_at.unwrap_or(now),
                 finished_at: now,
             };
-            outcomes.push(Outcome::new(holder, Some(served), finish, settlement, Some(record)));
+            outcomes.push(Outcome::new(
+                holder,
+                Some(served),
+                finish,
+                settlement,
+                Some(record),
+            ));
         }
         end.failed = failed.len() as i32;
         let requeued = self.back_online(&pack.id, failed, now).await?;
@@ -345,7 +379,11 @@ impl ProviderBatcher {
             return Ok(0);
         }
         let owner = store::pack_owner(pack_id);
-        let online: Vec<JobId> = lines.iter().filter(|l| l.0.deadline > now).map(|l| l.0.id).collect();
+        let online: Vec<JobId> = lines
+            .iter()
+            .filter(|l| l.0.deadline > now)
+            .map(|l| l.0.id)
+            .collect();
         store::dispatch_online(&self.pool, pack_id, &online, FAILED_RETRY_ONLINE).await?;
         let outcomes: Vec<Outcome> = lines
             .iter()

@@ -3,10 +3,10 @@
 //! ended), `POST .../cancel`. `x-api-key` and `anthropic-version` as on the online
 //! endpoint; a project sees only its own batches.
 
+use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use chrono::{DateTime, SecondsFormat};
 use serde_json::{Value, json};
 
@@ -29,10 +29,18 @@ fn project(inner: &Inner, headers: &HeaderMap) -> Result<usize, Response> {
         .map(str::trim)
         .filter(|k| !k.is_empty());
     let Some(key) = key else {
-        return Err(error(StatusCode::UNAUTHORIZED, "authentication_error", "x-api-key header is required"));
+        return Err(error(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "x-api-key header is required",
+        ));
     };
     let KeyLookup::Valid(p) = inner.lookup(ProviderKind::Anthropic, key) else {
-        return Err(error(StatusCode::UNAUTHORIZED, "authentication_error", "invalid x-api-key"));
+        return Err(error(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "invalid x-api-key",
+        ));
     };
     if !headers.contains_key("anthropic-version") {
         return Err(error(
@@ -54,8 +62,16 @@ pub(super) async fn create_batch(
         Ok(p) => p,
         Err(r) => return r,
     };
-    let Some(requests) = body.get("requests").and_then(Value::as_array).filter(|r| !r.is_empty()) else {
-        return error(StatusCode::BAD_REQUEST, "invalid_request_error", "requests: Field required");
+    let Some(requests) = body
+        .get("requests")
+        .and_then(Value::as_array)
+        .filter(|r| !r.is_empty())
+    else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "requests: Field required",
+        );
     };
     let mut lines = Vec::with_capacity(requests.len());
     let mut seen = std::collections::HashSet::new();
@@ -63,10 +79,15 @@ pub(super) async fn create_batch(
         let custom_id = r.get("custom_id").and_then(Value::as_str).unwrap_or_default();
         let params = r.get("params").filter(|p| {
             p.get("model").and_then(Value::as_str).is_some()
-                && p.get("max_tokens").and_then(Value::as_u64).is_some_and(|m| m >= 1)
+                && p.get("max_tokens")
+                    .and_then(Value::as_u64)
+                    .is_some_and(|m| m >= 1)
         });
-        let Some(params) = params.filter(|_| !custom_id.is_empty() && seen.insert(custom_id.to_owned())) else {
-            let msg = format!("requests.{i}: custom_id (unique) and params with model and max_tokens >= 1 required");
+        let Some(params) = params.filter(|_| !custom_id.is_empty() && seen.insert(custom_id.to_owned()))
+        else {
+            let msg = format!(
+                "requests.{i}: custom_id (unique) and params with model and max_tokens >= 1 required"
+            );
             return error(StatusCode::BAD_REQUEST, "invalid_request_error", &msg);
         };
         lines.push(Line {
@@ -94,7 +115,11 @@ pub(super) async fn create_batch(
     Json(batch_object(inner, &id, &state.batches[&id])).into_response()
 }
 
-pub(super) async fn get_batch(State(p): State<MockProvider>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+pub(super) async fn get_batch(
+    State(p): State<MockProvider>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
     answer(&p, &headers, &id, false)
 }
 
@@ -118,7 +143,11 @@ fn answer(p: &MockProvider, headers: &HeaderMap, id: &str, cancel: bool) -> Resp
         .get_mut(id)
         .filter(|b| b.project == project && b.kind == ProviderKind::Anthropic)
     else {
-        return error(StatusCode::NOT_FOUND, "not_found_error", &format!("batch {id} not found"));
+        return error(
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            &format!("batch {id} not found"),
+        );
     };
     if cancel && b.ended.is_none() {
         b.cancel_ns = Some(inner.clock.now_ns());
@@ -129,7 +158,11 @@ fn answer(p: &MockProvider, headers: &HeaderMap, id: &str, cancel: bool) -> Resp
 
 /// The results as JSONL, in no particular order (here: reversed, so clients join on
 /// `custom_id`); 400 until the batch has ended.
-pub(super) async fn results(State(p): State<MockProvider>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+pub(super) async fn results(
+    State(p): State<MockProvider>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
     let inner = &*p.inner;
     let project = match project(inner, &headers) {
         Ok(p) => p,
@@ -142,7 +175,11 @@ pub(super) async fn results(State(p): State<MockProvider>, headers: HeaderMap, P
         .get(&id)
         .filter(|b| b.project == project && b.kind == ProviderKind::Anthropic)
     else {
-        return error(StatusCode::NOT_FOUND, "not_found_error", &format!("batch {id} not found"));
+        return error(
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            &format!("batch {id} not found"),
+        );
     };
     let Some(ended) = &b.ended else {
         return error(
@@ -160,7 +197,11 @@ pub(super) async fn results(State(p): State<MockProvider>, headers: HeaderMap, P
             Fate::Expired => json!({"type": "expired"}),
             Fate::Canceled => json!({"type": "canceled"}),
         };
-        out.extend_from_slice(json!({"custom_id": line.custom_id, "result": result}).to_string().as_bytes());
+        out.extend_from_slice(
+            json!({"custom_id": line.custom_id, "result": result})
+                .to_string()
+                .as_bytes(),
+        );
         out.push(b'\n');
     }
     ([("content-type", "application/binary")], out).into_response()

@@ -66,7 +66,11 @@ impl MockBatch {
     pub fn processed(&self, inner: &Inner, now_ns: u64) -> usize {
         let total = self.lines.len();
         if let Some(e) = &self.ended {
-            return e.fates.iter().filter(|f| !matches!(f, Fate::Expired | Fate::Canceled)).count();
+            return e
+                .fates
+                .iter()
+                .filter(|f| !matches!(f, Fate::Expired | Fate::Canceled))
+                .count();
         }
         let lps = inner.batch_config.lines_per_sec;
         if lps <= 0.0 {
@@ -184,7 +188,9 @@ fn reply(inner: &Inner, kind: ProviderKind, body: &Value) -> Value {
         .as_ref()
         .and_then(|r| Some(input_tokens(r.messages.as_ref()?, None)))
         .unwrap_or(0);
-    let max = req.as_ref().and_then(|r| r.max_completion_tokens.or(r.max_tokens));
+    let max = req
+        .as_ref()
+        .and_then(|r| r.max_completion_tokens.or(r.max_tokens));
     let output = inner.completion_tokens(max);
     let finish = if output < inner.output_tokens {
         "length"

@@ -30,8 +30,8 @@
 mod anthropic;
 mod anthropic_batch;
 mod audit;
-mod batch_state;
 mod azure;
+mod batch_state;
 mod buckets;
 mod clock;
 mod config;
@@ -57,7 +57,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use tokio_util::sync::CancellationToken;
 
-pub use config::{BatchMockConfig, FaultConfig, MockConfig, MockConfigError, ProjectConfig, ProjectLimits, ProviderKind};
+pub use config::{
+    BatchMockConfig, FaultConfig, MockConfig, MockConfigError, ProjectConfig, ProjectLimits, ProviderKind,
+};
 pub use stats::{MockStats, ProjectStats};
 
 use buckets::{Admission, Charge, Limiter, LimitsView};
@@ -235,7 +237,10 @@ impl MockProvider {
             .route("/v1/messages/batches", post(anthropic_batch::create_batch))
             .route("/v1/messages/batches/{id}", get(anthropic_batch::get_batch))
             .route("/v1/messages/batches/{id}/results", get(anthropic_batch::results))
-            .route("/v1/messages/batches/{id}/cancel", post(anthropic_batch::cancel_batch))
+            .route(
+                "/v1/messages/batches/{id}/cancel",
+                post(anthropic_batch::cancel_batch),
+            )
             .route("/mock/stats", get(stats_route))
             .route("/mock/limits/{project}", post(limits_route))
             .route("/mock/reset", post(reset_route))

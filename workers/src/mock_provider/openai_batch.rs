@@ -3,10 +3,10 @@
 //! `GET /v1/batches/{id}`, `POST /v1/batches/{id}/cancel`. Bearer keys as on the online
 //! endpoint; a project sees only its own files and batches.
 
+use axum::Json;
 use axum::extract::{Multipart, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use serde_json::{Value, json};
 
 use super::batch_state::{Line, MockBatch, StoredFile};
@@ -41,7 +41,11 @@ fn project(inner: &Inner, headers: &HeaderMap) -> Result<usize, Response> {
             "Incorrect API key provided.",
             Some("invalid_api_key"),
         )),
-        None => Err(error(StatusCode::UNAUTHORIZED, "You didn't provide an API key.", None)),
+        None => Err(error(
+            StatusCode::UNAUTHORIZED,
+            "You didn't provide an API key.",
+            None,
+        )),
     }
 }
 
@@ -53,7 +57,11 @@ fn file_object(id: &str, f: &StoredFile) -> Value {
     })
 }
 
-pub(super) async fn upload_file(State(p): State<MockProvider>, headers: HeaderMap, mut form: Multipart) -> Response {
+pub(super) async fn upload_file(
+    State(p): State<MockProvider>,
+    headers: HeaderMap,
+    mut form: Multipart,
+) -> Response {
     let inner = &*p.inner;
     let project = match project(inner, &headers) {
         Ok(p) => p,
@@ -82,7 +90,11 @@ pub(super) async fn upload_file(State(p): State<MockProvider>, headers: HeaderMa
         return error(StatusCode::BAD_REQUEST, "'purpose' must be 'batch'.", None);
     }
     let Some((filename, bytes)) = file else {
-        return error(StatusCode::BAD_REQUEST, "Missing required parameter: 'file'.", None);
+        return error(
+            StatusCode::BAD_REQUEST,
+            "Missing required parameter: 'file'.",
+            None,
+        );
     };
     let id = format!("file-{}", uuid_v7(inner).simple());
     let f = StoredFile {
@@ -109,11 +121,7 @@ pub(super) async fn file_content(
     };
     let state = inner.batch_state();
     match state.files.get(&id).filter(|f| f.project == project) {
-        Some(f) => (
-            [("content-type", "application/octet-stream")],
-            f.bytes.clone(),
-        )
-            .into_response(),
+        Some(f) => ([("content-type", "application/octet-stream")], f.bytes.clone()).into_response(),
         None => error(StatusCode::NOT_FOUND, &format!("No such File object: {id}"), None),
     }
 }
@@ -142,8 +150,16 @@ pub(super) async fn create_batch(
         return error(StatusCode::BAD_REQUEST, "completion_window must be '24h'.", None);
     }
     let mut state = inner.batch_state();
-    let Some(file) = state.files.get(input).filter(|f| f.project == project && f.purpose == "batch") else {
-        return error(StatusCode::NOT_FOUND, &format!("No such File object: {input}"), None);
+    let Some(file) = state
+        .files
+        .get(input)
+        .filter(|f| f.project == project && f.purpose == "batch")
+    else {
+        return error(
+            StatusCode::NOT_FOUND,
+            &format!("No such File object: {input}"),
+            None,
+        );
     };
     let mut lines = Vec::new();
     let mut seen = std::collections::HashSet::new();
@@ -159,7 +175,10 @@ pub(super) async fn create_batch(
         match parsed {
             Some((custom_id, body)) if seen.insert(custom_id.clone()) => lines.push(Line { custom_id, body }),
             _ => {
-                let msg = format!("line {}: not a valid batch request line or a repeated custom_id", i + 1);
+                let msg = format!(
+                    "line {}: not a valid batch request line or a repeated custom_id",
+                    i + 1
+                );
                 return error(StatusCode::BAD_REQUEST, &msg, Some("invalid_request"));
             }
         }
@@ -181,7 +200,11 @@ pub(super) async fn create_batch(
     Json(batch_object(inner, &id, &state.batches[&id])).into_response()
 }
 
-pub(super) async fn get_batch(State(p): State<MockProvider>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+pub(super) async fn get_batch(
+    State(p): State<MockProvider>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
     answer(&p, &headers, &id, false)
 }
 
@@ -201,9 +224,16 @@ fn answer(p: &MockProvider, headers: &HeaderMap, id: &str, cancel: bool) -> Resp
         Err(r) => return r,
     };
     let mut state = inner.batch_state();
-    let Some(b) = state.batches.get_mut(id).filter(|b| b.project == project && b.kind == ProviderKind::Openai)
+    let Some(b) = state
+        .batches
+        .get_mut(id)
+        .filter(|b| b.project == project && b.kind == ProviderKind::Openai)
     else {
-        return error(StatusCode::NOT_FOUND, &format!("No such Batch object: {id}"), None);
+        return error(
+            StatusCode::NOT_FOUND,
+            &format!("No such Batch object: {id}"),
+            None,
+        );
     };
     if cancel && b.ended.is_none() {
         b.cancel_ns = Some(inner.clock.now_ns());

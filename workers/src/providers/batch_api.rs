@@ -80,7 +80,11 @@ async fn body_of(resp: reqwest::Response) -> Result<Vec<u8>, String> {
     let bytes = resp.bytes().await.map_err(http_error)?;
     if !status.is_success() {
         let text = String::from_utf8_lossy(&bytes);
-        return Err(format!("HTTP {}: {}", status.as_u16(), text.chars().take(500).collect::<String>()));
+        return Err(format!(
+            "HTTP {}: {}",
+            status.as_u16(),
+            text.chars().take(500).collect::<String>()
+        ));
     }
     Ok(bytes.to_vec())
 }
@@ -110,7 +114,12 @@ impl BatchClient<'_> {
 
     /// Submits `lines` (custom_id, OpenAI chat request) for `model`; `tag` goes into
     /// the batch's metadata where the API has one.
-    pub async fn submit(&self, model: &str, lines: &[(String, &Value)], tag: &str) -> Result<Submitted, String> {
+    pub async fn submit(
+        &self,
+        model: &str,
+        lines: &[(String, &Value)],
+        tag: &str,
+    ) -> Result<Submitted, String> {
         match self.client.kind {
             ProviderKind::Anthropic => {
                 let requests: Vec<Value> = lines
@@ -124,8 +133,12 @@ impl BatchClient<'_> {
                     .send()
                     .await
                     .map_err(http_error)?;
-                let batch: Value = serde_json::from_slice(&body_of(resp).await?).map_err(|e| e.to_string())?;
-                let id = batch.get("id").and_then(Value::as_str).ok_or("no batch id in the answer")?;
+                let batch: Value =
+                    serde_json::from_slice(&body_of(resp).await?).map_err(|e| e.to_string())?;
+                let id = batch
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .ok_or("no batch id in the answer")?;
                 Ok(Submitted {
                     batch_id: id.to_owned(),
                     input_file_id: None,
@@ -149,8 +162,12 @@ impl BatchClient<'_> {
                     .send()
                     .await
                     .map_err(http_error)?;
-                let batch: Value = serde_json::from_slice(&body_of(resp).await?).map_err(|e| e.to_string())?;
-                let id = batch.get("id").and_then(Value::as_str).ok_or("no batch id in the answer")?;
+                let batch: Value =
+                    serde_json::from_slice(&body_of(resp).await?).map_err(|e| e.to_string())?;
+                let id = batch
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .ok_or("no batch id in the answer")?;
                 Ok(Submitted {
                     batch_id: id.to_owned(),
                     input_file_id: Some(file),
@@ -165,7 +182,8 @@ impl BatchClient<'_> {
         let boundary = format!("tollgate-{}", uuid::Uuid::now_v7().simple());
         let mut body = Vec::with_capacity(jsonl.len() + 512);
         body.extend_from_slice(
-            format!("--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n").as_bytes(),
+            format!("--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n")
+                .as_bytes(),
         );
         body.extend_from_slice(
             format!(
@@ -178,7 +196,10 @@ impl BatchClient<'_> {
         body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
         let resp = self
             .post(format!("{}/files", self.base()))
-            .header("content-type", format!("multipart/form-data; boundary={boundary}"))
+            .header(
+                "content-type",
+                format!("multipart/form-data; boundary={boundary}"),
+            )
             .body(body)
             .send()
             .await
@@ -226,18 +247,26 @@ impl BatchClient<'_> {
             ProviderKind::Anthropic => format!("{}/v1/messages/batches/{batch_id}/cancel", self.base()),
             _ => format!("{}/batches/{batch_id}/cancel", self.base()),
         };
-        body_of(self.post(url).send().await.map_err(http_error)?).await.map(|_| ())
+        body_of(self.post(url).send().await.map_err(http_error)?)
+            .await
+            .map(|_| ())
     }
 
     /// The results of an ended batch, by `custom_id`. Lines missing from them were not
     /// processed (a failed batch has none).
-    pub async fn results(&self, batch_id: &str, status: &Status) -> Result<HashMap<String, LineResult>, String> {
+    pub async fn results(
+        &self,
+        batch_id: &str,
+        status: &Status,
+    ) -> Result<HashMap<String, LineResult>, String> {
         let mut out = HashMap::new();
         if self.client.kind == ProviderKind::Anthropic {
             let url = format!("{}/v1/messages/batches/{batch_id}/results", self.base());
             let bytes = body_of(self.get(url).send().await.map_err(http_error)?).await?;
             for line in jsonl(&bytes) {
-                let Some(id) = line.get("custom_id").and_then(Value::as_str) else { continue };
+                let Some(id) = line.get("custom_id").and_then(Value::as_str) else {
+                    continue;
+                };
                 let result = &line["result"];
                 let kind = result.get("type").and_then(Value::as_str).unwrap_or("errored");
                 let r = match (kind, result.get("message")) {
@@ -253,30 +282,47 @@ impl BatchClient<'_> {
                         let message = e.get("message").and_then(Value::as_str).unwrap_or("errored");
                         failed("provider_batch_errored", message.to_owned())
                     }
-                    (other, _) => failed(&format!("provider_batch_{other}"), format!("the line was {other}")),
+                    (other, _) => failed(
+                        &format!("provider_batch_{other}"),
+                        format!("the line was {other}"),
+                    ),
                 };
                 out.insert(id.to_owned(), r);
             }
             return Ok(out);
         }
-        for file in [&status.output_file_id, &status.error_file_id].into_iter().flatten() {
+        for file in [&status.output_file_id, &status.error_file_id]
+            .into_iter()
+            .flatten()
+        {
             let url = format!("{}/files/{file}/content", self.base());
             let bytes = body_of(self.get(url).send().await.map_err(http_error)?).await?;
             for line in jsonl(&bytes) {
-                let Some(id) = line.get("custom_id").and_then(Value::as_str) else { continue };
+                let Some(id) = line.get("custom_id").and_then(Value::as_str) else {
+                    continue;
+                };
                 let response = line.get("response").filter(|r| !r.is_null());
-                let code = response.and_then(|r| r.get("status_code")).and_then(Value::as_u64);
+                let code = response
+                    .and_then(|r| r.get("status_code"))
+                    .and_then(Value::as_u64);
                 let r = match (response, code) {
-                    (Some(resp), Some(200)) => match openai::parse_success(resp["body"].to_string().as_bytes()) {
-                        Ok(success) => LineResult::Succeeded {
-                            success,
-                            request_id: resp.get("request_id").and_then(Value::as_str).map(str::to_owned),
-                        },
-                        Err(message) => failed("provider_bad_response", message),
-                    },
+                    (Some(resp), Some(200)) => {
+                        match openai::parse_success(resp["body"].to_string().as_bytes()) {
+                            Ok(success) => LineResult::Succeeded {
+                                success,
+                                request_id: resp.get("request_id").and_then(Value::as_str).map(str::to_owned),
+                            },
+                            Err(message) => failed("provider_bad_response", message),
+                        }
+                    }
                     (Some(resp), code) => {
-                        let message = resp["body"]["error"]["message"].as_str().unwrap_or("request failed");
-                        failed("provider_batch_errored", format!("HTTP {}: {message}", code.unwrap_or(0)))
+                        let message = resp["body"]["error"]["message"]
+                            .as_str()
+                            .unwrap_or("request failed");
+                        failed(
+                            "provider_batch_errored",
+                            format!("HTTP {}: {message}", code.unwrap_or(0)),
+                        )
                     }
                     (None, _) => {
                         let e = &line["error"];

@@ -57,7 +57,12 @@ impl Harness {
             .unwrap()
     }
 
-    async fn anthropic_call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> reqwest::Response {
+    async fn anthropic_call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> reqwest::Response {
         let mut rb = self
             .client
             .request(method, format!("{}{path}", self.base))
@@ -87,11 +92,15 @@ async fn openai_batch_runs_at_its_speed_with_output_and_error_files() {
     let r = h.upload("sk-1", &openai_lines(4)).await;
     assert_eq!(r.status(), 200);
     let file: Value = r.json().await.unwrap();
-    assert_eq!((file["object"].as_str(), file["purpose"].as_str()), (Some("file"), Some("batch")));
+    assert_eq!(
+        (file["object"].as_str(), file["purpose"].as_str()),
+        (Some("file"), Some("batch"))
+    );
     let fid = file["id"].as_str().unwrap();
     assert!(fid.starts_with("file-"));
 
-    let create = json!({"input_file_id": fid, "endpoint": "/v1/chat/completions", "completion_window": "24h"});
+    let create =
+        json!({"input_file_id": fid, "endpoint": "/v1/chat/completions", "completion_window": "24h"});
     let r = h
         .client
         .post(format!("{}/v1/batches", h.base))
@@ -108,27 +117,78 @@ async fn openai_batch_runs_at_its_speed_with_output_and_error_files() {
     assert_eq!(b["request_counts"]["total"], 4);
 
     // Another project's key sees neither the batch nor the file; no key is a 401.
-    assert_eq!(h.openai_get("sk-other", &format!("/v1/batches/{id}")).await.status(), 404);
-    assert_eq!(h.openai_get("sk-other", &format!("/v1/files/{fid}/content")).await.status(), 404);
-    assert_eq!(h.openai_get("sk-nope", &format!("/v1/batches/{id}")).await.status(), 401);
+    assert_eq!(
+        h.openai_get("sk-other", &format!("/v1/batches/{id}"))
+            .await
+            .status(),
+        404
+    );
+    assert_eq!(
+        h.openai_get("sk-other", &format!("/v1/files/{fid}/content"))
+            .await
+            .status(),
+        404
+    );
+    assert_eq!(
+        h.openai_get("sk-nope", &format!("/v1/batches/{id}"))
+            .await
+            .status(),
+        401
+    );
 
     // 10 lines per second: 4 lines take 0.4 s of mock time.
     h.advance(Duration::from_millis(200));
-    let b: Value = h.openai_get("sk-1", &format!("/v1/batches/{id}")).await.json().await.unwrap();
-    assert_eq!((b["status"].as_str(), b["request_counts"]["completed"].as_u64()), (Some("in_progress"), Some(2)));
+    let b: Value = h
+        .openai_get("sk-1", &format!("/v1/batches/{id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (b["status"].as_str(), b["request_counts"]["completed"].as_u64()),
+        (Some("in_progress"), Some(2))
+    );
     h.advance(Duration::from_millis(300));
-    let b: Value = h.openai_get("sk-1", &format!("/v1/batches/{id}")).await.json().await.unwrap();
+    let b: Value = h
+        .openai_get("sk-1", &format!("/v1/batches/{id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(b["status"], "completed", "{b}");
-    assert_eq!(b["request_counts"], json!({"total": 4, "completed": 2, "failed": 2}));
+    assert_eq!(
+        b["request_counts"],
+        json!({"total": 4, "completed": 2, "failed": 2})
+    );
 
     // Every 2nd line failed: c1 and c3 in the error file; c0 and c2 answered like the
     // online endpoint, with usage.
-    let out = h.openai_get("sk-1", &format!("/v1/files/{}/content", b["output_file_id"].as_str().unwrap())).await;
+    let out = h
+        .openai_get(
+            "sk-1",
+            &format!("/v1/files/{}/content", b["output_file_id"].as_str().unwrap()),
+        )
+        .await;
     let out = jsonl(&out.text().await.unwrap());
-    let err = h.openai_get("sk-1", &format!("/v1/files/{}/content", b["error_file_id"].as_str().unwrap())).await;
+    let err = h
+        .openai_get(
+            "sk-1",
+            &format!("/v1/files/{}/content", b["error_file_id"].as_str().unwrap()),
+        )
+        .await;
     let err = jsonl(&err.text().await.unwrap());
-    let ids = |v: &[Value]| v.iter().map(|l| l["custom_id"].as_str().unwrap().to_owned()).collect::<Vec<_>>();
-    assert_eq!((ids(&out), ids(&err)), (vec!["c0".to_owned(), "c2".to_owned()], vec!["c1".to_owned(), "c3".to_owned()]));
+    let ids = |v: &[Value]| {
+        v.iter()
+            .map(|l| l["custom_id"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        (ids(&out), ids(&err)),
+        (
+            vec!["c0".to_owned(), "c2".to_owned()],
+            vec!["c1".to_owned(), "c3".to_owned()]
+        )
+    );
     for l in &out {
         assert_eq!(l["response"]["status_code"], 200);
         assert_eq!(l["response"]["body"]["object"], "chat.completion");
@@ -140,9 +200,15 @@ async fn openai_batch_runs_at_its_speed_with_output_and_error_files() {
 
 #[tokio::test]
 async fn openai_cancel_keeps_what_was_processed() {
-    let h = start(BATCH_OPENAI.replace("fail_every_nth = 2", "fail_every_nth = 0").as_str()).await;
+    let h = start(
+        BATCH_OPENAI
+            .replace("fail_every_nth = 2", "fail_every_nth = 0")
+            .as_str(),
+    )
+    .await;
     let fid: Value = h.upload("sk-1", &openai_lines(10)).await.json().await.unwrap();
-    let create = json!({"input_file_id": fid["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"});
+    let create =
+        json!({"input_file_id": fid["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"});
     let b: Value = h
         .client
         .post(format!("{}/v1/batches", h.base))
@@ -165,7 +231,10 @@ async fn openai_cancel_keeps_what_was_processed() {
         .unwrap();
     let b: Value = r.json().await.unwrap();
     assert_eq!(b["status"], "cancelled", "{b}");
-    assert_eq!(b["request_counts"], json!({"total": 10, "completed": 5, "failed": 5}));
+    assert_eq!(
+        b["request_counts"],
+        json!({"total": 10, "completed": 5, "failed": 5})
+    );
 }
 
 #[tokio::test]
@@ -175,7 +244,11 @@ async fn anthropic_message_batch_ends_with_results_by_custom_id() {
         .map(|i| json!({"custom_id": format!("r{i}"), "params": claude(7)}))
         .collect();
     let r = h
-        .anthropic_call(reqwest::Method::POST, "/v1/messages/batches", Some(json!({"requests": requests})))
+        .anthropic_call(
+            reqwest::Method::POST,
+            "/v1/messages/batches",
+            Some(json!({"requests": requests})),
+        )
         .await;
     assert_eq!(r.status(), 200);
     let b: Value = r.json().await.unwrap();
@@ -186,7 +259,11 @@ async fn anthropic_message_batch_ends_with_results_by_custom_id() {
     assert_eq!(b["request_counts"]["processing"], 3);
     assert!(b["results_url"].is_null());
     let early = h
-        .anthropic_call(reqwest::Method::GET, &format!("/v1/messages/batches/{id}/results"), None)
+        .anthropic_call(
+            reqwest::Method::GET,
+            &format!("/v1/messages/batches/{id}/results"),
+            None,
+        )
         .await;
     assert_eq!(early.status(), 400, "no results before the batch ends");
 
@@ -203,22 +280,36 @@ async fn anthropic_message_batch_ends_with_results_by_custom_id() {
         json!({"processing": 0, "succeeded": 2, "errored": 0, "canceled": 0, "expired": 1})
     );
     let results = h
-        .anthropic_call(reqwest::Method::GET, &format!("/v1/messages/batches/{id}/results"), None)
+        .anthropic_call(
+            reqwest::Method::GET,
+            &format!("/v1/messages/batches/{id}/results"),
+            None,
+        )
         .await;
     assert_eq!(results.status(), 200);
     let lines = jsonl(&results.text().await.unwrap());
-    let by_id: std::collections::HashMap<&str, &Value> =
-        lines.iter().map(|l| (l["custom_id"].as_str().unwrap(), &l["result"])).collect();
+    let by_id: std::collections::HashMap<&str, &Value> = lines
+        .iter()
+        .map(|l| (l["custom_id"].as_str().unwrap(), &l["result"]))
+        .collect();
     assert_eq!(by_id.len(), 3);
     assert_eq!(by_id["r2"]["type"], "expired", "every 3rd line expires");
     for r in ["r0", "r1"] {
         assert_eq!(by_id[r]["type"], "succeeded");
         assert_eq!(by_id[r]["message"]["type"], "message");
-        assert_eq!(by_id[r]["message"]["usage"], json!({"input_tokens": 10, "output_tokens": 7}));
+        assert_eq!(
+            by_id[r]["message"]["usage"],
+            json!({"input_tokens": 10, "output_tokens": 7})
+        );
     }
 
     // Auth as online: no key is a 401, a missing anthropic-version a 400.
-    let r = h.client.get(format!("{}/v1/messages/batches/{id}", h.base)).send().await.unwrap();
+    let r = h
+        .client
+        .get(format!("{}/v1/messages/batches/{id}", h.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401);
     let r = h
         .client
