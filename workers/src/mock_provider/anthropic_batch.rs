@@ -22,32 +22,33 @@ fn error(status: StatusCode, kind: &str, message: &str) -> Response {
         .into_response()
 }
 
-fn project(inner: &Inner, headers: &HeaderMap) -> Result<usize, Response> {
+/// The request's project, or the error to answer (boxed: a response is large).
+fn project(inner: &Inner, headers: &HeaderMap) -> Result<usize, Box<Response>> {
     let key = headers
         .get("x-api-key")
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|k| !k.is_empty());
     let Some(key) = key else {
-        return Err(error(
+        return Err(Box::new(error(
             StatusCode::UNAUTHORIZED,
             "authentication_error",
             "x-api-key header is required",
-        ));
+        )));
     };
     let KeyLookup::Valid(p) = inner.lookup(ProviderKind::Anthropic, key) else {
-        return Err(error(
+        return Err(Box::new(error(
             StatusCode::UNAUTHORIZED,
             "authentication_error",
             "invalid x-api-key",
-        ));
+        )));
     };
     if !headers.contains_key("anthropic-version") {
-        return Err(error(
+        return Err(Box::new(error(
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
             "anthropic-version: header is required",
-        ));
+        )));
     }
     Ok(p)
 }
@@ -60,7 +61,7 @@ pub(super) async fn create_batch(
     let inner = &*p.inner;
     let project = match project(inner, &headers) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let Some(requests) = body
         .get("requests")
@@ -135,7 +136,7 @@ fn answer(p: &MockProvider, headers: &HeaderMap, id: &str, cancel: bool) -> Resp
     let inner = &*p.inner;
     let project = match project(inner, headers) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let mut state = inner.batch_state();
     let Some(b) = state
@@ -166,7 +167,7 @@ pub(super) async fn results(
     let inner = &*p.inner;
     let project = match project(inner, &headers) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let mut state = inner.batch_state();
     state.advance(inner, &id);

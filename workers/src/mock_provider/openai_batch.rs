@@ -27,7 +27,8 @@ fn error(status: StatusCode, message: &str, code: Option<&str>) -> Response {
 }
 
 /// The project of the request's bearer key, or the 401 to answer.
-fn project(inner: &Inner, headers: &HeaderMap) -> Result<usize, Response> {
+/// The request's project, or the error to answer (boxed: a response is large).
+fn project(inner: &Inner, headers: &HeaderMap) -> Result<usize, Box<Response>> {
     let key = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
@@ -36,16 +37,16 @@ fn project(inner: &Inner, headers: &HeaderMap) -> Result<usize, Response> {
         .filter(|k| !k.is_empty());
     match key.map(|k| inner.lookup(ProviderKind::Openai, k)) {
         Some(KeyLookup::Valid(p)) => Ok(p),
-        Some(_) => Err(error(
+        Some(_) => Err(Box::new(error(
             StatusCode::UNAUTHORIZED,
             "Incorrect API key provided.",
             Some("invalid_api_key"),
-        )),
-        None => Err(error(
+        ))),
+        None => Err(Box::new(error(
             StatusCode::UNAUTHORIZED,
             "You didn't provide an API key.",
             None,
-        )),
+        ))),
     }
 }
 
@@ -65,7 +66,7 @@ pub(super) async fn upload_file(
     let inner = &*p.inner;
     let project = match project(inner, &headers) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let (mut purpose, mut file) = (None, None);
     loop {
@@ -117,7 +118,7 @@ pub(super) async fn file_content(
     let inner = &*p.inner;
     let project = match project(inner, &headers) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let state = inner.batch_state();
     match state.files.get(&id).filter(|f| f.project == project) {
@@ -134,7 +135,7 @@ pub(super) async fn create_batch(
     let inner = &*p.inner;
     let project = match project(inner, &headers) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let (Some(input), Some(endpoint)) = (
         body.get("input_file_id").and_then(Value::as_str),
@@ -221,7 +222,7 @@ fn answer(p: &MockProvider, headers: &HeaderMap, id: &str, cancel: bool) -> Resp
     let inner = &*p.inner;
     let project = match project(inner, headers) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let mut state = inner.batch_state();
     let Some(b) = state
