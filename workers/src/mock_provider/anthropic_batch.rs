@@ -139,22 +139,14 @@ fn answer(p: &MockProvider, headers: &HeaderMap, id: &str, cancel: bool) -> Resp
         Err(r) => return *r,
     };
     let mut state = inner.batch_state();
-    let Some(b) = state
-        .batches
-        .get_mut(id)
-        .filter(|b| b.project == project && b.kind == ProviderKind::Anthropic)
-    else {
-        return error(
+    match state.touch(inner, id, project, ProviderKind::Anthropic, cancel) {
+        Some(b) => Json(batch_object(inner, id, b)).into_response(),
+        None => error(
             StatusCode::NOT_FOUND,
             "not_found_error",
             &format!("batch {id} not found"),
-        );
-    };
-    if cancel && b.ended.is_none() {
-        b.cancel_ns = Some(inner.clock.now_ns());
+        ),
     }
-    state.advance(inner, id);
-    Json(batch_object(inner, id, &state.batches[id])).into_response()
 }
 
 /// The results as JSONL, in no particular order (here: reversed, so clients join on
@@ -170,12 +162,7 @@ pub(super) async fn results(
         Err(r) => return *r,
     };
     let mut state = inner.batch_state();
-    state.advance(inner, &id);
-    let Some(b) = state
-        .batches
-        .get(&id)
-        .filter(|b| b.project == project && b.kind == ProviderKind::Anthropic)
-    else {
+    let Some(b) = state.touch(inner, &id, project, ProviderKind::Anthropic, false) else {
         return error(
             StatusCode::NOT_FOUND,
             "not_found_error",

@@ -101,6 +101,26 @@ impl MockBatch {
 }
 
 impl BatchState {
+    /// Batch `id` of `project` on `kind`'s API as of now, cancelled first if asked.
+    pub fn touch(
+        &mut self,
+        inner: &Inner,
+        id: &str,
+        project: usize,
+        kind: ProviderKind,
+        cancel: bool,
+    ) -> Option<&MockBatch> {
+        let b = self
+            .batches
+            .get_mut(id)
+            .filter(|b| b.project == project && b.kind == kind)?;
+        if cancel && b.ended.is_none() {
+            b.cancel_ns = Some(inner.clock.now_ns());
+        }
+        self.advance(inner, id);
+        self.batches.get(id)
+    }
+
     /// Brings batch `id` up to `now`: ends it when every line is processed (or, once
     /// cancelled, when those processed are), deciding each line's fate and, for OpenAI,
     /// writing its output and error files.

@@ -225,22 +225,14 @@ fn answer(p: &MockProvider, headers: &HeaderMap, id: &str, cancel: bool) -> Resp
         Err(r) => return *r,
     };
     let mut state = inner.batch_state();
-    let Some(b) = state
-        .batches
-        .get_mut(id)
-        .filter(|b| b.project == project && b.kind == ProviderKind::Openai)
-    else {
-        return error(
+    match state.touch(inner, id, project, ProviderKind::Openai, cancel) {
+        Some(b) => Json(batch_object(inner, id, b)).into_response(),
+        None => error(
             StatusCode::NOT_FOUND,
             &format!("No such Batch object: {id}"),
             None,
-        );
-    };
-    if cancel && b.ended.is_none() {
-        b.cancel_ns = Some(inner.clock.now_ns());
+        ),
     }
-    state.advance(inner, id);
-    Json(batch_object(inner, id, &state.batches[id])).into_response()
 }
 
 fn batch_object(inner: &Inner, id: &str, b: &MockBatch) -> Value {

@@ -120,30 +120,14 @@ impl BatchClient<'_> {
         lines: &[(String, &Value)],
         tag: &str,
     ) -> Result<Submitted, String> {
-        match self.client.kind {
+        let (url, body, input_file_id) = match self.client.kind {
             ProviderKind::Anthropic => {
                 let requests: Vec<Value> = lines
                     .iter()
                     .map(|(id, r)| json!({"custom_id": id, "params": anthropic::translate_request(model, r)}))
                     .collect();
                 let url = format!("{}/v1/messages/batches", self.base());
-                let resp = self
-                    .post(url)
-                    .json(&json!({"requests": requests}))
-                    .send()
-                    .await
-                    .map_err(http_error)?;
-                let batch: Value =
-                    serde_json::from_slice(&body_of(resp).await?).map_err(|e| e.to_string())?;
-                let id = batch
-                    .get("id")
-                    .and_then(Value::as_str)
-                    .ok_or("no batch id in the answer")?;
-                Ok(Submitted {
-                    batch_id: id.to_owned(),
-                    input_file_id: None,
-                    key_name: self.key.name.clone(),
-                })
+                (url, json!({"requests": requests}), None)
             }
             _ => {
                 let mut jsonl = Vec::new();
@@ -154,27 +138,17 @@ impl BatchClient<'_> {
                     jsonl.push(b'\n');
                 }
                 let file = self.upload(jsonl, tag).await?;
-                let url = format!("{}/batches", self.base());
-                let resp = self
-                    .post(url)
-                    .json(&json!({"input_file_id": file, "endpoint": "/v1/chat/completions",
-                                  "completion_window": "24h", "metadata": {"tollgate_pack": tag}}))
-                    .send()
-                    .await
-                    .map_err(http_error)?;
-                let batch: Value =
-                    serde_json::from_slice(&body_of(resp).await?).map_err(|e| e.to_string())?;
-                let id = batch
-                    .get("id")
-                    .and_then(Value::as_str)
-                    .ok_or("no batch id in the answer")?;
-                Ok(Submitted {
-                    batch_id: id.to_owned(),
-                    input_file_id: Some(file),
-                    key_name: self.key.name.clone(),
-                })
+                let body = json!({"input_file_id": file, "endpoint": "/v1/chat/completions",
+                                  "completion_window": "24h", "metadata": {"tollgate_pack": tag}});
+                (format!("{}/batches", self.base()), body, Some(file))
             }
-        }
+        };
+        let resp = self.post(url).json(&body).send().await.map_err(http_error)?;
+        Ok(Submitted {
+            batch_id: id_of(&body_of(resp).await?, "batch")?,
+            input_file_id,
+            key_name: self.key.name.clone(),
+        })
     }
 
     /// `POST /files` as multipart (`purpose=batch`), built by hand: one file part.
@@ -204,11 +178,7 @@ impl BatchClient<'_> {
             .send()
             .await
             .map_err(http_error)?;
-        let file: Value = serde_json::from_slice(&body_of(resp).await?).map_err(|e| e.to_string())?;
-        file.get("id")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-            .ok_or_else(|| "no file id in the answer".to_owned())
+        id_of(&body_of(resp).await?, "file")
     }
 
     pub async fn status(&self, batch_id: &str) -> Result<Status, String> {
@@ -341,6 +311,15 @@ impl BatchClient<'_> {
         }
         Ok(out)
     }
+}
+
+/// The `id` of the object a provider answered with.
+fn id_of(body: &[u8], what: &str) -> Result<String, String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    v.get("id")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .ok_or_else(|| format!("no {what} id in the answer"))
 }
 
 fn failed(code: &str, message: String) -> LineResult {
