@@ -13,9 +13,6 @@ ALTER TABLE jobs
     ADD COLUMN saved_micro_usd double precision,
     ADD CONSTRAINT jobs_dispatch_via CHECK (dispatch_via IN ('online', 'provider_batch'));
 
--- The gate's pre-step: batch-class jobs still undecided.
-CREATE INDEX jobs_dispatch_undecided ON jobs (id)
-    WHERE state = 'queued' AND class = 'batch' AND dispatch_via IS NULL;
 -- The packer's view: admitted provider-batch jobs per (provider, model, key).
 CREATE INDEX jobs_provider_batch_admitted ON jobs (provider, provider_model, provider_key, admitted_at, id)
     WHERE state = 'admitted' AND dispatch_via = 'provider_batch';

@@ -480,9 +480,8 @@ impl Gate {
     /// One round at time `now`: read candidates, admit what fits, explain what waits.
     pub async fn run_once(&self, now: DateTime<Utc>) -> Result<Round, StoreError> {
         let batch = self.config.gate.batch;
-        provider_batches::decide_queued(&self.pool, &self.config, now).await?;
         let queues = store::active_queues(&self.pool).await?;
-        let candidates = if queues.is_empty() {
+        let mut candidates = if queues.is_empty() {
             Vec::new()
         } else {
             let last = self.last_admitted.load(std::sync::atomic::Ordering::Relaxed);
@@ -490,6 +489,7 @@ impl Gate {
             let per_queue = (wanted / queues.len()).clamp(4, batch) as i64;
             store::candidates(&self.pool, &queues, per_queue, now).await?
         };
+        provider_batches::decide_candidates(&self.pool, &self.config, &mut candidates, now).await?;
         let calibration = self.calibration().await?;
         let mut learned = store::learned_limits(&self.pool).await?;
         let known = Known::new(&learned);

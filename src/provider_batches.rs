@@ -3,8 +3,8 @@
 //! completion window away, goes through the provider's own batch API (OpenAI Batch,
 //! Anthropic Message Batches) at the batch price instead of one online call.
 //!
-//! Flow: the gate's pre-step ([`decide_queued`]) records the decision on each undecided
-//! queued `batch`-class job (`dispatch_via`, `dispatch_reason`); the gate admits a
+//! Flow: the gate ([`decide_candidates`]) records the decision on each undecided queued
+//! `batch`-class job it reads (`dispatch_via`, `dispatch_reason`); the gate admits a
 //! provider-batch job against its tenant's buckets and the provider's enqueued-token pool
 //! ([`path`]) instead of the online rate limits; online dispatchers skip it; the
 //! provider-batch worker (`tollgate-workers`) packs, submits, polls and writes results
@@ -16,8 +16,9 @@ use sqlx::PgPool;
 
 use crate::buckets::{self, Dimension};
 use crate::config::{BatchApiConfig, Config, ProviderConfig};
+use crate::model::JobClass;
 use crate::routing::{self, Target};
-use crate::store::{self, StoreError};
+use crate::store::{self, Candidate, StoreError};
 
 pub const VIA_ONLINE: &str = "online";
 pub const VIA_PROVIDER_BATCH: &str = "provider_batch";
@@ -29,9 +30,6 @@ pub const DEADLINE_TOO_CLOSE: &str = "deadline_too_close_for_batch_api";
 pub const NO_BATCH_API: &str = "route_has_no_batch_api";
 /// A line the provider failed or expired, sent back online.
 pub const FAILED_RETRY_ONLINE: &str = "provider_batch_failed_retry_online";
-
-/// Most undecided jobs one gate round decides.
-const DECIDE_PER_ROUND: i64 = 5_000;
 
 /// How a job is sent, and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,21 +73,31 @@ pub fn decide(config: &Config, model: &str, deadline: DateTime<Utc>, now: DateTi
     }
 }
 
-/// The gate's pre-step: decides the queued `batch`-class jobs not yet decided, before the
-/// gate reads its candidates (so no job is admitted online before it is decided). Does
-/// nothing unless some provider has its batch API enabled.
-pub async fn decide_queued(pool: &PgPool, config: &Config, now: DateTime<Utc>) -> Result<usize, StoreError> {
+/// The gate's step before planning: decides the round's `batch`-class candidates not yet
+/// decided, records the decisions (on jobs still queued) and marks the candidates, so no
+/// job is admitted before it is decided. Does nothing unless some provider has its batch
+/// API enabled.
+pub async fn decide_candidates(
+    pool: &PgPool,
+    config: &Config,
+    candidates: &mut [Candidate],
+    now: DateTime<Utc>,
+) -> Result<usize, StoreError> {
     if !any_enabled(config) {
         return Ok(0);
     }
-    let undecided = store::undecided_batch_jobs(pool, DECIDE_PER_ROUND).await?;
-    if undecided.is_empty() {
+    let mut decisions = Vec::new();
+    for c in candidates
+        .iter_mut()
+        .filter(|c| c.class == JobClass::Batch && c.dispatch_via.is_none())
+    {
+        let d = decide(config, &c.model, c.deadline, now);
+        c.dispatch_via = Some(d.via.to_owned());
+        decisions.push((c.id, d));
+    }
+    if decisions.is_empty() {
         return Ok(0);
     }
-    let decisions: Vec<_> = undecided
-        .into_iter()
-        .map(|(id, model, deadline)| (id, decide(config, &model, deadline, now)))
-        .collect();
     store::set_dispatch(pool, &decisions).await
 }
 

@@ -9,21 +9,6 @@ use super::Result;
 use crate::model::{Job, JobId};
 use crate::provider_batches::Decision;
 
-/// Queued `batch`-class jobs with no dispatch decision yet: (id, requested model, deadline).
-pub async fn undecided_batch_jobs(
-    ex: impl PgExecutor<'_>,
-    limit: i64,
-) -> Result<Vec<(JobId, String, DateTime<Utc>)>> {
-    Ok(sqlx::query_as(
-        "SELECT id, model, deadline FROM jobs
-         WHERE state = 'queued' AND class = 'batch' AND dispatch_via IS NULL
-         ORDER BY id LIMIT $1",
-    )
-    .bind(limit)
-    .fetch_all(ex)
-    .await?)
-}
-
 /// Records dispatch decisions on jobs still queued and undecided.
 pub async fn set_dispatch(ex: impl PgExecutor<'_>, decisions: &[(JobId, Decision)]) -> Result<usize> {
     let done = sqlx::query(
