@@ -233,10 +233,12 @@ pub async fn pack_refused(ex: impl PgExecutor<'_>, id: &str, error: &str, now: D
     Ok(())
 }
 
-/// The pack's jobs it still holds.
+/// The pack's jobs it still holds: running, or cancelled meanwhile with their reservation
+/// still to settle (their outcome is discarded and the reservation settled with it).
 pub async fn pack_jobs(ex: impl PgExecutor<'_>, id: &str) -> Result<Vec<Job>> {
     Ok(sqlx::query_as(
-        "SELECT * FROM jobs WHERE provider_batch_id = $1 AND state = 'running' AND lease_owner = $2",
+        "SELECT * FROM jobs WHERE provider_batch_id = $1 AND lease_owner = $2
+           AND (state = 'running' OR (state = 'cancelled' AND reserved_buckets IS NOT NULL))",
     )
     .bind(id)
     .bind(pack_owner(id))
@@ -267,7 +269,8 @@ pub async fn dispatch_online(
     .rows_affected())
 }
 
-/// What each succeeded line saved over the online price.
+/// What each succeeded line saved over the online price (written before its outcome, so
+/// its batch's report includes it; a line cancelled meanwhile saved nothing).
 pub async fn record_savings(ex: impl PgExecutor<'_>, pack_id: &str, saved: &[(JobId, f64)]) -> Result<()> {
     if saved.is_empty() {
         return Ok(());
@@ -275,7 +278,7 @@ pub async fn record_savings(ex: impl PgExecutor<'_>, pack_id: &str, saved: &[(Jo
     sqlx::query(
         "UPDATE jobs j SET saved_micro_usd = t.saved
          FROM unnest($1::uuid[], $2::float8[]) AS t(id, saved)
-         WHERE j.id = t.id AND j.provider_batch_id = $3",
+         WHERE j.id = t.id AND j.provider_batch_id = $3 AND j.state = 'running'",
     )
     .bind(saved.iter().map(|s| s.0.0).collect::<Vec<_>>())
     .bind(saved.iter().map(|s| s.1).collect::<Vec<_>>())
