@@ -311,3 +311,69 @@ async fn a_deadline_too_close_for_the_batch_api_goes_online() {
     );
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_line_cancelled_while_at_the_provider_releases_what_it_held() {
+    // One line per second: the pack stays at the provider long enough to cancel a line.
+    let app = TestApp::spawn_with(TestOptions {
+        mock: MockConfig {
+            batch: BatchMockConfig {
+                lines_per_sec: 1.0,
+                ..BatchMockConfig::default()
+            },
+            ..mock_config()
+        },
+        extra_config: batch_api("") + &prices("gpt-4o-mini"),
+        ..TestOptions::default()
+    })
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let mut body = crate::harness::job("oai/gpt-4o-mini", &format!("line {i}"));
+        body["class"] = json!("batch");
+        body["deadline"] = json!(Utc::now() + chrono::Duration::hours(2));
+        let (status, job) = app.submit(ACME, &body).await;
+        assert_eq!(status, 202, "{job}");
+        ids.push(job["id"].as_str().unwrap().to_owned());
+    }
+    let first = ids[0].clone();
+    crate::harness::eventually(20, "the line to be at the provider", || async {
+        let (_, job) = app.get(ACME, &format!("/v1/jobs/{first}")).await;
+        (job["state"] == "running" && job["dispatch"]["provider_batch_id"].is_string()).then_some(())
+    })
+    .await;
+    let (status, cancelled) = app
+        .post(ACME, &format!("/v1/jobs/{first}/cancel"), &json!({}))
+        .await;
+    assert_eq!(status, 200, "{cancelled}");
+    assert_eq!(cancelled["state"], "cancelled");
+    for id in &ids[1..] {
+        let job = app.wait_job(ACME, id, 30).await;
+        assert_eq!(job["state"], "succeeded", "{job}");
+    }
+    crate::harness::eventually(20, "every reservation to be released", || async {
+        let (level, capacity): (f64, f64) =
+            sqlx::query_as("SELECT level, capacity FROM buckets WHERE key LIKE '%:batch_queue_tokens'")
+                .fetch_one(&app.db.pool)
+                .await
+                .ok()?;
+        let held: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE reserved_buckets IS NOT NULL")
+            .fetch_one(&app.db.pool)
+            .await
+            .ok()?;
+        ((level - capacity).abs() < 1e-6 && held == 0).then_some(())
+    })
+    .await;
+    let (_, job) = app.get(ACME, &format!("/v1/jobs/{first}")).await;
+    assert_eq!(
+        job["state"], "cancelled",
+        "the provider's answer does not revive it: {job}"
+    );
+    let saved: Option<f64> = sqlx::query_scalar("SELECT saved_micro_usd FROM jobs WHERE id = $1::uuid")
+        .bind(&first)
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(saved, None, "a cancelled line saved nothing");
+    app.shutdown().await;
+}
