@@ -67,6 +67,24 @@ async fn jobs_of(app: &TestApp, batch_id: &str) -> Vec<Row> {
     .expect("jobs of the batch")
 }
 
+/// Nothing stays reserved: the enqueued-token pool is whole again and no job holds a
+/// reservation, once the gate has applied the refunds.
+async fn all_released(app: &TestApp) {
+    crate::harness::eventually(20, "every reservation to be released", || async {
+        let (level, capacity): (f64, f64) =
+            sqlx::query_as("SELECT level, capacity FROM buckets WHERE key LIKE '%:batch_queue_tokens'")
+                .fetch_one(&app.db.pool)
+                .await
+                .ok()?;
+        let held: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE reserved_buckets IS NOT NULL")
+            .fetch_one(&app.db.pool)
+            .await
+            .ok()?;
+        ((level - capacity).abs() < 1e-6 && held == 0).then_some(())
+    })
+    .await;
+}
+
 /// Runs a tollgate batch of `n` lines for `model` and checks everything that must hold
 /// whichever provider carried it; returns the finished batch object.
 async fn run_batch(app: &TestApp, model: &str, n: usize, batch_id_prefix: &str) -> Value {
@@ -158,21 +176,7 @@ async fn run_batch(app: &TestApp, model: &str, n: usize, batch_id_prefix: &str) 
     assert_eq!(saved, (online - batch_cost).round() as i64, "{view}");
     assert!(saved > 0);
 
-    // Nothing stays reserved: the enqueued-token pool is whole again once the gate has
-    // applied the refunds.
-    crate::harness::eventually(20, "the enqueued-token pool to be released", || async {
-        let (level, capacity): (f64, f64) =
-            sqlx::query_as("SELECT level, capacity FROM buckets WHERE key LIKE '%:batch_queue_tokens'")
-                .fetch_one(&app.db.pool)
-                .await
-                .ok()?;
-        let held: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE reserved_buckets IS NOT NULL")
-            .fetch_one(&app.db.pool)
-            .await
-            .ok()?;
-        ((level - capacity).abs() < 1e-6 && held == 0).then_some(())
-    })
-    .await;
+    all_released(app).await;
     done
 }
 
@@ -351,19 +355,7 @@ async fn a_line_cancelled_while_at_the_provider_releases_what_it_held() {
         let job = app.wait_job(ACME, id, 30).await;
         assert_eq!(job["state"], "succeeded", "{job}");
     }
-    crate::harness::eventually(20, "every reservation to be released", || async {
-        let (level, capacity): (f64, f64) =
-            sqlx::query_as("SELECT level, capacity FROM buckets WHERE key LIKE '%:batch_queue_tokens'")
-                .fetch_one(&app.db.pool)
-                .await
-                .ok()?;
-        let held: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE reserved_buckets IS NOT NULL")
-            .fetch_one(&app.db.pool)
-            .await
-            .ok()?;
-        ((level - capacity).abs() < 1e-6 && held == 0).then_some(())
-    })
-    .await;
+    all_released(&app).await;
     let (_, job) = app.get(ACME, &format!("/v1/jobs/{first}")).await;
     assert_eq!(
         job["state"], "cancelled",
