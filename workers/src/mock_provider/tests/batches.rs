@@ -57,6 +57,12 @@ impl Harness {
             .unwrap()
     }
 
+    /// The OpenAI batch `id` as project `oai` sees it.
+    async fn batch_json(&self, id: &str) -> Value {
+        let r = self.openai_get("sk-1", &format!("/v1/batches/{id}")).await;
+        r.json().await.unwrap()
+    }
+
     async fn anthropic_call(
         &self,
         method: reqwest::Method,
@@ -138,23 +144,13 @@ async fn openai_batch_runs_at_its_speed_with_output_and_error_files() {
 
     // 10 lines per second: 4 lines take 0.4 s of mock time.
     h.advance(Duration::from_millis(200));
-    let b: Value = h
-        .openai_get("sk-1", &format!("/v1/batches/{id}"))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let b: Value = h.batch_json(&id).await;
     assert_eq!(
         (b["status"].as_str(), b["request_counts"]["completed"].as_u64()),
         (Some("in_progress"), Some(2))
     );
     h.advance(Duration::from_millis(300));
-    let b: Value = h
-        .openai_get("sk-1", &format!("/v1/batches/{id}"))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let b: Value = h.batch_json(&id).await;
     assert_eq!(b["status"], "completed", "{b}");
     assert_eq!(
         b["request_counts"],
