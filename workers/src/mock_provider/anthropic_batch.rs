@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, SecondsFormat};
 use serde_json::{Value, json};
 
-use super::batch_state::{Fate, Line, MockBatch};
+use super::batch_state::{BatchApi, Fate, Line, MockBatch};
 use super::config::ProviderKind;
 use super::{Inner, KeyLookup, MockProvider, uuid_v7};
 
@@ -116,36 +116,26 @@ pub(super) async fn create_batch(
     Json(batch_object(inner, &id, &state.batches[&id])).into_response()
 }
 
-pub(super) async fn get_batch(
-    State(p): State<MockProvider>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    answer(&p, &headers, &id, false)
-}
+/// This API's batch routes (`batch_state::get_batch`, `batch_state::cancel_batch`).
+pub(super) struct Anthropic;
 
-pub(super) async fn cancel_batch(
-    State(p): State<MockProvider>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    answer(&p, &headers, &id, true)
-}
+impl BatchApi for Anthropic {
+    const KIND: ProviderKind = ProviderKind::Anthropic;
 
-fn answer(p: &MockProvider, headers: &HeaderMap, id: &str, cancel: bool) -> Response {
-    let inner = &*p.inner;
-    let project = match project(inner, headers) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
-    let mut state = inner.batch_state();
-    match state.touch(inner, id, project, ProviderKind::Anthropic, cancel) {
-        Some(b) => Json(batch_object(inner, id, b)).into_response(),
-        None => error(
+    fn project(inner: &Inner, headers: &HeaderMap) -> Result<usize, Box<Response>> {
+        project(inner, headers)
+    }
+
+    fn not_found(id: &str) -> Response {
+        error(
             StatusCode::NOT_FOUND,
             "not_found_error",
             &format!("batch {id} not found"),
-        ),
+        )
+    }
+
+    fn object(inner: &Inner, id: &str, b: &MockBatch) -> Value {
+        batch_object(inner, id, b)
     }
 }
 

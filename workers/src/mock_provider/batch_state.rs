@@ -5,11 +5,56 @@
 
 use std::collections::HashMap;
 
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
 use super::config::ProviderKind;
 use super::request::{ChatRequest, MessagesRequest, input_tokens};
-use super::{Inner, uuid_v7};
+use super::{Inner, MockProvider, uuid_v7};
+
+/// What the two batch APIs answer their own way: auth, not-found, the batch object.
+pub(super) trait BatchApi {
+    const KIND: ProviderKind;
+    /// The request's project, or the error to answer (boxed: a response is large).
+    fn project(inner: &Inner, headers: &HeaderMap) -> Result<usize, Box<Response>>;
+    fn not_found(id: &str) -> Response;
+    fn object(inner: &Inner, id: &str, b: &MockBatch) -> Value;
+}
+
+/// `GET` a batch of API `A`.
+pub(super) async fn get_batch<A: BatchApi>(
+    State(p): State<MockProvider>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    answer::<A>(&p, &headers, &id, false)
+}
+
+/// Cancel a batch of API `A`: lines processed so far keep their results.
+pub(super) async fn cancel_batch<A: BatchApi>(
+    State(p): State<MockProvider>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    answer::<A>(&p, &headers, &id, true)
+}
+
+/// The batch as of now (after cancelling it, if asked).
+fn answer<A: BatchApi>(p: &MockProvider, headers: &HeaderMap, id: &str, cancel: bool) -> Response {
+    let inner = &*p.inner;
+    let project = match A::project(inner, headers) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let mut state = inner.batch_state();
+    match state.touch(inner, id, project, A::KIND, cancel) {
+        Some(b) => Json(A::object(inner, id, b)).into_response(),
+        None => A::not_found(id),
+    }
+}
 
 /// An uploaded or produced file (OpenAI Files API).
 pub(super) struct StoredFile {

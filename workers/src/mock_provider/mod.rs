@@ -232,14 +232,23 @@ impl MockProvider {
             .route("/v1/files", post(openai_batch::upload_file))
             .route("/v1/files/{id}/content", get(openai_batch::file_content))
             .route("/v1/batches", post(openai_batch::create_batch))
-            .route("/v1/batches/{id}", get(openai_batch::get_batch))
-            .route("/v1/batches/{id}/cancel", post(openai_batch::cancel_batch))
+            .route(
+                "/v1/batches/{id}",
+                get(batch_state::get_batch::<openai_batch::OpenAi>),
+            )
+            .route(
+                "/v1/batches/{id}/cancel",
+                post(batch_state::cancel_batch::<openai_batch::OpenAi>),
+            )
             .route("/v1/messages/batches", post(anthropic_batch::create_batch))
-            .route("/v1/messages/batches/{id}", get(anthropic_batch::get_batch))
+            .route(
+                "/v1/messages/batches/{id}",
+                get(batch_state::get_batch::<anthropic_batch::Anthropic>),
+            )
             .route("/v1/messages/batches/{id}/results", get(anthropic_batch::results))
             .route(
                 "/v1/messages/batches/{id}/cancel",
-                post(anthropic_batch::cancel_batch),
+                post(batch_state::cancel_batch::<anthropic_batch::Anthropic>),
             )
             .route("/mock/stats", get(stats_route))
             .route("/mock/limits/{project}", post(limits_route))

@@ -9,7 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::batch_state::{Line, MockBatch, StoredFile};
+use super::batch_state::{BatchApi, Line, MockBatch, StoredFile};
 use super::config::ProviderKind;
 use super::{Inner, KeyLookup, MockProvider, uuid_v7};
 
@@ -201,37 +201,26 @@ pub(super) async fn create_batch(
     Json(batch_object(inner, &id, &state.batches[&id])).into_response()
 }
 
-pub(super) async fn get_batch(
-    State(p): State<MockProvider>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    answer(&p, &headers, &id, false)
-}
+/// This API's batch routes (`batch_state::get_batch`, `batch_state::cancel_batch`).
+pub(super) struct OpenAi;
 
-pub(super) async fn cancel_batch(
-    State(p): State<MockProvider>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    answer(&p, &headers, &id, true)
-}
+impl BatchApi for OpenAi {
+    const KIND: ProviderKind = ProviderKind::Openai;
 
-/// The batch as of now (after cancelling it, if asked).
-fn answer(p: &MockProvider, headers: &HeaderMap, id: &str, cancel: bool) -> Response {
-    let inner = &*p.inner;
-    let project = match project(inner, headers) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
-    let mut state = inner.batch_state();
-    match state.touch(inner, id, project, ProviderKind::Openai, cancel) {
-        Some(b) => Json(batch_object(inner, id, b)).into_response(),
-        None => error(
+    fn project(inner: &Inner, headers: &HeaderMap) -> Result<usize, Box<Response>> {
+        project(inner, headers)
+    }
+
+    fn not_found(id: &str) -> Response {
+        error(
             StatusCode::NOT_FOUND,
             &format!("No such Batch object: {id}"),
             None,
-        ),
+        )
+    }
+
+    fn object(inner: &Inner, id: &str, b: &MockBatch) -> Value {
+        batch_object(inner, id, b)
     }
 }
 
