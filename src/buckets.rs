@@ -145,6 +145,23 @@ pub fn key_scope(provider: &str, key: &str) -> String {
     format!("key:{provider}:{key}")
 }
 
+/// The provider's enqueued-token pool of `model` (prompt tokens of its unfinished
+/// batches): a gauge, held from admission until the provider batch ends.
+pub fn batch_queue_key(provider: &str, model: &str) -> String {
+    format!("{}:batch_queue_tokens", target_scope(provider, model))
+}
+
+fn batch_queue_spec(provider: &str, model: &str, tokens: u64) -> BucketSpec {
+    spec(
+        &target_scope(provider, model),
+        "batch_queue_tokens",
+        Dimension::InputTokens,
+        Rule::Gauge,
+        tokens as f64,
+        0,
+    )
+}
+
 /// Buckets of the provider's side (its model limits, its keys' limits): they keep
 /// headroom for requests in transit and the interactive reserve.
 pub fn is_provider_side(key: &str) -> bool {
@@ -233,6 +250,11 @@ pub fn configured(config: &Config) -> Vec<BucketSpec> {
         for model in &p.models {
             if let Some(limits) = p.limits_for(model) {
                 out.extend(target_specs(&target_scope(&p.name, model), limits));
+            }
+        }
+        if let Some(tokens) = p.batch_api.enqueued_tokens.filter(|_| p.batch_api.enabled) {
+            for model in &p.models {
+                out.push(batch_queue_spec(&p.name, model, tokens));
             }
         }
         for k in &p.keys {

@@ -17,7 +17,9 @@ use crate::model::JobClass;
 use crate::ratelimit::Dialect;
 
 mod batches;
+mod provider_batches;
 pub use batches::{BatchesConfig, RetentionConfig, WebhookEndpointConfig, WebhooksConfig};
+pub use provider_batches::BatchApiConfig;
 
 /// Why a configuration could not be used. Messages name the file and field.
 #[derive(Debug, thiserror::Error)]
@@ -348,6 +350,9 @@ pub struct ProviderConfig {
     /// `provider`: what the provider reports replaces them.
     #[serde(default)]
     pub limit_authority: Authority,
+    /// The provider's own batch API as a scheduling choice for `batch`-class jobs.
+    #[serde(default)]
+    pub batch_api: BatchApiConfig,
 }
 
 /// USD per million tokens.
@@ -575,6 +580,9 @@ impl Config {
             if p.keys.is_empty() {
                 return Err(invalid(at("keys"), "at least one key is required"));
             }
+            p.batch_api
+                .validate(p.kind)
+                .map_err(|reason| invalid(at("batch_api"), reason))?;
             for (k, key) in p.keys.iter().enumerate() {
                 key.resolve()
                     .map_err(|reason| invalid(format!("providers[{i}].keys[{k}]"), reason))?;

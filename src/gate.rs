@@ -37,6 +37,7 @@ use crate::config::Config;
 use crate::learning::{self, Learned, Source};
 use crate::model::{JobClass, JobId};
 use crate::notify::Notifications;
+use crate::provider_batches;
 use crate::routing::{self, Target};
 use crate::store::{self, Admission, Candidate, StoreError};
 
@@ -279,8 +280,12 @@ impl Gate {
             input_tokens: f64::from(job.estimated_input_tokens.max(0)),
             output_tokens: f64::from(job.estimated_output_tokens.max(0)),
         };
+        // Provider batch API: only targets whose batch API carries it, against its tenant's
+        // buckets and the provider's enqueued-token pool instead of the online limits.
+        let batch_api = job.dispatch_via.as_deref() == Some(provider_batches::VIA_PROVIDER_BATCH);
         let routes = targets
             .into_iter()
+            .filter(|t| !batch_api || provider_batches::batch_api(config, t).is_some())
             .flat_map(|target| self.per_key(target))
             .map(|target| {
                 let demand = self.calibrated(&target, estimate, calibration);
@@ -288,8 +293,12 @@ impl Gate {
                     .provider(&target.provider)
                     .and_then(|p| p.price_for(&target.model));
                 let spend = buckets::spend_micro_usd(price, demand.input_tokens, 0.0, demand.output_tokens);
-                let path = self
-                    .full_path(&job.tenant, &job.model, &target, known)
+                let path = if batch_api {
+                    provider_batches::path(config, &job.tenant, &job.model, &target)
+                } else {
+                    self.full_path(&job.tenant, &job.model, &target, known)
+                };
+                let path = path
                     .into_iter()
                     .map(|(key, dim)| (key, buckets::amount(dim, demand, spend)))
                     .collect();
@@ -472,7 +481,7 @@ impl Gate {
     pub async fn run_once(&self, now: DateTime<Utc>) -> Result<Round, StoreError> {
         let batch = self.config.gate.batch;
         let queues = store::active_queues(&self.pool).await?;
-        let candidates = if queues.is_empty() {
+        let mut candidates = if queues.is_empty() {
             Vec::new()
         } else {
             let last = self.last_admitted.load(std::sync::atomic::Ordering::Relaxed);
@@ -480,6 +489,7 @@ impl Gate {
             let per_queue = (wanted / queues.len()).clamp(4, batch) as i64;
             store::candidates(&self.pool, &queues, per_queue, now).await?
         };
+        provider_batches::decide_candidates(&self.pool, &self.config, &mut candidates, now).await?;
         let calibration = self.calibration().await?;
         let mut learned = store::learned_limits(&self.pool).await?;
         let known = Known::new(&learned);

@@ -10,6 +10,7 @@
 //! - [`estimate`]: token demand of a request, made at submit time.
 //! - [`buckets`]: limits as buckets, a job's path through them, their arithmetic.
 //! - [`gate`]: admission — weighted fair queuing over tenants, all-or-nothing reservations.
+//! - [`provider_batches`]: provider batch APIs as a scheduling choice for `batch` jobs.
 //! - [`retry`]: failure classification and the retry policy.
 //! - [`batches`]: files and batches (OpenAI's Files and Batch APIs): ids, statuses, rows,
 //!   and the JSONL input's line splitter and envelope check.
@@ -39,6 +40,7 @@ pub mod learning;
 pub mod metrics;
 pub mod model;
 pub mod notify;
+pub mod provider_batches;
 pub mod ratelimit;
 pub mod retry;
 pub mod routing;

@@ -130,6 +130,15 @@ pub struct Job {
     /// Route targets (`provider/model`) that failed this job with an error another target
     /// may not have; the gate prefers the route's other targets.
     pub failed_targets: Option<Vec<String>>,
+    /// `online` or `provider_batch` (see [`crate::provider_batches`]); `None`: undecided.
+    #[sqlx(default)]
+    pub dispatch_via: Option<String>,
+    /// Why the job goes the way it goes (`deadline_allows_batch_api`, ...).
+    #[sqlx(default)]
+    pub dispatch_reason: Option<String>,
+    /// The provider batch carrying (or that carried) the job.
+    #[sqlx(default)]
+    pub provider_batch_id: Option<String>,
 }
 
 impl Job {
@@ -170,6 +179,9 @@ impl Job {
             stream: new.stream,
             provider_key: None,
             failed_targets: None,
+            dispatch_via: None,
+            dispatch_reason: None,
+            provider_batch_id: None,
         }
     }
 }

@@ -447,10 +447,11 @@ async fn counts_of(state: &AppState, batches: &[BatchRow]) -> Result<Vec<Request
 
 async fn one_view(state: &AppState, batch: BatchRow) -> Result<Json<Value>, ApiError> {
     let counts = counts_of(state, std::slice::from_ref(&batch)).await?;
-    Ok(Json(batch_view(
-        &batch,
-        counts.first().copied().unwrap_or_default(),
-    )))
+    let mut view = batch_view(&batch, counts.first().copied().unwrap_or_default());
+    // Lines sent through providers' batch APIs, and what the batch price saved over online.
+    let (saved, lines) = store::batch_savings(&state.pool, &batch.id).await?;
+    view["provider_batch"] = json!({"lines": lines, "estimated_savings_micro_usd": saved.round() as i64});
+    Ok(Json(view))
 }
 
 /// `GET /v1/batches/{id}`.

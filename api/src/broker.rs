@@ -1,5 +1,5 @@
 //! One tollgate process: the API, the gate (when elected), a dispatcher, maintenance (with
-//! batch finalization and retention), the webhook sender and the notification listener,
+//! batch finalization, retention and the provider-batch worker), the webhook sender and the notification listener,
 //! on one database. [`Broker::start`] brings them up; [`Broker::shutdown`] runs
 //! the written shutdown sequence: stop accepting and claiming → drain in-flight provider
 //! calls up to `dispatch.drain_timeout_secs` → release the leases of what did not finish
@@ -21,6 +21,7 @@ use tollgate::notify::Notifications;
 use tollgate::tenants::TenantDirectory;
 use tollgate_workers::dispatcher::Dispatcher;
 use tollgate_workers::maintenance::Maintenance;
+use tollgate_workers::provider_batches::ProviderBatcher;
 use tollgate_workers::providers::Providers;
 use tollgate_workers::webhooks::WebhookSender;
 
@@ -94,7 +95,12 @@ impl Broker {
         let maintenance_pool = role_pool(2);
         let tenants = TenantDirectory::from_config(&config).map_err(anyhow::Error::msg)?;
         let providers = Providers::from_config(&config)?;
-        let dispatcher = Dispatcher::new(dispatch_pool, config.clone(), providers, notifications.clone());
+        let dispatcher = Dispatcher::new(
+            dispatch_pool,
+            config.clone(),
+            providers.clone(),
+            notifications.clone(),
+        );
         let relays = TaskTracker::new();
         let state = AppState {
             pool: pool.clone(),
@@ -144,6 +150,10 @@ impl Broker {
             tracker.spawn(m.run(cancel.clone()));
             let sender = WebhookSender::new(role_pool(2), &config.webhooks)?;
             tracker.spawn(sender.run(cancel.clone()));
+            if tollgate::provider_batches::any_enabled(&config) {
+                let batcher = ProviderBatcher::new(role_pool(2), config.clone(), providers.clone());
+                tracker.spawn(batcher.run(cancel.clone()));
+            }
         }
         tracker.close();
         Ok(Self {

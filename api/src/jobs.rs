@@ -542,5 +542,12 @@ pub(crate) fn job_view(job: &Job) -> Value {
         "admission": (job.state == JobState::Queued).then_some(&job.admission),
         "idempotency_key": job.idempotency_key,
         "metadata": job.metadata,
+        // Online or through the provider's batch API, and why (`null` reason: not a
+        // `batch`-class job, or no provider batch API is configured).
+        "dispatch": {
+            "via": job.dispatch_via.as_deref().unwrap_or(tollgate::provider_batches::VIA_ONLINE),
+            "reason": job.dispatch_reason,
+            "provider_batch_id": job.provider_batch_id,
+        },
     })
 }

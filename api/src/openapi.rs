@@ -258,6 +258,13 @@ pub enum JobErrorCode {
     /// Every key that could serve the job was rejected by its provider (401/403).
     UpstreamCredentialsExhausted,
     ClientDisconnected,
+    /// A line of a provider batch the provider expired, errored, did not return, refused
+    /// or that was never submitted, past its deadline (else it went back online).
+    ProviderBatchExpired,
+    ProviderBatchErrored,
+    ProviderBatchMissingResult,
+    ProviderBatchRefused,
+    ProviderBatchNotSubmitted,
 }
 
 /// `POST /v1/jobs` body.
@@ -365,6 +372,12 @@ pub struct JobSchema {
     idempotency_key: Option<String>,
     #[schema(value_type = Option<Object>)]
     metadata: Option<Value>,
+    /// `{via, reason, provider_batch_id}`: `online` or `provider_batch` (the provider's own
+    /// batch API), why (`deadline_allows_batch_api`, `deadline_too_close_for_batch_api`,
+    /// `route_has_no_batch_api`, `provider_batch_failed_retry_online`; null when not
+    /// decided), and the provider batch that carries or carried it.
+    #[schema(value_type = Object)]
+    dispatch: Value,
 }
 
 /// `GET /v1/jobs`: a page of jobs, newest first.

@@ -180,26 +180,34 @@ pub async fn settle(conn: &mut PgConnection, ended: &[(JobId, Reservation, Settl
     if ids.is_empty() {
         return Ok(());
     }
-    let dims: Vec<(i64, String)> = sqlx::query_as("SELECT id, dimension FROM buckets WHERE id = ANY($1)")
-        .bind(&ids)
-        .fetch_all(&mut *conn)
-        .await?;
+    let dims: Vec<(i64, String, bool)> =
+        sqlx::query_as("SELECT id, dimension, rule = 'gauge' FROM buckets WHERE id = ANY($1)")
+            .bind(&ids)
+            .fetch_all(&mut *conn)
+            .await?;
+    // A gauge is acquire/release: whatever it held goes back whole when the holder ends
+    // (a concurrency slot; a provider's enqueued-token pool).
+    let gauges: std::collections::BTreeSet<i64> = dims.iter().filter(|d| d.2).map(|d| d.0).collect();
     let dims: BTreeMap<i64, Dimension> = dims
         .into_iter()
-        .filter_map(|(id, d)| Some((id, Dimension::parse(&d)?)))
+        .filter_map(|(id, d, _)| Some((id, Dimension::parse(&d)?)))
         .collect();
     let mut sums: BTreeMap<i64, f64> = BTreeMap::new();
     for (_, reservation, s) in ended {
         for (id, amount) in reservation.bucket_ids.iter().zip(&reservation.amounts) {
             let Some(dim) = dims.get(id) else { continue };
-            *sums.entry(*id).or_default() += refund(
-                *dim,
-                *amount,
-                s.usage.as_ref(),
-                s.actual_spend,
-                s.sent,
-                s.charged_output,
-            );
+            *sums.entry(*id).or_default() += if gauges.contains(id) {
+                *amount
+            } else {
+                refund(
+                    *dim,
+                    *amount,
+                    s.usage.as_ref(),
+                    s.actual_spend,
+                    s.sent,
+                    s.charged_output,
+                )
+            };
         }
     }
     sums.retain(|_, r| *r != 0.0);

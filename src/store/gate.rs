@@ -39,6 +39,8 @@ pub struct Candidate {
     pub admission: Option<serde_json::Value>,
     /// Route targets that failed this job (fallback: try the others first).
     pub failed_targets: Option<Vec<String>>,
+    /// `provider_batch` when the job goes through its provider's batch API.
+    pub dispatch_via: Option<String>,
 }
 
 /// The first `per_queue` runnable jobs of each queue, in the order the tenant wants them
@@ -55,7 +57,7 @@ pub async fn candidates(
         "SELECT j.* FROM unnest($1::job_class[], $2::text[]) AS q(class, tenant),
          LATERAL (
              SELECT id, tenant, class, priority, model, deadline, created_at,
-                    estimated_input_tokens, estimated_output_tokens, admission, failed_targets
+                    estimated_input_tokens, estimated_output_tokens, admission, failed_targets, dispatch_via
              FROM jobs
              WHERE state = 'queued' AND class = q.class AND tenant = q.tenant AND not_before <= $4 AND deadline > $4
              ORDER BY priority DESC, deadline, id

@@ -289,6 +289,7 @@ pub async fn claim_jobs(
         "WITH picked AS (
              SELECT id FROM jobs
              WHERE state = 'admitted' AND deadline > $3 AND NOT stream
+               AND dispatch_via IS DISTINCT FROM 'provider_batch'
                -- A provider's 429 paused the target: what was admitted before waits too.
                AND NOT EXISTS (SELECT 1 FROM pauses p
                                WHERE p.scope = 'provider:' || jobs.provider || ':' || jobs.provider_model

@@ -10,6 +10,7 @@
 //! - [`files`]: uploaded and produced files, their bytes in chunks.
 //! - [`batches`]: batch rows, the bulk insert of their jobs, finalization, retention.
 //! - [`webhooks`]: webhook endpoints and the delivery outbox.
+//! - [`provider_batches`]: dispatch decisions and packs sent through providers' batch APIs.
 //! - [`observe`]: what the dashboard, `/v1/status` and `/metrics` read.
 //! - [`statistics`]: the planner's statistics of `jobs`, analyzed when stale.
 //!
@@ -25,6 +26,7 @@ pub mod gate;
 pub mod jobs;
 pub mod learned;
 pub mod observe;
+pub mod provider_batches;
 pub mod statistics;
 pub mod webhooks;
 
@@ -35,6 +37,7 @@ pub use gate::*;
 pub use jobs::*;
 pub use learned::*;
 pub use observe::*;
+pub use provider_batches::*;
 pub use statistics::*;
 pub use webhooks::*;
 

@@ -40,6 +40,7 @@ mod harness;
 mod learning;
 mod lifecycle;
 mod observe;
+mod provider_batches;
 mod python;
 mod schemathesis;
 mod security;

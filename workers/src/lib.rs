@@ -7,6 +7,8 @@
 //! - [`maintenance`]: rescues expired leases, expires deadlines, recalibrates estimates,
 //!   finalizes batches ([`batches`]) and prunes old rows ([`retention`]).
 //! - [`batches`]: ends batches and writes their output and error files.
+//! - [`provider_batches`]: packs provider-batch jobs, submits them to providers' batch
+//!   APIs, polls, and writes results back at the batch price.
 //! - [`retention`]: deletes finished jobs, batches, files and deliveries past retention.
 //! - [`webhooks`]: the webhook sender (signed, retried, SSRF-guarded) draining the outbox.
 //! - [`observe`]: what each provider call reports to the metrics.
@@ -22,6 +24,7 @@ pub mod dispatcher;
 pub mod maintenance;
 pub mod mock_provider;
 pub mod observe;
+pub mod provider_batches;
 pub mod providers;
 pub mod retention;
 pub mod webhooks;

@@ -38,7 +38,7 @@ struct ErrorDetail<'a> {
 }
 
 #[derive(Serialize)]
-struct Message<'a> {
+pub(super) struct Message<'a> {
     id: String,
     #[serde(rename = "type")]
     kind: &'static str,
@@ -176,7 +176,29 @@ pub(super) async fn messages(State(p): State<MockProvider>, req: Request) -> Res
     }
     let refund = inner.generate(project, &view, max_tokens, output).await;
 
-    let message = Message {
+    let message = message(inner, id, model, input, output, stop_reason);
+    super::stats::bump(&inner.totals.succeeded);
+    // Correct OTPM before reporting it, as the real API does at the end of a response.
+    drop(refund);
+    let view = if view.otpm.is_some() {
+        inner.view(project)
+    } else {
+        view
+    };
+    let resp = reply.json(StatusCode::OK, &message, Some(&view));
+    super::faults::after(injected.fault, resp).await
+}
+
+/// The Messages reply to an admitted request: `output` canned words (also a batch line's).
+pub(super) fn message<'a>(
+    inner: &'a Inner,
+    id: String,
+    model: &'a str,
+    input: u64,
+    output: u64,
+    stop_reason: &'static str,
+) -> Message<'a> {
+    Message {
         id,
         kind: "message",
         role: "assistant",
@@ -191,17 +213,7 @@ pub(super) async fn messages(State(p): State<MockProvider>, req: Request) -> Res
             input_tokens: input,
             output_tokens: output,
         },
-    };
-    super::stats::bump(&inner.totals.succeeded);
-    // Correct OTPM before reporting it, as the real API does at the end of a response.
-    drop(refund);
-    let view = if view.otpm.is_some() {
-        inner.view(project)
-    } else {
-        view
-    };
-    let resp = reply.json(StatusCode::OK, &message, Some(&view));
-    super::faults::after(injected.fault, resp).await
+    }
 }
 
 impl Respond for Reply<'_> {

@@ -56,6 +56,34 @@ pub struct MockConfig {
     pub faults: Vec<FaultConfig>,
     /// Random faults mixed into every model request. Default: all shares 0 (none).
     pub fault_mix: FaultMix,
+    /// The batch APIs (OpenAI Batch, Anthropic Message Batches): speed and failures.
+    pub batch: BatchMockConfig,
+}
+
+/// How the mock's batch APIs process lines. Deterministic, so tests can count on it.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct BatchMockConfig {
+    /// Lines processed per second from a batch's creation; 0 = a batch ends as soon as
+    /// it is created. Default 1000.
+    pub lines_per_sec: f64,
+    /// Every n-th line (1-based) fails (OpenAI: error file with a 500 response; Anthropic:
+    /// `errored`); 0 = none. Default 0.
+    pub fail_every_nth: u64,
+    /// Every n-th line (1-based, unless already failing) expires unprocessed (OpenAI: the
+    /// batch ends `expired`, the line in the error file as `batch_expired`; Anthropic:
+    /// `expired`); 0 = none. Default 0.
+    pub expire_every_nth: u64,
+}
+
+impl Default for BatchMockConfig {
+    fn default() -> Self {
+        Self {
+            lines_per_sec: 1000.0,
+            fail_every_nth: 0,
+            expire_every_nth: 0,
+        }
+    }
 }
 
 impl Default for MockConfig {
@@ -68,6 +96,7 @@ impl Default for MockConfig {
             projects: Vec::new(),
             faults: Vec::new(),
             fault_mix: FaultMix::default(),
+            batch: BatchMockConfig::default(),
         }
     }
 }

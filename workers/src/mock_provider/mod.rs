@@ -13,6 +13,9 @@
 //!   ITPM, OTPM) and a UTC-day RPD window, admitting all-or-nothing.
 //! - `audit`: an independent check that what was admitted never exceeds the limits.
 //! - `faults`: the random fault mix — seeded draws, resets, hangs, spoiled bodies.
+//! - `batch_state` / `openai_batch` / `anthropic_batch`: the batch APIs (OpenAI Files +
+//!   Batch, Anthropic Message Batches), in memory, processing lines at
+//!   [`BatchMockConfig::lines_per_sec`] with deterministic failures and expiries.
 //! - `stream`: the SSE bodies of `"stream": true` requests and their accounting.
 //! - `stats`: atomic counters and the [`MockStats`] snapshot.
 //! - `clock`: time since start (tests pin it).
@@ -27,14 +30,17 @@
 //! `GET /mock/stats`, `POST /mock/limits/{project}`, `POST /mock/reset`.
 
 mod anthropic;
+mod anthropic_batch;
 mod audit;
 mod azure;
+mod batch_state;
 mod buckets;
 mod clock;
 mod config;
 mod faults;
 mod gemini;
 mod openai;
+mod openai_batch;
 mod reply;
 mod request;
 mod stats;
@@ -55,7 +61,8 @@ use axum::{Json, Router};
 use tokio_util::sync::CancellationToken;
 
 pub use config::{
-    FaultConfig, FaultMix, MockConfig, MockConfigError, ProjectConfig, ProjectLimits, ProviderKind,
+    BatchMockConfig, FaultConfig, FaultMix, MockConfig, MockConfigError, ProjectConfig, ProjectLimits,
+    ProviderKind,
 };
 pub use faults::InjectedFaults;
 pub use stats::{MockStats, ProjectStats};
@@ -134,6 +141,9 @@ struct Inner {
     clock: Clock,
     totals: Totals,
     text: CannedText,
+    /// Files and batches of the batch APIs (`batch_state`).
+    batches: Mutex<batch_state::BatchState>,
+    batch_config: BatchMockConfig,
 }
 
 impl MockProvider {
@@ -204,13 +214,17 @@ impl MockProvider {
             clock,
             totals: Totals::default(),
             text: CannedText::new(config.output_tokens),
+            batches: Mutex::new(batch_state::BatchState::default()),
+            batch_config: config.batch,
         };
         Self {
             inner: Arc::new(inner),
         }
     }
 
-    /// All routes: `POST /v1/chat/completions`, `POST /v1/messages`,
+    /// All routes: `POST /v1/chat/completions`, `POST /v1/messages`, the batch APIs
+    /// (`/v1/files`, `/v1/batches`, `/v1/messages/batches`: see `openai_batch`,
+    /// `anthropic_batch`),
     /// `POST /v1beta/models/{model}:generateContent`,
     /// `POST /openai/deployments/{deployment}/chat/completions`, `GET /mock/stats`,
     /// `POST /mock/limits/{project}` (body: [`ProjectLimits`]), `POST /mock/reset`.
@@ -222,6 +236,27 @@ impl MockProvider {
             .route(
                 "/openai/deployments/{deployment}/chat/completions",
                 post(azure::chat_completions),
+            )
+            .route("/v1/files", post(openai_batch::upload_file))
+            .route("/v1/files/{id}/content", get(openai_batch::file_content))
+            .route("/v1/batches", post(openai_batch::create_batch))
+            .route(
+                "/v1/batches/{id}",
+                get(batch_state::get_batch::<openai_batch::OpenAi>),
+            )
+            .route(
+                "/v1/batches/{id}/cancel",
+                post(batch_state::cancel_batch::<openai_batch::OpenAi>),
+            )
+            .route("/v1/messages/batches", post(anthropic_batch::create_batch))
+            .route(
+                "/v1/messages/batches/{id}",
+                get(batch_state::get_batch::<anthropic_batch::Anthropic>),
+            )
+            .route("/v1/messages/batches/{id}/results", get(anthropic_batch::results))
+            .route(
+                "/v1/messages/batches/{id}/cancel",
+                post(batch_state::cancel_batch::<anthropic_batch::Anthropic>),
             )
             .route("/mock/stats", get(stats_route))
             .route("/mock/limits/{project}", post(limits_route))
@@ -357,6 +392,11 @@ impl Drop for OutputRefund<'_> {
 }
 
 impl Inner {
+    /// The batch APIs' files and batches; held for plain bookkeeping, never across an await.
+    fn batch_state(&self) -> MutexGuard<'_, batch_state::BatchState> {
+        self.batches.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn lock(&self, project: usize) -> MutexGuard<'_, Limiter> {
         // The limiter does plain arithmetic; a poisoned lock still holds consistent state.
         self.projects[project]

@@ -12,6 +12,8 @@ use tokio_util::task::TaskTracker;
 use super::clock::{Clock, ManualClock};
 use super::*;
 
+mod batches;
+
 struct Harness {
     base: String,
     client: reqwest::Client,

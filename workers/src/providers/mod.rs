@@ -4,10 +4,12 @@
 //! - [`openai`]: OpenAI Chat Completions and every OpenAI-compatible server.
 //! - [`anthropic`]: Anthropic Messages, translated to and from the OpenAI chat format.
 //! - [`gemini`]: Google Gemini `generateContent`, translated to and from the OpenAI chat format.
+//! - [`batch_api`]: the providers' own batch APIs (OpenAI Batch, Anthropic Message Batches).
 //! - [`azure`]: Azure OpenAI deployments: OpenAI's format at Azure's URL and auth header.
 
 pub mod anthropic;
 pub mod azure;
+pub mod batch_api;
 pub mod gemini;
 pub mod openai;
 pub mod streaming;

@@ -1,0 +1,115 @@
+//! `[providers.batch_api]`: whether and how a provider's own batch API (OpenAI Batch,
+//! Anthropic Message Batches) may carry `batch`-class jobs.
+
+use serde::Deserialize;
+
+use super::ProviderKind;
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BatchApiConfig {
+    /// Send eligible `batch`-class jobs through the provider's batch API. Default false.
+    pub enabled: bool,
+    /// Fraction of the online price a batch line costs (0.5: half price).
+    pub discount: f64,
+    /// The provider's completion window: a job is eligible only if its deadline is at
+    /// least this far away (else the provider could legally answer after it). Default 24 h.
+    pub min_deadline_secs: u64,
+    /// Most lines in one provider batch. Default by kind: OpenAI 50,000, Anthropic 100,000.
+    pub max_lines: Option<u64>,
+    /// Largest provider batch in bytes. Default by kind: OpenAI 200 MB, Anthropic 256 MB.
+    pub max_bytes: Option<u64>,
+    /// The provider's enqueued-token pool per model (prompt tokens of unfinished batches):
+    /// becomes the gauge bucket `provider:<p>:<m>:batch_queue_tokens`. None = unlimited.
+    pub enqueued_tokens: Option<u64>,
+    /// How often an open provider batch is polled, in milliseconds. Default 60 s.
+    pub poll_interval_ms: u64,
+    /// How long admitted lines are gathered before a partial pack is submitted, in
+    /// milliseconds (a full pack goes at once). Default 60 s.
+    pub pack_wait_ms: u64,
+}
+
+impl Default for BatchApiConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            discount: 0.5,
+            min_deadline_secs: 24 * 3600,
+            max_lines: None,
+            max_bytes: None,
+            enqueued_tokens: None,
+            poll_interval_ms: 60_000,
+            pack_wait_ms: 60_000,
+        }
+    }
+}
+
+impl BatchApiConfig {
+    /// Whether `kind` has a batch API tollgate can drive.
+    pub fn supported(kind: ProviderKind) -> bool {
+        matches!(kind, ProviderKind::Openai | ProviderKind::Anthropic)
+    }
+
+    pub(super) fn validate(&self, kind: ProviderKind) -> Result<(), String> {
+        if self.enabled && !Self::supported(kind) {
+            return Err("only `openai` and `anthropic` providers have a batch API tollgate drives".into());
+        }
+        if !(self.discount > 0.0 && self.discount <= 1.0) {
+            return Err("`discount` must be in (0, 1]".into());
+        }
+        if self.max_lines == Some(0) || self.max_bytes == Some(0) || self.poll_interval_ms == 0 {
+            return Err("`max_lines`, `max_bytes` and `poll_interval_ms` must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// Lines and bytes per provider batch: configured, else the provider's own limits.
+    pub fn limits(&self, kind: ProviderKind) -> (u64, u64) {
+        let (lines, bytes) = match kind {
+            ProviderKind::Anthropic => (100_000, 256 * 1024 * 1024),
+            _ => (50_000, 200 * 1024 * 1024),
+        };
+        (self.max_lines.unwrap_or(lines), self.max_bytes.unwrap_or(bytes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Config, ProviderKind};
+
+    #[test]
+    fn the_example_block_parses_and_defaults_follow_the_kind() {
+        let base = include_str!("../../tollgate.example.toml");
+        // The example's commented block, switched on (it follows the `oai` provider).
+        let mut inside = false;
+        let on: String = base
+            .lines()
+            .map(|l| {
+                inside = l == "# [providers.batch_api]" || (inside && l.starts_with("# "));
+                if inside { &l[2..] } else { l }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let c = Config::parse(&on, "t.toml").unwrap();
+        let oai = c.provider("oai").unwrap();
+        assert!(oai.batch_api.enabled);
+        assert_eq!(oai.batch_api.enqueued_tokens, Some(2_000_000));
+        assert_eq!(oai.batch_api.limits(oai.kind), (50_000, 209_715_200));
+        let ant = c.provider("ant").unwrap();
+        assert!(!ant.batch_api.enabled);
+        assert_eq!(
+            ant.batch_api.limits(ProviderKind::Anthropic),
+            (100_000, 256 * 1024 * 1024)
+        );
+        let buckets = crate::buckets::configured(&c);
+        assert!(
+            buckets
+                .iter()
+                .any(|b| b.key == "provider:oai:gpt-4o-mini:batch_queue_tokens")
+        );
+
+        let bad = on.replace("discount = 0.5", "discount = 1.5");
+        let e = Config::parse(&bad, "t.toml").unwrap_err().to_string();
+        assert!(e.contains("providers[0].batch_api"), "{e}");
+    }
+}

@@ -1,0 +1,120 @@
+//! Provider batch APIs as a scheduling choice. A `batch`-class job whose route's first
+//! target has `batch_api.enabled`, and whose deadline is at least the provider's
+//! completion window away, goes through the provider's own batch API (OpenAI Batch,
+//! Anthropic Message Batches) at the batch price instead of one online call.
+//!
+//! Flow: the gate ([`decide_candidates`]) records the decision on each undecided queued
+//! `batch`-class job it reads (`dispatch_via`, `dispatch_reason`); the gate admits a
+//! provider-batch job against its tenant's buckets and the provider's enqueued-token pool
+//! ([`path`]) instead of the online rate limits; online dispatchers skip it; the
+//! provider-batch worker (`tollgate-workers`) packs, submits, polls and writes results
+//! back through the ordinary completion path, sending lines the provider failed or
+//! expired back online when their deadline allows.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+
+use crate::buckets::{self, Dimension};
+use crate::config::{BatchApiConfig, Config, ProviderConfig};
+use crate::model::JobClass;
+use crate::routing::{self, Target};
+use crate::store::{self, Candidate, StoreError};
+
+pub const VIA_ONLINE: &str = "online";
+pub const VIA_PROVIDER_BATCH: &str = "provider_batch";
+
+/// Why a job goes through the provider's batch API.
+pub const DEADLINE_ALLOWS: &str = "deadline_allows_batch_api";
+/// Why it goes online instead.
+pub const DEADLINE_TOO_CLOSE: &str = "deadline_too_close_for_batch_api";
+pub const NO_BATCH_API: &str = "route_has_no_batch_api";
+/// A line the provider failed or expired, sent back online.
+pub const FAILED_RETRY_ONLINE: &str = "provider_batch_failed_retry_online";
+
+/// How a job is sent, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub via: &'static str,
+    pub reason: &'static str,
+}
+
+/// The provider config of `target` when its batch API may carry jobs.
+pub fn batch_api<'a>(config: &'a Config, target: &Target) -> Option<&'a ProviderConfig> {
+    config
+        .provider(&target.provider)
+        .filter(|p| p.batch_api.enabled && BatchApiConfig::supported(p.kind))
+}
+
+/// Whether any provider sends jobs through its batch API (else nothing here runs).
+pub fn any_enabled(config: &Config) -> bool {
+    config
+        .providers
+        .iter()
+        .any(|p| p.batch_api.enabled && BatchApiConfig::supported(p.kind))
+}
+
+/// The decision for a `batch`-class job asking for `model` with `deadline`, at `now`.
+pub fn decide(config: &Config, model: &str, deadline: DateTime<Utc>, now: DateTime<Utc>) -> Decision {
+    let online = |reason| Decision {
+        via: VIA_ONLINE,
+        reason,
+    };
+    let first = routing::resolve(config, model).and_then(|t| t.into_iter().next());
+    let Some(provider) = first.as_ref().and_then(|t| batch_api(config, t)) else {
+        return online(NO_BATCH_API);
+    };
+    let window = chrono::Duration::seconds(provider.batch_api.min_deadline_secs as i64);
+    if deadline - now < window {
+        return online(DEADLINE_TOO_CLOSE);
+    }
+    Decision {
+        via: VIA_PROVIDER_BATCH,
+        reason: DEADLINE_ALLOWS,
+    }
+}
+
+/// The gate's step before planning: decides the round's `batch`-class candidates not yet
+/// decided, records the decisions (on jobs still queued) and marks the candidates, so no
+/// job is admitted before it is decided. Does nothing unless some provider has its batch
+/// API enabled.
+pub async fn decide_candidates(
+    pool: &PgPool,
+    config: &Config,
+    candidates: &mut [Candidate],
+    now: DateTime<Utc>,
+) -> Result<usize, StoreError> {
+    if !any_enabled(config) {
+        return Ok(0);
+    }
+    let mut decisions = Vec::new();
+    for c in candidates
+        .iter_mut()
+        .filter(|c| c.class == JobClass::Batch && c.dispatch_via.is_none())
+    {
+        let d = decide(config, &c.model, c.deadline, now);
+        c.dispatch_via = Some(d.via.to_owned());
+        decisions.push((c.id, d));
+    }
+    if decisions.is_empty() {
+        return Ok(0);
+    }
+    store::set_dispatch(pool, &decisions).await
+}
+
+/// The buckets a provider-batch job sent to `target` must fit: its tenant's (all but
+/// concurrency: a line waiting at the provider holds no connection) and the provider's
+/// enqueued-token pool, not the online rate limits.
+pub fn path(config: &Config, tenant: &str, requested: &str, target: &Target) -> Vec<(String, Dimension)> {
+    let tenant_prefix = format!("{}:", buckets::tenant_scope(tenant));
+    let mut keys: Vec<(String, Dimension)> = buckets::path(config, tenant, requested, target)
+        .into_iter()
+        .filter(|(k, d)| k.starts_with(&tenant_prefix) && *d != Dimension::Concurrency)
+        .collect();
+    if batch_api(config, target).is_some_and(|p| p.batch_api.enqueued_tokens.is_some()) {
+        keys.push((
+            buckets::batch_queue_key(&target.provider, &target.model),
+            Dimension::InputTokens,
+        ));
+    }
+    keys
+}

@@ -1,0 +1,339 @@
+//! Provider batches: the dispatch decision on jobs, packing admitted provider-batch jobs
+//! into a `provider_batches` row (the jobs `running`, leased to the pack), its progress,
+//! and what it saved.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgExecutor, PgPool, Postgres};
+
+use super::Result;
+use crate::model::{Job, JobId};
+use crate::provider_batches::Decision;
+
+/// Records dispatch decisions on jobs still queued and undecided.
+pub async fn set_dispatch(ex: impl PgExecutor<'_>, decisions: &[(JobId, Decision)]) -> Result<usize> {
+    let done = sqlx::query(
+        "UPDATE jobs j SET dispatch_via = t.via, dispatch_reason = t.reason
+         FROM unnest($1::uuid[], $2::text[], $3::text[]) AS t(id, via, reason)
+         WHERE j.id = t.id AND j.state = 'queued' AND j.dispatch_via IS NULL",
+    )
+    .bind(decisions.iter().map(|d| d.0.0).collect::<Vec<_>>())
+    .bind(decisions.iter().map(|d| d.1.via).collect::<Vec<_>>())
+    .bind(decisions.iter().map(|d| d.1.reason).collect::<Vec<_>>())
+    .execute(ex)
+    .await?;
+    Ok(done.rows_affected() as usize)
+}
+
+/// Admitted provider-batch jobs waiting to be packed, per (provider, model, key).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct PackGroup {
+    pub provider: String,
+    pub model: String,
+    pub key: Option<String>,
+    pub waiting: i64,
+    pub oldest: DateTime<Utc>,
+}
+
+pub async fn pack_groups(ex: impl PgExecutor<'_>) -> Result<Vec<PackGroup>> {
+    Ok(sqlx::query_as(
+        "SELECT provider, provider_model AS model, provider_key AS key, count(*) AS waiting,
+                min(admitted_at) AS oldest
+         FROM jobs WHERE state = 'admitted' AND dispatch_via = 'provider_batch'
+         GROUP BY provider, provider_model, provider_key",
+    )
+    .fetch_all(ex)
+    .await?)
+}
+
+/// The lease owner of a pack's jobs.
+pub fn pack_owner(pack_id: &str) -> String {
+    format!("provider_batch:{pack_id}")
+}
+
+/// A pack about to be opened.
+#[derive(Debug, Clone)]
+pub struct NewPack<'a> {
+    pub id: &'a str,
+    pub group: &'a PackGroup,
+    pub max_lines: i64,
+    pub max_bytes: i64,
+    /// Lease of the pack's jobs: the provider's window and a margin; whoever polls the
+    /// pack holds them, not a process.
+    pub lease_until: DateTime<Utc>,
+}
+
+/// Opens a pack: in one transaction, claims up to `max_lines` admitted jobs of the group
+/// (their request bodies within `max_bytes`) as `running` under the pack's lease and
+/// records the pack as `submitting`. Nothing is sent yet; a pack found still
+/// `submitting` later was never submitted (see [`abandon_stale_packs`]).
+pub async fn open_pack(pool: &PgPool, pack: &NewPack<'_>, now: DateTime<Utc>) -> Result<Vec<Job>> {
+    let mut tx = pool.begin().await?;
+    let jobs = sqlx::query_as::<Postgres, Job>(
+        "WITH ordered AS (
+             SELECT id, sum(octet_length(request::text) + 256) OVER (ORDER BY admitted_at, id) AS upto
+             FROM jobs
+             WHERE state = 'admitted' AND dispatch_via = 'provider_batch' AND provider = $1
+               AND provider_model = $2 AND provider_key IS NOT DISTINCT FROM $3 AND deadline > $6
+             ORDER BY admitted_at, id LIMIT $4),
+         picked AS (
+             SELECT j.id FROM jobs j JOIN ordered o ON o.id = j.id
+             WHERE (o.upto <= $5 OR o.id = (SELECT id FROM ordered ORDER BY upto LIMIT 1))
+               AND j.state = 'admitted'
+             FOR UPDATE OF j SKIP LOCKED)
+         UPDATE jobs j SET state = 'running', attempt = j.attempt + 1, lease_owner = $7, lease_expires_at = $8,
+                           started_at = COALESCE(j.started_at, $6), provider_batch_id = $9
+         FROM picked WHERE j.id = picked.id
+         RETURNING j.*",
+    )
+    .bind(&pack.group.provider)
+    .bind(&pack.group.model)
+    .bind(&pack.group.key)
+    .bind(pack.max_lines)
+    .bind(pack.max_bytes)
+    .bind(now)
+    .bind(pack_owner(pack.id))
+    .bind(pack.lease_until)
+    .bind(pack.id)
+    .fetch_all(&mut *tx)
+    .await?;
+    if jobs.is_empty() {
+        tx.rollback().await?;
+        return Ok(jobs);
+    }
+    let bytes: i64 = jobs.iter().map(|j| j.request.to_string().len() as i64).sum();
+    sqlx::query(
+        "INSERT INTO provider_batches (id, provider, model, key_name, status, lines, bytes, created_at, next_poll_at)
+         VALUES ($1, $2, $3, $4, 'submitting', $5, $6, $7, $7)",
+    )
+    .bind(pack.id)
+    .bind(&pack.group.provider)
+    .bind(&pack.group.model)
+    .bind(&pack.group.key)
+    .bind(jobs.len() as i32)
+    .bind(bytes)
+    .bind(now)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(jobs)
+}
+
+/// A row of `provider_batches`.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ProviderBatch {
+    pub id: String,
+    pub provider: String,
+    pub model: String,
+    pub key_name: Option<String>,
+    pub status: String,
+    pub provider_batch_id: Option<String>,
+    pub input_file_id: Option<String>,
+    pub provider_status: Option<String>,
+    pub lines: i32,
+    pub bytes: i64,
+    pub succeeded: Option<i32>,
+    pub failed: Option<i32>,
+    pub requeued: Option<i32>,
+    pub online_cost_micro_usd: Option<f64>,
+    pub batch_cost_micro_usd: Option<f64>,
+    pub error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub submitted_at: Option<DateTime<Utc>>,
+    pub next_poll_at: Option<DateTime<Utc>>,
+    pub ended_at: Option<DateTime<Utc>>,
+}
+
+/// The provider accepted the pack: from now on it is polled.
+pub async fn pack_submitted(
+    ex: impl PgExecutor<'_>,
+    id: &str,
+    provider_batch_id: &str,
+    input_file_id: Option<&str>,
+    key_name: &str,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let done = sqlx::query(
+        "UPDATE provider_batches SET status = 'in_progress', provider_batch_id = $2, input_file_id = $3,
+                                     submitted_at = $4, next_poll_at = $4, key_name = $5
+         WHERE id = $1 AND status = 'submitting'",
+    )
+    .bind(id)
+    .bind(provider_batch_id)
+    .bind(input_file_id)
+    .bind(now)
+    .bind(key_name)
+    .execute(ex)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Packs whose poll is due, taken for `hold` (so two pollers do not poll one pack).
+pub async fn due_packs(
+    ex: impl PgExecutor<'_>,
+    now: DateTime<Utc>,
+    hold: std::time::Duration,
+    limit: i64,
+) -> Result<Vec<ProviderBatch>> {
+    Ok(sqlx::query_as(
+        "UPDATE provider_batches p SET next_poll_at = $2
+         FROM (SELECT id FROM provider_batches
+               WHERE status = 'in_progress' AND next_poll_at <= $1
+               ORDER BY next_poll_at LIMIT $3 FOR UPDATE SKIP LOCKED) due
+         WHERE p.id = due.id
+         RETURNING p.*",
+    )
+    .bind(now)
+    .bind(now + hold)
+    .bind(limit)
+    .fetch_all(ex)
+    .await?)
+}
+
+/// When a pack still running at the provider is polled next.
+pub async fn poll_later(ex: impl PgExecutor<'_>, id: &str, status: &str, at: DateTime<Utc>) -> Result<()> {
+    sqlx::query("UPDATE provider_batches SET next_poll_at = $2, provider_status = $3 WHERE id = $1")
+        .bind(id)
+        .bind(at)
+        .bind(status)
+        .execute(ex)
+        .await?;
+    Ok(())
+}
+
+/// Packs left `submitting` for longer than `stale` (their submitter died or the provider
+/// refused them): marked `abandoned` and returned, so their jobs go back to the queue.
+pub async fn abandon_stale_packs(
+    ex: impl PgExecutor<'_>,
+    now: DateTime<Utc>,
+    stale: std::time::Duration,
+) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "UPDATE provider_batches SET status = 'abandoned', ended_at = $1,
+                                     error = COALESCE(error, 'not submitted in time')
+         WHERE status = 'submitting' AND created_at < $2
+         RETURNING id",
+    )
+    .bind(now)
+    .bind(now - stale)
+    .fetch_all(ex)
+    .await?)
+}
+
+/// Marks a pack the provider refused as `abandoned`, with the reason.
+pub async fn pack_refused(ex: impl PgExecutor<'_>, id: &str, error: &str, now: DateTime<Utc>) -> Result<()> {
+    sqlx::query(
+        "UPDATE provider_batches SET status = 'abandoned', error = $2, ended_at = $3
+         WHERE id = $1 AND status = 'submitting'",
+    )
+    .bind(id)
+    .bind(error)
+    .bind(now)
+    .execute(ex)
+    .await?;
+    Ok(())
+}
+
+/// The pack's jobs it still holds: running, or cancelled meanwhile with their reservation
+/// still to settle (their outcome is discarded and the reservation settled with it).
+pub async fn pack_jobs(ex: impl PgExecutor<'_>, id: &str) -> Result<Vec<Job>> {
+    Ok(sqlx::query_as(
+        "SELECT * FROM jobs WHERE provider_batch_id = $1 AND lease_owner = $2
+           AND (state = 'running' OR (state = 'cancelled' AND reserved_buckets IS NOT NULL))",
+    )
+    .bind(id)
+    .bind(pack_owner(id))
+    .fetch_all(ex)
+    .await?)
+}
+
+/// Lines sent back online: the decision changes (with why) before their outcome is
+/// written, while the pack still holds them.
+pub async fn dispatch_online(
+    ex: impl PgExecutor<'_>,
+    pack_id: &str,
+    ids: &[JobId],
+    reason: &str,
+) -> Result<u64> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    Ok(sqlx::query(
+        "UPDATE jobs SET dispatch_via = 'online', dispatch_reason = $3
+         WHERE id = ANY($1) AND state = 'running' AND lease_owner = $2",
+    )
+    .bind(ids.iter().map(|i| i.0).collect::<Vec<_>>())
+    .bind(pack_owner(pack_id))
+    .bind(reason)
+    .execute(ex)
+    .await?
+    .rows_affected())
+}
+
+/// What each succeeded line saved over the online price (written before its outcome, so
+/// its batch's report includes it; a line cancelled meanwhile saved nothing).
+pub async fn record_savings(ex: impl PgExecutor<'_>, pack_id: &str, saved: &[(JobId, f64)]) -> Result<()> {
+    if saved.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "UPDATE jobs j SET saved_micro_usd = t.saved
+         FROM unnest($1::uuid[], $2::float8[]) AS t(id, saved)
+         WHERE j.id = t.id AND j.provider_batch_id = $3 AND j.state = 'running'",
+    )
+    .bind(saved.iter().map(|s| s.0.0).collect::<Vec<_>>())
+    .bind(saved.iter().map(|s| s.1).collect::<Vec<_>>())
+    .bind(pack_id)
+    .execute(ex)
+    .await?;
+    Ok(())
+}
+
+/// How a pack ended.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PackEnd {
+    pub provider_status: String,
+    pub succeeded: i32,
+    pub failed: i32,
+    pub requeued: i32,
+    pub online_cost_micro_usd: f64,
+    pub batch_cost_micro_usd: f64,
+}
+
+pub async fn pack_ended(ex: impl PgExecutor<'_>, id: &str, end: &PackEnd, now: DateTime<Utc>) -> Result<()> {
+    sqlx::query(
+        "UPDATE provider_batches SET status = 'ended', provider_status = $2, succeeded = $3, failed = $4,
+                                     requeued = $5, online_cost_micro_usd = $6, batch_cost_micro_usd = $7,
+                                     ended_at = $8, next_poll_at = NULL
+         WHERE id = $1 AND status = 'in_progress'",
+    )
+    .bind(id)
+    .bind(&end.provider_status)
+    .bind(end.succeeded)
+    .bind(end.failed)
+    .bind(end.requeued)
+    .bind(end.online_cost_micro_usd)
+    .bind(end.batch_cost_micro_usd)
+    .bind(now)
+    .execute(ex)
+    .await?;
+    Ok(())
+}
+
+pub async fn get_provider_batch(ex: impl PgExecutor<'_>, id: &str) -> Result<Option<ProviderBatch>> {
+    Ok(sqlx::query_as("SELECT * FROM provider_batches WHERE id = $1")
+        .bind(id)
+        .fetch_optional(ex)
+        .await?)
+}
+
+/// What a tollgate batch's lines saved by going through provider batch APIs, in micro-USD,
+/// and how many of them went that way.
+pub async fn batch_savings(ex: impl PgExecutor<'_>, batch_id: &str) -> Result<(f64, i64)> {
+    Ok(sqlx::query_as(
+        "SELECT COALESCE(sum(saved_micro_usd), 0)::float8, count(*) FILTER (WHERE provider_batch_id IS NOT NULL)
+         FROM jobs WHERE batch_id = $1",
+    )
+    .bind(batch_id)
+    .fetch_one(ex)
+    .await?)
+}

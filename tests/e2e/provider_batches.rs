@@ -1,0 +1,371 @@
+//! Provider batch APIs as a scheduling choice, end to end against the mock: a tollgate
+//! batch whose lines go through the mock's OpenAI Batch API (files + batches) or
+//! Anthropic Message Batches API, complete, come back in the output file at the batch
+//! price with the savings reported; a job whose deadline is too close goes online; lines
+//! the mock fails or expires go back online and finish there.
+
+use std::collections::HashSet;
+
+use chrono::Utc;
+use serde_json::{Value, json};
+use tollgate_workers::mock_provider::{BatchMockConfig, MockConfig};
+
+use crate::batches::{batch_body, content, create_batch, upload, wait_batch};
+use crate::harness::{ACME, TestApp, TestOptions, mock_config};
+
+/// USD per million tokens of the test models: micro-USD per token.
+const INPUT_PRICE: f64 = 0.15;
+const OUTPUT_PRICE: f64 = 0.6;
+
+fn batch_api(extra: &str) -> String {
+    format!(
+        "[providers.batch_api]\nenabled = true\nmin_deadline_secs = 3600\nenqueued_tokens = 1000000\n\
+         poll_interval_ms = 50\npack_wait_ms = 0\n{extra}"
+    )
+}
+
+fn prices(model: &str) -> String {
+    format!(
+        "[providers.prices.\"{model}\"]\ninput_per_mtok = {INPUT_PRICE}\noutput_per_mtok = {OUTPUT_PRICE}\n"
+    )
+}
+
+fn mock(fail_every_nth: u64, expire_every_nth: u64) -> MockConfig {
+    MockConfig {
+        batch: BatchMockConfig {
+            lines_per_sec: 500.0,
+            fail_every_nth,
+            expire_every_nth,
+        },
+        ..mock_config()
+    }
+}
+
+fn input(model: &str, n: usize) -> String {
+    (0..n)
+        .map(|i| {
+            json!({"custom_id": format!("line-{i}"), "method": "POST", "url": "/v1/chat/completions",
+                   "body": {"model": model, "messages": [{"role": "user", "content": format!("item {i}")}],
+                            "max_tokens": 16}})
+            .to_string()
+                + "\n"
+        })
+        .collect()
+}
+
+/// (id, dispatch_via, dispatch_reason, provider_batch_id, state) of a batch's jobs.
+type Row = (uuid::Uuid, Option<String>, Option<String>, Option<String>, String);
+
+async fn jobs_of(app: &TestApp, batch_id: &str) -> Vec<Row> {
+    sqlx::query_as(
+        "SELECT id, dispatch_via, dispatch_reason, provider_batch_id, state::text FROM jobs
+         WHERE batch_id = $1 ORDER BY batch_line",
+    )
+    .bind(batch_id)
+    .fetch_all(&app.db.pool)
+    .await
+    .expect("jobs of the batch")
+}
+
+/// Nothing stays reserved: the enqueued-token pool is whole again and no job holds a
+/// reservation, once the gate has applied the refunds.
+async fn all_released(app: &TestApp) {
+    crate::harness::eventually(20, "every reservation to be released", || async {
+        let (level, capacity): (f64, f64) =
+            sqlx::query_as("SELECT level, capacity FROM buckets WHERE key LIKE '%:batch_queue_tokens'")
+                .fetch_one(&app.db.pool)
+                .await
+                .ok()?;
+        let held: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE reserved_buckets IS NOT NULL")
+            .fetch_one(&app.db.pool)
+            .await
+            .ok()?;
+        ((level - capacity).abs() < 1e-6 && held == 0).then_some(())
+    })
+    .await;
+}
+
+/// Runs a tollgate batch of `n` lines for `model` and checks everything that must hold
+/// whichever provider carried it; returns the finished batch object.
+async fn run_batch(app: &TestApp, model: &str, n: usize, batch_id_prefix: &str) -> Value {
+    let http = &app.http;
+    let (status, file) = upload(http, &app.api, ACME, input(model, n).as_bytes()).await;
+    assert_eq!(status, 200, "{file}");
+    let (status, batch) = create_batch(http, &app.api, ACME, &batch_body(file["id"].as_str().unwrap())).await;
+    assert_eq!(status, 200, "{batch}");
+    let id = batch["id"].as_str().unwrap().to_owned();
+    let done = wait_batch(http, &app.api, ACME, &id, 60).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["request_counts"]["completed"], n, "{done}");
+    assert_eq!(done["request_counts"]["failed"], 0, "{done}");
+
+    // Every line once in the output file, answered 200.
+    let output = content(http, &app.api, ACME, done["output_file_id"].as_str().unwrap()).await;
+    let ids: Vec<String> = output
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            assert_eq!(v["response"]["status_code"], 200, "{v}");
+            assert_eq!(v["response"]["body"]["object"], "chat.completion", "{v}");
+            v["custom_id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    let unique: HashSet<&String> = ids.iter().collect();
+    assert_eq!((ids.len(), unique.len()), (n, n), "each line exactly once");
+
+    // Each line went through a provider batch (its id recorded); the provider's own ids
+    // have the API's shape.
+    let rows = jobs_of(app, &id).await;
+    assert_eq!(rows.len(), n);
+    // A pack is marked ended just after its lines' outcomes are written.
+    let packs: Vec<(String, Option<String>, String)> =
+        crate::harness::eventually(20, "the packs to end", || async {
+            let packs: Vec<(String, Option<String>, String)> =
+                sqlx::query_as("SELECT id, provider_batch_id, status FROM provider_batches ORDER BY id")
+                    .fetch_all(&app.db.pool)
+                    .await
+                    .ok()?;
+            packs.iter().all(|p| p.2 == "ended").then_some(packs)
+        })
+        .await;
+    assert!(!packs.is_empty());
+    for (_, provider_id, _) in &packs {
+        assert!(
+            provider_id.as_deref().unwrap().starts_with(batch_id_prefix),
+            "{provider_id:?}"
+        );
+    }
+    for (job, ..) in &rows {
+        let (status, view) = app.get(ACME, &format!("/v1/jobs/{job}")).await;
+        assert_eq!(status, 200);
+        assert_eq!(view["state"], "succeeded", "{view}");
+        assert!(view["dispatch"]["provider_batch_id"].is_string(), "{view}");
+    }
+
+    // Spend: the succeeded batch lines cost the batch price; the saving is the other half.
+    let (online, batch_cost): (f64, f64) = sqlx::query_as(
+        "SELECT COALESCE(sum(online_cost_micro_usd), 0)::float8, COALESCE(sum(batch_cost_micro_usd), 0)::float8
+         FROM provider_batches",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    let (expected_online,): (f64,) = sqlx::query_as(
+        "SELECT COALESCE(sum((usage->>'input_tokens')::float8 * $2 + (usage->>'output_tokens')::float8 * $3), 0)
+         FROM jobs WHERE batch_id = $1 AND dispatch_via = 'provider_batch'",
+    )
+    .bind(&id)
+    .bind(INPUT_PRICE)
+    .bind(OUTPUT_PRICE)
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    assert!(online > 0.0);
+    assert!(
+        (online - expected_online).abs() < 1e-6,
+        "{online} vs {expected_online}"
+    );
+    assert!(
+        (batch_cost - online * 0.5).abs() < 1e-6,
+        "batch price is half: {batch_cost} of {online}"
+    );
+    let (_, view) = app.get(ACME, &format!("/v1/batches/{id}")).await;
+    let saved = view["provider_batch"]["estimated_savings_micro_usd"]
+        .as_i64()
+        .unwrap();
+    assert_eq!(saved, (online - batch_cost).round() as i64, "{view}");
+    assert!(saved > 0);
+
+    all_released(app).await;
+    done
+}
+
+#[tokio::test]
+async fn openai_batch_api_carries_a_batch_at_half_price() {
+    let app = TestApp::spawn_with(TestOptions {
+        mock: mock(0, 0),
+        extra_config: batch_api("") + &prices("gpt-4o-mini"),
+        ..TestOptions::default()
+    })
+    .await;
+    let done = run_batch(&app, "oai/gpt-4o-mini", 12, "batch_").await;
+    let rows = jobs_of(&app, done["id"].as_str().unwrap()).await;
+    for (_, via, reason, pb, _) in &rows {
+        assert_eq!(via.as_deref(), Some("provider_batch"));
+        assert_eq!(reason.as_deref(), Some("deadline_allows_batch_api"));
+        assert!(pb.is_some());
+    }
+    // No online call was made for them.
+    assert_eq!(
+        app.mock.stats().succeeded,
+        0,
+        "the online endpoint served nothing"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn anthropic_message_batches_carry_a_batch_at_half_price() {
+    let extra = format!(
+        "[[providers]]\nname = \"antb\"\nkind = \"anthropic\"\nbase_url = \"http://MOCK_ADDR\"\n\
+         keys = [{{ name = \"a1\", value = \"sk-ant-test\" }}]\nmodels = [\"claude-3-5-haiku-latest\"]\n\
+         learn_limits = false\n{}{}",
+        batch_api(""),
+        prices("claude-3-5-haiku-latest")
+    );
+    let app = TestApp::spawn_with(TestOptions {
+        mock: mock(0, 0),
+        extra_config: extra,
+        ..TestOptions::default()
+    })
+    .await;
+    let done = run_batch(&app, "antb/claude-3-5-haiku-latest", 9, "msgbatch_").await;
+    let rows = jobs_of(&app, done["id"].as_str().unwrap()).await;
+    assert!(
+        rows.iter().all(|r| r.1.as_deref() == Some("provider_batch")),
+        "{rows:?}"
+    );
+    assert_eq!(
+        app.mock.stats().succeeded,
+        0,
+        "the online endpoint served nothing"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn failed_and_expired_lines_go_back_online_and_finish() {
+    // Every 4th line fails, every 5th expires: lines 4, 8 (failed) and 5, 10 (expired)
+    // of 10 come back from the mock unanswered.
+    let app = TestApp::spawn_with(TestOptions {
+        mock: mock(4, 5),
+        extra_config: batch_api("") + &prices("gpt-4o-mini"),
+        ..TestOptions::default()
+    })
+    .await;
+    let done = run_batch(&app, "oai/gpt-4o-mini", 10, "batch_").await;
+    let rows = jobs_of(&app, done["id"].as_str().unwrap()).await;
+    let online: Vec<usize> = rows
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.1.as_deref() == Some("online"))
+        .map(|(i, r)| {
+            assert_eq!(
+                r.2.as_deref(),
+                Some("provider_batch_failed_retry_online"),
+                "{r:?}"
+            );
+            i + 1
+        })
+        .collect();
+    assert_eq!(
+        online,
+        vec![4, 5, 8, 10],
+        "the lines the mock did not answer went online"
+    );
+    assert_eq!(
+        app.mock.stats().succeeded,
+        4,
+        "the online endpoint served exactly those"
+    );
+    let (_, job) = app.get(ACME, &format!("/v1/jobs/{}", rows[3].0)).await;
+    assert_eq!(job["dispatch"]["via"], "online", "{job}");
+    assert_eq!(
+        job["dispatch"]["reason"], "provider_batch_failed_retry_online",
+        "{job}"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_deadline_too_close_for_the_batch_api_goes_online() {
+    let app = TestApp::spawn_with(TestOptions {
+        mock: mock(0, 0),
+        extra_config: batch_api("") + &prices("gpt-4o-mini"),
+        ..TestOptions::default()
+    })
+    .await;
+    let submit = |minutes: i64| {
+        let mut body = crate::harness::job("oai/gpt-4o-mini", "hello");
+        body["class"] = json!("batch");
+        body["deadline"] = json!(Utc::now() + chrono::Duration::minutes(minutes));
+        body
+    };
+    let (status, close) = app.submit(ACME, &submit(10)).await;
+    assert_eq!(status, 202, "{close}");
+    let (status, far) = app.submit(ACME, &submit(120)).await;
+    assert_eq!(status, 202, "{far}");
+    let close = app.wait_job(ACME, close["id"].as_str().unwrap(), 30).await;
+    let far = app.wait_job(ACME, far["id"].as_str().unwrap(), 30).await;
+    assert_eq!(close["state"], "succeeded", "{close}");
+    assert_eq!(close["dispatch"]["via"], "online", "{close}");
+    assert_eq!(
+        close["dispatch"]["reason"], "deadline_too_close_for_batch_api",
+        "{close}"
+    );
+    assert!(close["dispatch"]["provider_batch_id"].is_null());
+    assert_eq!(far["state"], "succeeded", "{far}");
+    assert_eq!(far["dispatch"]["via"], "provider_batch", "{far}");
+    assert_eq!(far["dispatch"]["reason"], "deadline_allows_batch_api", "{far}");
+    assert!(far["dispatch"]["provider_batch_id"].is_string(), "{far}");
+    assert_eq!(
+        app.mock.stats().succeeded,
+        1,
+        "one online call: the close deadline's"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_line_cancelled_while_at_the_provider_releases_what_it_held() {
+    // One line per second: the pack stays at the provider long enough to cancel a line.
+    let app = TestApp::spawn_with(TestOptions {
+        mock: MockConfig {
+            batch: BatchMockConfig {
+                lines_per_sec: 1.0,
+                ..BatchMockConfig::default()
+            },
+            ..mock_config()
+        },
+        extra_config: batch_api("") + &prices("gpt-4o-mini"),
+        ..TestOptions::default()
+    })
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let mut body = crate::harness::job("oai/gpt-4o-mini", &format!("line {i}"));
+        body["class"] = json!("batch");
+        body["deadline"] = json!(Utc::now() + chrono::Duration::hours(2));
+        let (status, job) = app.submit(ACME, &body).await;
+        assert_eq!(status, 202, "{job}");
+        ids.push(job["id"].as_str().unwrap().to_owned());
+    }
+    let first = ids[0].clone();
+    crate::harness::eventually(20, "the line to be at the provider", || async {
+        let (_, job) = app.get(ACME, &format!("/v1/jobs/{first}")).await;
+        (job["state"] == "running" && job["dispatch"]["provider_batch_id"].is_string()).then_some(())
+    })
+    .await;
+    let (status, cancelled) = app
+        .post(ACME, &format!("/v1/jobs/{first}/cancel"), &json!({}))
+        .await;
+    assert_eq!(status, 200, "{cancelled}");
+    assert_eq!(cancelled["state"], "cancelled");
+    for id in &ids[1..] {
+        let job = app.wait_job(ACME, id, 30).await;
+        assert_eq!(job["state"], "succeeded", "{job}");
+    }
+    all_released(&app).await;
+    let (_, job) = app.get(ACME, &format!("/v1/jobs/{first}")).await;
+    assert_eq!(
+        job["state"], "cancelled",
+        "the provider's answer does not revive it: {job}"
+    );
+    let saved: Option<f64> = sqlx::query_scalar("SELECT saved_micro_usd FROM jobs WHERE id = $1::uuid")
+        .bind(&first)
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(saved, None, "a cancelled line saved nothing");
+    app.shutdown().await;
+}
