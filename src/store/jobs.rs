@@ -24,7 +24,7 @@ pub async fn insert_job(ex: impl PgExecutor<'_> + Copy, job: &NewJob) -> Result<
                            deadline, not_before, max_attempts, estimated_input_tokens,
                            estimated_output_tokens, created_at, stream)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $10, $14)
-         ON CONFLICT ON CONSTRAINT jobs_tenant_idempotency_key DO NOTHING
+         ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
          RETURNING id",
     )
     .bind(job.id)
@@ -85,7 +85,7 @@ pub async fn insert_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec
                      $14::bool[])
              AS t(id, tenant, class, priority, request, model, key, metadata, deadline, created_at, attempts, ein,
                   eout, stream)
-         ON CONFLICT ON CONSTRAINT jobs_tenant_idempotency_key DO NOTHING
+         ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
          RETURNING id",
     )
     .bind(jobs.iter().map(|j| j.id.0).collect::<Vec<_>>())
