@@ -44,6 +44,8 @@ pub struct Maintenance {
     last_calibrated: std::sync::Arc<std::sync::Mutex<Option<DateTime<Utc>>>>,
     batches: BatchFinalizer,
     retention: Option<Retention>,
+    /// `jobs`' count of changes since analyze when this process last analyzed it.
+    analyzed_at: std::sync::Arc<std::sync::atomic::AtomicI64>,
 }
 
 impl Maintenance {
@@ -54,6 +56,7 @@ impl Maintenance {
             interval,
             last_calibrated: Default::default(),
             retention: None,
+            analyzed_at: Default::default(),
         }
     }
 
@@ -96,7 +99,7 @@ impl Maintenance {
         let deadlines_expired = store::expire_deadlines(&self.pool, now).await?;
         let calibrated = self.calibrate(now).await?;
         store::prune_pauses(&self.pool, now).await?;
-        store::refresh_job_statistics(&self.pool).await?;
+        store::refresh_job_statistics(&self.pool, &self.analyzed_at).await?;
         let batches_finished = self.batches.run_once(now).await?;
         let pruned = match &self.retention {
             Some(r) => r.run_once(now).await?,

@@ -14,27 +14,14 @@ use tollgate::config::Config;
 use tollgate::gate::Gate;
 use tollgate::notify::Notifications;
 
-use super::{BenchArgs, mock_config, rate};
+use super::{BenchArgs, mock_config, rate, unbound_provider};
 use crate::broker::Roles;
 use crate::local::LocalStack;
 
 fn config(mock: std::net::SocketAddr, tenants: usize) -> anyhow::Result<Config> {
     let mut text = format!(
-        r#"
-[database]
-max_connections = 16
-[gate]
-interactive_reserve = 0.0
-[[providers]]
-name = "oai"
-kind = "openai"
-base_url = "http://{mock}/v1"
-keys = [{{ name = "k", value = "sk-bench" }}]
-models = ["gpt-4o-mini"]
-[providers.limits."gpt-4o-mini"]
-rpm = 100000000
-tpm = 100000000000
-"#
+        "[database]\nmax_connections = 16\n[gate]\ninteractive_reserve = 0.0\n{}",
+        unbound_provider(mock)
     );
     for t in 0..tenants {
         text.push_str(&format!(
