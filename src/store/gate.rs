@@ -93,40 +93,40 @@ pub async fn admit(
     if admissions.is_empty() {
         return Ok(Vec::new());
     }
-    // Arrays of arrays must be rectangular in PostgreSQL: pass reservations flattened.
-    let mut owners = Vec::new();
-    let mut bucket_ids = Vec::new();
-    let mut amounts = Vec::new();
+    // Arrays of arrays must be rectangular in PostgreSQL: each job's reservation goes as
+    // array literals (`{3,7}`, `{1,850}`) cast per row. (An earlier form regrouped a
+    // flattened list in SQL; behind a large queue the planner re-ran that grouping for
+    // every admitted row: 280 ms per round at 300,000 queued.)
+    let mut buckets = Vec::with_capacity(admissions.len());
+    let mut amounts = Vec::with_capacity(admissions.len());
     for a in admissions {
-        for (b, amt) in a.bucket_ids.iter().zip(&a.amounts) {
-            owners.push(a.id.0);
-            bucket_ids.push(*b);
-            amounts.push(*amt);
-        }
+        let mut held: Vec<(i64, f64)> = a
+            .bucket_ids
+            .iter()
+            .copied()
+            .zip(a.amounts.iter().copied())
+            .collect();
+        held.sort_by_key(|h| h.0);
+        let literal = |items: Vec<String>| (!items.is_empty()).then(|| format!("{{{}}}", items.join(",")));
+        buckets.push(literal(held.iter().map(|h| h.0.to_string()).collect()));
+        amounts.push(literal(held.iter().map(|h| float_literal(h.1)).collect()));
     }
     let ids: Vec<(JobId,)> = sqlx::query_as(
-        "WITH res AS (
-             SELECT owner, array_agg(bucket ORDER BY bucket) AS buckets, array_agg(amount ORDER BY bucket) AS amounts
-             FROM unnest($5::uuid[], $6::bigint[], $7::float8[]) AS r(owner, bucket, amount)
-             GROUP BY owner),
-         t AS (
-             SELECT a.id, a.provider, a.model, a.key, res.buckets, res.amounts
-             FROM unnest($1::uuid[], $2::text[], $3::text[], $8::text[]) AS a(id, provider, model, key)
-             LEFT JOIN res ON res.owner = a.id)
-         UPDATE jobs j SET state = 'admitted', admitted_at = $4, provider = t.provider, provider_model = t.model,
-                           provider_key = t.key,
-                           reserved_buckets = t.buckets, reserved_amounts = t.amounts, admission = NULL
-         FROM t WHERE j.id = ANY($1) AND j.id = t.id AND j.state = 'queued'
+        "UPDATE jobs j SET state = 'admitted', admitted_at = $4, provider = t.provider, provider_model = t.model,
+                           provider_key = t.key, reserved_buckets = t.buckets::bigint[],
+                           reserved_amounts = t.amounts::float8[], admission = NULL
+         FROM unnest($1::uuid[], $2::text[], $3::text[], $5::text[], $6::text[], $7::text[])
+             AS t(id, provider, model, key, buckets, amounts)
+         WHERE j.id = ANY($1) AND j.id = t.id AND j.state = 'queued'
          RETURNING j.id",
     )
     .bind(admissions.iter().map(|a| a.id.0).collect::<Vec<_>>())
     .bind(admissions.iter().map(|a| a.provider.as_str()).collect::<Vec<_>>())
     .bind(admissions.iter().map(|a| a.model.as_str()).collect::<Vec<_>>())
     .bind(now)
-    .bind(owners)
-    .bind(bucket_ids)
-    .bind(amounts)
     .bind(admissions.iter().map(|a| a.key.clone()).collect::<Vec<_>>())
+    .bind(buckets)
+    .bind(amounts)
     .fetch_all(&mut *conn)
     .await?;
     if !ids.is_empty() {
@@ -136,6 +136,16 @@ pub async fn admit(
             .await?;
     }
     Ok(ids.into_iter().map(|(id,)| id).collect())
+}
+
+/// An `f64` as PostgreSQL reads it in an array literal (Rust writes `inf`, it wants `Infinity`).
+fn float_literal(v: f64) -> String {
+    match v {
+        f64::INFINITY => "Infinity".to_owned(),
+        f64::NEG_INFINITY => "-Infinity".to_owned(),
+        v if v.is_nan() => "NaN".to_owned(),
+        v => v.to_string(),
+    }
 }
 
 /// Records why queued jobs still wait (shown on the job).
