@@ -25,6 +25,7 @@ async fn admin_url() -> String {
     let (url, _, _) = SERVER
         .get_or_init(|| async {
             if let Some(url) = std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) {
+                drop_stale_test_databases(&url).await;
                 return (url, None, None);
             }
             let dir = tempfile::tempdir().expect("tempdir for the embedded PostgreSQL");
@@ -37,6 +38,32 @@ async fn admin_url() -> String {
         })
         .await;
     url.clone()
+}
+
+/// On a shared server, each test leaves its database behind (for a look after a failure);
+/// a later test process drops those older than an hour. Their names carry a UUIDv7, whose
+/// first 48 bits are the creation time in milliseconds.
+async fn drop_stale_test_databases(admin: &str) {
+    let Ok(pool) = db::connect(admin, 1).await else {
+        return;
+    };
+    let names: Vec<String> =
+        sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE 'tollgate\\_test\\_%'")
+            .fetch_all(&pool)
+            .await
+            .unwrap_or_default();
+    let hour_ago = chrono::Utc::now().timestamp_millis() - 3_600_000;
+    for name in names {
+        let created = name
+            .strip_prefix("tollgate_test_")
+            .and_then(|hex| i64::from_str_radix(hex.get(..12)?, 16).ok());
+        if created.is_some_and(|ms| ms < hour_ago) {
+            let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                .execute(&pool)
+                .await;
+        }
+    }
+    pool.close().await;
 }
 
 /// A fresh, migrated database.
