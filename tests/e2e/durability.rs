@@ -19,7 +19,9 @@ use tollgate_workers::maintenance::Maintenance;
 use tollgate_workers::mock_provider::MockProvider;
 use tollgate_workers::providers::Providers;
 
-use crate::harness::{ACME, TestApp, TestOptions, config_text, eventually, fresh_db, job, mock_config};
+use crate::harness::{
+    ACME, TestApp, TestOptions, config_text, eventually, fresh_db, job, mock_config, wait_finished_at,
+};
 
 #[tokio::test]
 async fn expired_lease_is_rescued_and_the_old_holder_cannot_write() {
@@ -260,19 +262,7 @@ async fn accepted_job_survives_sigkill_of_the_server_and_completes_once() {
 
     let mut second = Serve::start(&config_path, &db.url, port);
     second.wait_ready(&api).await;
-    let done: Value = eventually(60, "the job to finish after the restart", || async {
-        let j: Value = http
-            .get(format!("{api}/v1/jobs/{id}?wait=5"))
-            .bearer_auth(ACME)
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
-        (j["state"] == "succeeded" || j["state"] == "failed").then_some(j)
-    })
-    .await;
+    let done = wait_finished_at(&http, &api, ACME, &id, 60).await;
     assert_eq!(done["state"], "succeeded", "{done}");
     assert_eq!(
         done["attempts"], 2,

@@ -344,6 +344,24 @@ impl TestApp {
     }
 }
 
+/// Long-polls job `id` on the broker at `api` (a child process, say) until it is
+/// succeeded or failed, for up to `secs`.
+pub async fn wait_finished_at(http: &reqwest::Client, api: &str, key: &str, id: &str, secs: u64) -> Value {
+    eventually(secs, "the job to finish", || async {
+        let j: Value = http
+            .get(format!("{api}/v1/jobs/{id}?wait=5"))
+            .bearer_auth(key)
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        matches!(j["state"].as_str(), Some("succeeded" | "failed")).then_some(j)
+    })
+    .await
+}
+
 /// A minimal valid job body.
 pub fn job(model: &str, text: &str) -> Value {
     json!({

@@ -23,7 +23,7 @@ use tollgate_workers::mock_provider::{LocalMock, MockConfig, MockProvider};
 use crate::batches::{batch_body, create_batch, line, upload};
 use crate::durability::{Serve, free_port};
 use crate::harness::{
-    ACME, GLOBEX, TestApp, TestOptions, config_text, eventually, fresh_db, job, mock_config,
+    ACME, GLOBEX, TestApp, TestOptions, config_text, fresh_db, job, mock_config, wait_finished_at,
 };
 
 const ADMIN: &str = "tk-admin-7d2e";
@@ -369,19 +369,7 @@ async fn provider_keys_appear_in_no_log_metric_error_record_or_page() {
     assert!(!sync.status().is_success(), "the revoked key cannot succeed");
     seen.push_str(&sync.text().await.unwrap());
     for id in &ids {
-        let done: Value = eventually(60, "the job to finish", || async {
-            let j: Value = http
-                .get(format!("{api}/v1/jobs/{id}?wait=5"))
-                .bearer_auth(ACME)
-                .send()
-                .await
-                .ok()?
-                .json()
-                .await
-                .ok()?;
-            matches!(j["state"].as_str(), Some("succeeded" | "failed")).then_some(j)
-        })
-        .await;
+        let done = wait_finished_at(&http, &api, ACME, id, 60).await;
         seen.push_str(&done.to_string());
     }
     assert!(mock.stats().unauthorized >= 1, "the provider's 401 path ran");
