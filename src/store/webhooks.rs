@@ -1,5 +1,5 @@
 //! Webhook endpoints and the delivery outbox. Events are written in the transaction of
-//! the state change they announce (jobs: the `jobs_webhook_event` trigger; batches:
+//! the state change they announce (jobs: the `jobs_webhook_events` trigger; batches:
 //! finalization calls [`enqueue_event`]); the sender claims due deliveries with a lease
 //! and writes each attempt's outcome guarded by its attempt number.
 

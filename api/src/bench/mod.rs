@@ -155,6 +155,13 @@ fn request(i: usize) -> Value {
 /// Runs the chosen cases and prints Markdown tables for BENCHMARKS.md.
 #[allow(clippy::print_stdout)] // the report is the command's output
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(bin) = &args.apalis {
+        anyhow::ensure!(
+            bin.is_file(),
+            "--apalis {}: no such binary (build it: cd bench/apalis-baseline && cargo build --release)",
+            bin.display()
+        );
+    }
     println!(
         "tollgate bench: jobs {}, clients {}, dispatch.concurrency {}",
         args.jobs, args.clients, args.concurrency
