@@ -247,7 +247,7 @@ impl Dispatcher {
     }
 
     /// Records what providers said about their limits, as it comes, many per statement,
-    /// until the completer (the only sender) is gone.
+    /// until the completers (its only senders) are gone.
     async fn observe(self, mut observations: mpsc::Receiver<Observation>) {
         while let Some(first) = observations.recv().await {
             let mut batch = vec![first];

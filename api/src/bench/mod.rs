@@ -413,20 +413,27 @@ async fn apalis_baseline(bin: &std::path::Path, admin_url: &str, jobs: usize) ->
         .collect())
 }
 
-/// Inserts `n` queued jobs for the bench tenant in one statement.
-async fn insert_queued(pool: &sqlx::PgPool, n: usize) -> anyhow::Result<()> {
-    sqlx::query(
-        "INSERT INTO jobs (id, tenant, class, priority, state, request, model, deadline, not_before, max_attempts,
-                           estimated_input_tokens, estimated_output_tokens, created_at)
-         SELECT gen_random_uuid(), 'bench', 'standard', 0, 'queued',
-                jsonb_build_object('model', 'oai/gpt-4o-mini', 'messages', jsonb_build_array(
-                    jsonb_build_object('role', 'user', 'content', 'benchmark request ' || i)), 'max_tokens', 8),
-                'oai/gpt-4o-mini', now() + interval '1 hour', now(), 6, 12, 8, now()
-         FROM generate_series(1, $1) AS i",
-    )
-    .bind(n as i64)
-    .execute(pool)
-    .await?;
+/// Inserts `n` queued jobs spread round-robin over `tenants`, a slice of 100,000 per
+/// statement so that one statement's memory stays bounded however many are asked for.
+pub(super) async fn insert_queued(pool: &sqlx::PgPool, n: usize, tenants: &[String]) -> anyhow::Result<()> {
+    let slice = 100_000;
+    for from in (0..n).step_by(slice) {
+        let to = (from + slice).min(n);
+        sqlx::query(
+            "INSERT INTO jobs (id, tenant, class, priority, state, request, model, deadline, not_before, max_attempts,
+                               estimated_input_tokens, estimated_output_tokens, created_at)
+             SELECT gen_random_uuid(), ($3::text[])[1 + i % cardinality($3::text[])], 'standard', 0, 'queued',
+                    jsonb_build_object('model', 'oai/gpt-4o-mini', 'messages', jsonb_build_array(
+                        jsonb_build_object('role', 'user', 'content', 'benchmark request ' || i)), 'max_tokens', 8),
+                    'oai/gpt-4o-mini', now() + interval '1 day', now(), 6, 12, 8, now()
+             FROM generate_series($1, $2 - 1) AS i",
+        )
+        .bind(from as i64)
+        .bind(to as i64)
+        .bind(tenants)
+        .execute(pool)
+        .await?;
+    }
     sqlx::query("ANALYZE jobs").execute(pool).await?;
     Ok(())
 }
@@ -437,7 +444,7 @@ async fn gate(args: &BenchArgs) -> anyhow::Result<()> {
     let pool = stack.pool.clone();
 
     // Baseline: the same rows, moved by a plain SKIP LOCKED batch update (no admission).
-    insert_queued(&pool, args.jobs).await?;
+    insert_queued(&pool, args.jobs, &["bench".to_owned()]).await?;
     let begin = Instant::now();
     loop {
         let moved = sqlx::query(
@@ -455,7 +462,7 @@ async fn gate(args: &BenchArgs) -> anyhow::Result<()> {
     let baseline = begin.elapsed();
     sqlx::query("DELETE FROM jobs").execute(&pool).await?;
 
-    insert_queued(&pool, args.jobs).await?;
+    insert_queued(&pool, args.jobs, &["bench".to_owned()]).await?;
     let config = std::sync::Arc::new(broker_config(stack.mock_addr, args.concurrency)?);
     let gate = Gate::new(pool.clone(), config, Notifications::default());
     let begin = Instant::now();

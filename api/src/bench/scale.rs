@@ -14,7 +14,7 @@ use tollgate::config::Config;
 use tollgate::gate::Gate;
 use tollgate::notify::Notifications;
 
-use super::{BenchArgs, mock_config, rate, unbound_provider};
+use super::{BenchArgs, insert_queued, mock_config, rate, unbound_provider};
 use crate::broker::Roles;
 use crate::local::LocalStack;
 
@@ -29,31 +29,6 @@ fn config(mock: std::net::SocketAddr, tenants: usize) -> anyhow::Result<Config> 
         ));
     }
     Ok(Config::parse(&text, "bench scale config")?)
-}
-
-/// Inserts `n` queued jobs spread round-robin over tenants `t0..t{tenants}`.
-async fn insert_spread(pool: &sqlx::PgPool, n: usize, tenants: usize) -> anyhow::Result<()> {
-    // In slices, so one statement's memory stays bounded however large the backlog.
-    let slice = 100_000;
-    for from in (0..n).step_by(slice) {
-        let to = (from + slice).min(n);
-        sqlx::query(
-            "INSERT INTO jobs (id, tenant, class, priority, state, request, model, deadline, not_before, max_attempts,
-                               estimated_input_tokens, estimated_output_tokens, created_at)
-             SELECT gen_random_uuid(), 't' || (i % $3), 'standard', 0, 'queued',
-                    jsonb_build_object('model', 'oai/gpt-4o-mini', 'messages', jsonb_build_array(
-                        jsonb_build_object('role', 'user', 'content', 'benchmark request ' || i)), 'max_tokens', 8),
-                    'oai/gpt-4o-mini', now() + interval '1 day', now(), 6, 12, 8, now()
-             FROM generate_series($1, $2 - 1) AS i",
-        )
-        .bind(from as i64)
-        .bind(to as i64)
-        .bind(tenants as i64)
-        .execute(pool)
-        .await?;
-    }
-    sqlx::query("ANALYZE jobs").execute(pool).await?;
-    Ok(())
 }
 
 struct Admitted {
@@ -121,7 +96,8 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let pool = stack.pool.clone();
     let config = std::sync::Arc::new(config(stack.mock_addr, tenants)?);
 
-    insert_spread(&pool, measured, tenants).await?;
+    let names: Vec<String> = (0..tenants).map(|t| format!("t{t}")).collect();
+    insert_queued(&pool, measured, &names).await?;
     let rss_empty_before = rss_mib();
     let gate = Gate::new(pool.clone(), config.clone(), Notifications::default());
     let mut empty = admit(&gate, measured).await?;
@@ -129,7 +105,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     sqlx::query("DELETE FROM jobs").execute(&pool).await?;
 
     let begin = Instant::now();
-    insert_spread(&pool, args.backlog, tenants).await?;
+    insert_queued(&pool, args.backlog, &names).await?;
     let insert_secs = begin.elapsed().as_secs_f64();
     let sizes = index_sizes(&pool).await?;
     let rss_loaded_before = rss_mib();
