@@ -91,6 +91,47 @@ pub struct Gate {
     key_turn: std::sync::atomic::AtomicUsize,
     /// Learned estimates per model, re-read every [`CALIBRATION_REFRESH`].
     calibration: Mutex<(Option<tokio::time::Instant>, HashMap<String, store::Calibration>)>,
+    /// This process's dispatcher, when it has one: jobs it has room for start in the
+    /// admission's own write.
+    handoff: Option<Handoff>,
+}
+
+/// The gate's way to this process's dispatcher. A job the gate admits while that
+/// dispatcher has room is written as running, leased to it, in the admission's own write,
+/// and handed over: one write of the job row instead of two (admit, then claim), and no
+/// wake-up in between. The dispatcher runs what it was handed in order of class and
+/// priority as its call slots free. The rest are admitted for any dispatcher to claim.
+pub struct Handoff {
+    /// The dispatcher's `lease_owner`.
+    pub owner: String,
+    pub lease: Duration,
+    /// Room for jobs handed over and not yet finished (a permit each, given back when the
+    /// job's outcome goes to the completer): bounds what one process holds.
+    pub room: Arc<tokio::sync::Semaphore>,
+    pub jobs: tokio::sync::mpsc::UnboundedSender<(crate::model::Job, tokio::sync::OwnedSemaphorePermit)>,
+}
+
+impl Handoff {
+    /// Room for up to `wanted` jobs, taken now (none while the dispatcher is not running).
+    fn permits(&self, wanted: usize) -> Vec<tokio::sync::OwnedSemaphorePermit> {
+        if self.jobs.is_closed() {
+            return Vec::new();
+        }
+        std::iter::from_fn(|| self.room.clone().try_acquire_owned().ok())
+            .take(wanted)
+            .collect()
+    }
+
+    /// Hands committed, started jobs over with their room. A job the dispatcher can no
+    /// longer take (it stopped meanwhile) keeps its lease until the dispatcher's shutdown
+    /// releases it or, after a crash, the lease expires.
+    fn hand(&self, jobs: Vec<crate::model::Job>, permits: Vec<tokio::sync::OwnedSemaphorePermit>) {
+        for (job, permit) in jobs.into_iter().zip(permits) {
+            if self.jobs.send((job, permit)).is_err() {
+                tracing::warn!("the dispatcher stopped before taking a job the gate started for it");
+            }
+        }
+    }
 }
 
 /// Virtual times of the weighted fair queuing, per class.
@@ -195,7 +236,14 @@ impl Gate {
             last_admitted: std::sync::atomic::AtomicUsize::new(batch_hint()),
             key_turn: std::sync::atomic::AtomicUsize::new(0),
             calibration: Mutex::new((None, HashMap::new())),
+            handoff: None,
         }
+    }
+
+    /// Starts admitted jobs on this process's dispatcher when it has room ([`Handoff`]).
+    pub fn with_handoff(mut self, handoff: Handoff) -> Self {
+        self.handoff = Some(handoff);
+        self
     }
 
     /// The demand to reserve on `target`: input scaled up by the model's learned ratio
@@ -574,10 +622,21 @@ impl Gate {
             }
         }
 
-        let admitted: HashSet<JobId> = store::admit(&mut tx, &admissions, now)
-            .await?
-            .into_iter()
-            .collect();
+        // What this process's dispatcher has room for starts now, in the admission's write.
+        let mut admissions = admissions;
+        admissions.sort_by_key(|a| !a.startable); // stable: startable first, in round order
+        let permits = self.handoff.as_ref().map_or_else(Vec::new, |h| {
+            h.permits(admissions.iter().filter(|a| a.startable).count())
+        });
+        let starter = self.handoff.as_ref().map(|h| {
+            let starter = store::Starter {
+                owner: &h.owner,
+                lease_until: now + h.lease,
+            };
+            (starter, permits.len())
+        });
+        let written = store::admit(&mut tx, &admissions, starter, now).await?;
+        let admitted: HashSet<JobId> = written.ids().collect();
         if admitted.len() != admissions.len() {
             // Some were cancelled after we read them: charge only what was admitted.
             buckets = refilled;
@@ -593,6 +652,9 @@ impl Gate {
         store::save_buckets(&mut tx, &changed).await?;
         store::drop_buckets(&mut *tx, &first_seen).await?;
         tx.commit().await?;
+        if let Some(handoff) = &self.handoff {
+            handoff.hand(written.started, permits);
+        }
         let rows: Vec<Learned> = learned_changed.iter().map(|&i| learned[i].clone()).collect();
         store::save_learned(&self.pool, &rows).await?;
         round.admitted = admitted.len();
@@ -728,6 +790,8 @@ impl Gate {
                     key: target.key.clone(),
                     bucket_ids: ids,
                     amounts,
+                    startable: !plan.job.stream
+                        && plan.job.dispatch_via.as_deref() != Some(provider_batches::VIA_PROVIDER_BATCH),
                 });
                 let key = (turn.class, plan.job.tenant.clone());
                 let vt = turn.vtime + plan.cost / plan.weight;
@@ -933,7 +997,11 @@ impl Gate {
                     .clamp(MIN_PAUSE, poll);
                 tokio::select! {
                     _ = cancel.cancelled() => break 'lead,
-                    _ = &mut wake => tokio::time::sleep(MIN_PAUSE).await,
+                    // Arrivals of the next moments gather into one round, but an
+                    // interactive job does not wait for them.
+                    _ = &mut wake => if !self.notifications.take_interactive() {
+                        tokio::time::sleep(MIN_PAUSE).await
+                    },
                     _ = tokio::time::sleep(until_ready) => {}
                 }
                 // Still the leader? A broken lock connection means another gate may run.

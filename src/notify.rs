@@ -39,6 +39,9 @@ pub struct Notifications {
     gate: Arc<Notify>,
     /// Local inserts not yet announced to other processes.
     gate_notify_pending: Arc<Notify>,
+    /// An interactive job was queued here since the gate last looked: its next round
+    /// starts at once instead of after the short pause that lets arrivals gather.
+    interactive_pending: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Default for Notifications {
@@ -48,6 +51,7 @@ impl Default for Notifications {
             jobs_ready: Arc::new(Notify::new()),
             gate: Arc::new(Notify::new()),
             gate_notify_pending: Arc::new(Notify::new()),
+            interactive_pending: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         }
     }
 }
@@ -86,6 +90,20 @@ impl Notifications {
     pub fn work_queued(&self) {
         self.wake_gate();
         self.gate_notify_pending.notify_one();
+    }
+
+    /// [`Notifications::work_queued`] for an interactive job: the local gate does not
+    /// wait for more arrivals before its round.
+    pub fn interactive_queued(&self) {
+        self.interactive_pending
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.work_queued();
+    }
+
+    /// Whether an interactive job was queued here since the last call (and forgets it).
+    pub fn take_interactive(&self) -> bool {
+        self.interactive_pending
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
     }
 
     fn wake_all(&self) {

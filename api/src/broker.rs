@@ -138,7 +138,10 @@ impl Broker {
             tracker.spawn(dispatcher.clone().keep_leases(cancel.clone()));
         }
         if roles.gate {
-            let gate = Gate::new(gate_pool, config.clone(), notifications.clone());
+            let mut gate = Gate::new(gate_pool, config.clone(), notifications.clone());
+            if roles.dispatch {
+                gate = gate.with_handoff(dispatcher.handoff());
+            }
             tracker.spawn(gate.run(cancel.clone()));
         }
         if roles.maintenance {

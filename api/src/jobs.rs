@@ -293,7 +293,11 @@ pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) ->
     check_queue_room(state, tenant, job.class, 1).await?;
     let inserted = store::insert_job(&state.pool, &job).await?;
     if let Inserted::New(_) = inserted {
-        state.notifications.work_queued();
+        if job.class == JobClass::Interactive {
+            state.notifications.interactive_queued();
+        } else {
+            state.notifications.work_queued();
+        }
     }
     if let Inserted::Existing(existing) = &inserted
         && existing.request != job.request

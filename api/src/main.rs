@@ -65,6 +65,11 @@ enum Command {
     Batches(tollgate_api::cli::BatchesArgs),
 }
 
+/// mimalloc instead of glibc's allocator: the broker allocates per request, per job and
+/// per row, and glibc's malloc/free took 9 % of the machine at full throughput.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();

@@ -424,21 +424,26 @@ pub async fn finish_batch(
 /// Deletes up to `limit` finished jobs that finished before `before`, keeping those of
 /// batches that are still open (their output file is not written yet).
 pub async fn prune_finished_jobs(ex: impl PgExecutor<'_>, before: DateTime<Utc>, limit: i64) -> Result<u64> {
-    Ok(sqlx::query(
-        "DELETE FROM jobs WHERE id IN (
-             SELECT j.id FROM jobs j
-             WHERE j.state IN ('succeeded', 'failed', 'cancelled') AND j.finished_at < $1
-               AND j.reserved_buckets IS NULL
-               AND (j.batch_id IS NULL OR NOT EXISTS (
-                   SELECT 1 FROM batches b WHERE b.id = j.batch_id
-                     AND b.status IN ('validating', 'in_progress', 'finalizing', 'cancelling')))
-             LIMIT $2)",
+    // Attempt records go with their job (deleted here: no foreign key, see migration 0053).
+    let n: i64 = sqlx::query_scalar(
+        "WITH gone AS (
+             DELETE FROM jobs WHERE id IN (
+                 SELECT j.id FROM jobs j
+                 WHERE j.state IN ('succeeded', 'failed', 'cancelled') AND j.finished_at < $1
+                   AND j.reserved_buckets IS NULL
+                   AND (j.batch_id IS NULL OR NOT EXISTS (
+                       SELECT 1 FROM batches b WHERE b.id = j.batch_id
+                         AND b.status IN ('validating', 'in_progress', 'finalizing', 'cancelling')))
+                 LIMIT $2)
+             RETURNING id),
+         attempts AS (DELETE FROM job_attempts WHERE job_id IN (SELECT id FROM gone))
+         SELECT count(*) FROM gone",
     )
     .bind(before)
     .bind(limit)
-    .execute(ex)
-    .await?
-    .rows_affected())
+    .fetch_one(ex)
+    .await?;
+    Ok(n.max(0) as u64)
 }
 
 /// Deletes up to `limit` finished batches created before `before`, with their own webhook

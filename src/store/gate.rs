@@ -41,6 +41,8 @@ pub struct Candidate {
     pub failed_targets: Option<Vec<String>>,
     /// `provider_batch` when the job goes through its provider's batch API.
     pub dispatch_via: Option<String>,
+    /// Its client waits on an open stream, in the process that will claim it.
+    pub stream: bool,
 }
 
 /// The first `per_queue` runnable jobs of each queue, in the order the tenant wants them
@@ -57,7 +59,8 @@ pub async fn candidates(
         "SELECT j.* FROM unnest($1::job_class[], $2::text[]) AS q(class, tenant),
          LATERAL (
              SELECT id, tenant, class, priority, model, deadline, created_at,
-                    estimated_input_tokens, estimated_output_tokens, admission, failed_targets, dispatch_via
+                    estimated_input_tokens, estimated_output_tokens, admission, failed_targets, dispatch_via,
+                    stream
              FROM jobs
              WHERE state = 'queued' AND class = q.class AND tenant = q.tenant AND not_before <= $4 AND deadline > $4
              ORDER BY priority DESC, deadline, id
@@ -81,61 +84,139 @@ pub struct Admission {
     pub key: Option<String>,
     pub bucket_ids: Vec<i64>,
     pub amounts: Vec<f64>,
+    /// Any dispatcher may run it (not a stream, which runs where its client is connected,
+    /// nor a provider-batch line): the gate may start it in its own process.
+    pub startable: bool,
 }
 
-/// Marks jobs admitted with their reservations; returns those still queued (a job
-/// cancelled since it was read is skipped). Run in the transaction holding the buckets.
+/// Who runs the jobs a round starts itself: the gate's own process's dispatcher.
+#[derive(Debug, Clone, Copy)]
+pub struct Starter<'a> {
+    /// The dispatcher's `lease_owner`.
+    pub owner: &'a str,
+    pub lease_until: DateTime<Utc>,
+}
+
+/// What [`admit`] wrote.
+#[derive(Debug, Default)]
+pub struct Admitted {
+    /// Admitted for any dispatcher to claim.
+    pub waiting: Vec<JobId>,
+    /// Admitted and claimed in the same write for the [`Starter`]: running, first attempt
+    /// counted, leased to it. Their rows, as a claim returns them.
+    pub started: Vec<crate::model::Job>,
+}
+
+impl Admitted {
+    pub fn len(&self) -> usize {
+        self.waiting.len() + self.started.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = JobId> + '_ {
+        self.waiting
+            .iter()
+            .copied()
+            .chain(self.started.iter().map(|j| j.id))
+    }
+}
+
+/// Marks jobs admitted with their reservations; the first `start` of them (in the order
+/// given) go straight to running for `starter`, as if its dispatcher had claimed them — one
+/// write per job instead of two. Jobs cancelled since they were read are skipped. Run in
+/// the transaction holding the buckets.
 pub async fn admit(
     conn: &mut PgConnection,
     admissions: &[Admission],
+    start: Option<(Starter<'_>, usize)>,
     now: DateTime<Utc>,
-) -> Result<Vec<JobId>> {
-    if admissions.is_empty() {
-        return Ok(Vec::new());
+) -> Result<Admitted> {
+    let (started, waiting) = match start {
+        Some((starter, n)) if n > 0 => {
+            let n = n.min(admissions.len());
+            (Some((starter, &admissions[..n])), &admissions[n..])
+        }
+        _ => (None, admissions),
+    };
+    let mut admitted = Admitted::default();
+    if let Some((starter, started)) = started {
+        admitted.started = sqlx::query_as::<Postgres, crate::model::Job>(&admit_statement(
+            "state = 'running', attempt = j.attempt + 1, lease_owner = $8, lease_expires_at = $9,
+             started_at = COALESCE(j.started_at, $4)",
+            "j.*",
+        ))
+        .bind_admissions(started, now)
+        .bind(starter.owner)
+        .bind(starter.lease_until)
+        .fetch_all(&mut *conn)
+        .await?;
     }
-    // Arrays of arrays must be rectangular in PostgreSQL: each job's reservation goes as
-    // array literals (`{3,7}`, `{1,850}`) cast per row. (An earlier form regrouped a
-    // flattened list in SQL; behind a large queue the planner re-ran that grouping for
-    // every admitted row: 280 ms per round at 300,000 queued.)
-    let mut buckets = Vec::with_capacity(admissions.len());
-    let mut amounts = Vec::with_capacity(admissions.len());
-    for a in admissions {
-        let mut held: Vec<(i64, f64)> = a
-            .bucket_ids
-            .iter()
-            .copied()
-            .zip(a.amounts.iter().copied())
-            .collect();
-        held.sort_by_key(|h| h.0);
-        let literal = |items: Vec<String>| (!items.is_empty()).then(|| format!("{{{}}}", items.join(",")));
-        buckets.push(literal(held.iter().map(|h| h.0.to_string()).collect()));
-        amounts.push(literal(held.iter().map(|h| float_literal(h.1)).collect()));
+    if !waiting.is_empty() {
+        let ids: Vec<(JobId,)> = sqlx::query_as(&admit_statement("state = 'admitted'", "j.id"))
+            .bind_admissions(waiting, now)
+            .fetch_all(&mut *conn)
+            .await?;
+        admitted.waiting = ids.into_iter().map(|(id,)| id).collect();
+        if !admitted.waiting.is_empty() {
+            sqlx::query("SELECT pg_notify($1, '')")
+                .bind(CHANNEL_JOBS_READY)
+                .execute(&mut *conn)
+                .await?;
+        }
     }
-    let ids: Vec<(JobId,)> = sqlx::query_as(
-        "UPDATE jobs j SET state = 'admitted', admitted_at = $4, provider = t.provider, provider_model = t.model,
+    Ok(admitted)
+}
+
+/// The admission `UPDATE`, with the new state's columns and what it returns.
+fn admit_statement(state: &str, returning: &str) -> String {
+    format!(
+        "UPDATE jobs j SET {state}, admitted_at = $4, provider = t.provider, provider_model = t.model,
                            provider_key = t.key, reserved_buckets = t.buckets::bigint[],
                            reserved_amounts = t.amounts::float8[], admission = NULL
          FROM unnest($1::uuid[], $2::text[], $3::text[], $5::text[], $6::text[], $7::text[])
              AS t(id, provider, model, key, buckets, amounts)
          WHERE j.id = ANY($1) AND j.id = t.id AND j.state = 'queued'
-         RETURNING j.id",
+         RETURNING {returning}"
     )
-    .bind(admissions.iter().map(|a| a.id.0).collect::<Vec<_>>())
-    .bind(admissions.iter().map(|a| a.provider.as_str()).collect::<Vec<_>>())
-    .bind(admissions.iter().map(|a| a.model.as_str()).collect::<Vec<_>>())
-    .bind(now)
-    .bind(admissions.iter().map(|a| a.key.clone()).collect::<Vec<_>>())
-    .bind(buckets)
-    .bind(amounts)
-    .fetch_all(&mut *conn)
-    .await?;
-    if !ids.is_empty() {
-        sqlx::query("SELECT pg_notify($1, '')")
-            .bind(CHANNEL_JOBS_READY)
-            .execute(&mut *conn)
-            .await?;
+}
+
+/// Binds $1–$7 of [`admit_statement`].
+trait BindAdmissions {
+    fn bind_admissions(self, admissions: &[Admission], now: DateTime<Utc>) -> Self;
+}
+
+impl<'q, O> BindAdmissions for sqlx::query::QueryAs<'q, Postgres, O, sqlx::postgres::PgArguments> {
+    fn bind_admissions(self, admissions: &[Admission], now: DateTime<Utc>) -> Self {
+        // Arrays of arrays must be rectangular in PostgreSQL: each job's reservation goes
+        // as array literals (`{3,7}`, `{1,850}`) cast per row. (An earlier form regrouped a
+        // flattened list in SQL; behind a large queue the planner re-ran that grouping for
+        // every admitted row: 280 ms per round at 300,000 queued.)
+        let mut buckets = Vec::with_capacity(admissions.len());
+        let mut amounts = Vec::with_capacity(admissions.len());
+        for a in admissions {
+            let mut held: Vec<(i64, f64)> = a
+                .bucket_ids
+                .iter()
+                .copied()
+                .zip(a.amounts.iter().copied())
+                .collect();
+            held.sort_by_key(|h| h.0);
+            let literal =
+                |items: Vec<String>| (!items.is_empty()).then(|| format!("{{{}}}", items.join(",")));
+            buckets.push(literal(held.iter().map(|h| h.0.to_string()).collect()));
+            amounts.push(literal(held.iter().map(|h| float_literal(h.1)).collect()));
+        }
+        self.bind(admissions.iter().map(|a| a.id.0).collect::<Vec<_>>())
+            .bind(admissions.iter().map(|a| a.provider.clone()).collect::<Vec<_>>())
+            .bind(admissions.iter().map(|a| a.model.clone()).collect::<Vec<_>>())
+            .bind(now)
+            .bind(admissions.iter().map(|a| a.key.clone()).collect::<Vec<_>>())
+            .bind(buckets)
+            .bind(amounts)
     }
-    Ok(ids.into_iter().map(|(id,)| id).collect())
 }
 
 /// An `f64` as PostgreSQL reads it in an array literal (Rust writes `inf`, it wants `Infinity`).

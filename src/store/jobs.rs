@@ -520,10 +520,11 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
                                   $7::text[], $8::text[], $9::text[], $10::timestamptz[], $11::text[], $12::text[],
                                   $14::text[])
                  AS t(id, attempt, owner, state, result, usage, request_id, code, message, not_before, provider, model,
-                      failed)),
-         old AS (
-             SELECT j.id, j.state, j.reserved_buckets, j.reserved_amounts FROM jobs j
-             WHERE j.id = ANY($1) ORDER BY j.id FOR UPDATE)
+                      failed))
+         -- `old` is the row as this statement's snapshot saw it, read without a lock (a lock
+         -- per row is a WAL record per row): a running job's reservation changes only by its
+         -- holder, and a concurrent cancel or rescue changes its state, which fails the guard
+         -- on `j` (re-checked on the latest version) so that row is not written.
          UPDATE jobs j SET state = t.state, result = COALESCE(t.result, j.result), usage = COALESCE(t.usage, j.usage),
                            provider_request_id = COALESCE(t.request_id, j.provider_request_id),
                            error_code = t.code, error_message = t.message,
@@ -534,9 +535,9 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
                            reserved_buckets = NULL, reserved_amounts = NULL, admission = NULL,
                            failed_targets = CASE WHEN t.failed IS NULL THEN j.failed_targets
                                                  ELSE array_append(COALESCE(j.failed_targets, '{}'), t.failed) END
-         FROM t, old
-         WHERE j.id = ANY($1) AND j.id = t.id AND old.id = t.id AND j.state = 'running' AND j.attempt = t.attempt
-           AND j.lease_owner = t.owner
+         FROM t, jobs old
+         WHERE j.id = ANY($1) AND j.id = t.id AND old.id = ANY($1) AND old.id = t.id AND j.state = 'running'
+           AND j.attempt = t.attempt AND j.lease_owner = t.owner
          RETURNING j.id, old.state AS old_state, old.reserved_buckets AS old_buckets, old.reserved_amounts AS old_amounts",
     )
     .bind(outcomes.iter().map(|o| o.id.0).collect::<Vec<_>>())
@@ -690,10 +691,9 @@ pub async fn extend_leases(
         return Ok(0);
     }
     let done = sqlx::query(
-        // Rows are locked in id order, as the completer locks them: in scan order the two
-        // could deadlock over the same owner's jobs. NO KEY UPDATE (what the UPDATE takes
-        // anyway) does not wait for the key-share locks the completer's attempt records
-        // take, unordered, through their foreign key.
+        // Rows are locked in id order, the order in which the completer's update meets them
+        // (by `id = ANY`, which its index scan visits sorted): in another order the two could
+        // deadlock over the same owner's jobs (the loser's write is retried).
         "UPDATE jobs j SET lease_expires_at = $2
          FROM (SELECT id FROM jobs
                WHERE lease_owner = $1 AND id = ANY($3)

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tollgate::buckets;
 use tollgate::config::Config;
+use tollgate::gate::Handoff;
 use tollgate::model::{Job, JobId, Usage};
 use tollgate::notify::Notifications;
 use tollgate::retry::{Failure, FailureClass, RetryPolicy};
@@ -53,6 +54,50 @@ struct Inner {
     /// Keys this process saw rejected, until when: jobs admitted for them before the
     /// gate saw the pause go back to the queue instead of meeting the same 401.
     dead_keys: std::sync::Mutex<std::collections::HashMap<(String, String), std::time::Instant>>,
+    /// Jobs the gate of this process started for this dispatcher ([`Dispatcher::handoff`]),
+    /// until `run` takes the receiver.
+    handed: std::sync::Mutex<Option<mpsc::UnboundedReceiver<Handed>>>,
+    handed_tx: mpsc::UnboundedSender<Handed>,
+    /// Room for handed-over jobs ([`ROOM_PER_SLOT`] per slot).
+    room: Arc<Semaphore>,
+}
+
+/// A job the gate admitted straight to running here, with the room it holds.
+type Handed = (Job, tokio::sync::OwnedSemaphorePermit);
+
+/// Jobs handed over per call slot that one process may hold (running or waiting for a
+/// slot), so the gate runs ahead of the provider calls without one process hoarding work.
+const ROOM_PER_SLOT: usize = 2;
+
+/// A handed-over job waiting for a slot; the greatest runs first.
+struct Waiting {
+    job: Job,
+    room: tokio::sync::OwnedSemaphorePermit,
+    order: u64,
+}
+
+impl Waiting {
+    fn rank(&self) -> impl Ord {
+        // Best class first, then highest priority, then first handed over.
+        std::cmp::Reverse((self.job.class, std::cmp::Reverse(self.job.priority), self.order))
+    }
+}
+
+impl PartialEq for Waiting {
+    fn eq(&self, other: &Self) -> bool {
+        self.order == other.order
+    }
+}
+impl Eq for Waiting {}
+impl PartialOrd for Waiting {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Waiting {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.rank().cmp(&other.rank())
+    }
 }
 
 /// An outcome waiting for the completer, with where to report whether it was written.
@@ -63,7 +108,8 @@ tokio::task_local! {
     /// call's outcome is handed to the completer: the slot bounds calls in flight to
     /// providers, and holding it through the completer's commit as well made every slot
     /// wait on a disk flush (throughput = slots ÷ commit latency).
-    static SLOT: std::cell::RefCell<Option<tokio::sync::OwnedSemaphorePermit>>;
+    /// (With a job the gate handed over, also its room: see [`Handoff`].)
+    static SLOT: std::cell::RefCell<Vec<tokio::sync::OwnedSemaphorePermit>>;
 }
 
 /// How long a 429 without a Retry-After pauses its target.
@@ -92,9 +138,11 @@ impl Dispatcher {
             std::process::id(),
             uuid::Uuid::now_v7().simple()
         );
+        let (handed_tx, handed) = mpsc::unbounded_channel();
         Self {
             inner: Arc::new(Inner {
                 slots: Arc::new(Semaphore::new(config.dispatch.concurrency)),
+                room: Arc::new(Semaphore::new(config.dispatch.concurrency * ROOM_PER_SLOT)),
                 policy: RetryPolicy::from(&config.retry),
                 pool,
                 config,
@@ -104,12 +152,25 @@ impl Dispatcher {
                 completer: std::sync::Mutex::new(None),
                 dead_keys: std::sync::Mutex::new(std::collections::HashMap::new()),
                 in_flight: std::sync::Mutex::new(std::collections::HashSet::new()),
+                handed: std::sync::Mutex::new(Some(handed)),
+                handed_tx,
             }),
         }
     }
 
     pub fn owner(&self) -> &str {
         &self.inner.owner
+    }
+
+    /// The way for this process's gate to start admitted jobs here ([`Handoff`]). Jobs
+    /// handed over are run by [`Dispatcher::run`]; without it running, none are handed.
+    pub fn handoff(&self) -> Handoff {
+        Handoff {
+            owner: self.inner.owner.clone(),
+            lease: self.inner.config.dispatch.lease(),
+            room: self.inner.room.clone(),
+            jobs: self.inner.handed_tx.clone(),
+        }
     }
 
     /// Writes an attempt's outcome: through the completer while the loop runs (many
@@ -150,7 +211,7 @@ impl Dispatcher {
                 let sent = completer.send((outcome, reply)).await;
                 // The call is over: its slot may take the next one while this outcome waits
                 // for its commit (the task still tracks the job, so its lease is kept).
-                let _ = SLOT.try_with(|slot| slot.borrow_mut().take());
+                let _ = SLOT.try_with(|slot| slot.borrow_mut().clear());
                 match sent {
                     // The completer answers every outcome it takes; no answer means it
                     // stopped mid-batch, and the lease's expiry will retry the job.
@@ -307,6 +368,7 @@ impl Dispatcher {
             Ok(mut c) => *c = Some(completions),
             Err(poisoned) => *poisoned.into_inner() = Some(completions),
         }
+        let handed = self.spawn_handed(&in_flight, cancel.clone());
         let poll = Duration::from_millis(self.inner.config.dispatch.poll_interval_ms);
         let mut db_backoff = Duration::from_millis(100);
         while !cancel.is_cancelled() {
@@ -318,7 +380,13 @@ impl Dispatcher {
                     Err(_) => break,
                 },
             };
-            let free = self.inner.slots.available_permits() + 1;
+            // Every slot a claim may fill is taken before it: the gate may take free slots
+            // for the jobs it starts here at any moment.
+            let mut permits = vec![permit];
+            permits.extend(std::iter::from_fn(|| {
+                self.inner.slots.clone().try_acquire_owned().ok()
+            }));
+            let free = permits.len();
             // Register interest before claiming so a NOTIFY during the claim is not lost.
             let ready = self.inner.notifications.jobs_ready();
             tokio::pin!(ready);
@@ -329,7 +397,7 @@ impl Dispatcher {
                     jobs
                 }
                 Err(e) => {
-                    drop(permit);
+                    drop(permits);
                     tracing::warn!(error = %e, "claim failed; backing off");
                     tokio::select! {
                         _ = cancel.cancelled() => break,
@@ -340,22 +408,11 @@ impl Dispatcher {
                 }
             };
             let full = jobs.len() == free;
-            let mut permit = Some(permit);
-            for job in jobs {
-                let permit = match permit.take() {
-                    Some(p) => p,
-                    None => match self.inner.slots.clone().try_acquire_owned() {
-                        Ok(p) => p,
-                        // Cannot happen (we only claimed `free`), but never run unslotted.
-                        Err(_) => break,
-                    },
-                };
-                let this = self.clone();
-                in_flight.spawn(SLOT.scope(std::cell::RefCell::new(Some(permit)), async move {
-                    this.execute(job).await;
-                }));
+            // Slots left over go back when `permits` drops.
+            for (job, permit) in jobs.into_iter().zip(permits.drain(..)) {
+                self.spawn_execute(&in_flight, job, vec![permit]);
             }
-            drop(permit);
+            drop(permits);
             if full {
                 continue; // more may be waiting: claim again as soon as a slot frees
             }
@@ -365,7 +422,62 @@ impl Dispatcher {
                 _ = tokio::time::sleep(poll) => {}
             }
         }
+        // Nothing handed over after this is run: the shutdown releases its lease.
+        handed.wait().await;
         self.shutdown(in_flight, heartbeat, completer).await;
+    }
+
+    /// Runs `job` (claimed or handed over) as its own task, holding `permits` (its slot,
+    /// and its room if handed over) until its outcome goes to the completer.
+    fn spawn_execute(
+        &self,
+        in_flight: &TaskTracker,
+        job: Job,
+        permits: Vec<tokio::sync::OwnedSemaphorePermit>,
+    ) {
+        let this = self.clone();
+        in_flight.spawn(SLOT.scope(std::cell::RefCell::new(permits), async move {
+            this.execute(job).await;
+        }));
+    }
+
+    /// Takes the jobs this process's gate starts here until `cancel`, and runs them as
+    /// slots free: interactive before standard before background before batch, then by
+    /// priority, then in the order handed over.
+    fn spawn_handed(&self, in_flight: &TaskTracker, cancel: CancellationToken) -> TaskTracker {
+        let tracker = TaskTracker::new();
+        let handed = lock(&self.inner.handed).take();
+        if let Some(mut handed) = handed {
+            let (this, in_flight) = (self.clone(), in_flight.clone());
+            tracker.spawn(async move {
+                let mut waiting = std::collections::BinaryHeap::new();
+                let mut order = 0u64;
+                loop {
+                    tokio::select! {
+                        biased;
+                        _ = cancel.cancelled() => break,
+                        job = handed.recv() => match job {
+                            Some((job, room)) => {
+                                // Its lease is kept from now on, while it waits for a slot.
+                                lock(&this.inner.in_flight).insert(job.id);
+                                order += 1;
+                                waiting.push(Waiting { job, room, order });
+                            }
+                            None => break,
+                        },
+                        slot = this.inner.slots.clone().acquire_owned(), if !waiting.is_empty() => {
+                            let (Ok(slot), Some(next)) = (slot, waiting.pop()) else { break };
+                            this.spawn_execute(&in_flight, next.job, vec![slot, next.room]);
+                        }
+                    }
+                }
+                // The gate hands nothing more (it checks before taking room); what still
+                // waits here keeps its lease until the shutdown releases it.
+                handed.close();
+            });
+        }
+        tracker.close();
+        tracker
     }
 
     /// Extends this process's leases every `heartbeat_secs` until the returned token is

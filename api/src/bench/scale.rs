@@ -103,6 +103,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let mut empty = admit(&gate, measured).await?;
     let rss_empty_after = rss_mib();
     sqlx::query("DELETE FROM jobs").execute(&pool).await?;
+    sqlx::query("DELETE FROM job_attempts").execute(&pool).await?;
 
     let begin = Instant::now();
     insert_queued(&pool, args.backlog, &names).await?;
