@@ -14,6 +14,7 @@
 //! (`tollgate_workers::batches`) ends the batch and writes its files.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Bytes;
@@ -28,6 +29,7 @@ use tollgate::batches::{
     BatchRow, BatchStatus, CHAT_COMPLETIONS, Line, LineEnvelope, LineSplitter, PURPOSE_BATCH, RequestCounts,
     new_batch_id, parse_line, parse_window,
 };
+use tollgate::config::Config;
 use tollgate::model::{JobClass, JobId};
 use tollgate::store::{self, BatchCancel, BatchJobs, LineError};
 use tollgate::webhook_signing::{EVENT_TYPES, Secret};
@@ -263,48 +265,94 @@ struct Ingested {
 }
 
 /// Reads the batch's input file and inserts its jobs and rejected lines.
+///
+/// Pipelined over the file's stored chunks: while one chunk's valid lines are inserted
+/// (on `conn`), the next chunk's lines are split, checked and estimated on a blocking
+/// thread — the CPU work and the database's work overlap instead of taking turns.
 async fn ingest(state: &AppState, conn: &mut PgConnection, batch: &BatchRow) -> Result<Ingested, ApiError> {
-    let mut lines = LineSplitter::new(state.config.batches.max_line_bytes);
-    let mut check = LineChecker {
-        state,
-        seen: HashSet::new(),
-    };
-    let chunk = state.config.batches.insert_chunk;
+    let chunk = state.config.batches.insert_chunk.max(1);
     let max_attempts = state.config.retry.max_attempts.min(i32::MAX as u32) as i32;
-    let mut jobs = BatchJobs::default();
+    let mut reader = LineReader {
+        lines: LineSplitter::new(state.config.batches.max_line_bytes),
+        check: LineChecker {
+            config: state.config.clone(),
+            seen: HashSet::new(),
+        },
+    };
+    let mut jobs: Vec<LineJob> = Vec::new();
     let mut rejected: Vec<LineError> = Vec::new();
     let mut total = 0i32;
     let mut seq = 0;
+    let mut data = store::file_chunk(&mut *conn, &batch.input_file_id, seq).await?;
     loop {
-        let data = store::file_chunk(&mut *conn, &batch.input_file_id, seq).await?;
         let last = data.is_none();
-        let data = data.unwrap_or_default();
-        seq += 1;
-        for (number, line) in lines.feed(&data, last) {
-            total += 1;
-            match check.line(number, line) {
-                Ok(job) => job.push_to(&mut jobs),
-                Err(e) => rejected.push(e),
-            }
-            if jobs.len() >= chunk {
-                store::insert_batch_jobs(&mut *conn, batch, &jobs, max_attempts).await?;
-                jobs.clear();
-            }
+        let block = data.take().unwrap_or_default();
+        let read = tokio::task::spawn_blocking(move || {
+            let read = reader.read(&block, last);
+            (reader, read)
+        });
+        // Meanwhile: insert what the previous block gave, and fetch the next block.
+        while jobs.len() >= chunk && !last {
+            let part = columns(jobs.drain(..chunk));
+            store::insert_batch_jobs(&mut *conn, batch, &part, max_attempts).await?;
         }
+        if !last {
+            seq += 1;
+            data = store::file_chunk(&mut *conn, &batch.input_file_id, seq).await?;
+        }
+        let (back, read) = read
+            .await
+            .map_err(|e| ApiError::internal(format!("reading the batch's lines: {e}")))?;
+        reader = back;
+        total += read.total;
+        jobs.extend(read.jobs);
+        rejected.extend(read.rejected);
         if last {
             break;
         }
     }
-    if !jobs.is_empty() {
-        store::insert_batch_jobs(&mut *conn, batch, &jobs, max_attempts).await?;
+    while !jobs.is_empty() {
+        let part = columns(jobs.drain(..chunk.min(jobs.len())));
+        store::insert_batch_jobs(&mut *conn, batch, &part, max_attempts).await?;
     }
-    for part in rejected.chunks(chunk.max(1)) {
+    for part in rejected.chunks(chunk) {
         store::insert_line_errors(&mut *conn, &batch.id, part).await?;
     }
     Ok(Ingested {
         total,
         rejected: rejected.len() as i32,
     })
+}
+
+/// Splits a file's blocks into lines and checks them, remembering what it saw.
+struct LineReader {
+    lines: LineSplitter,
+    check: LineChecker,
+}
+
+/// What one block of the file held.
+struct Read {
+    total: i32,
+    jobs: Vec<LineJob>,
+    rejected: Vec<LineError>,
+}
+
+impl LineReader {
+    fn read(&mut self, block: &[u8], last: bool) -> Read {
+        let mut read = Read {
+            total: 0,
+            jobs: Vec::new(),
+            rejected: Vec::new(),
+        };
+        for (number, line) in self.lines.feed(block, last) {
+            read.total += 1;
+            match self.check.line(number, line) {
+                Ok(job) => read.jobs.push(job),
+                Err(e) => read.rejected.push(e),
+            }
+        }
+        read
+    }
 }
 
 /// A valid line, ready to become a job.
@@ -317,25 +365,28 @@ struct LineJob {
     estimated_output_tokens: i32,
 }
 
-impl LineJob {
-    fn push_to(self, jobs: &mut BatchJobs) {
+/// Valid lines as the columns of their insert.
+fn columns(lines: impl IntoIterator<Item = LineJob>) -> BatchJobs {
+    let mut jobs = BatchJobs::default();
+    for l in lines {
         jobs.ids.push(JobId::new().0);
-        jobs.requests.push(self.request);
-        jobs.models.push(self.model);
-        jobs.custom_ids.push(self.custom_id);
-        jobs.lines.push(self.line);
-        jobs.estimated_input_tokens.push(self.estimated_input_tokens);
-        jobs.estimated_output_tokens.push(self.estimated_output_tokens);
+        jobs.requests.push(l.request);
+        jobs.models.push(l.model);
+        jobs.custom_ids.push(l.custom_id);
+        jobs.lines.push(l.line);
+        jobs.estimated_input_tokens.push(l.estimated_input_tokens);
+        jobs.estimated_output_tokens.push(l.estimated_output_tokens);
     }
+    jobs
 }
 
 /// Validates lines one by one, remembering the custom_ids seen.
-struct LineChecker<'a> {
-    state: &'a AppState,
+struct LineChecker {
+    config: Arc<Config>,
     seen: HashSet<String>,
 }
 
-impl LineChecker<'_> {
+impl LineChecker {
     fn line(&mut self, number: i32, line: Line<'_>) -> Result<LineJob, LineError> {
         let reject = |custom_id: Option<&str>, code: &str, message: String| LineError {
             line: number,
@@ -351,7 +402,7 @@ impl LineChecker<'_> {
                     "line_too_large",
                     format!(
                         "the line is longer than {} bytes (batches.max_line_bytes)",
-                        self.state.config.batches.max_line_bytes
+                        self.config.batches.max_line_bytes
                     ),
                 ));
             }
@@ -367,7 +418,7 @@ impl LineChecker<'_> {
                 "batch requests cannot stream".to_owned(),
             ));
         }
-        let Some(targets) = routing::resolve(&self.state.config, &model) else {
+        let Some(targets) = routing::resolve(&self.config, &model) else {
             return Err(reject(
                 cid,
                 "unknown_model",

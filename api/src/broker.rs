@@ -142,7 +142,7 @@ impl Broker {
             if roles.dispatch {
                 gate = gate.with_handoff(dispatcher.handoff());
             }
-            tracker.spawn(gate.run(cancel.clone()));
+            tracker.spawn(run_on_own_thread("tollgate-gate", gate.run(cancel.clone()))?);
         }
         if roles.maintenance {
             let m = Maintenance::new(
@@ -181,4 +181,30 @@ impl Broker {
         self.cancel.cancel();
         self.tracker.wait().await;
     }
+}
+
+/// Runs `task` on a thread of its own, with its own single-threaded runtime, and returns a
+/// future that resolves when it ends. For the gate: admission is on every job's path, and
+/// on the shared runtime each of its rounds waited behind whatever else was ready to run
+/// (hundreds of API requests and provider calls per second) between its statements.
+/// Connections it opens are its own (the gate's pool connects lazily, on this thread).
+fn run_on_own_thread<F>(name: &str, task: F) -> anyhow::Result<impl std::future::Future<Output = ()> + use<F>>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("building the gate's runtime")?;
+    let (ended, on_end) = tokio::sync::oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            runtime.block_on(task);
+            let _ = ended.send(());
+        })
+        .with_context(|| format!("starting the {name} thread"))?;
+    Ok(async move {
+        let _ = on_end.await;
+    })
 }

@@ -189,3 +189,45 @@ async fn idempotency_keys_replay_and_a_reused_key_rolls_back_everything() {
     assert_eq!(body["created"], 10);
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_gate_starts_what_its_dispatcher_has_room_for_and_the_rest_is_claimed() {
+    // 300 jobs in one commit: the gate starts what this process's dispatcher has room for
+    // in the admission's own write, and admits the rest for any dispatcher to claim.
+    let app = TestApp::spawn().await;
+    let (status, body) = app
+        .post(ACME, "/v1/jobs/bulk", &json!({"jobs": jobs(300, None)}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    eventually(60, "every job to succeed", || async {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'succeeded'")
+            .fetch_one(&app.db.pool)
+            .await
+            .expect("count");
+        (n == 300).then_some(())
+    })
+    .await;
+    // Started by the gate: its admission wrote `started_at` with the same timestamp.
+    let (started, claimed): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE started_at = admitted_at), count(*) FILTER (WHERE started_at > admitted_at)
+         FROM jobs",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("paths");
+    assert!(started > 0 && started <= 300, "started by the gate: {started}");
+    assert_eq!(
+        started + claimed,
+        300,
+        "every job was started one way or the other"
+    );
+    // Either way, exactly one call per job, recorded once.
+    let attempts: Vec<(i64,)> = sqlx::query_as("SELECT count(*) FROM job_attempts GROUP BY job_id")
+        .fetch_all(&app.db.pool)
+        .await
+        .expect("attempts");
+    assert_eq!(attempts.len(), 300);
+    assert!(attempts.iter().all(|(n,)| *n == 1), "one attempt each");
+    assert_eq!(app.mock.stats().requests, 300, "one provider call per job");
+    app.shutdown().await;
+}

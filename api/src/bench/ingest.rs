@@ -1,0 +1,138 @@
+//! `tollgate bench --case ingest`: a batch input file of `--jobs` lines becoming queued
+//! jobs (`POST /v1/batches` over an uploaded file: read, split, validate, estimate, insert),
+//! beside its floor — PostgreSQL inserting the same rows with nothing else to do, in the
+//! same chunks and one transaction — and beside `POST /v1/jobs/bulk` for the same jobs.
+
+use std::time::Instant;
+
+use anyhow::Context;
+use serde_json::{Value, json};
+
+use super::{BULK_CHUNK, BenchArgs, rate, request, stack_for, submit_bulk};
+use crate::broker::Roles;
+
+#[allow(clippy::print_stdout)]
+pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let lines: Vec<Value> = (0..args.jobs)
+        .map(|i| json!({"custom_id": format!("r{i}"), "method": "POST", "url": "/v1/chat/completions", "body": request(i)}))
+        .collect();
+    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    let http = reqwest::Client::new();
+
+    // tollgate: upload, then time the batch's creation (the ingest happens in the request).
+    let stack = stack_for(args, Roles::API_ONLY).await?;
+    let file_id = upload(&http, &stack.api, text.as_bytes()).await?;
+    let begin = Instant::now();
+    let created = http
+        .post(format!("{}/v1/batches", stack.api))
+        .bearer_auth("tk-bench")
+        .json(&json!({"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}))
+        .send()
+        .await?;
+    let ingest = begin.elapsed();
+    anyhow::ensure!(
+        created.status().is_success(),
+        "creating the batch: {}",
+        created.text().await?
+    );
+    let queued: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE batch_id IS NOT NULL")
+        .fetch_one(&stack.pool)
+        .await?;
+    anyhow::ensure!(
+        queued == args.jobs as i64,
+        "{queued} of {} lines became jobs",
+        args.jobs
+    );
+
+    // Floor: the same rows inserted by PostgreSQL alone, chunk by chunk, one transaction.
+    let chunk = tollgate::config::BatchesConfig::default().insert_chunk.max(1);
+    let begin = Instant::now();
+    let mut tx = stack.pool.begin().await?;
+    for part in lines.chunks(chunk) {
+        let ids: Vec<uuid::Uuid> = part.iter().map(|_| uuid::Uuid::now_v7()).collect();
+        let bodies: Vec<&Value> = part.iter().map(|l| &l["body"]).collect();
+        sqlx::query(
+            "INSERT INTO jobs (id, tenant, class, priority, request, model, deadline, not_before, max_attempts,
+                               estimated_input_tokens, estimated_output_tokens, created_at)
+             SELECT id, 'bench', 'batch', 0, body, 'oai/gpt-4o-mini', now() + interval '1 day', now(), 6, 12, 8, now()
+             FROM unnest($1::uuid[], $2::jsonb[]) AS t(id, body)",
+        )
+        .bind(ids)
+        .bind(bodies)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    let floor = begin.elapsed();
+
+    // The same jobs through `POST /v1/jobs/bulk`, 4 requests in flight.
+    let bulk_url = format!("{}/v1/jobs/bulk", stack.api);
+    let chunks: Vec<std::ops::Range<usize>> = (0..args.jobs)
+        .step_by(BULK_CHUNK)
+        .map(|from| from..(from + BULK_CHUNK).min(args.jobs))
+        .collect();
+    let begin = Instant::now();
+    let failed = super::send_all(chunks.len(), 4, |c| {
+        let (http, url, range) = (http.clone(), bulk_url.clone(), chunks[c].clone());
+        async move { submit_bulk(&http, &url, range).await }
+    })
+    .await;
+    let bulk = begin.elapsed();
+    anyhow::ensure!(failed == 0, "{failed} bulk submissions failed");
+    stack.stop().await?;
+
+    println!(
+        "\n### ingest: a batch file of {} lines ({:.1} MB) into the queue\n",
+        args.jobs,
+        text.len() as f64 / 1e6
+    );
+    println!("| case | s | lines/s | ratio to the floor |");
+    println!("|---|---:|---:|---:|");
+    let floor_rate = rate(args.jobs, floor);
+    for (name, d) in [
+        ("floor: PostgreSQL inserting the same rows, nothing else", floor),
+        ("tollgate: `POST /v1/batches` over the uploaded file", ingest),
+        (
+            "tollgate: `POST /v1/jobs/bulk`, 2,000 per request, 4 in flight",
+            bulk,
+        ),
+    ] {
+        println!(
+            "| {name} | {:.2} | {:.0} | {:.2} |",
+            d.as_secs_f64(),
+            rate(args.jobs, d),
+            rate(args.jobs, d) / floor_rate
+        );
+    }
+    Ok(())
+}
+
+/// Uploads `content` as a batch input file; its id.
+async fn upload(http: &reqwest::Client, api: &str, content: &[u8]) -> anyhow::Result<String> {
+    let boundary = "tollgate-bench-boundary";
+    let mut body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
+         --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"input.jsonl\"\r\n\
+         Content-Type: application/jsonl\r\n\r\n"
+    )
+    .into_bytes();
+    body.extend_from_slice(content);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    let r = http
+        .post(format!("{api}/v1/files"))
+        .bearer_auth("tk-bench")
+        .header(
+            "content-type",
+            format!("multipart/form-data; boundary={boundary}"),
+        )
+        .body(body)
+        .send()
+        .await?;
+    let status = r.status();
+    let file: Value = r.json().await?;
+    anyhow::ensure!(status.is_success(), "uploading the file: {file}");
+    file["id"]
+        .as_str()
+        .map(str::to_owned)
+        .context("the uploaded file has no id")
+}
