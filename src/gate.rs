@@ -604,13 +604,27 @@ impl Gate {
             .await?;
         let refilled = buckets.clone();
 
+        // With a dispatcher here: its free room, and at most one batch admitted and not yet
+        // claimed beyond it — admitting further ahead would only hold reservations for work
+        // no dispatcher is ready to send (and this process's own dispatcher would claim it,
+        // one more write per job, instead of being handed it).
+        let (mut permits, limit) = match &self.handoff {
+            Some(h) => {
+                let permits = h.permits(self.config.gate.batch);
+                let backlog =
+                    store::admitted_backlog(&mut *tx, self.config.gate.batch as i64).await? as usize;
+                let limit = permits.len() + self.config.gate.batch.saturating_sub(backlog);
+                (permits, limit.min(self.config.gate.batch))
+            }
+            None => (Vec::new(), self.config.gate.batch),
+        };
         let Scheduled {
             admissions,
             notes,
             mut round,
             failures: more_failures,
             saturated,
-        } = self.schedule(plans, &mut buckets, &paused, now);
+        } = self.schedule(plans, &mut buckets, &paused, limit, now);
         failures.extend(more_failures);
         // Probing upward where 429s taught the limit and the limit is what holds jobs back.
         for (i, row) in learned.iter_mut().enumerate() {
@@ -625,9 +639,7 @@ impl Gate {
         // What this process's dispatcher has room for starts now, in the admission's write.
         let mut admissions = admissions;
         admissions.sort_by_key(|a| !a.startable); // stable: startable first, in round order
-        let permits = self.handoff.as_ref().map_or_else(Vec::new, |h| {
-            h.permits(admissions.iter().filter(|a| a.startable).count())
-        });
+        permits.truncate(admissions.iter().filter(|a| a.startable).count());
         let starter = self.handoff.as_ref().map(|h| {
             let starter = store::Starter {
                 owner: &h.owner,
@@ -685,11 +697,13 @@ impl Gate {
 
     /// Decides the round: who is admitted where, who waits and why, who fails. Takes what
     /// it admits from `buckets` (locked by the caller).
+    /// Admits at most `limit` jobs; the round is `full` when that is the configured batch.
     fn schedule(
         &self,
         plans: Vec<Plan>,
         buckets: &mut HashMap<String, Bucket>,
         paused: &HashMap<String, DateTime<Utc>>,
+        limit: usize,
         now: DateTime<Utc>,
     ) -> Scheduled {
         let pause_of = |t: &Target| paused.get(&buckets::target_scope(&t.provider, &t.model)).copied();
@@ -754,8 +768,10 @@ impl Gate {
         }
         let mut closed: HashSet<String> = HashSet::new();
         while let Some(turn) = heap.pop() {
-            if admissions.len() >= self.config.gate.batch {
-                round.full = true;
+            if admissions.len() >= limit {
+                // Stopped by the batch: more may be admissible at once. Stopped by the
+                // dispatchers' room: the next completion wakes the gate.
+                round.full = limit >= self.config.gate.batch;
                 break;
             }
             let Some(plan) = queues[turn.queue].front() else {

@@ -229,6 +229,19 @@ fn float_literal(v: f64) -> String {
     }
 }
 
+/// Admitted online jobs no dispatcher has claimed yet, counted up to `cap`.
+pub async fn admitted_backlog(ex: impl PgExecutor<'_>, cap: i64) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM (
+             SELECT 1 FROM jobs
+             WHERE state = 'admitted' AND NOT stream AND dispatch_via IS DISTINCT FROM 'provider_batch'
+             LIMIT $1) t",
+    )
+    .bind(cap)
+    .fetch_one(ex)
+    .await?)
+}
+
 /// Records why queued jobs still wait (shown on the job).
 pub async fn explain(ex: impl PgExecutor<'_>, notes: &[(JobId, serde_json::Value)]) -> Result<()> {
     if notes.is_empty() {
