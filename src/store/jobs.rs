@@ -691,14 +691,15 @@ pub async fn extend_leases(
         return Ok(0);
     }
     let done = sqlx::query(
-        // Rows are locked in id order, the order in which the completer's update meets them
-        // (by `id = ANY`, which its index scan visits sorted): in another order the two could
-        // deadlock over the same owner's jobs (the loser's write is retried).
+        // A row another transaction holds is skipped, not waited for: that is the completer
+        // finishing it (its lease is no longer needed), a cancel or the rescuer, and the next
+        // beat, well within the lease, extends it if it still runs. Waiting could deadlock with
+        // the completer, which locks the same owner's rows in whatever order its plan meets them.
         "UPDATE jobs j SET lease_expires_at = $2
          FROM (SELECT id FROM jobs
                WHERE lease_owner = $1 AND id = ANY($3)
                  AND (state = 'running' OR (state = 'cancelled' AND reserved_buckets IS NOT NULL))
-               ORDER BY id FOR NO KEY UPDATE) mine
+               FOR NO KEY UPDATE SKIP LOCKED) mine
          WHERE j.id = mine.id",
     )
     .bind(owner)
