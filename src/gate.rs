@@ -562,6 +562,7 @@ impl Gate {
             .collect();
         let keys: Vec<String> = needed.iter().cloned().collect();
         let news = learned.iter().any(Learned::pending);
+        let (mut permits, limit) = self.room(plans.len()).await?;
 
         let mut tx = self.pool.begin().await?;
         // Settlements of finished jobs first: what they did not use is available again.
@@ -604,20 +605,6 @@ impl Gate {
             .await?;
         let refilled = buckets.clone();
 
-        // With a dispatcher here: its free room, and at most one batch admitted and not yet
-        // claimed beyond it — admitting further ahead would only hold reservations for work
-        // no dispatcher is ready to send (and this process's own dispatcher would claim it,
-        // one more write per job, instead of being handed it).
-        let (mut permits, limit) = match &self.handoff {
-            Some(h) => {
-                let permits = h.permits(self.config.gate.batch);
-                let backlog =
-                    store::admitted_backlog(&mut *tx, self.config.gate.batch as i64).await? as usize;
-                let limit = permits.len() + self.config.gate.batch.saturating_sub(backlog);
-                (permits, limit.min(self.config.gate.batch))
-            }
-            None => (Vec::new(), self.config.gate.batch),
-        };
         let Scheduled {
             admissions,
             notes,
@@ -693,6 +680,29 @@ impl Gate {
             }
         }
         Ok(round)
+    }
+
+    /// How many jobs this round may admit, and the room taken for those it starts itself.
+    /// With a dispatcher here: its free room, plus at most one batch admitted and not yet
+    /// claimed beyond it — admitting further ahead would only hold reservations for work no
+    /// dispatcher is ready to send (and this process's own dispatcher would claim it, one
+    /// more write per job, instead of being handed it). Read before the round's transaction,
+    /// and only when the round's candidates exceed the room.
+    async fn room(
+        &self,
+        candidates: usize,
+    ) -> Result<(Vec<tokio::sync::OwnedSemaphorePermit>, usize), StoreError> {
+        let batch = self.config.gate.batch;
+        let Some(handoff) = &self.handoff else {
+            return Ok((Vec::new(), batch));
+        };
+        let permits = handoff.permits(candidates.min(batch));
+        if candidates <= permits.len() {
+            return Ok((permits, batch));
+        }
+        let backlog = store::admitted_backlog(&self.pool, batch as i64).await? as usize;
+        let limit = (permits.len() + batch.saturating_sub(backlog)).min(batch);
+        Ok((permits, limit))
     }
 
     /// Decides the round: who is admitted where, who waits and why, who fails. Takes what

@@ -292,11 +292,11 @@ async fn ingest(state: &AppState, conn: &mut PgConnection, batch: &BatchRow) -> 
             (reader, read)
         });
         // Meanwhile: insert what the previous block gave, and fetch the next block.
-        while jobs.len() >= chunk && !last {
-            let part = columns(jobs.drain(..chunk));
-            store::insert_batch_jobs(&mut *conn, batch, &part, max_attempts).await?;
-        }
         if !last {
+            while jobs.len() >= chunk {
+                let part = columns(jobs.drain(..chunk));
+                store::insert_batch_jobs(&mut *conn, batch, &part, max_attempts).await?;
+            }
             seq += 1;
             data = store::file_chunk(&mut *conn, &batch.input_file_id, seq).await?;
         }

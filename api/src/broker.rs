@@ -142,7 +142,15 @@ impl Broker {
             if roles.dispatch {
                 gate = gate.with_handoff(dispatcher.handoff());
             }
-            tracker.spawn(run_on_own_thread("tollgate-gate", gate.run(cancel.clone()))?);
+            let gate = run_on_own_thread("tollgate-gate", {
+                let cancel = cancel.clone();
+                move || gate.run(cancel)
+            })?;
+            tracker.spawn(async move {
+                if let Err(e) = gate.await {
+                    tracing::error!(error = %e, "the gate stopped");
+                }
+            });
         }
         if roles.maintenance {
             let m = Maintenance::new(
@@ -183,28 +191,34 @@ impl Broker {
     }
 }
 
-/// Runs `task` on a thread of its own, with its own single-threaded runtime, and returns a
-/// future that resolves when it ends. For the gate: admission is on every job's path, and
-/// on the shared runtime each of its rounds waited behind whatever else was ready to run
-/// (hundreds of API requests and provider calls per second) between its statements.
-/// Connections it opens are its own (the gate's pool connects lazily, on this thread).
-fn run_on_own_thread<F>(name: &str, task: F) -> anyhow::Result<impl std::future::Future<Output = ()> + use<F>>
+/// Runs the future `make` returns on a thread of its own, with its own single-threaded
+/// runtime (built there), and returns a future of its output. For the gate: admission is on
+/// every job's path, and on the shared runtime each of its rounds waited behind whatever else
+/// was ready to run (hundreds of API requests and provider calls per second) between its
+/// statements. Connections it opens are its own (the gate's pool connects lazily, there).
+/// The bench runs its load generator this way too, as an outside client would run.
+pub(crate) fn run_on_own_thread<F, Fut, T>(
+    name: &str,
+    make: F,
+) -> anyhow::Result<impl std::future::Future<Output = anyhow::Result<T>> + use<F, Fut, T>>
 where
-    F: std::future::Future<Output = ()> + Send + 'static,
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = T>,
+    T: Send + 'static,
 {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("building the gate's runtime")?;
-    let (ended, on_end) = tokio::sync::oneshot::channel::<()>();
+    let (ended, on_end) = tokio::sync::oneshot::channel();
+    let thread = name.to_owned();
     std::thread::Builder::new()
         .name(name.to_owned())
         .spawn(move || {
-            runtime.block_on(task);
-            let _ = ended.send(());
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+            let _ = ended.send(runtime.map(|r| r.block_on(make())));
         })
         .with_context(|| format!("starting the {name} thread"))?;
     Ok(async move {
-        let _ = on_end.await;
+        on_end
+            .await
+            .map_err(|_| anyhow::anyhow!("the {thread} thread ended without an outcome"))?
+            .with_context(|| format!("building the {thread} thread's runtime"))
     })
 }

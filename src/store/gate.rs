@@ -108,14 +108,6 @@ pub struct Admitted {
 }
 
 impl Admitted {
-    pub fn len(&self) -> usize {
-        self.waiting.len() + self.started.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     pub fn ids(&self) -> impl Iterator<Item = JobId> + '_ {
         self.waiting
             .iter()

@@ -92,15 +92,7 @@ pub async fn content(http: &reqwest::Client, api: &str, key: &str, file_id: &str
 /// Polls a batch until it reaches a terminal status.
 pub async fn wait_batch(http: &reqwest::Client, api: &str, key: &str, id: &str, secs: u64) -> Value {
     eventually(secs, "the batch to finish", || async {
-        let b: Value = http
-            .get(format!("{api}/v1/batches/{id}"))
-            .bearer_auth(key)
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
+        let b = crate::harness::get_json(http, &format!("{api}/v1/batches/{id}"), key).await?;
         matches!(
             b["status"].as_str(),
             Some("completed" | "failed" | "expired" | "cancelled")

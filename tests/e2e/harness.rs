@@ -348,18 +348,23 @@ impl TestApp {
 /// succeeded or failed, for up to `secs`.
 pub async fn wait_finished_at(http: &reqwest::Client, api: &str, key: &str, id: &str, secs: u64) -> Value {
     eventually(secs, "the job to finish", || async {
-        let j: Value = http
-            .get(format!("{api}/v1/jobs/{id}?wait=5"))
-            .bearer_auth(key)
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
+        let j = get_json(http, &format!("{api}/v1/jobs/{id}?wait=5"), key).await?;
         matches!(j["state"].as_str(), Some("succeeded" | "failed")).then_some(j)
     })
     .await
+}
+
+/// `GET url` as `key`, its JSON body; `None` when the request or the body fails (for
+/// polls that simply try again).
+pub async fn get_json(http: &reqwest::Client, url: &str, key: &str) -> Option<Value> {
+    http.get(url)
+        .bearer_auth(key)
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()
 }
 
 /// A minimal valid job body.

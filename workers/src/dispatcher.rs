@@ -471,9 +471,9 @@ impl Dispatcher {
                         }
                     }
                 }
-                // The gate hands nothing more (it checks before taking room); what still
-                // waits here keeps its lease until the shutdown releases it.
-                handed.close();
+                // Dropping the receiver closes it: the gate hands nothing more (it checks
+                // before taking room); what still waits here keeps its lease until the
+                // shutdown releases it.
             });
         }
         tracker.close();

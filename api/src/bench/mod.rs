@@ -565,27 +565,6 @@ async fn gate(args: &BenchArgs) -> anyhow::Result<()> {
 /// Interactive probes per second in the steady case, beside the background load.
 const PROBES_PER_SEC: u64 = 20;
 
-/// Runs `make()`'s future to completion on a new thread with a runtime of its own.
-async fn on_own_thread<F, Fut, T>(make: F) -> anyhow::Result<T>
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = T>,
-    T: Send + 'static,
-{
-    let (done, result) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("bench-load".to_owned())
-        .spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
-            if let Ok(runtime) = runtime {
-                let _ = done.send(runtime.block_on(make()));
-            }
-        })?;
-    result
-        .await
-        .map_err(|_| anyhow::anyhow!("the load generator's thread failed to start its runtime"))
-}
-
 /// The steady case's load: `total` standard jobs at `rate` per second, each sent at its
 /// slot whatever the latency, and [`PROBES_PER_SEC`] interactive probes between them.
 /// Returns the failed submissions (background, probes).
@@ -645,11 +624,10 @@ async fn steady(args: &BenchArgs) -> anyhow::Result<()> {
     // The load generator runs on a thread and runtime of its own: it shares the machine
     // with the broker, as clients on the same host would, but not the broker's task queue.
     let (per_sec, clients) = (args.rate, args.clients);
-    let (sends, probe_failures) =
-        on_own_thread(
-            move || async move { offer_steady_load(&jobs_url, per_sec, total, probes, clients).await },
-        )
-        .await??;
+    let load = crate::broker::run_on_own_thread("bench-load", move || async move {
+        offer_steady_load(&jobs_url, per_sec, total, probes, clients).await
+    })?;
+    let (sends, probe_failures) = load.await??;
     let offered = begin.elapsed();
     let expected = (total + probes - sends - probe_failures) as i64;
     wait_finished(&stack.pool, expected).await?;
