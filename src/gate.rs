@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use crate::buckets::{self, Bucket, BucketSpec, Demand, Dimension, Rule};
 use crate::config::Config;
 use crate::learning::{self, Learned, Source};
-use crate::model::{JobClass, JobId};
+use crate::model::{JobClass, JobId, NewJob};
 use crate::notify::Notifications;
 use crate::provider_batches;
 use crate::routing::{self, Target};
@@ -134,6 +134,17 @@ impl Handoff {
     }
 }
 
+/// What [`Gate::admit_arrival`] did with a new job.
+#[derive(Debug)]
+pub enum Arrival {
+    /// Inserted, admitted and started on this process's dispatcher.
+    Started(Box<crate::model::Job>),
+    /// Inserted and queued: its buckets cannot hold it now; a round will admit it.
+    Queued,
+    /// Not inserted: the caller queues it as usual.
+    Declined,
+}
+
 /// Virtual times of the weighted fair queuing, per class.
 #[derive(Default)]
 struct Fairness {
@@ -143,6 +154,28 @@ struct Fairness {
     clock: HashMap<JobClass, f64>,
     /// Last explanation written per job, so unchanged ones are not rewritten.
     explained: HashMap<JobId, String>,
+}
+
+impl Fairness {
+    /// A (class, tenant) queue's virtual time as its turn comes: a quiet tenant starts at
+    /// most its burst credit behind the class's clock.
+    fn turn_starts(&mut self, class: JobClass, tenant: &str, weight: f64, burst: f64) -> f64 {
+        let clock = self.clock.get(&class).copied().unwrap_or(0.0);
+        let vt = self.vtime.entry((class, tenant.to_owned())).or_insert(clock);
+        *vt = vt.max(clock - burst / weight);
+        *vt
+    }
+
+    /// Records an admission from the queue whose turn came at `vtime`: its virtual time
+    /// advances by `step` (cost over weight), the class's clock to `vtime`. Returns the
+    /// queue's new virtual time.
+    fn served(&mut self, class: JobClass, tenant: &str, vtime: f64, step: f64) -> f64 {
+        let vt = vtime + step;
+        self.vtime.insert((class, tenant.to_owned()), vt);
+        let clock = self.clock.entry(class).or_insert(0.0);
+        *clock = clock.max(vtime);
+        vt
+    }
 }
 
 /// A candidate with everything admission needs, computed before taking any lock.
@@ -188,6 +221,46 @@ impl Known {
             }
         }
         known
+    }
+}
+
+/// Until when a provider's 429 paused `target`'s model, if it did.
+fn paused_until(paused: &HashMap<String, DateTime<Utc>>, target: &Target) -> Option<DateTime<Utc>> {
+    paused
+        .get(&buckets::target_scope(&target.provider, &target.model))
+        .copied()
+}
+
+/// Whether the provider rejected `target`'s key (it is paused under its own scope).
+fn key_rejected(paused: &HashMap<String, DateTime<Utc>>, target: &Target) -> bool {
+    target
+        .key
+        .as_ref()
+        .is_some_and(|k| paused.contains_key(&buckets::key_scope(&target.provider, k)))
+}
+
+/// Admits `plan`'s job on its route `r`: takes its amounts from the route's buckets.
+fn take(plan: &Plan, r: usize, buckets: &mut HashMap<String, Bucket>, now: DateTime<Utc>) -> Admission {
+    let (target, path) = &plan.routes[r];
+    let mut bucket_ids = Vec::with_capacity(path.len());
+    let mut amounts = Vec::with_capacity(path.len());
+    for (key, amount) in path {
+        if let Some(b) = buckets.get_mut(key) {
+            b.take(*amount);
+            bucket_ids.push(b.id);
+            amounts.push(*amount);
+        }
+    }
+    crate::metrics::admitted(&plan.job, target, &plan.routes[0].0, now);
+    Admission {
+        id: plan.job.id,
+        provider: target.provider.clone(),
+        model: target.model.clone(),
+        key: target.key.clone(),
+        bucket_ids,
+        amounts,
+        startable: !plan.job.stream
+            && plan.job.dispatch_via.as_deref() != Some(provider_batches::VIA_PROVIDER_BATCH),
     }
 }
 
@@ -246,6 +319,105 @@ impl Gate {
         self
     }
 
+    /// Admits an interactive job as it arrives, without waiting for a round: in one
+    /// transaction the buckets on its path are locked (in id order, as a round locks them)
+    /// and, when they hold it, it is inserted admitted and running for this process's
+    /// dispatcher, which is handed it. What a round would decide the same way: interactive work goes
+    /// first, and with no interactive job queued this one is next in line. When another
+    /// interactive job is queued, a limit was just learned and not yet applied, or this
+    /// dispatcher has no room, it is [`Arrival::Declined`] and the caller queues it as
+    /// usual; when its buckets cannot hold it now it stays queued for the next round.
+    /// `pool` is the caller's (the gate's own connections belong to its thread).
+    pub async fn admit_arrival(&self, pool: &PgPool, job: &NewJob) -> Result<Arrival, StoreError> {
+        let Some(handoff) = &self.handoff else {
+            return Ok(Arrival::Declined);
+        };
+        if job.class != JobClass::Interactive || job.stream {
+            return Ok(Arrival::Declined);
+        }
+        let permits = handoff.permits(1);
+        if permits.is_empty() {
+            return Ok(Arrival::Declined);
+        }
+        let now = Utc::now();
+        // The transaction begins while the reads run, on its own connection.
+        let (mut tx, queued, learned, paused, calibration) = tokio::try_join!(
+            async { Ok::<_, StoreError>(pool.begin().await?) },
+            store::interactive_queued(pool),
+            store::learned_limits(pool),
+            store::active_pauses(pool, now),
+            self.calibration(pool),
+        )?;
+        if queued || learned.iter().any(Learned::pending) {
+            tx.rollback().await?;
+            return Ok(Arrival::Declined);
+        }
+        let paused: HashMap<String, DateTime<Utc>> = paused.into_iter().collect();
+        let Ok(plan) = self.plan(Candidate::arriving(job), now, &calibration, &Known::new(&learned)) else {
+            // A round fails it with its reason.
+            tx.rollback().await?;
+            return Ok(Arrival::Declined);
+        };
+        let mut keys: Vec<String> = plan
+            .routes
+            .iter()
+            .flat_map(|r| r.1.iter().map(|k| k.0.clone()))
+            .collect();
+        keys.sort();
+        keys.dedup();
+
+        let now = Utc::now();
+        let mut buckets: HashMap<String, Bucket> = store::lock_buckets_by(&mut tx, &keys, &[])
+            .await?
+            .into_iter()
+            .map(|mut b| {
+                b.refill(now);
+                (b.key.clone(), b)
+            })
+            .collect();
+        // A bucket not created yet (a probe, a limit just learned) is the round's to create.
+        let route = if keys.iter().all(|k| buckets.contains_key(k)) {
+            self.first_fitting(&plan.routes, plan.class, &buckets, &paused, &HashSet::new())
+        } else {
+            None
+        };
+        let Some(route) = route else {
+            if !store::insert_new_job(&mut *tx, job).await? {
+                // Its idempotency key is taken: the usual insert answers with that job.
+                tx.rollback().await?;
+                return Ok(Arrival::Declined);
+            }
+            tx.commit().await?;
+            return Ok(Arrival::Queued);
+        };
+        let admission = take(&plan, route, &mut buckets, now);
+        let starter = store::Starter {
+            owner: &handoff.owner,
+            lease_until: now + handoff.lease,
+        };
+        let taken: Vec<Bucket> = buckets
+            .into_values()
+            .filter(|b| admission.bucket_ids.contains(&b.id))
+            .collect();
+        let Some(started) = store::insert_started_job(&mut tx, job, &admission, starter, &taken, now).await?
+        else {
+            tx.rollback().await?;
+            return Ok(Arrival::Declined);
+        };
+        tx.commit().await?;
+        {
+            let mut fairness = match self.fairness.lock() {
+                Ok(f) => f,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            let burst = self.config.gate.burst_credit_tokens as f64;
+            let vtime = fairness.turn_starts(plan.class, &job.tenant, plan.weight, burst);
+            fairness.served(plan.class, &job.tenant, vtime, plan.cost / plan.weight);
+        }
+        handoff.hand(vec![started.clone()], permits);
+        Ok(Arrival::Started(Box::new(started)))
+    }
+
     /// The demand to reserve on `target`: input scaled up by the model's learned ratio
     /// (never down: a provider that counts fewer tokens than estimated costs nothing
     /// extra), output from the model's learned p90 where the provider does not charge
@@ -276,7 +448,7 @@ impl Gate {
     }
 
     /// The learned estimates (calibration), re-read when older than [`CALIBRATION_REFRESH`].
-    async fn calibration(&self) -> Result<HashMap<String, store::Calibration>, StoreError> {
+    async fn calibration(&self, pool: &PgPool) -> Result<HashMap<String, store::Calibration>, StoreError> {
         {
             let cached = match self.calibration.lock() {
                 Ok(c) => c,
@@ -286,7 +458,7 @@ impl Gate {
                 return Ok(cached.1.clone());
             }
         }
-        let fresh: HashMap<String, store::Calibration> = store::calibrations(&self.pool)
+        let fresh: HashMap<String, store::Calibration> = store::calibrations(pool)
             .await?
             .into_iter()
             .map(|c| (c.model.clone(), c))
@@ -538,7 +710,7 @@ impl Gate {
             store::candidates(&self.pool, &queues, per_queue, now).await?
         };
         provider_batches::decide_candidates(&self.pool, &self.config, &mut candidates, now).await?;
-        let calibration = self.calibration().await?;
+        let calibration = self.calibration(&self.pool).await?;
         let mut learned = store::learned_limits(&self.pool).await?;
         let known = Known::new(&learned);
         let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
@@ -705,6 +877,49 @@ impl Gate {
         Ok((permits, limit))
     }
 
+    /// What a provider bucket keeps back from a job of `class`: refill in hand for
+    /// requests still on their way, and a share only interactive work may use, so a flood
+    /// of lower classes cannot make it wait. Other buckets keep nothing back.
+    fn headroom(&self, b: &Bucket, class: JobClass) -> f64 {
+        if !buckets::is_provider_side(&b.key) {
+            return 0.0;
+        }
+        let transit = if b.rule == Rule::Rolling {
+            b.headroom(self.config.gate.headroom_secs)
+        } else {
+            0.0
+        };
+        let kept = if class == JobClass::Interactive || b.rule == Rule::Gauge {
+            0.0
+        } else {
+            self.config.gate.interactive_reserve * b.capacity
+        };
+        transit + kept
+    }
+
+    /// The first of `routes` a job of `class` can take now: its target not paused, its key
+    /// not rejected, every bucket on its path open this round and able to hold its amount
+    /// (a key with no bucket limits nothing).
+    fn first_fitting(
+        &self,
+        routes: &[(Target, Vec<(String, f64)>)],
+        class: JobClass,
+        buckets: &HashMap<String, Bucket>,
+        paused: &HashMap<String, DateTime<Utc>>,
+        closed: &HashSet<String>,
+    ) -> Option<usize> {
+        routes.iter().position(|(target, path)| {
+            paused_until(paused, target).is_none()
+                && !key_rejected(paused, target)
+                && path.iter().all(|(key, amount)| {
+                    !closed.contains(key)
+                        && buckets
+                            .get(key)
+                            .is_none_or(|b| b.fits(*amount, self.headroom(b, class)))
+                })
+        })
+    }
+
     /// Decides the round: who is admitted where, who waits and why, who fails. Takes what
     /// it admits from `buckets` (locked by the caller).
     /// Admits at most `limit` jobs; the round is `full` when that is the configured batch.
@@ -716,34 +931,9 @@ impl Gate {
         limit: usize,
         now: DateTime<Utc>,
     ) -> Scheduled {
-        let pause_of = |t: &Target| paused.get(&buckets::target_scope(&t.provider, &t.model)).copied();
-        // A key the provider rejected is paused under its own scope.
-        let key_dead = |t: &Target| {
-            t.key
-                .as_ref()
-                .is_some_and(|k| paused.contains_key(&buckets::key_scope(&t.provider, k)))
-        };
+        let pause_of = |t: &Target| paused_until(paused, t);
+        let key_dead = |t: &Target| key_rejected(paused, t);
         let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
-        let headroom_secs = self.config.gate.headroom_secs;
-        let reserve = self.config.gate.interactive_reserve;
-        // Provider buckets keep refill in hand for requests still on their way, and a share
-        // only interactive work may use, so a flood of lower classes cannot make it wait.
-        let headroom_for = |b: &Bucket, class: JobClass| {
-            if !buckets::is_provider_side(&b.key) {
-                return 0.0;
-            }
-            let transit = if b.rule == Rule::Rolling {
-                b.headroom(headroom_secs)
-            } else {
-                0.0
-            };
-            let kept = if class == JobClass::Interactive || b.rule == Rule::Gauge {
-                0.0
-            } else {
-                reserve * b.capacity
-            };
-            transit + kept
-        };
         // Queues of this round, in tenant order of service.
         let mut queue_of: HashMap<(JobClass, String), usize> = HashMap::new();
         let mut queues: Vec<std::collections::VecDeque<Plan>> = Vec::new();
@@ -766,13 +956,9 @@ impl Gate {
         let mut heap = BinaryHeap::new();
         for (key, &i) in &queue_of {
             let weight = queues[i].front().map_or(1.0, |p| p.weight);
-            let clock = fairness.clock.get(&key.0).copied().unwrap_or(0.0);
-            let vt = fairness.vtime.entry(key.clone()).or_insert(clock);
-            // Burst credit: a quiet tenant starts at most this far behind the others.
-            *vt = vt.max(clock - burst / weight);
             heap.push(Turn {
                 class: key.0,
-                vtime: *vt,
+                vtime: fairness.turn_starts(key.0, &key.1, weight, burst),
                 queue: i,
             });
         }
@@ -788,42 +974,10 @@ impl Gate {
                 continue;
             };
             let class = plan.class;
-            let headroom = |b: &Bucket| headroom_for(b, class);
-            // First target whose buckets are open and can hold the job now.
-            let fitting = plan.routes.iter().position(|(target, path)| {
-                pause_of(target).is_none()
-                    && !key_dead(target)
-                    && path.iter().all(|(key, amount)| {
-                        !closed.contains(key) && buckets.get(key).is_none_or(|b| b.fits(*amount, headroom(b)))
-                    })
-            });
-            if let Some(r) = fitting {
-                let (target, path) = &plan.routes[r];
-                let mut ids = Vec::with_capacity(path.len());
-                let mut amounts = Vec::with_capacity(path.len());
-                for (key, amount) in path {
-                    if let Some(b) = buckets.get_mut(key) {
-                        b.take(*amount);
-                        ids.push(b.id);
-                        amounts.push(*amount);
-                    }
-                }
-                crate::metrics::admitted(&plan.job, target, &plan.routes[0].0, now);
-                admissions.push(Admission {
-                    id: plan.job.id,
-                    provider: target.provider.clone(),
-                    model: target.model.clone(),
-                    key: target.key.clone(),
-                    bucket_ids: ids,
-                    amounts,
-                    startable: !plan.job.stream
-                        && plan.job.dispatch_via.as_deref() != Some(provider_batches::VIA_PROVIDER_BATCH),
-                });
-                let key = (turn.class, plan.job.tenant.clone());
-                let vt = turn.vtime + plan.cost / plan.weight;
-                fairness.vtime.insert(key, vt);
-                let clock = fairness.clock.entry(turn.class).or_insert(0.0);
-                *clock = clock.max(turn.vtime);
+            let headroom = |b: &Bucket| self.headroom(b, class);
+            if let Some(r) = self.first_fitting(&plan.routes, class, buckets, paused, &closed) {
+                admissions.push(take(plan, r, buckets, now));
+                let vt = fairness.served(turn.class, &plan.job.tenant, turn.vtime, plan.cost / plan.weight);
                 queues[turn.queue].pop_front();
                 if !queues[turn.queue].is_empty() {
                     heap.push(Turn { vtime: vt, ..turn });
@@ -995,7 +1149,7 @@ impl Gate {
 
     /// The loop: become the active gate, then run rounds whenever work or capacity may
     /// have appeared (NOTIFY), when a blocked job should fit, or at the fallback poll.
-    pub async fn run(self, cancel: CancellationToken) {
+    pub async fn run(&self, cancel: CancellationToken) {
         let poll = Duration::from_millis(self.config.gate.poll_interval_ms);
         'lead: while let Some(mut leader) = self.lead(&cancel).await {
             let mut checked = tokio::time::Instant::now();

@@ -102,7 +102,22 @@ impl Broker {
             notifications.clone(),
         );
         let relays = TaskTracker::new();
+        let gate = roles.gate.then(|| {
+            let gate = Gate::new(gate_pool, config.clone(), notifications.clone());
+            Arc::new(if roles.dispatch {
+                gate.with_handoff(dispatcher.handoff())
+            } else {
+                gate
+            })
+        });
         let state = AppState {
+            arrivals: match &gate {
+                Some(gate) if roles.dispatch && roles.api => {
+                    // A transaction and three reads side by side per arrival, for two at once.
+                    Some(crate::arrivals::Arrivals::start(gate.clone(), role_pool(8))?)
+                }
+                _ => None,
+            },
             pool: pool.clone(),
             config: config.clone(),
             tenants: Arc::new(tenants),
@@ -137,14 +152,10 @@ impl Broker {
             // Streams run here: their leases need the heartbeat the dispatch loop would give.
             tracker.spawn(dispatcher.clone().keep_leases(cancel.clone()));
         }
-        if roles.gate {
-            let mut gate = Gate::new(gate_pool, config.clone(), notifications.clone());
-            if roles.dispatch {
-                gate = gate.with_handoff(dispatcher.handoff());
-            }
+        if let Some(gate) = gate {
             let gate = run_on_own_thread("tollgate-gate", {
                 let cancel = cancel.clone();
-                move || gate.run(cancel)
+                move || async move { gate.run(cancel).await }
             })?;
             tracker.spawn(async move {
                 if let Err(e) = gate.await {

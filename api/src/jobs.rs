@@ -3,6 +3,7 @@
 //! (`POST /v1/jobs/{id}/cancel`). Also the pieces the OpenAI-compatible endpoint shares:
 //! validating a chat request, enqueueing it, waiting for a job to finish.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
@@ -16,6 +17,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 use tollgate::estimate;
+use tollgate::gate::Arrival;
 use tollgate::model::{Job, JobClass, JobId, JobState, NewJob};
 use tollgate::notify::JobDone;
 use tollgate::routing;
@@ -289,9 +291,19 @@ pub(crate) fn idempotency_key_reused() -> ApiError {
 /// Validates and inserts; the row is committed when this returns.
 pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) -> Result<Inserted, ApiError> {
     // PostgreSQL keeps microseconds: so does the 202, to match every later read.
-    let job = new_job(state, tenant, s, Utc::now().trunc_subsecs(6))?;
+    let job = Arc::new(new_job(state, tenant, s, Utc::now().trunc_subsecs(6))?);
     check_queue_room(state, tenant, job.class, 1).await?;
-    let inserted = store::insert_job(&state.pool, &job).await?;
+    let arrival = match &state.arrivals {
+        Some(arrivals) if job.class == JobClass::Interactive && !job.stream => {
+            arrivals.admit(job.clone()).await?
+        }
+        _ => Arrival::Declined,
+    };
+    let inserted = match arrival {
+        Arrival::Started(started) => return Ok(Inserted::New(*started)),
+        Arrival::Queued => Inserted::New(Job::queued(&job)),
+        Arrival::Declined => store::insert_job(&state.pool, &job).await?,
+    };
     if let Inserted::New(_) = inserted {
         if job.class == JobClass::Interactive {
             state.notifications.interactive_queued();

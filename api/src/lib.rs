@@ -25,6 +25,7 @@
 //! The `tollgate` binary (`src/main.rs`) lives in this crate because it wires the API and
 //! the workers together.
 
+pub mod arrivals;
 pub mod auth;
 pub mod batches;
 pub mod bench;
@@ -76,6 +77,9 @@ pub struct AppState {
     pub relays: TaskTracker,
     /// The dashboard's history of queue samples.
     pub observer: status::Observer,
+    /// Admission on arrival for interactive jobs, when this process runs the gate and
+    /// dispatches too.
+    pub arrivals: Option<arrivals::Arrivals>,
 }
 
 /// Every endpoint, each with its OpenAPI description (`#[utoipa::path]` on the handler):

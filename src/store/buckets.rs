@@ -142,24 +142,43 @@ pub async fn save_buckets(conn: &mut PgConnection, buckets: &[Bucket]) -> Result
     if buckets.is_empty() {
         return Ok(());
     }
-    sqlx::query(
+    sqlx::query_as::<Postgres, (i64,)>(&format!("{} RETURNING b.id", save_statement(1)))
+        .bind_buckets(buckets)
+        .fetch_all(conn)
+        .await?;
+    Ok(())
+}
+
+/// The `UPDATE` that writes buckets' new state, its six arrays bound from `$first` on by
+/// [`BindBuckets::bind_buckets`].
+pub(crate) fn save_statement(first: usize) -> String {
+    let p: Vec<String> = (first..first + 6).map(|i| format!("${i}")).collect();
+    format!(
         "UPDATE buckets b SET level = t.level, updated_at = t.updated_at, resets_at = t.resets_at,
                               capacity = t.capacity, learned_at = t.learned_at,
                               source = CASE WHEN t.learned_at IS NULL THEN b.source ELSE 'learned' END
-         FROM unnest($1::bigint[], $2::float8[], $3::timestamptz[], $4::timestamptz[], $5::float8[],
-                     $6::timestamptz[])
+         FROM unnest({}::bigint[], {}::float8[], {}::timestamptz[], {}::timestamptz[], {}::float8[],
+                     {}::timestamptz[])
               AS t(id, level, updated_at, resets_at, capacity, learned_at)
          WHERE b.id = t.id",
+        p[0], p[1], p[2], p[3], p[4], p[5]
     )
-    .bind(buckets.iter().map(|b| b.id).collect::<Vec<_>>())
-    .bind(buckets.iter().map(|b| b.level).collect::<Vec<_>>())
-    .bind(buckets.iter().map(|b| b.updated_at).collect::<Vec<_>>())
-    .bind(buckets.iter().map(|b| b.resets_at).collect::<Vec<_>>())
-    .bind(buckets.iter().map(|b| b.capacity).collect::<Vec<_>>())
-    .bind(buckets.iter().map(|b| b.learned_at).collect::<Vec<_>>())
-    .execute(conn)
-    .await?;
-    Ok(())
+}
+
+/// Binds the arrays of [`save_statement`].
+pub(crate) trait BindBuckets {
+    fn bind_buckets(self, buckets: &[Bucket]) -> Self;
+}
+
+impl<'q, O> BindBuckets for sqlx::query::QueryAs<'q, Postgres, O, sqlx::postgres::PgArguments> {
+    fn bind_buckets(self, buckets: &[Bucket]) -> Self {
+        self.bind(buckets.iter().map(|b| b.id).collect::<Vec<_>>())
+            .bind(buckets.iter().map(|b| b.level).collect::<Vec<_>>())
+            .bind(buckets.iter().map(|b| b.updated_at).collect::<Vec<_>>())
+            .bind(buckets.iter().map(|b| b.resets_at).collect::<Vec<_>>())
+            .bind(buckets.iter().map(|b| b.capacity).collect::<Vec<_>>())
+            .bind(buckets.iter().map(|b| b.learned_at).collect::<Vec<_>>())
+    }
 }
 
 /// Records what the ended reservations give back (or take, when a job used more than

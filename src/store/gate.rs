@@ -45,6 +45,36 @@ pub struct Candidate {
     pub stream: bool,
 }
 
+impl Candidate {
+    /// A job arriving now, as the gate would read it once queued.
+    pub fn arriving(job: &crate::model::NewJob) -> Self {
+        Self {
+            id: job.id,
+            tenant: job.tenant.clone(),
+            class: job.class,
+            priority: job.priority,
+            model: job.model.clone(),
+            deadline: job.deadline,
+            created_at: job.created_at,
+            estimated_input_tokens: job.estimated_input_tokens,
+            estimated_output_tokens: job.estimated_output_tokens,
+            admission: None,
+            failed_targets: None,
+            dispatch_via: None,
+            stream: job.stream,
+        }
+    }
+}
+
+/// Whether any interactive job is queued (one probe of `jobs_gate`).
+pub async fn interactive_queued(ex: impl PgExecutor<'_>) -> Result<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'queued' AND class = 'interactive')",
+    )
+    .fetch_one(ex)
+    .await?)
+}
+
 /// The first `per_queue` runnable jobs of each queue, in the order the tenant wants them
 /// served: priority, then earliest deadline.
 pub async fn candidates(
@@ -87,6 +117,20 @@ pub struct Admission {
     /// Any dispatcher may run it (not a stream, which runs where its client is connected,
     /// nor a provider-batch line): the gate may start it in its own process.
     pub startable: bool,
+}
+
+impl Admission {
+    /// Its reservation, in bucket id order.
+    pub fn held(&self) -> (Vec<i64>, Vec<f64>) {
+        let mut held: Vec<(i64, f64)> = self
+            .bucket_ids
+            .iter()
+            .copied()
+            .zip(self.amounts.iter().copied())
+            .collect();
+        held.sort_by_key(|h| h.0);
+        held.into_iter().unzip()
+    }
 }
 
 /// Who runs the jobs a round starts itself: the gate's own process's dispatcher.
@@ -189,17 +233,11 @@ impl<'q, O> BindAdmissions for sqlx::query::QueryAs<'q, Postgres, O, sqlx::postg
         let mut buckets = Vec::with_capacity(admissions.len());
         let mut amounts = Vec::with_capacity(admissions.len());
         for a in admissions {
-            let mut held: Vec<(i64, f64)> = a
-                .bucket_ids
-                .iter()
-                .copied()
-                .zip(a.amounts.iter().copied())
-                .collect();
-            held.sort_by_key(|h| h.0);
+            let (ids, held) = a.held();
             let literal =
                 |items: Vec<String>| (!items.is_empty()).then(|| format!("{{{}}}", items.join(",")));
-            buckets.push(literal(held.iter().map(|h| h.0.to_string()).collect()));
-            amounts.push(literal(held.iter().map(|h| float_literal(h.1)).collect()));
+            buckets.push(literal(ids.iter().map(i64::to_string).collect()));
+            amounts.push(literal(held.iter().map(|v| float_literal(*v)).collect()));
         }
         self.bind(admissions.iter().map(|a| a.id.0).collect::<Vec<_>>())
             .bind(admissions.iter().map(|a| a.provider.clone()).collect::<Vec<_>>())

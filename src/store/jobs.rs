@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor, PgPool, Postgres};
 
-use super::buckets::{Reservation, Settlement, reservation, settle};
+use super::buckets::{BindBuckets, Reservation, Settlement, reservation, settle};
 use super::{CHANNEL_GATE, CHANNEL_JOB_DONE, Result};
 use crate::model::{Job, JobId, JobState, NewJob, Usage};
 
@@ -17,33 +17,7 @@ pub enum Inserted {
 }
 
 pub async fn insert_job(ex: impl PgExecutor<'_> + Copy, job: &NewJob) -> Result<Inserted> {
-    // Only the id comes back: the new row is exactly what was sent, so it is not read
-    // (and its request body not decoded) again.
-    let row: Option<(JobId,)> = sqlx::query_as(
-        "INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
-                           deadline, not_before, max_attempts, estimated_input_tokens,
-                           estimated_output_tokens, created_at, stream)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $10, $14)
-         ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-         RETURNING id",
-    )
-    .bind(job.id)
-    .bind(&job.tenant)
-    .bind(job.class)
-    .bind(job.priority)
-    .bind(&job.request)
-    .bind(&job.model)
-    .bind(&job.idempotency_key)
-    .bind(&job.metadata)
-    .bind(job.deadline)
-    .bind(job.created_at)
-    .bind(job.max_attempts)
-    .bind(job.estimated_input_tokens)
-    .bind(job.estimated_output_tokens)
-    .bind(job.stream)
-    .fetch_optional(ex)
-    .await?;
-    if row.is_some() {
+    if insert_new_job(ex, job).await? {
         return Ok(Inserted::New(Job::queued(job)));
     }
     let existing =
@@ -53,6 +27,105 @@ pub async fn insert_job(ex: impl PgExecutor<'_> + Copy, job: &NewJob) -> Result<
             .fetch_one(ex)
             .await?;
     Ok(Inserted::Existing(existing))
+}
+
+/// Inserts the job, queued, unless its tenant already used its idempotency key (`false`).
+pub async fn insert_new_job(ex: impl PgExecutor<'_>, job: &NewJob) -> Result<bool> {
+    Ok(bind_new_job(sqlx::query_as(&insert_statement("", "")), job)
+        .fetch_optional(ex)
+        .await?
+        .is_some())
+}
+
+/// Inserts the job already admitted with `admission` and running for `starter`, as if
+/// queued, admitted and claimed in one write (see [`super::admit`]), and writes the
+/// `buckets` it took from in the same statement; `None` when its tenant already used its
+/// idempotency key (the buckets are written all the same: roll back). Run in the
+/// transaction holding the buckets.
+pub async fn insert_started_job(
+    conn: &mut PgConnection,
+    job: &NewJob,
+    admission: &super::Admission,
+    starter: super::Starter<'_>,
+    buckets: &[crate::buckets::Bucket],
+    now: DateTime<Utc>,
+) -> Result<Option<Job>> {
+    let (bucket_ids, amounts) = admission.held();
+    // No reservation is NULL, as the admission's UPDATE writes it.
+    let (bucket_ids, amounts) = match bucket_ids.is_empty() {
+        true => (None, None),
+        false => (Some(bucket_ids), Some(amounts)),
+    };
+    let statement = format!(
+        "WITH saved AS ({}) {}",
+        super::buckets::save_statement(23),
+        insert_statement(
+            ", state, attempt, lease_owner, lease_expires_at, started_at, admitted_at, provider, provider_model,
+               provider_key, reserved_buckets, reserved_amounts",
+            ", 'running', 1, $15, $16, $17, $17, $18, $19, $20, $21, $22",
+        )
+    );
+    let inserted = bind_new_job(sqlx::query_as(&statement), job)
+        .bind(starter.owner)
+        .bind(starter.lease_until)
+        .bind(now)
+        .bind(&admission.provider)
+        .bind(&admission.model)
+        .bind(&admission.key)
+        .bind(&bucket_ids)
+        .bind(&amounts)
+        .bind_buckets(buckets)
+        .fetch_optional(conn)
+        .await?;
+    Ok(inserted.map(|_| Job {
+        state: JobState::Running,
+        attempt: 1,
+        lease_owner: Some(starter.owner.to_owned()),
+        lease_expires_at: Some(starter.lease_until),
+        started_at: Some(now),
+        admitted_at: Some(now),
+        provider: Some(admission.provider.clone()),
+        provider_model: Some(admission.model.clone()),
+        provider_key: admission.key.clone(),
+        reserved_buckets: bucket_ids,
+        reserved_amounts: amounts,
+        ..Job::queued(job)
+    }))
+}
+
+/// The `INSERT` of a new job ($1–$14, [`bind_new_job`]) with `columns` and their `values`
+/// added. Only the id comes back: the new row is exactly what was sent, so it is not read
+/// (and its request body not decoded) again.
+fn insert_statement(columns: &str, values: &str) -> String {
+    format!(
+        "INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
+                           deadline, not_before, max_attempts, estimated_input_tokens,
+                           estimated_output_tokens, created_at, stream{columns})
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $10, $14{values})
+         ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+         RETURNING id"
+    )
+}
+
+fn bind_new_job<'q>(
+    query: sqlx::query::QueryAs<'q, Postgres, (JobId,), sqlx::postgres::PgArguments>,
+    job: &'q NewJob,
+) -> sqlx::query::QueryAs<'q, Postgres, (JobId,), sqlx::postgres::PgArguments> {
+    query
+        .bind(job.id)
+        .bind(&job.tenant)
+        .bind(job.class)
+        .bind(job.priority)
+        .bind(&job.request)
+        .bind(&job.model)
+        .bind(&job.idempotency_key)
+        .bind(&job.metadata)
+        .bind(job.deadline)
+        .bind(job.created_at)
+        .bind(job.max_attempts)
+        .bind(job.estimated_input_tokens)
+        .bind(job.estimated_output_tokens)
+        .bind(job.stream)
 }
 
 /// What [`insert_jobs`] did with each job, in the order given.

@@ -84,6 +84,23 @@ async fn reservations_held(app: &TestApp) -> i64 {
         .unwrap()
 }
 
+/// The mock answered all `jobs` with success, never a 429, never over a limit or over
+/// `concurrency` calls at once.
+fn assert_the_provider_saw_every_job_within_its_limits(app: &TestApp, jobs: usize, concurrency: u64) {
+    let stats = app.mock.stats();
+    assert_eq!(
+        stats.rate_limited_429, 0,
+        "the broker caused provider 429s: {stats:?}"
+    );
+    assert_eq!(stats.limit_violations, 0, "{stats:?}");
+    assert_eq!(stats.succeeded, jobs as u64);
+    assert!(
+        stats.max_in_flight <= concurrency,
+        "concurrency limit broken: {}",
+        stats.max_in_flight
+    );
+}
+
 #[tokio::test]
 async fn three_processes_never_exceed_the_providers_limit() {
     const RPM: u64 = 1200;
@@ -114,19 +131,7 @@ async fn three_processes_never_exceed_the_providers_limit() {
     let peer_b = app.spawn_peer(Roles::ALL).await;
     let peer_c = app.spawn_peer(Roles::ALL).await;
     wait_all_finished(&app, JOBS as i64, 120).await;
-
-    let stats = app.mock.stats();
-    assert_eq!(
-        stats.rate_limited_429, 0,
-        "the broker caused provider 429s: {stats:?}"
-    );
-    assert_eq!(stats.limit_violations, 0, "{stats:?}");
-    assert_eq!(stats.succeeded, JOBS as u64);
-    assert!(
-        stats.max_in_flight <= 48,
-        "concurrency limit broken: {}",
-        stats.max_in_flight
-    );
+    assert_the_provider_saw_every_job_within_its_limits(&app, JOBS, 48);
     // Throughput: the provider allows its burst plus the refill over the drain.
     let (first, last): (DateTime<Utc>, DateTime<Utc>) =
         sqlx::query_as("SELECT min(started_at), max(started_at) FROM jobs")
@@ -153,6 +158,93 @@ async fn three_processes_never_exceed_the_providers_limit() {
     peer_a.shutdown().await;
     peer_b.shutdown().await;
     peer_c.shutdown().await;
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn interactive_jobs_admitted_as_they_arrive_at_three_processes_keep_the_limits() {
+    // An interactive job is admitted by the process that receives it, in its insert's
+    // transaction, without waiting for a gate round; what its buckets cannot hold queues
+    // for the gate. Three processes taking arrivals at once never exceed the provider's
+    // limits.
+    const RPM: u64 = 600;
+    const CONCURRENCY: u64 = 8;
+    const JOBS: usize = 640;
+    let mut mock = mock_config();
+    mock.latency_ms = 20;
+    mock.projects[0].rpm = RPM;
+    mock.projects[0].tpm = 0;
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        extra_config: format!(
+            "[providers.limits.\"gpt-4o-mini\"]\nrpm = {RPM}\nconcurrency = {CONCURRENCY}\n"
+        ),
+        roles: Roles::API_ONLY,
+        learn_limits: true,
+        ..TestOptions::default()
+    })
+    .await;
+    let peers = [
+        app.spawn_peer(Roles::ALL).await,
+        app.spawn_peer(Roles::ALL).await,
+        app.spawn_peer(Roles::ALL).await,
+    ];
+    let apis: Vec<String> = peers
+        .iter()
+        .map(|p| format!("http://{}", p.addr.expect("peer API")))
+        .collect();
+    let urgent = |i: usize| {
+        let mut body = job("oai/gpt-4o-mini", &format!("urgent {i}"));
+        body["class"] = json!("interactive");
+        body
+    };
+    // Alone, it is running by the time the 202 answers.
+    let first = app
+        .http
+        .post(format!("{}/v1/jobs", apis[0]))
+        .bearer_auth(ACME)
+        .json(&urgent(0))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status().as_u16(), 202);
+    let first: Value = first.json().await.unwrap();
+    assert_eq!(first["state"], "running", "{first}");
+    assert!(first["admitted_at"].is_string(), "{first}");
+    // A crowd: more than the concurrency limit holds at once, more than a minute's requests.
+    let states: Vec<String> = futures::stream::iter(1..JOBS)
+        .map(|i| {
+            let (http, url) = (app.http.clone(), format!("{}/v1/jobs", apis[i % apis.len()]));
+            async move {
+                let r = http
+                    .post(url)
+                    .bearer_auth(ACME)
+                    .json(&urgent(i))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status().as_u16(), 202);
+                let body: Value = r.json().await.unwrap();
+                body["state"].as_str().unwrap_or_default().to_owned()
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let on_arrival = states.iter().filter(|s| *s == "running").count();
+    let queued = states.iter().filter(|s| *s == "queued").count();
+    assert_eq!(on_arrival + queued, JOBS - 1, "{states:?}");
+    assert!(
+        on_arrival > 0 && queued > 0,
+        "{on_arrival} started on arrival, {queued} queued"
+    );
+    wait_all_finished(&app, JOBS as i64, 120).await;
+    assert_the_provider_saw_every_job_within_its_limits(&app, JOBS, CONCURRENCY);
+    assert_eq!(reservations_held(&app).await, 0);
+    bucket_settles_at(&app, "provider:oai:gpt-4o-mini:concurrency", CONCURRENCY as f64).await;
+    for p in peers {
+        p.shutdown().await;
+    }
     app.shutdown().await;
 }
 
