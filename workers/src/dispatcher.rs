@@ -67,7 +67,9 @@ type Handed = (Job, tokio::sync::OwnedSemaphorePermit);
 
 /// Jobs handed over per call slot that one process may hold (running or waiting for a
 /// slot), so the gate runs ahead of the provider calls without one process hoarding work.
-const ROOM_PER_SLOT: usize = 2;
+/// Every job beyond it that the gate admits costs a claim (one more write of its row): 8
+/// instead of 2 gave +9 % jobs/s end to end at 100,000 jobs (BENCHMARKS.md, session 5).
+const ROOM_PER_SLOT: usize = 8;
 
 /// A handed-over job waiting for a slot; the greatest runs first.
 struct Waiting {
