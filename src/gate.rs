@@ -322,7 +322,7 @@ impl Gate {
     /// Admits an interactive job as it arrives, without waiting for a round: in one
     /// transaction the buckets on its path are locked (in id order, as a round locks them)
     /// and, when they hold it, it is inserted admitted and running for this process's
-    /// dispatcher, which is handed it. What a round would decide the same way: interactive work goes
+    /// dispatcher, which is handed it. A round would decide the same: interactive work goes
     /// first, and with no interactive job queued this one is next in line. When another
     /// interactive job is queued, a limit was just learned and not yet applied, or this
     /// dispatcher has no room, it is [`Arrival::Declined`] and the caller queues it as
