@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use crate::buckets::{self, Bucket, BucketSpec, Demand, Dimension, Rule};
 use crate::config::Config;
 use crate::learning::{self, Learned, Source};
-use crate::model::{JobClass, JobId, NewJob};
+use crate::model::{Job, JobClass, JobId, NewJob};
 use crate::notify::Notifications;
 use crate::provider_batches;
 use crate::routing::{self, Target};
@@ -132,17 +132,6 @@ impl Handoff {
             }
         }
     }
-}
-
-/// What [`Gate::admit_arrival`] did with a new job.
-#[derive(Debug)]
-pub enum Arrival {
-    /// Inserted, admitted and started on this process's dispatcher.
-    Started(Box<crate::model::Job>),
-    /// Inserted and queued: its buckets cannot hold it now; a round will admit it.
-    Queued,
-    /// Not inserted: the caller queues it as usual.
-    Declined,
 }
 
 /// Virtual times of the weighted fair queuing, per class.
@@ -324,20 +313,20 @@ impl Gate {
     /// and, when they hold it, it is inserted admitted and running for this process's
     /// dispatcher, which is handed it. A round would decide the same: interactive work goes
     /// first, and with no interactive job queued this one is next in line. When another
-    /// interactive job is queued, a limit was just learned and not yet applied, or this
-    /// dispatcher has no room, it is [`Arrival::Declined`] and the caller queues it as
-    /// usual; when its buckets cannot hold it now it stays queued for the next round.
+    /// interactive job is queued, a limit was just learned and not yet applied, this
+    /// dispatcher has no room, or the buckets cannot hold it now, nothing is written
+    /// (`None`) and the caller queues it as usual. Returns the started job.
     /// `pool` is the caller's (the gate's own connections belong to its thread).
-    pub async fn admit_arrival(&self, pool: &PgPool, job: &NewJob) -> Result<Arrival, StoreError> {
+    pub async fn admit_arrival(&self, pool: &PgPool, job: &NewJob) -> Result<Option<Job>, StoreError> {
         let Some(handoff) = &self.handoff else {
-            return Ok(Arrival::Declined);
+            return Ok(None);
         };
         if job.class != JobClass::Interactive || job.stream {
-            return Ok(Arrival::Declined);
+            return Ok(None);
         }
         let permits = handoff.permits(1);
         if permits.is_empty() {
-            return Ok(Arrival::Declined);
+            return Ok(None);
         }
         let now = Utc::now();
         // The transaction begins while the reads run, on its own connection.
@@ -350,13 +339,13 @@ impl Gate {
         )?;
         if queued || learned.iter().any(Learned::pending) {
             tx.rollback().await?;
-            return Ok(Arrival::Declined);
+            return Ok(None);
         }
         let paused: HashMap<String, DateTime<Utc>> = paused.into_iter().collect();
         let Ok(plan) = self.plan(Candidate::arriving(job), now, &calibration, &Known::new(&learned)) else {
             // A round fails it with its reason.
             tx.rollback().await?;
-            return Ok(Arrival::Declined);
+            return Ok(None);
         };
         let mut keys: Vec<String> = plan
             .routes
@@ -382,13 +371,8 @@ impl Gate {
             None
         };
         let Some(route) = route else {
-            if !store::insert_new_job(&mut *tx, job).await? {
-                // Its idempotency key is taken: the usual insert answers with that job.
-                tx.rollback().await?;
-                return Ok(Arrival::Declined);
-            }
-            tx.commit().await?;
-            return Ok(Arrival::Queued);
+            tx.rollback().await?;
+            return Ok(None);
         };
         let admission = take(&plan, route, &mut buckets, now);
         let starter = store::Starter {
@@ -401,8 +385,9 @@ impl Gate {
             .collect();
         let Some(started) = store::insert_started_job(&mut tx, job, &admission, starter, &taken, now).await?
         else {
+            // Its idempotency key is taken: the usual insert answers with that job.
             tx.rollback().await?;
-            return Ok(Arrival::Declined);
+            return Ok(None);
         };
         tx.commit().await?;
         {
@@ -415,7 +400,7 @@ impl Gate {
             fairness.served(plan.class, &job.tenant, vtime, plan.cost / plan.weight);
         }
         handoff.hand(vec![started.clone()], permits);
-        Ok(Arrival::Started(Box::new(started)))
+        Ok(Some(started))
     }
 
     /// The demand to reserve on `target`: input scaled up by the model's learned ratio

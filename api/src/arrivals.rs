@@ -8,8 +8,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use sqlx::PgPool;
 use tokio_util::sync::{CancellationToken, DropGuard};
-use tollgate::gate::{Arrival, Gate};
-use tollgate::model::NewJob;
+use tollgate::gate::Gate;
+use tollgate::model::{Job, NewJob};
 use tollgate::store::StoreError;
 
 #[derive(Clone)]
@@ -53,7 +53,7 @@ impl Arrivals {
     }
 
     /// [`Gate::admit_arrival`] on the arrivals thread.
-    pub async fn admit(&self, job: Arc<NewJob>) -> Result<Arrival, StoreError> {
+    pub async fn admit(&self, job: Arc<NewJob>) -> Result<Option<Job>, StoreError> {
         let (gate, pool) = (self.gate.clone(), self.pool.clone());
         self.runtime
             .spawn(async move { gate.admit_arrival(&pool, &job).await })

@@ -17,7 +17,6 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 use tollgate::estimate;
-use tollgate::gate::Arrival;
 use tollgate::model::{Job, JobClass, JobId, JobState, NewJob};
 use tollgate::notify::JobDone;
 use tollgate::routing;
@@ -293,17 +292,16 @@ pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) ->
     // PostgreSQL keeps microseconds: so does the 202, to match every later read.
     let job = Arc::new(new_job(state, tenant, s, Utc::now().trunc_subsecs(6))?);
     check_queue_room(state, tenant, job.class, 1).await?;
-    let arrival = match &state.arrivals {
+    let started = match &state.arrivals {
         Some(arrivals) if job.class == JobClass::Interactive && !job.stream => {
             arrivals.admit(job.clone()).await?
         }
-        _ => Arrival::Declined,
+        _ => None,
     };
-    let inserted = match arrival {
-        Arrival::Started(started) => return Ok(Inserted::New(*started)),
-        Arrival::Queued => Inserted::New(Job::queued(&job)),
-        Arrival::Declined => store::insert_job(&state.pool, &job).await?,
-    };
+    if let Some(started) = started {
+        return Ok(Inserted::New(started));
+    }
+    let inserted = store::insert_job(&state.pool, &job).await?;
     if let Inserted::New(_) = inserted {
         if job.class == JobClass::Interactive {
             state.notifications.interactive_queued();

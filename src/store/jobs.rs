@@ -30,7 +30,7 @@ pub async fn insert_job(ex: impl PgExecutor<'_> + Copy, job: &NewJob) -> Result<
 }
 
 /// Inserts the job, queued, unless its tenant already used its idempotency key (`false`).
-pub async fn insert_new_job(ex: impl PgExecutor<'_>, job: &NewJob) -> Result<bool> {
+async fn insert_new_job(ex: impl PgExecutor<'_>, job: &NewJob) -> Result<bool> {
     Ok(bind_new_job(sqlx::query_as(&insert_statement("", "")), job)
         .fetch_optional(ex)
         .await?
