@@ -597,7 +597,9 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
          -- `old` is the row as this statement's snapshot saw it, read without a lock (a lock
          -- per row is a WAL record per row): a running job's reservation changes only by its
          -- holder, and a concurrent cancel or rescue changes its state, which fails the guard
-         -- on `j` (re-checked on the latest version) so that row is not written.
+         -- on `j` (re-checked on the latest version) so that row is not written. `old` is
+         -- found by `t.id` alone: with `old.id = ANY($1)` as well, each of its index probes
+         -- sorted the whole array again (the finishing statement took 1.7× as long).
          UPDATE jobs j SET state = t.state, result = COALESCE(t.result, j.result), usage = COALESCE(t.usage, j.usage),
                            provider_request_id = COALESCE(t.request_id, j.provider_request_id),
                            error_code = t.code, error_message = t.message,
@@ -609,7 +611,7 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
                            failed_targets = CASE WHEN t.failed IS NULL THEN j.failed_targets
                                                  ELSE array_append(COALESCE(j.failed_targets, '{}'), t.failed) END
          FROM t, jobs old
-         WHERE j.id = ANY($1) AND j.id = t.id AND old.id = ANY($1) AND old.id = t.id AND j.state = 'running'
+         WHERE j.id = ANY($1) AND j.id = t.id AND old.id = t.id AND j.state = 'running'
            AND j.attempt = t.attempt AND j.lease_owner = t.owner
          RETURNING j.id, old.state AS old_state, old.reserved_buckets AS old_buckets, old.reserved_amounts AS old_amounts",
     )

@@ -228,37 +228,112 @@ async fn submit_bulk(http: &reqwest::Client, url: &str, range: std::ops::Range<u
 /// Jobs per `POST /v1/jobs/bulk` in the benchmarks.
 const BULK_CHUNK: usize = 2_000;
 
-/// The whole machine's busy CPU time so far (all cores: user, system, interrupts), from
-/// `/proc/stat`; `None` where there is none. Per job, it is steadier across runs than wall
-/// time on a VM whose speed moves, and it counts the database, the broker, the mock
-/// provider and the load generator alike.
+/// CPU time used so far, read from `/proc` (`None` where there is none): the whole
+/// machine's busy time (all cores: user, system, interrupts), PostgreSQL's (its server
+/// processes, when it runs on this machine) and this process's (the broker, the in-process
+/// mock provider and the load generator). Per job, it is steadier across runs than wall
+/// time on a VM whose speed moves, and the split says which side bounds a figure.
 #[derive(Debug, Clone, Copy)]
-struct MachineCpu(Option<Duration>);
+struct CpuUse {
+    machine: Option<Duration>,
+    database: Option<Duration>,
+    this_process: Option<Duration>,
+}
 
-impl MachineCpu {
-    fn now() -> Self {
-        let busy = std::fs::read_to_string("/proc/stat").ok().and_then(|stat| {
-            let line = stat.lines().next()?;
-            let fields: Vec<u64> = line
+/// CPU milliseconds per job over a case, by whom ([`CpuUse`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct CpuPerJob {
+    machine: Option<f64>,
+    database: Option<f64>,
+    this_process: Option<f64>,
+}
+
+/// `/proc`'s CPU times, in USER_HZ ticks (100 a second on every Linux this runs on).
+fn ticks(n: u64) -> Duration {
+    Duration::from_millis(n * 10)
+}
+
+impl CpuUse {
+    /// `postmaster`: the PostgreSQL server's process id ([`postmaster_pid`]), if local.
+    fn now(postmaster: Option<u32>) -> Self {
+        let machine = std::fs::read_to_string("/proc/stat").ok().and_then(|stat| {
+            let fields: Vec<u64> = stat
+                .lines()
+                .next()?
                 .split_whitespace()
                 .skip(1)
                 .filter_map(|f| f.parse().ok())
                 .collect();
             // user nice system idle iowait irq softirq steal: busy = all but idle, iowait, steal.
-            let busy: u64 = [0, 1, 2, 5, 6].iter().filter_map(|&i| fields.get(i)).sum();
-            // USER_HZ is 100 on every Linux this runs on.
-            Some(Duration::from_millis(busy * 10))
+            Some(ticks([0, 1, 2, 5, 6].iter().filter_map(|&i| fields.get(i)).sum()))
         });
-        Self(busy)
+        let this_process = process_ticks("self", false).map(ticks);
+        Self {
+            machine,
+            database: postmaster.and_then(server_ticks).map(ticks),
+            this_process,
+        }
     }
 
-    /// Busy CPU milliseconds per job since `begin`.
-    fn per_job_ms(begin: Self, jobs: usize) -> Option<f64> {
-        let (Some(from), Some(to)) = (begin.0, Self::now().0) else {
-            return None;
+    fn per_job_since(begin: Self, postmaster: Option<u32>, jobs: usize) -> CpuPerJob {
+        let end = Self::now(postmaster);
+        let per_job = |from: Option<Duration>, to: Option<Duration>| {
+            Some(to?.saturating_sub(from?).as_secs_f64() * 1000.0 / jobs.max(1) as f64)
         };
-        Some(to.saturating_sub(from).as_secs_f64() * 1000.0 / jobs.max(1) as f64)
+        CpuPerJob {
+            machine: per_job(begin.machine, end.machine),
+            database: per_job(begin.database, end.database),
+            this_process: per_job(begin.this_process, end.this_process),
+        }
     }
+}
+
+/// A process's user + system CPU ticks from `/proc/<pid>/stat`, with its reaped children's
+/// when `with_children`.
+fn process_ticks(pid: &str, with_children: bool) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
+    let own = field(11)? + field(12)?;
+    Some(if with_children {
+        own + field(13)? + field(14)?
+    } else {
+        own
+    })
+}
+
+/// The PostgreSQL server's CPU ticks: the postmaster's, with its ended children's (ended
+/// backends are reaped by it), plus those of its children running now.
+fn server_ticks(postmaster: u32) -> Option<u64> {
+    let children: u64 = std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()))
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let parent: u32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+            (parent == postmaster)
+                .then(|| process_ticks(&pid, false))
+                .flatten()
+        })
+        .sum();
+    Some(process_ticks(&postmaster.to_string(), true)? + children)
+}
+
+/// The process id of the PostgreSQL server behind `pool`, when it runs on this machine
+/// (the parent of this connection's backend).
+async fn postmaster_pid(pool: &sqlx::PgPool) -> Option<u32> {
+    let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(pool)
+        .await
+        .ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{backend}/stat")).ok()?;
+    // A backend of another machine's server may share its pid with an unrelated process
+    // here: only a `postgres` process counts.
+    let (name, rest) = stat.split_once(" (")?.1.rsplit_once(')')?;
+    (name == "postgres").then_some(())?;
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Sends `n` requests with `clients` in flight; returns how many failed.
@@ -319,7 +394,8 @@ async fn throughput(args: &BenchArgs) -> anyhow::Result<()> {
         .pool_max_idle_per_host(args.clients)
         .build()?;
     let direct_url = format!("http://{}/v1/chat/completions", stack.mock_addr);
-    let (begin, cpu_begin) = (Instant::now(), MachineCpu::now());
+    let postmaster = postmaster_pid(&stack.pool).await;
+    let (begin, cpu_begin) = (Instant::now(), CpuUse::now(postmaster));
     let direct_failures = send_all(args.jobs, args.clients, |i| {
         let (http, url) = (http.clone(), direct_url.clone());
         async move {
@@ -332,7 +408,7 @@ async fn throughput(args: &BenchArgs) -> anyhow::Result<()> {
     })
     .await;
     let direct = begin.elapsed();
-    let direct_cpu = MachineCpu::per_job_ms(cpu_begin, args.jobs);
+    let direct_cpu = CpuUse::per_job_since(cpu_begin, postmaster, args.jobs);
 
     let (per_job, per_job_submit, per_job_failures) = if args.skip_single {
         (None, None, 0)
@@ -363,7 +439,8 @@ async fn throughput(args: &BenchArgs) -> anyhow::Result<()> {
         .step_by(BULK_CHUNK)
         .map(|from| from..(from + BULK_CHUNK).min(args.jobs))
         .collect();
-    let (begin, cpu_begin) = (Instant::now(), MachineCpu::now());
+    let postmaster = postmaster_pid(&stack.pool).await;
+    let (begin, cpu_begin) = (Instant::now(), CpuUse::now(postmaster));
     let bulk_failures = send_all(chunks.len(), 4, |c| {
         let (http, url, range) = (http.clone(), bulk_url.clone(), chunks[c].clone());
         async move { submit_bulk(&http, &url, range).await }
@@ -373,7 +450,7 @@ async fn throughput(args: &BenchArgs) -> anyhow::Result<()> {
     let bulk_submitted = begin.elapsed();
     let (succeeded, failed) = wait_finished(&stack.pool, args.jobs as i64).await?;
     let bulk_through = begin.elapsed();
-    let bulk_cpu = MachineCpu::per_job_ms(cpu_begin, args.jobs);
+    let bulk_cpu = CpuUse::per_job_since(cpu_begin, postmaster, args.jobs);
     let mut stack = stack;
     stack.stop_services().await;
     let apalis = match &args.apalis {
@@ -392,18 +469,24 @@ async fn throughput(args: &BenchArgs) -> anyhow::Result<()> {
         "\n### throughput: {} jobs end to end vs. direct to the mock\n",
         args.jobs
     );
-    println!("| case | wall s | jobs/s | ratio to baseline | machine CPU ms per job | failures |");
-    println!("|---|---:|---:|---:|---:|---:|");
-    let row_with_cpu = |name: &str, d: Duration, cpu: Option<f64>, failures: usize| {
-        let cpu = cpu.map_or_else(|| "–".to_owned(), |ms| format!("{ms:.3}"));
+    println!(
+        "| case | wall s | jobs/s | ratio to baseline | CPU ms per job: machine | PostgreSQL | tollgate process | failures |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let row_with_cpu = |name: &str, d: Duration, cpu: CpuPerJob, failures: usize| {
+        let ms = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |ms| format!("{ms:.3}"));
         println!(
-            "| {name} | {:.2} | {:.0} | {:.2} | {cpu} | {failures} |",
+            "| {name} | {:.2} | {:.0} | {:.2} | {} | {} | {} | {failures} |",
             d.as_secs_f64(),
             rate(args.jobs, d),
-            rate(args.jobs, d) / direct_rate
+            rate(args.jobs, d) / direct_rate,
+            ms(cpu.machine),
+            ms(cpu.database),
+            ms(cpu.this_process),
         );
     };
-    let row = |name: &str, d: Duration, failures: usize| row_with_cpu(name, d, None, failures);
+    let row =
+        |name: &str, d: Duration, failures: usize| row_with_cpu(name, d, CpuPerJob::default(), failures);
     row_with_cpu("baseline: direct to mock", direct, direct_cpu, direct_failures);
     if let (Some(through), Some(submitted)) = (per_job, per_job_submit) {
         row(
@@ -427,6 +510,10 @@ async fn throughput(args: &BenchArgs) -> anyhow::Result<()> {
         bulk_through,
         bulk_cpu,
         failed as usize,
+    );
+    println!(
+        "\nThe tollgate process holds the broker, the mock provider and the load generator: \
+         its CPU in the first row is the mock's and the clients' alone."
     );
     if !apalis.is_empty() {
         let bulk_rate = rate(args.jobs, bulk_through);
