@@ -5,8 +5,9 @@
 //! tenant; a tenant key sees its own jobs and the buckets that apply to it.
 //!
 //! History is a bounded ring of samples kept by this API process ([`Observer`]): one
-//! sample every [`SAMPLE_EVERY`], [`HISTORY`] long, taken from the database by
-//! [`Observer::sample`] (a loop the broker runs), so every process shows the same numbers.
+//! sample every [`SAMPLE_EVERY`] (less often when sampling is slow), [`HISTORY`] long,
+//! taken from the database by [`Observer::sample`] (a loop the broker runs), so every
+//! process shows the same numbers.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -31,6 +32,8 @@ use crate::error::ApiError;
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(2);
 /// How much history is kept.
 pub const HISTORY: Duration = Duration::from_secs(3600);
+/// The sampler takes at most one part in this of the time (and of a database connection).
+const SAMPLER_SHARE: u32 = 20;
 /// The window of the "now" rates in `/v1/status`.
 const RATE_WINDOW_SECS: i64 = 60;
 /// Failures listed.
@@ -320,24 +323,27 @@ impl Observer {
             queued,
             traffic,
         });
-        let keep = (HISTORY.as_secs_f64() / SAMPLE_EVERY.as_secs_f64()).ceil() as usize;
-        while samples.len() > keep {
+        let oldest = now - chrono::Duration::from_std(HISTORY).unwrap_or_default();
+        while samples.front().is_some_and(|s| s.at < oldest) {
             samples.pop_front();
         }
         Ok(())
     }
 
-    /// The sampling loop, until `cancel`.
+    /// The sampling loop, until `cancel`: a sample every [`SAMPLE_EVERY`], or less often
+    /// when sampling is slow (counting a queue of a million takes most of a second), so
+    /// that it takes at most 1 / [`SAMPLER_SHARE`] of the time.
     pub async fn sample(self, pool: PgPool, cancel: CancellationToken) {
-        let mut every = tokio::time::interval(SAMPLE_EVERY);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                _ = every.tick() => {}
-            }
+            let began = std::time::Instant::now();
             if let Err(e) = self.sample_once(&pool, Utc::now()).await {
                 tracing::warn!(error = %e, "could not sample the queues for the dashboard");
+            }
+            let took = began.elapsed();
+            let pause = SAMPLE_EVERY.saturating_sub(took).max(took * (SAMPLER_SHARE - 1));
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(pause) => {}
             }
         }
     }

@@ -214,7 +214,7 @@ fn admit_statement(state: &str, returning: &str) -> String {
                            reserved_amounts = t.amounts::float8[], admission = NULL
          FROM unnest($1::uuid[], $2::text[], $3::text[], $5::text[], $6::text[], $7::text[])
              AS t(id, provider, model, key, buckets, amounts)
-         WHERE j.id = ANY($1) AND j.id = t.id AND j.state = 'queued'
+         WHERE j.id = t.id AND j.state::text = 'queued'
          RETURNING {returning}"
     )
 }
@@ -279,7 +279,7 @@ pub async fn explain(ex: impl PgExecutor<'_>, notes: &[(JobId, serde_json::Value
     }
     sqlx::query(
         "UPDATE jobs j SET admission = t.note
-         FROM unnest($1::uuid[], $2::jsonb[]) AS t(id, note) WHERE j.id = t.id AND j.state = 'queued'",
+         FROM unnest($1::uuid[], $2::jsonb[]) AS t(id, note) WHERE j.id = t.id AND j.state::text = 'queued'",
     )
     .bind(notes.iter().map(|n| n.0.0).collect::<Vec<_>>())
     .bind(notes.iter().map(|n| n.1.clone()).collect::<Vec<_>>())
@@ -301,7 +301,7 @@ pub async fn fail_queued(
     let rows: Vec<(JobId,)> = sqlx::query_as(
         "UPDATE jobs j SET state = 'failed', error_code = t.code, error_message = t.message, finished_at = $4
          FROM unnest($1::uuid[], $2::text[], $3::text[]) AS t(id, code, message)
-         WHERE j.id = t.id AND j.state = 'queued'
+         WHERE j.id = t.id AND j.state::text = 'queued'
          RETURNING j.id",
     )
     .bind(failures.iter().map(|f| f.0.0).collect::<Vec<_>>())

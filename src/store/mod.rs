@@ -18,6 +18,15 @@
 //! = $n AND lease_owner = $owner` — so a dispatcher whose lease was rescued, or whose job
 //! was cancelled, writes nothing: zero rows is an answer, not an error. A reservation is
 //! released exactly once, by whoever clears the job's `reserved_buckets`.
+//!
+//! Statements that write jobs by id (`j.id = t.id` over an `unnest` of ids) compare the
+//! state as text: `j.state::text = 'running'`. States churn thousands of times a second,
+//! so the planner's statistics of `state` are always stale; with a plain `j.state =
+//! 'running'` it took the running rows for a handful and read a whole partial index of
+//! that state (or rescanned the id list once per row) instead of looking each id up —
+//! 45 ms instead of 10 for 256 finished jobs. Written as text, the guard matches no
+//! partial index and the ids lead. For the same reason the id list is not repeated as
+//! `j.id = ANY($1)`.
 
 pub mod batches;
 pub mod buckets;

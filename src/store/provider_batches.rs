@@ -14,7 +14,7 @@ pub async fn set_dispatch(ex: impl PgExecutor<'_>, decisions: &[(JobId, Decision
     let done = sqlx::query(
         "UPDATE jobs j SET dispatch_via = t.via, dispatch_reason = t.reason
          FROM unnest($1::uuid[], $2::text[], $3::text[]) AS t(id, via, reason)
-         WHERE j.id = t.id AND j.state = 'queued' AND j.dispatch_via IS NULL",
+         WHERE j.id = t.id AND j.state::text = 'queued' AND j.dispatch_via IS NULL",
     )
     .bind(decisions.iter().map(|d| d.0.0).collect::<Vec<_>>())
     .bind(decisions.iter().map(|d| d.1.via).collect::<Vec<_>>())
@@ -259,7 +259,7 @@ pub async fn dispatch_online(
     }
     Ok(sqlx::query(
         "UPDATE jobs SET dispatch_via = 'online', dispatch_reason = $3
-         WHERE id = ANY($1) AND state = 'running' AND lease_owner = $2",
+         WHERE id = ANY($1) AND state::text = 'running' AND lease_owner = $2",
     )
     .bind(ids.iter().map(|i| i.0).collect::<Vec<_>>())
     .bind(pack_owner(pack_id))
@@ -278,7 +278,7 @@ pub async fn record_savings(ex: impl PgExecutor<'_>, pack_id: &str, saved: &[(Jo
     sqlx::query(
         "UPDATE jobs j SET saved_micro_usd = t.saved
          FROM unnest($1::uuid[], $2::float8[]) AS t(id, saved)
-         WHERE j.id = t.id AND j.provider_batch_id = $3 AND j.state = 'running'",
+         WHERE j.id = t.id AND j.provider_batch_id = $3 AND j.state::text = 'running'",
     )
     .bind(saved.iter().map(|s| s.0.0).collect::<Vec<_>>())
     .bind(saved.iter().map(|s| s.1).collect::<Vec<_>>())
