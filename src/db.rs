@@ -80,11 +80,17 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError>
         url: redact(url),
         source,
     })?;
-    // Every batch statement passes its rows as arrays (`unnest($1::uuid[], …)`). A cached
-    // generic plan cannot see how many there are, assumes ten, and picks nested loops that
-    // go quadratic at hundreds: 512 admissions took two seconds instead of milliseconds.
-    // Custom plans see the arrays and cost a fraction of a millisecond to make.
-    let options = options.options([("plan_cache_mode", "force_custom_plan")]);
+    // PostgreSQL's own plan cache (`plan_cache_mode = auto`): a statement is planned for
+    // its first five runs on a connection, then its generic plan is kept when that is no
+    // dearer. Batch statements pass their rows as arrays, and a generic plan assumes ten;
+    // that is safe because each by-id statement reaches the jobs only through their ids
+    // (`store`'s module doc): a nested loop over the ids with a primary-key probe each,
+    // right at any count. (Session 3 forced custom plans when the admission also filtered
+    // on `j.id = ANY($1)`, whose generic plan went quadratic. Planning every statement
+    // every time cost 6-7 % of PostgreSQL's CPU, and the finishing statement's custom
+    // plans chose worse joins than its generic one: BENCHMARKS.md, session 6.) Cached
+    // plans are rebuilt when `jobs` is analyzed, which maintenance does as soon as a fifth
+    // of it changed (`store::refresh_job_statistics`).
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
