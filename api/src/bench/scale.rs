@@ -121,8 +121,11 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         "\n### scale: {measured} admissions, queue of {measured} vs. {} jobs over {tenants} tenants\n",
         args.backlog
     );
-    println!("| queue | admissions/s | rounds | round p50 ms | round p99 ms | RSS before → after MiB |");
-    println!("|---|---:|---:|---:|---:|---|");
+    // With a few dozen rounds a p99 is the slowest round: p90 says more of the tail.
+    println!(
+        "| queue | admissions/s | rounds | round p50 ms | round p90 ms | slowest round ms | RSS before → after MiB |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---|");
     for (name, a, rss) in [
         (
             format!("{measured} queued"),
@@ -136,19 +139,22 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         ),
     ] {
         println!(
-            "| {name} | {:.0} | {} | {:.1} | {:.1} | {:.0} → {:.0} |",
+            "| {name} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.0} → {:.0} |",
             rate(measured, a.wall),
             a.rounds.len(),
             percentile(&a.rounds, 0.5),
-            percentile(&a.rounds, 0.99),
+            percentile(&a.rounds, 0.9),
+            percentile(&a.rounds, 1.0),
             rss.0,
             rss.1
         );
     }
     println!(
-        "\nratio admissions/s loaded ÷ empty: {:.2}; round p99 loaded ÷ empty: {:.2}",
+        "\nratio admissions/s loaded ÷ empty: {:.2}; round p50, p90, slowest loaded ÷ empty: {:.2}, {:.2}, {:.2}",
         empty.wall.as_secs_f64() / loaded.wall.as_secs_f64(),
-        percentile(&loaded.rounds, 0.99) / percentile(&empty.rounds, 0.99).max(1e-9)
+        percentile(&loaded.rounds, 0.5) / percentile(&empty.rounds, 0.5).max(1e-9),
+        percentile(&loaded.rounds, 0.9) / percentile(&empty.rounds, 0.9).max(1e-9),
+        percentile(&loaded.rounds, 1.0) / percentile(&empty.rounds, 1.0).max(1e-9)
     );
     println!("backlog inserted in {insert_secs:.1} s; index sizes with the backlog queued:\n");
     println!("| index | MiB |");
