@@ -213,6 +213,16 @@ impl Known {
     }
 }
 
+/// A mutex's value, also after a panic while it was held (what it guards stays usable).
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The keys of the buckets on any of `plan`'s routes.
+fn path_keys(plan: &Plan) -> impl Iterator<Item = &String> {
+    plan.routes.iter().flat_map(|r| r.1.iter().map(|k| &k.0))
+}
+
 /// Until when a provider's 429 paused `target`'s model, if it did.
 fn paused_until(paused: &HashMap<String, DateTime<Utc>>, target: &Target) -> Option<DateTime<Utc>> {
     paused
@@ -347,11 +357,7 @@ impl Gate {
             tx.rollback().await?;
             return Ok(None);
         };
-        let mut keys: Vec<String> = plan
-            .routes
-            .iter()
-            .flat_map(|r| r.1.iter().map(|k| k.0.clone()))
-            .collect();
+        let mut keys: Vec<String> = path_keys(&plan).cloned().collect();
         keys.sort();
         keys.dedup();
 
@@ -391,10 +397,7 @@ impl Gate {
         };
         tx.commit().await?;
         {
-            let mut fairness = match self.fairness.lock() {
-                Ok(f) => f,
-                Err(poisoned) => poisoned.into_inner(),
-            };
+            let mut fairness = locked(&self.fairness);
             let burst = self.config.gate.burst_credit_tokens as f64;
             let vtime = fairness.turn_starts(plan.class, &job.tenant, plan.weight, burst);
             fairness.served(plan.class, &job.tenant, vtime, plan.cost / plan.weight);
@@ -435,10 +438,7 @@ impl Gate {
     /// The learned estimates (calibration), re-read when older than [`CALIBRATION_REFRESH`].
     async fn calibration(&self, pool: &PgPool) -> Result<HashMap<String, store::Calibration>, StoreError> {
         {
-            let cached = match self.calibration.lock() {
-                Ok(c) => c,
-                Err(poisoned) => poisoned.into_inner(),
-            };
+            let cached = locked(&self.calibration);
             if cached.0.is_some_and(|at| at.elapsed() < CALIBRATION_REFRESH) {
                 return Ok(cached.1.clone());
             }
@@ -448,10 +448,7 @@ impl Gate {
             .into_iter()
             .map(|c| (c.model.clone(), c))
             .collect();
-        let mut cached = match self.calibration.lock() {
-            Ok(c) => c,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut cached = locked(&self.calibration);
         *cached = (Some(tokio::time::Instant::now()), fresh.clone());
         Ok(fresh)
     }
@@ -709,7 +706,7 @@ impl Gate {
         // Every bucket a candidate needs, and those with learned news to apply.
         let needed: HashSet<String> = plans
             .iter()
-            .flat_map(|p| p.routes.iter().flat_map(|r| r.1.iter().map(|k| k.0.clone())))
+            .flat_map(|p| path_keys(p).cloned())
             .chain(
                 learned
                     .iter()
@@ -825,10 +822,7 @@ impl Gate {
         round.failed = store::fail_queued(&self.pool, &failures, now).await? as usize;
         store::explain(&self.pool, &notes).await?;
         {
-            let mut fairness = match self.fairness.lock() {
-                Ok(f) => f,
-                Err(poisoned) => poisoned.into_inner(),
-            };
+            let mut fairness = locked(&self.fairness);
             for id in &admitted {
                 fairness.explained.remove(id);
             }
@@ -916,8 +910,6 @@ impl Gate {
         limit: usize,
         now: DateTime<Utc>,
     ) -> Scheduled {
-        let pause_of = |t: &Target| paused_until(paused, t);
-        let key_dead = |t: &Target| key_rejected(paused, t);
         let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
         // Queues of this round, in tenant order of service.
         let mut queue_of: HashMap<(JobClass, String), usize> = HashMap::new();
@@ -933,10 +925,7 @@ impl Gate {
         let mut round = Round::default();
         let mut admissions: Vec<Admission> = Vec::new();
         let mut notes: Vec<(JobId, serde_json::Value)> = Vec::new();
-        let mut fairness = match self.fairness.lock() {
-            Ok(f) => f,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut fairness = locked(&self.fairness);
         let burst = self.config.gate.burst_credit_tokens as f64;
         let mut heap = BinaryHeap::new();
         for (key, &i) in &queue_of {
@@ -975,7 +964,7 @@ impl Gate {
                 path.iter()
                     .any(|(key, amount)| buckets.get(key).is_some_and(|b| !b.can_ever_fit(*amount)))
             });
-            if !plan.routes.is_empty() && plan.routes.iter().all(|(t, _)| key_dead(t)) {
+            if !plan.routes.is_empty() && plan.routes.iter().all(|(t, _)| key_rejected(paused, t)) {
                 failures.push((
                     plan.job.id,
                     "upstream_credentials_exhausted",
@@ -1013,7 +1002,7 @@ impl Gate {
             let (first, path) = &plan.routes[0];
             let mut blocking: Option<(&Bucket, f64)> = None;
             // A provider's 429 paused this target: nothing goes before its Retry-After.
-            let pause = pause_of(first);
+            let pause = paused_until(paused, first);
             let mut ready: Option<DateTime<Utc>> = Some(pause.unwrap_or(now));
             for (key, amount) in path {
                 let Some(b) = buckets.get(key) else { continue };
