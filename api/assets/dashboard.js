@@ -120,16 +120,17 @@ function drawHistory(h) {
   const names = [...new Set(h.samples.flatMap((s) => Object.keys(s.queued)))].sort();
   chart("chart-queues", names.map((n) => ({ name: n, points: h.samples.map((s) => [t(s), s.queued[n] || 0]) })), "queued jobs");
   const sum = (s, f) => Object.values(s.traffic).reduce((a, x) => a + x[f], 0);
-  const per = h.interval_secs;
+  // Each sample's traffic covers the time since the one before it.
+  const per = (s) => s.interval_secs || h.interval_secs;
   chart("chart-throughput", [
-    { name: "jobs/s", points: h.samples.map((s) => [t(s), sum(s, "succeeded") / per]) },
+    { name: "jobs/s", points: h.samples.map((s) => [t(s), sum(s, "succeeded") / per(s)]) },
   ], "jobs/s");
   chart("chart-tokens", [
-    { name: "tokens/s", points: h.samples.map((s) => [t(s), sum(s, "tokens") / per]) },
+    { name: "tokens/s", points: h.samples.map((s) => [t(s), sum(s, "tokens") / per(s)]) },
   ], "tokens/s");
   chart("chart-errors", [
-    { name: "429/min", points: h.samples.map((s) => [t(s), (sum(s, "status_429") * 60) / per]) },
-    { name: "5xx/min", points: h.samples.map((s) => [t(s), (sum(s, "status_5xx") * 60) / per]) },
+    { name: "429/min", points: h.samples.map((s) => [t(s), (sum(s, "status_429") * 60) / per(s)]) },
+    { name: "5xx/min", points: h.samples.map((s) => [t(s), (sum(s, "status_5xx") * 60) / per(s)]) },
   ], "per minute");
 }
 

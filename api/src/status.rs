@@ -255,6 +255,9 @@ pub(crate) async fn get(State(state): State<AppState>, viewer: Viewer) -> Result
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Sample {
     pub at: DateTime<Utc>,
+    /// Seconds since the previous sample, which `traffic` covers (longer than
+    /// [`SAMPLE_EVERY`] when sampling was slow).
+    pub interval_secs: f64,
     /// Queued jobs per `tenant/class`.
     pub queued: BTreeMap<String, i64>,
     /// Per tenant, over the interval since the previous sample.
@@ -272,6 +275,7 @@ pub struct SampleTraffic {
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct History {
+    /// The usual time between samples ([`SAMPLE_EVERY`]); each sample has its own.
     pub interval_secs: f64,
     pub samples: Vec<Sample>,
 }
@@ -320,6 +324,7 @@ impl Observer {
         let mut samples = self.lock();
         samples.push_back(Sample {
             at: now,
+            interval_secs: (now - since).num_milliseconds() as f64 / 1000.0,
             queued,
             traffic,
         });
@@ -355,6 +360,7 @@ impl Observer {
             .iter()
             .map(|s| Sample {
                 at: s.at,
+                interval_secs: s.interval_secs,
                 queued: s
                     .queued
                     .iter()

@@ -100,6 +100,16 @@ async fn dashboard_renders_what_the_api_reports() {
         (waiting && failed).then_some(s)
     })
     .await;
+    // The queue charts draw from the sampled history: wait for a sample that saw it.
+    eventually(30, "a history sample of queuer's queue", || async {
+        let (_, h) = app.get(ADMIN, "/v1/status/history").await;
+        h["samples"]
+            .as_array()?
+            .iter()
+            .any(|s| s["queued"]["queuer/standard"].as_i64().is_some())
+            .then_some(())
+    })
+    .await;
 
     // The admin's view, with a picture of it for people (a CI artifact).
     let target = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target");

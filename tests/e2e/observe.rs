@@ -430,13 +430,21 @@ async fn metrics_follow_a_workload() {
     let (_, all) = app.get(ADMIN, "/v1/status").await;
     assert_eq!(all["scope"], "all");
     assert!(all.to_string().contains("tenant:waiter:rpd") && all.to_string().contains("\"watcher\""));
-    // The sampler runs every 2 s: wait for a sample taken while waiter's jobs wait.
+    // The sampler runs every 2 s (or less often when sampling is slow): wait for a sample
+    // taken while waiter's jobs wait.
     let history = eventually(30, "a sample of waiter's queue", || async {
         let (_, h) = app.get(WAITER, "/v1/status/history").await;
         h.to_string().contains("waiter/standard").then_some(h)
     })
     .await;
     assert!(!history.to_string().contains("watcher"), "{history}");
+    // Each sample says how long its traffic was counted for (rates divide by it).
+    assert!(
+        history["samples"].as_array().is_some_and(|s| s
+            .iter()
+            .all(|s| s["interval_secs"].as_f64().is_some_and(|i| i > 0.0))),
+        "{history}"
+    );
     eventually(30, "watcher's traffic in the admin's history", || async {
         let (_, h) = app.get(ADMIN, "/v1/status/history").await;
         h.to_string().contains("\"watcher\"").then_some(())
