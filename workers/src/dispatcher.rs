@@ -58,18 +58,35 @@ struct Inner {
     /// until `run` takes the receiver.
     handed: std::sync::Mutex<Option<mpsc::UnboundedReceiver<Handed>>>,
     handed_tx: mpsc::UnboundedSender<Handed>,
-    /// Room for handed-over jobs ([`ROOM_PER_SLOT`] per slot).
+    /// Room for handed-over jobs, resized to the rate of starts ([`HANDOFF_HORIZON`]).
     room: Arc<Semaphore>,
+    /// Calls started (claimed or handed over), for the room's size.
+    started: std::sync::atomic::AtomicU64,
 }
 
 /// A job the gate admitted straight to running here, with the room it holds.
 type Handed = (Job, tokio::sync::OwnedSemaphorePermit);
 
-/// Jobs handed over per call slot that one process may hold (running or waiting for a
-/// slot), so the gate runs ahead of the provider calls without one process hoarding work.
-/// Every job beyond it that the gate admits costs a claim (one more write of its row): 8
-/// instead of 2 gave +9 % jobs/s end to end at 100,000 jobs (BENCHMARKS.md, session 5).
-const ROOM_PER_SLOT: usize = 8;
+/// Room for handed-over jobs (running or waiting for a slot) is what this process starts
+/// in this long, at the rate it has been starting them, on top of one per slot: the gate
+/// runs ahead of the provider calls by about that much, so a job waits here about that
+/// long at most, and one process does not hoard work other processes could send. Every
+/// job the gate admits beyond the room costs a claim (one more write of its row): at
+/// 100,000 jobs a fixed 8 per slot left a fifth of them to claims, a room sized to the
+/// rate 1–8 %, for 3–12 % more jobs/s (BENCHMARKS.md, session 7).
+const HANDOFF_HORIZON: Duration = Duration::from_millis(200);
+/// Bounds of the room, per slot; a dispatcher starts at 8.
+const MIN_ROOM_PER_SLOT: usize = 2;
+const START_ROOM_PER_SLOT: usize = 8;
+const MAX_ROOM_PER_SLOT: usize = 32;
+/// How often the room is resized to the rate of starts.
+const ROOM_REVIEW: Duration = Duration::from_millis(250);
+
+/// The room for `slots` call slots starting `starts_per_sec` jobs a second.
+fn room_for(slots: usize, starts_per_sec: f64) -> usize {
+    let ahead = (starts_per_sec.max(0.0) * HANDOFF_HORIZON.as_secs_f64()).ceil() as usize;
+    (slots + ahead).clamp(slots * MIN_ROOM_PER_SLOT, slots * MAX_ROOM_PER_SLOT)
+}
 
 /// A handed-over job waiting for a slot; the greatest runs first.
 struct Waiting {
@@ -151,7 +168,8 @@ impl Dispatcher {
         Self {
             inner: Arc::new(Inner {
                 slots: Arc::new(Semaphore::new(config.dispatch.concurrency)),
-                room: Arc::new(Semaphore::new(config.dispatch.concurrency * ROOM_PER_SLOT)),
+                room: Arc::new(Semaphore::new(config.dispatch.concurrency * START_ROOM_PER_SLOT)),
+                started: std::sync::atomic::AtomicU64::new(0),
                 policy: RetryPolicy::from(&config.retry),
                 pool,
                 config,
@@ -451,6 +469,9 @@ impl Dispatcher {
         job: Job,
         permits: Vec<tokio::sync::OwnedSemaphorePermit>,
     ) {
+        self.inner
+            .started
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let this = self.clone();
         in_flight.spawn(SLOT.scope(std::cell::RefCell::new(permits), async move {
             this.execute(job).await;
@@ -459,11 +480,12 @@ impl Dispatcher {
 
     /// Takes the jobs this process's gate starts here until `cancel`, and runs them as
     /// slots free: interactive before standard before background before batch, then by
-    /// priority, then in the order handed over.
+    /// priority, then in the order handed over. Sizes their room meanwhile.
     fn spawn_handed(&self, in_flight: &TaskTracker, cancel: CancellationToken) -> TaskTracker {
         let tracker = TaskTracker::new();
         let handed = lock(&self.inner.handed).take();
         if let Some(mut handed) = handed {
+            tracker.spawn(self.clone().size_room(cancel.clone()));
             let (this, in_flight) = (self.clone(), in_flight.clone());
             tracker.spawn(async move {
                 let mut waiting = std::collections::BinaryHeap::new();
@@ -494,6 +516,32 @@ impl Dispatcher {
         }
         tracker.close();
         tracker
+    }
+
+    /// Resizes the room for handed-over jobs every [`ROOM_REVIEW`] to the rate of starts
+    /// since the last review ([`room_for`]), until `stop`. Room held by jobs is never
+    /// taken back: a smaller size is reached as they finish.
+    async fn size_room(self, stop: CancellationToken) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let slots = self.inner.config.dispatch.concurrency;
+        let mut size = slots * START_ROOM_PER_SLOT;
+        let mut last = (tokio::time::Instant::now(), self.inner.started.load(Relaxed));
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(ROOM_REVIEW) => {}
+            }
+            let now = (tokio::time::Instant::now(), self.inner.started.load(Relaxed));
+            let rate = (now.1 - last.1) as f64 / (now.0 - last.0).as_secs_f64().max(1e-3);
+            last = now;
+            let target = room_for(slots, rate);
+            if target > size {
+                self.inner.room.add_permits(target - size);
+                size = target;
+            } else {
+                size -= self.inner.room.forget_permits(size - target);
+            }
+        }
     }
 
     /// Extends this process's leases every `heartbeat_secs` until the returned token is
@@ -1173,5 +1221,22 @@ impl Assembled {
 fn log_write(r: Result<bool, StoreError>) {
     if let Err(e) = r {
         tracing::warn!(error = %e, "could not write the job's state");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_room_covers_the_horizon_at_the_rate_of_starts_within_bounds() {
+        // Idle or slow: two per slot, so a handed job waits for at most one call ahead of it.
+        assert_eq!(room_for(64, 0.0), 128);
+        assert_eq!(room_for(64, 100.0), 128);
+        // 2,000 starts a second: 200 ms of them ahead, on top of one per slot.
+        assert_eq!(room_for(64, 2_000.0), 64 + 400);
+        // Very fast: capped, so one process never holds more than 32 per slot.
+        assert_eq!(room_for(64, 1e9), 64 * 32);
+        assert_eq!(room_for(64, f64::NAN), 128);
     }
 }
