@@ -61,6 +61,20 @@ pub struct Broker {
     tracker: TaskTracker,
 }
 
+/// Connections of the gate's own pool, and of the maintenance's.
+const GATE_CONNECTIONS: u32 = 4;
+const MAINTENANCE_CONNECTIONS: u32 = 2;
+
+/// Connections of the dispatcher's own pool: one per two call slots, 4 to 32.
+fn dispatch_connections(config: &Config) -> u32 {
+    (config.dispatch.concurrency as u32 / 2).clamp(4, 32)
+}
+
+/// Connections a broker may open beside the pool it is given: one pool per role.
+pub fn role_connections(config: &Config) -> u32 {
+    dispatch_connections(config) + GATE_CONNECTIONS + MAINTENANCE_CONNECTIONS
+}
+
 impl Broker {
     /// Starts the roles on `pool` (already migrated). The API serves on `listener`.
     pub async fn start(
@@ -90,9 +104,9 @@ impl Broker {
                 .acquire_timeout(Duration::from_secs(10))
                 .connect_lazy_with((*pool.connect_options()).clone())
         };
-        let dispatch_pool = role_pool((config.dispatch.concurrency as u32 / 2).clamp(4, 32));
-        let gate_pool = role_pool(4);
-        let maintenance_pool = role_pool(2);
+        let dispatch_pool = role_pool(dispatch_connections(&config));
+        let gate_pool = role_pool(GATE_CONNECTIONS);
+        let maintenance_pool = role_pool(MAINTENANCE_CONNECTIONS);
         let tenants = TenantDirectory::from_config(&config).map_err(anyhow::Error::msg)?;
         let providers = Providers::from_config(&config)?;
         let dispatcher = Dispatcher::new(

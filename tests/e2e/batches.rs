@@ -652,9 +652,9 @@ async fn ten_thousand_lines_complete_once_across_a_sigkill_of_the_server() {
     use tollgate_workers::mock_provider::MockProvider;
 
     use crate::durability::{Serve, free_port, short_lease_config};
-    use crate::harness::{fresh_db, mock_config};
+    use crate::harness::{fresh_db_with, mock_config, serve_connections};
 
-    let db = fresh_db().await;
+    let db = fresh_db_with(serve_connections()).await;
     let local_mock = MockProvider::new(mock_config()).start_local().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let config_path = short_lease_config(dir.path(), local_mock.addr);

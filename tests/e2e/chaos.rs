@@ -26,7 +26,7 @@ use tollgate_workers::mock_provider::{FaultMix, MockProvider};
 
 use crate::durability::{Serve, free_port, short_lease_config};
 use crate::faults::{check_terminal_jobs, submit_all, wait_all_terminal, wait_buckets_full};
-use crate::harness::{ACME, GLOBEX, eventually, fresh_db, job, mock_config};
+use crate::harness::{ACME, GLOBEX, eventually, fresh_db_with, job, mock_config, serve_connections};
 
 const KILLS: usize = 10;
 /// The child's dispatch concurrency (the harness config's): at most this many calls are
@@ -117,7 +117,7 @@ async fn submit_through_kills(http: &reqwest::Client, api: &str, n: usize) -> Ve
 async fn ten_sigkills_lose_nothing_and_finish_every_job_once() {
     let jobs = env_or("TOLLGATE_CHAOS_JOBS", 2_000) as usize;
     let seed = env_or("TOLLGATE_CHAOS_SEED", 11);
-    let db = fresh_db().await;
+    let db = fresh_db_with(serve_connections()).await;
     // Calls take a while, so some are in flight at every kill; a few provider faults too.
     let mut mock_cfg = mock_config();
     mock_cfg.latency_ms = 40;

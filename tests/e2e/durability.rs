@@ -20,7 +20,8 @@ use tollgate_workers::mock_provider::MockProvider;
 use tollgate_workers::providers::Providers;
 
 use crate::harness::{
-    ACME, TestApp, TestOptions, config_text, eventually, fresh_db, job, mock_config, wait_finished_at,
+    ACME, TestApp, TestOptions, config_text, eventually, fresh_db_with, job, mock_config, serve_connections,
+    wait_finished_at,
 };
 
 #[tokio::test]
@@ -215,7 +216,7 @@ pub fn free_port() -> u16 {
 
 #[tokio::test]
 async fn accepted_job_survives_sigkill_of_the_server_and_completes_once() {
-    let db = fresh_db().await;
+    let db = fresh_db_with(serve_connections()).await;
     // A slow provider, so the job is certainly in flight when the server dies.
     let mut mock_cfg = mock_config();
     mock_cfg.latency_ms = 1500;

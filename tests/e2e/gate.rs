@@ -116,6 +116,7 @@ async fn three_processes_never_exceed_the_providers_limit() {
         roles: Roles::API_ONLY,
         // What the mock's headers teach must agree with the configured limit.
         learn_limits: true,
+        peers: 3,
         ..TestOptions::default()
     })
     .await;
@@ -181,6 +182,7 @@ async fn interactive_jobs_admitted_as_they_arrive_at_three_processes_keep_the_li
         ),
         roles: Roles::API_ONLY,
         learn_limits: true,
+        peers: 3,
         ..TestOptions::default()
     })
     .await;

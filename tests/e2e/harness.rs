@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, Semaphore, SemaphorePermit};
 use tollgate::config::Config;
 use tollgate::db;
 use tollgate::embedded::{EmbeddedOptions, EmbeddedPostgres};
@@ -66,25 +66,87 @@ async fn drop_stale_test_databases(admin: &str) {
     pool.close().await;
 }
 
-/// A fresh, migrated database.
+/// Connections of a test's own pool ([`fresh_db_with`]), and of a peer's API pool.
+const POOL_SIZE: u32 = 10;
+const PEER_POOL_SIZE: u32 = 5;
+/// Connections of the server kept out of the budget: admin connections, database creation.
+const UNBUDGETED: u32 = 10;
+
+/// The server's connections, shared out among the tests running side by side, so they
+/// never open more than it accepts (a refused connection surfaced ten seconds later as
+/// `PoolTimedOut`, in whichever test was unlucky). Each test takes all it will use at once
+/// ([`fresh_db_with`], [`TestApp::spawn_with`] with its brokers and [`TestOptions::peers`]):
+/// none holds a share while waiting for another, so none waits forever.
+async fn connection_budget() -> &'static (Semaphore, u32) {
+    static BUDGET: OnceCell<(Semaphore, u32)> = OnceCell::const_new();
+    BUDGET
+        .get_or_init(|| async {
+            let pool = db::connect(&admin_url().await, 1).await.expect("connect to the server");
+            let usable: i64 = sqlx::query_scalar(
+                "SELECT current_setting('max_connections')::bigint - current_setting('superuser_reserved_connections')::bigint",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("read max_connections");
+            pool.close().await;
+            let size = u32::try_from(usable).unwrap_or(0).saturating_sub(UNBUDGETED).max(POOL_SIZE);
+            (Semaphore::new(size as usize), size)
+        })
+        .await
+}
+
+/// `connections` from the budget, waited for; a test that needs more than all of it
+/// waits for all of it, and runs alone.
+async fn connection_share(connections: u32) -> SemaphorePermit<'static> {
+    let (budget, size) = connection_budget().await;
+    budget
+        .acquire_many(connections.min(*size))
+        .await
+        .expect("the connection budget is never closed")
+}
+
+/// A test's database.
 pub struct TestDb {
     pub url: String,
     pub pool: PgPool,
+    /// The test's share of the server's connections ([`connection_budget`]).
+    _share: SemaphorePermit<'static>,
 }
 
-pub async fn fresh_db() -> TestDb {
+/// A fresh, migrated database, for a test that opens `extra` connections beside its pool
+/// (a broker's role pools, a `tollgate serve` child's pools): all taken from the budget
+/// up front.
+pub async fn fresh_db_with(extra: u32) -> TestDb {
+    fresh_db_holding(connection_share(POOL_SIZE + extra).await).await
+}
+
+/// Connections a `tollgate serve` child on the harness's config opens.
+pub fn serve_connections() -> u32 {
+    let config = Config::parse(&config_text(([127, 0, 0, 1], 9).into(), ""), "test config")
+        .expect("valid test config");
+    config.database.max_connections + tollgate_api::broker::role_connections(&config)
+}
+
+/// [`fresh_db_with`] for a test that took its share of connections already.
+async fn fresh_db_holding(share: SemaphorePermit<'static>) -> TestDb {
     let admin = admin_url().await;
     let name = format!("tollgate_test_{}", uuid::Uuid::now_v7().simple());
     db::create_database_if_missing(&admin, &name)
         .await
         .expect("create test database");
     let url = db::with_database(&admin, &name);
-    let pool = db::connect(&url, 10).await.expect("connect to test database");
+    let pool = db::connect(&url, POOL_SIZE)
+        .await
+        .expect("connect to test database");
     tollgate::MIGRATOR
         .run(&pool)
         .await
         .expect("migrate test database");
-    TestDb { url, pool }
+    TestDb {
+        url,
+        pool,
+        _share: share,
+    }
 }
 
 /// The mock's accounts in tests: generous limits unless a test sets its own.
@@ -190,6 +252,9 @@ pub struct TestOptions {
     /// default, so tests of other features meet the mock's limits as configured;
     /// providers added in `extra_config` learn unless they say otherwise.
     pub learn_limits: bool,
+    /// Peers the test starts ([`TestApp::spawn_peer`]): their connections are taken from
+    /// the budget with the test's own, up front ([`connection_budget`]).
+    pub peers: usize,
 }
 
 impl Default for TestOptions {
@@ -203,6 +268,7 @@ impl Default for TestOptions {
             dispatch_config: String::new(),
             retry_config: String::new(),
             learn_limits: false,
+            peers: 0,
         }
     }
 }
@@ -217,6 +283,8 @@ pub struct TestApp {
     pub http: reqwest::Client,
     pub broker: Option<Broker>,
     local_mock: LocalMock,
+    /// Peers the test declared ([`TestOptions::peers`]), and started so far.
+    peers: (usize, std::sync::atomic::AtomicUsize),
 }
 
 impl TestApp {
@@ -225,7 +293,6 @@ impl TestApp {
     }
 
     pub async fn spawn_with(opts: TestOptions) -> Self {
-        let db = fresh_db().await;
         let local_mock = MockProvider::new(opts.mock)
             .start_local()
             .await
@@ -253,6 +320,10 @@ impl TestApp {
             )
             .expect("valid test config"),
         );
+        // This broker's pools, and each peer's.
+        let roles = tollgate_api::broker::role_connections(&config);
+        let connections = POOL_SIZE + roles + opts.peers as u32 * (PEER_POOL_SIZE + roles);
+        let db = fresh_db_holding(connection_share(connections).await).await;
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind api");
         let broker = Broker::start(config.clone(), db.pool.clone(), Some(listener), opts.roles)
             .await
@@ -267,13 +338,23 @@ impl TestApp {
             http: reqwest::Client::new(),
             broker: Some(broker),
             local_mock,
+            peers: (opts.peers, std::sync::atomic::AtomicUsize::new(0)),
         }
     }
 
     /// Another broker process on the same database (own pool, own notifications, own
     /// gate candidate, own dispatcher): what a second `tollgate serve` would be.
     pub async fn spawn_peer(&self, roles: Roles) -> Broker {
-        let pool = db::connect(&self.db.url, 10).await.expect("peer pool");
+        let started = self.peers.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            started < self.peers.0,
+            "peer {} of a test that declared {} (TestOptions::peers: their connections are taken up front)",
+            started + 1,
+            self.peers.0
+        );
+        let pool = db::connect(&self.db.url, PEER_POOL_SIZE)
+            .await
+            .expect("peer pool");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind peer api");
         Broker::start(self.config.clone(), pool, Some(listener), roles)
             .await

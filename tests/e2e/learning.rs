@@ -87,6 +87,8 @@ async fn headers_teach_three_processes_the_limits_the_config_lacks_and_they_surv
         mock: mock(RPM, true),
         learn_limits: true,
         roles: Roles::API_ONLY,
+        // Three side by side, then one more after a restart.
+        peers: 4,
         ..TestOptions::default()
     })
     .await;
@@ -179,6 +181,7 @@ async fn without_headers_429s_teach_a_limit_and_stay_rare() {
         learn_limits: true,
         retry_config: "max_attempts = 12\nbase_delay_ms = 50\nmax_delay_ms = 1000".into(),
         roles: Roles::API_ONLY,
+        peers: 1,
         ..TestOptions::default()
     })
     .await;

@@ -23,7 +23,8 @@ use tollgate_workers::mock_provider::{LocalMock, MockConfig, MockProvider};
 use crate::batches::{batch_body, create_batch, line, upload};
 use crate::durability::{Serve, free_port};
 use crate::harness::{
-    ACME, GLOBEX, TestApp, TestOptions, config_text, fresh_db, job, mock_config, wait_finished_at,
+    ACME, GLOBEX, TestApp, TestOptions, config_text, fresh_db_with, job, mock_config, serve_connections,
+    wait_finished_at,
 };
 
 const ADMIN: &str = "tk-admin-7d2e";
@@ -160,9 +161,9 @@ async fn every_endpoint_answers_401_403_404_as_documented_and_never_another_tena
 /// The broker in this process with the harness's config text changed by `edit` (for
 /// fields the harness already sets).
 async fn spawn_edited(edit: impl Fn(String) -> String) -> (Broker, String, LocalMock) {
-    let db = fresh_db().await;
     let mock = MockProvider::new(mock_config()).start_local().await.unwrap();
     let config = Config::parse(&edit(config_text(mock.addr, "")), "security test").unwrap();
+    let db = fresh_db_with(tollgate_api::broker::role_connections(&config)).await;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let broker = Broker::start(Arc::new(config), db.pool.clone(), Some(listener), Roles::API_ONLY)
         .await
@@ -299,7 +300,7 @@ const CANARY_PART: &str = "LEAKCANARY";
 
 #[tokio::test(flavor = "multi_thread")]
 async fn provider_keys_appear_in_no_log_metric_error_record_or_page() {
-    let db = fresh_db().await;
+    let db = fresh_db_with(serve_connections()).await;
     let mut mock_cfg: MockConfig = mock_config();
     mock_cfg.projects[0].keys = vec![LIVE_KEY.to_owned()];
     mock_cfg.projects[0].revoked_keys = vec![DEAD_KEY.to_owned()];
