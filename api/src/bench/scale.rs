@@ -115,6 +115,15 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let rss_loaded_after = rss_mib();
     stack.stop().await?;
 
+    // Which round was the slowest (1 = the first of a new gate, which loads its state).
+    let slowest_at = |a: &Admitted| {
+        a.rounds
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, d)| **d)
+            .map_or(0, |(i, _)| i + 1)
+    };
+    let slowest = (slowest_at(&empty), slowest_at(&loaded));
     empty.rounds.sort();
     loaded.rounds.sort();
     println!(
@@ -155,6 +164,13 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         percentile(&loaded.rounds, 0.5) / percentile(&empty.rounds, 0.5).max(1e-9),
         percentile(&loaded.rounds, 0.9) / percentile(&empty.rounds, 0.9).max(1e-9),
         percentile(&loaded.rounds, 1.0) / percentile(&empty.rounds, 1.0).max(1e-9)
+    );
+    println!(
+        "slowest round: number {} of {} (empty), number {} of {} (loaded)",
+        slowest.0,
+        empty.rounds.len(),
+        slowest.1,
+        loaded.rounds.len()
     );
     println!("backlog inserted in {insert_secs:.1} s; index sizes with the backlog queued:\n");
     println!("| index | MiB |");
