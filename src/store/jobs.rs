@@ -693,6 +693,8 @@ async fn notify_gate_in(conn: &mut PgConnection) -> Result<()> {
 pub struct AttemptRecord {
     pub job_id: JobId,
     pub attempt: i32,
+    /// The job's tenant (for traffic by tenant without reading the job).
+    pub tenant: String,
     pub provider: String,
     pub provider_model: String,
     pub key_name: String,
@@ -722,10 +724,10 @@ async fn record_attempts(conn: &mut PgConnection, records: &[&AttemptRecord]) ->
         "INSERT INTO job_attempts (job_id, attempt, provider, provider_model, key_name, status, outcome,
                                    error_code, provider_request_id, input_tokens, output_tokens,
                                    cached_tokens, estimated_input_tokens, estimated_output_tokens,
-                                   rate_limit, started_at, finished_at)
+                                   rate_limit, started_at, finished_at, tenant)
          SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[],
                               $8::text[], $9::text[], $10::int[], $11::int[], $12::int[], $13::int[], $14::int[],
-                              $15::jsonb[], $16::timestamptz[], $17::timestamptz[])
+                              $15::jsonb[], $16::timestamptz[], $17::timestamptz[], $18::text[])
          ON CONFLICT ON CONSTRAINT job_attempts_pkey DO NOTHING",
     )
     .bind(records.iter().map(|r| r.job_id.0).collect::<Vec<_>>())
@@ -745,6 +747,7 @@ async fn record_attempts(conn: &mut PgConnection, records: &[&AttemptRecord]) ->
     .bind(records.iter().map(|r| r.rate_limit.clone()).collect::<Vec<_>>())
     .bind(records.iter().map(|r| r.started_at).collect::<Vec<_>>())
     .bind(records.iter().map(|r| r.finished_at).collect::<Vec<_>>())
+    .bind(records.iter().map(|r| r.tenant.as_str()).collect::<Vec<_>>())
     .execute(conn)
     .await?;
     Ok(())

@@ -482,3 +482,73 @@ async fn metrics_follow_a_workload() {
     assert!(charted >= 19, "{charted}");
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn traffic_by_tenant_counts_records_with_and_without_their_tenant() {
+    // Attempt records carry their tenant since migration 0061; older ones are attributed
+    // through their job, and one whose job is gone is left out.
+    let db = crate::harness::fresh_db_with(0).await;
+    let jobs: Vec<(uuid::Uuid, &str)> = vec![
+        (uuid::Uuid::now_v7(), "acme"),
+        (uuid::Uuid::now_v7(), "acme"),
+        (uuid::Uuid::now_v7(), "globex"),
+    ];
+    for (id, tenant) in &jobs {
+        sqlx::query(
+            "INSERT INTO jobs (id, tenant, class, request, model, deadline, not_before, max_attempts,
+                               estimated_input_tokens, estimated_output_tokens, created_at, state)
+             VALUES ($1, $2, 'standard', '{}', 'oai/gpt-4o-mini', now() + interval '1 hour', now(), 1, 1, 1,
+                     now(), 'succeeded')",
+        )
+        .bind(id)
+        .bind(tenant)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    let gone = uuid::Uuid::now_v7();
+    // (job, tenant on the record, status): a record of each kind.
+    let records = [
+        (jobs[0].0, Some("acme"), 200),
+        (jobs[1].0, None, 429),
+        (jobs[2].0, None, 200),
+        (gone, None, 200),
+    ];
+    for (job, tenant, status) in records {
+        sqlx::query(
+            "INSERT INTO job_attempts (job_id, attempt, provider, provider_model, key_name, status, outcome,
+                                       input_tokens, output_tokens, estimated_input_tokens,
+                                       estimated_output_tokens, started_at, finished_at, tenant)
+             VALUES ($1, 1, 'oai', 'gpt-4o-mini', 'k1', $2, CASE WHEN $2 = 200 THEN 'succeeded' ELSE 'failed' END,
+                     10, 5, 10, 5, now(), now(), $3)",
+        )
+        .bind(job)
+        .bind(status)
+        .bind(tenant)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    let now = chrono::Utc::now();
+    let since = now - chrono::Duration::minutes(1);
+    let all = tollgate::store::traffic(&db.pool, since, now, None)
+        .await
+        .unwrap();
+    let by_tenant: HashMap<&str, &tollgate::store::Traffic> =
+        all.iter().map(|t| (t.tenant.as_str(), t)).collect();
+    assert_eq!(by_tenant.len(), 2, "{all:?}");
+    let acme = by_tenant["acme"];
+    assert_eq!(
+        (acme.succeeded, acme.failed, acme.status_429, acme.tokens),
+        (1, 1, 1, 30)
+    );
+    assert_eq!(
+        (by_tenant["globex"].succeeded, by_tenant["globex"].tokens),
+        (1, 15)
+    );
+    let globex = tollgate::store::traffic(&db.pool, since, now, Some("globex"))
+        .await
+        .unwrap();
+    assert_eq!(globex.len(), 1);
+    assert_eq!(globex[0].tenant, "globex");
+}

@@ -1115,6 +1115,7 @@ impl Dispatcher {
         AttemptRecord {
             job_id: job.id,
             attempt: job.attempt,
+            tenant: job.tenant.clone(),
             provider: served.provider.to_owned(),
             provider_model: served.model.to_owned(),
             key_name: outcome.key_name.clone(),

@@ -325,6 +325,7 @@ impl ProviderBatcher {
             let record = AttemptRecord {
                 job_id: job.id,
                 attempt: job.attempt,
+                tenant: job.tenant.clone(),
                 provider: pack.provider.clone(),
                 provider_model: pack.model.clone(),
                 key_name: pack.key_name.clone().unwrap_or_default(),
