@@ -193,13 +193,15 @@ async fn without_headers_429s_teach_a_limit_and_stay_rare() {
     let end = app.mock.stats();
     // The backlog exceeds the provider's burst: it answers 429s with nothing to learn from
     // but the 429s themselves. The first burst of them teaches a limit; probing upward
-    // costs a few more — a small share of the calls, not one per queued job.
+    // costs a few more — a small share of the calls, not one per queued job. Jobs already
+    // handed to the dispatcher when a 429 pauses the target go back to the queue instead
+    // of meeting one too (0.6-0.8 % of calls; 4-6 % when they did not).
     assert!(
         end.rate_limited_429 > 0,
         "the provider never pushed back: {end:?}"
     );
     assert!(
-        end.rate_limited_429 * 10 <= end.requests,
+        end.rate_limited_429 * 100 <= end.requests * 3,
         "{} 429s in {} calls: the 429s did not stop: {end:?}",
         end.rate_limited_429,
         end.requests

@@ -51,26 +51,29 @@ struct Inner {
     /// Jobs whose attempt runs in this process now: the heartbeat extends only their
     /// leases, so a job whose outcome could not be written is rescued, not held forever.
     in_flight: std::sync::Mutex<std::collections::HashSet<JobId>>,
-    /// Keys this process saw rejected, until when: jobs admitted for them before the
-    /// gate saw the pause go back to the queue instead of meeting the same 401.
-    dead_keys: std::sync::Mutex<std::collections::HashMap<(String, String), std::time::Instant>>,
+    /// Pauses this process wrote itself, by scope (a rejected key, a rate-limited target),
+    /// until when: jobs admitted or handed over before the gate saw them go back to the
+    /// queue instead of meeting the same 401 or 429 (claims skip paused targets already).
+    paused_here: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
     /// Jobs the gate of this process started for this dispatcher ([`Dispatcher::handoff`]),
     /// until `run` takes the receiver.
     handed: std::sync::Mutex<Option<mpsc::UnboundedReceiver<Handed>>>,
     handed_tx: mpsc::UnboundedSender<Handed>,
     /// Room for handed-over jobs, resized to the rate of starts ([`HANDOFF_HORIZON`]).
     room: Arc<Semaphore>,
-    /// Calls started (claimed or handed over), for the room's size.
-    started: std::sync::atomic::AtomicU64,
+    /// Calls the providers served (a success), for the room's size.
+    served: std::sync::atomic::AtomicU64,
 }
 
 /// A job the gate admitted straight to running here, with the room it holds.
 type Handed = (Job, tokio::sync::OwnedSemaphorePermit);
 
-/// Room for handed-over jobs (running or waiting for a slot) is what this process starts
-/// in this long, at the rate it has been starting them, on top of one per slot: the gate
-/// runs ahead of the provider calls by about that much, so a job waits here about that
-/// long at most, and one process does not hoard work other processes could send. Every
+/// Room for handed-over jobs (running or waiting for a slot) is what this process's
+/// providers serve in this long, at the rate they have been serving its calls, on top of
+/// one per slot: the gate runs ahead of the provider calls by about that much, so a job
+/// waits here about that long at most, and one process does not hoard work other processes
+/// could send. Calls served, not calls made: a storm of 429s does not widen the room (a
+/// provider whose limit is not known yet meets no more calls than before it). Every
 /// job the gate admits beyond the room costs a claim (one more write of its row): at
 /// 100,000 jobs a fixed 8 per slot left a fifth of them to claims, a room sized to the
 /// rate 1–8 %, for 3–12 % more jobs/s (BENCHMARKS.md, session 7).
@@ -82,9 +85,9 @@ const MAX_ROOM_PER_SLOT: usize = 32;
 /// How often the room is resized to the rate of starts.
 const ROOM_REVIEW: Duration = Duration::from_millis(250);
 
-/// The room for `slots` call slots starting `starts_per_sec` jobs a second.
-fn room_for(slots: usize, starts_per_sec: f64) -> usize {
-    let ahead = (starts_per_sec.max(0.0) * HANDOFF_HORIZON.as_secs_f64()).ceil() as usize;
+/// The room for `slots` call slots whose providers serve `served_per_sec` calls a second.
+fn room_for(slots: usize, served_per_sec: f64) -> usize {
+    let ahead = (served_per_sec.max(0.0) * HANDOFF_HORIZON.as_secs_f64()).ceil() as usize;
     (slots + ahead).clamp(slots * MIN_ROOM_PER_SLOT, slots * MAX_ROOM_PER_SLOT)
 }
 
@@ -169,7 +172,7 @@ impl Dispatcher {
             inner: Arc::new(Inner {
                 slots: Arc::new(Semaphore::new(config.dispatch.concurrency)),
                 room: Arc::new(Semaphore::new(config.dispatch.concurrency * START_ROOM_PER_SLOT)),
-                started: std::sync::atomic::AtomicU64::new(0),
+                served: std::sync::atomic::AtomicU64::new(0),
                 policy: RetryPolicy::from(&config.retry),
                 pool,
                 config,
@@ -177,7 +180,7 @@ impl Dispatcher {
                 notifications,
                 owner,
                 completer: std::sync::Mutex::new(None),
-                dead_keys: std::sync::Mutex::new(std::collections::HashMap::new()),
+                paused_here: std::sync::Mutex::new(std::collections::HashMap::new()),
                 in_flight: std::sync::Mutex::new(std::collections::HashSet::new()),
                 handed: std::sync::Mutex::new(Some(handed)),
                 handed_tx,
@@ -469,9 +472,6 @@ impl Dispatcher {
         job: Job,
         permits: Vec<tokio::sync::OwnedSemaphorePermit>,
     ) {
-        self.inner
-            .started
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let this = self.clone();
         in_flight.spawn(SLOT.scope(std::cell::RefCell::new(permits), async move {
             this.execute(job).await;
@@ -518,20 +518,20 @@ impl Dispatcher {
         tracker
     }
 
-    /// Resizes the room for handed-over jobs every [`ROOM_REVIEW`] to the rate of starts
-    /// since the last review ([`room_for`]), until `stop`. Room held by jobs is never
+    /// Resizes the room for handed-over jobs every [`ROOM_REVIEW`] to the rate of calls
+    /// served since the last review ([`room_for`]), until `stop`. Room held by jobs is never
     /// taken back: a smaller size is reached as they finish.
     async fn size_room(self, stop: CancellationToken) {
         use std::sync::atomic::Ordering::Relaxed;
         let slots = self.inner.config.dispatch.concurrency;
         let mut size = slots * START_ROOM_PER_SLOT;
-        let mut last = (tokio::time::Instant::now(), self.inner.started.load(Relaxed));
+        let mut last = (tokio::time::Instant::now(), self.inner.served.load(Relaxed));
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(ROOM_REVIEW) => {}
             }
-            let now = (tokio::time::Instant::now(), self.inner.started.load(Relaxed));
+            let now = (tokio::time::Instant::now(), self.inner.served.load(Relaxed));
             let rate = (now.1 - last.1) as f64 / (now.0 - last.0).as_secs_f64().max(1e-3);
             last = now;
             let target = room_for(slots, rate);
@@ -857,16 +857,27 @@ impl Dispatcher {
             provider: &target.provider,
             model: &target.model,
         };
-        if let Some(key) = target
-            .key
-            .as_deref()
-            .filter(|k| self.key_is_dead(&target.provider, k))
-        {
+        if let Some(key) = target.key.as_deref().filter(|k| {
+            self.paused_here(&buckets::key_scope(&target.provider, k))
+                .is_some()
+        }) {
             let message = format!("key {key} was rejected by the provider; another key will be used");
             let finish = Finish::Retry {
                 not_before: Utc::now(),
                 code: "upstream_key_rotated",
                 message: &message,
+            };
+            log_write(
+                self.finish(holder, Some(served), finish, Settlement::UNSENT, None, Utc::now())
+                    .await,
+            );
+            return;
+        }
+        if let Some(wait) = self.paused_here(&buckets::target_scope(&target.provider, &target.model)) {
+            let finish = Finish::Retry {
+                not_before: Utc::now() + wait,
+                code: "target_paused",
+                message: "the provider answered 429 for this model: back to the queue until the pause ends",
             };
             log_write(
                 self.finish(holder, Some(served), finish, Settlement::UNSENT, None, Utc::now())
@@ -895,6 +906,9 @@ impl Dispatcher {
             return;
         }
         let outcome = inner.providers.call(&target, &job.request).await;
+        if outcome.result.is_ok() {
+            inner.served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let finished_at = Utc::now();
         let record = Self::attempt_record(&job, served, &outcome, started_at, finished_at);
         crate::observe::provider_call(&job, &target, &outcome);
@@ -947,16 +961,15 @@ impl Dispatcher {
         }
     }
 
-    /// Whether this process saw `key` of `provider` rejected (and the key is still out).
-    fn key_is_dead(&self, provider: &str, key: &str) -> bool {
-        lock(&self.inner.dead_keys)
-            .get(&(provider.to_owned(), key.to_owned()))
-            .is_some_and(|until| *until > std::time::Instant::now())
+    /// How long the pause of `scope` this process wrote still holds (`None`: none holds).
+    fn paused_here(&self, scope: &str) -> Option<Duration> {
+        lock(&self.inner.paused_here)
+            .get(scope)
+            .and_then(|until| until.checked_duration_since(std::time::Instant::now()))
     }
 
-    fn mark_key_dead(&self, provider: &str, key: &str) {
-        let until = std::time::Instant::now() + Duration::from_secs(self.inner.config.dispatch.dead_key_secs);
-        lock(&self.inner.dead_keys).insert((provider.to_owned(), key.to_owned()), until);
+    fn pause_here(&self, scope: &str, wait: Duration) {
+        lock(&self.inner.paused_here).insert(scope.to_owned(), std::time::Instant::now() + wait);
     }
 
     /// What a response said about its provider's limits, for the gate to learn from:
@@ -1041,26 +1054,33 @@ impl Dispatcher {
         // A rate limit holds for everyone: pause the target for every process until the
         // provider said to come back, so queued jobs wait instead of meeting 429s too.
         let pause = match (failure.class, key) {
-            (FailureClass::Capacity, _) => Some(Pause {
-                scope: buckets::target_scope(served.provider, served.model),
-                until: now + with_jitter(failure.retry_after.unwrap_or(DEFAULT_PAUSE)),
-                reason: "rate_limited",
-            }),
+            (FailureClass::Capacity, _) => Some((
+                buckets::target_scope(served.provider, served.model),
+                with_jitter(failure.retry_after.unwrap_or(DEFAULT_PAUSE)),
+                "rate_limited",
+            )),
             (FailureClass::KeyUnusable, Some(key)) => {
                 tracing::warn!(
                     key,
                     code = failure.code,
                     "provider rejected a key; rotating it out"
                 );
-                self.mark_key_dead(served.provider, key);
-                Some(Pause {
-                    scope: buckets::key_scope(served.provider, key),
-                    until: now + Duration::from_secs(inner.config.dispatch.dead_key_secs),
-                    reason: "key_unusable",
-                })
+                Some((
+                    buckets::key_scope(served.provider, key),
+                    Duration::from_secs(inner.config.dispatch.dead_key_secs),
+                    "key_unusable",
+                ))
             }
             _ => None,
         };
+        let pause = pause.map(|(scope, wait, reason)| {
+            self.pause_here(&scope, wait);
+            Pause {
+                scope,
+                until: now + wait,
+                reason,
+            }
+        });
         let outcome = match failed {
             Some((code, message)) => {
                 tollgate::metrics::job_finished(&job.tenant, job.class, "failed", code, job.attempt);
@@ -1230,11 +1250,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_room_covers_the_horizon_at_the_rate_of_starts_within_bounds() {
+    fn the_room_covers_the_horizon_at_the_rate_of_calls_served_within_bounds() {
         // Idle or slow: two per slot, so a handed job waits for at most one call ahead of it.
         assert_eq!(room_for(64, 0.0), 128);
         assert_eq!(room_for(64, 100.0), 128);
-        // 2,000 starts a second: 200 ms of them ahead, on top of one per slot.
+        // 2,000 served a second: 200 ms of them ahead, on top of one per slot.
         assert_eq!(room_for(64, 2_000.0), 64 + 400);
         // Very fast: capped, so one process never holds more than 32 per slot.
         assert_eq!(room_for(64, 1e9), 64 * 32);
