@@ -337,6 +337,15 @@ async fn run_mixed(
 }
 
 async fn reset(pool: &PgPool) -> Result<()> {
+    // A stopped worker can leave its connection idle in a transaction (seen once: the
+    // TRUNCATE then waited for its lock forever). Nothing of the previous case still runs.
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND state = 'idle in transaction' AND pid <> pg_backend_pid()",
+    )
+    .execute(pool)
+    .await
+    .context("ending idle transactions of the previous case")?;
     sqlx::query("TRUNCATE apalis.jobs")
         .execute(pool)
         .await
