@@ -59,7 +59,7 @@ struct Inner {
     /// until `run` takes the receiver.
     handed: std::sync::Mutex<Option<mpsc::UnboundedReceiver<Handed>>>,
     handed_tx: mpsc::UnboundedSender<Handed>,
-    /// Room for handed-over jobs, resized to the rate of starts ([`HANDOFF_HORIZON`]).
+    /// Room for handed-over jobs, resized to the rate of calls served ([`HANDOFF_HORIZON`]).
     room: Arc<Semaphore>,
     /// Calls the providers served (a success), for the room's size.
     served: std::sync::atomic::AtomicU64,
@@ -76,13 +76,13 @@ type Handed = (Job, tokio::sync::OwnedSemaphorePermit);
 /// provider whose limit is not known yet meets no more calls than before it). Every
 /// job the gate admits beyond the room costs a claim (one more write of its row): at
 /// 100,000 jobs a fixed 8 per slot left a fifth of them to claims, a room sized to the
-/// rate 1–8 %, for 3–12 % more jobs/s (BENCHMARKS.md, session 7).
+/// rate 1–8 %, for 3–24 % more jobs/s (BENCHMARKS.md, session 7).
 const HANDOFF_HORIZON: Duration = Duration::from_millis(200);
 /// Bounds of the room, per slot; a dispatcher starts at 8.
 const MIN_ROOM_PER_SLOT: usize = 2;
 const START_ROOM_PER_SLOT: usize = 8;
 const MAX_ROOM_PER_SLOT: usize = 32;
-/// How often the room is resized to the rate of starts.
+/// How often the room is resized to the rate of calls served.
 const ROOM_REVIEW: Duration = Duration::from_millis(250);
 
 /// The room for `slots` call slots whose providers serve `served_per_sec` calls a second.
