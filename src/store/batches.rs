@@ -424,7 +424,7 @@ pub async fn finish_batch(
 /// Deletes up to `limit` finished jobs that finished before `before`, keeping those of
 /// batches that are still open (their output file is not written yet).
 pub async fn prune_finished_jobs(ex: impl PgExecutor<'_>, before: DateTime<Utc>, limit: i64) -> Result<u64> {
-    // Attempt records go with their job (deleted here: no foreign key, see migration 0053).
+    // Attempt records go with their job (deleted here: they have no foreign key to their job).
     let n: i64 = sqlx::query_scalar(
         "WITH gone AS (
              DELETE FROM jobs WHERE id IN (

@@ -64,21 +64,14 @@ pub async fn traffic(
     tenant: Option<&str>,
 ) -> Result<Vec<Traffic>> {
     Ok(sqlx::query_as::<_, Traffic>(
-        // The tenant is on the record (migration 0061); records from before it look
-        // theirs up in `jobs`, and those whose job is gone are left out, as a join would.
         "SELECT tenant,
                 count(*) FILTER (WHERE outcome = 'succeeded') AS succeeded,
                 count(*) FILTER (WHERE outcome <> 'succeeded') AS failed,
                 coalesce(sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0)), 0)::bigint AS tokens,
                 count(*) FILTER (WHERE status = 429) AS status_429,
                 count(*) FILTER (WHERE status >= 500) AS status_5xx
-         FROM (
-             SELECT coalesce(a.tenant, (SELECT j.tenant FROM jobs j WHERE j.id = a.job_id)) AS tenant,
-                    a.outcome, a.input_tokens, a.output_tokens, a.status
-             FROM job_attempts a
-             WHERE a.finished_at > $1 AND a.finished_at <= $2
-         ) a
-         WHERE tenant IS NOT NULL AND ($3::text IS NULL OR tenant = $3)
+         FROM job_attempts
+         WHERE finished_at > $1 AND finished_at <= $2 AND ($3::text IS NULL OR tenant = $3)
          GROUP BY tenant ORDER BY tenant",
     )
     .bind(since)

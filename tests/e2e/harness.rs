@@ -129,6 +129,20 @@ pub fn serve_connections() -> u32 {
 
 /// [`fresh_db_with`] for a test that took its share of connections already.
 async fn fresh_db_holding(share: SemaphorePermit<'static>) -> TestDb {
+    let db = empty_db_holding(share).await;
+    tollgate::MIGRATOR
+        .run(&db.pool)
+        .await
+        .expect("migrate test database");
+    db
+}
+
+/// A fresh database with no schema at all, for the migration tests.
+pub async fn empty_db() -> TestDb {
+    empty_db_holding(connection_share(POOL_SIZE).await).await
+}
+
+async fn empty_db_holding(share: SemaphorePermit<'static>) -> TestDb {
     let admin = admin_url().await;
     let name = format!("tollgate_test_{}", uuid::Uuid::now_v7().simple());
     db::create_database_if_missing(&admin, &name)
@@ -138,10 +152,6 @@ async fn fresh_db_holding(share: SemaphorePermit<'static>) -> TestDb {
     let pool = db::connect(&url, POOL_SIZE)
         .await
         .expect("connect to test database");
-    tollgate::MIGRATOR
-        .run(&pool)
-        .await
-        .expect("migrate test database");
     TestDb {
         url,
         pool,

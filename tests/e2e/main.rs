@@ -21,6 +21,8 @@
 //! - [`security`]: hostile input limits, the auth matrix over every endpoint, provider
 //!   keys never leaking, API rate limits.
 //! - [`schemathesis`]: generated requests against `/openapi.json`: no 5xx, schema-true.
+//! - [`migrations`]: each migration applied to a database holding rows of the one before;
+//!   no migration adds a required column without a default.
 //! - [`adapters`]: Gemini and Azure OpenAI targets: results in OpenAI format, usage,
 //!   streaming, and a Gemini 429 body teaching a limit.
 
@@ -39,6 +41,7 @@ mod gate;
 mod harness;
 mod learning;
 mod lifecycle;
+mod migrations;
 mod observe;
 mod provider_batches;
 mod python;

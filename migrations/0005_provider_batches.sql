@@ -1,21 +1,6 @@
 -- Provider batch APIs as a scheduling choice: a `batch`-class job whose deadline allows
 -- it may be sent through its provider's own batch API (OpenAI Batch, Anthropic Message
--- Batches) at the batch price, instead of one online call.
-
--- The decision, per job: `online` or `provider_batch`, and why. NULL = not decided (jobs
--- of other classes, or no provider has a batch API configured).
-ALTER TABLE jobs
-    ADD COLUMN dispatch_via text,
-    ADD COLUMN dispatch_reason text,
-    -- The provider batch (tollgate's `provider_batches.id`) that carries the job.
-    ADD COLUMN provider_batch_id text,
-    -- What the batch price saved over the online price, in micro-USD.
-    ADD COLUMN saved_micro_usd double precision,
-    ADD CONSTRAINT jobs_dispatch_via CHECK (dispatch_via IN ('online', 'provider_batch'));
-
--- The packer's view: admitted provider-batch jobs per (provider, model, key).
-CREATE INDEX jobs_provider_batch_admitted ON jobs (provider, provider_model, provider_key, admitted_at, id)
-    WHERE state = 'admitted' AND dispatch_via = 'provider_batch';
+-- Batches) at the batch price, instead of one online call (`jobs.dispatch_via`).
 
 -- One batch submitted to a provider's batch API. Its jobs are `running` with the lease
 -- owner `provider_batch:<id>` until its results are written back.

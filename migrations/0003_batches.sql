@@ -82,13 +82,3 @@ CREATE TABLE batch_line_errors (
     CONSTRAINT batch_line_errors_batch FOREIGN KEY (batch_id) REFERENCES batches (id) ON DELETE CASCADE
 );
 
--- A batch's lines are ordinary jobs that know their batch, custom_id and input line.
-ALTER TABLE jobs
-    ADD COLUMN batch_id text,
-    ADD COLUMN custom_id text,
-    ADD COLUMN batch_line integer;
--- custom_id is unique per batch; also the batch's index of its jobs.
-CREATE UNIQUE INDEX jobs_batch_custom_id ON jobs (batch_id, custom_id) WHERE batch_id IS NOT NULL;
--- "Has this batch unfinished jobs?" without reading its finished ones.
-CREATE INDEX jobs_batch_open ON jobs (batch_id)
-    WHERE batch_id IS NOT NULL AND state IN ('queued', 'admitted', 'running');

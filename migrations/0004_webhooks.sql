@@ -44,12 +44,19 @@ CREATE INDEX webhook_deliveries_created_at ON webhook_deliveries (created_at) WH
 
 -- job.completed / job.failed go into the outbox in the very transaction that ends the
 -- job, whichever code path ends it (a dispatcher's write-back, deadline expiry, a rescued
--- lease out of attempts): a trigger, so no path can forget it. The WHEN clause keeps it
--- off every other update; the function probes the (small) endpoint table by tenant.
-CREATE FUNCTION webhook_job_event() RETURNS trigger LANGUAGE plpgsql AS $$
+-- lease out of attempts): a trigger, so no path can forget it. A row trigger whose WHEN
+-- clause is checked without calling anything: only rows that just ended cost a call,
+-- and the call returns after one probe of the endpoint index when the job's tenant has
+-- no endpoint. (A statement trigger would need transition tables, which PostgreSQL fills
+-- with both versions of every row of every UPDATE of `jobs`.)
+CREATE FUNCTION webhook_job_ended() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-    event text := CASE WHEN NEW.state = 'succeeded' THEN 'job.completed' ELSE 'job.failed' END;
+    event text;
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.tenant = NEW.tenant AND e.disabled_at IS NULL) THEN
+        RETURN NULL;
+    END IF;
+    event := CASE WHEN NEW.state = 'succeeded' THEN 'job.completed' ELSE 'job.failed' END;
     INSERT INTO webhook_deliveries (id, endpoint_id, event_type, body, next_attempt_at, created_at)
     SELECT 'msg_' || replace(gen_random_uuid()::text, '-', ''), e.id, event,
            jsonb_build_object(
@@ -67,6 +74,6 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE TRIGGER jobs_webhook_event AFTER UPDATE OF state ON jobs FOR EACH ROW
+CREATE TRIGGER jobs_webhook_ended AFTER UPDATE OF state ON jobs FOR EACH ROW
     WHEN (NEW.state IN ('succeeded', 'failed') AND OLD.state IS DISTINCT FROM NEW.state)
-    EXECUTE FUNCTION webhook_job_event();
+    EXECUTE FUNCTION webhook_job_ended();

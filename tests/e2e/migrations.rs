@@ -1,0 +1,181 @@
+//! Migrations are safe to apply to a database that is in use: each one runs against a
+//! database holding rows of every migration before it (`migration_fixtures/<migration>.sql`,
+//! one per migration, inserted right after it), and the current code reads those rows back.
+//! A migration may not add a required column without a default, nor make an existing one
+//! required, since either fails on a table that has rows. Migrations are forward-only.
+
+use std::borrow::Cow;
+use std::path::Path;
+
+use sqlx::migrate::Migrator;
+use tollgate::model::JobId;
+
+use crate::harness::empty_db;
+
+fn fixtures_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/e2e/migration_fixtures")
+}
+
+#[tokio::test]
+async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before() {
+    let db = empty_db().await;
+    let all: Vec<_> = tollgate::MIGRATOR.iter().cloned().collect();
+    assert!(!all.is_empty());
+    for (i, migration) in all.iter().enumerate() {
+        let upto = Migrator {
+            migrations: Cow::Owned(all[..=i].to_vec()),
+            ..Migrator::DEFAULT
+        };
+        upto.run(&db.pool)
+            .await
+            .unwrap_or_else(|e| panic!("migration {} on a database with rows: {e}", migration.version));
+        let name = format!(
+            "{:04}_{}.sql",
+            migration.version,
+            migration.description.replace(' ', "_")
+        );
+        let fixture = std::fs::read_to_string(fixtures_dir().join(&name))
+            .unwrap_or_else(|e| panic!("every migration has its rows in migration_fixtures/{name}: {e}"));
+        sqlx::raw_sql(&fixture)
+            .execute(&db.pool)
+            .await
+            .unwrap_or_else(|e| panic!("rows of {name}: {e}"));
+    }
+
+    // What the fixtures wrote reads back through the store, as the broker reads it.
+    let finished: JobId = "0190a000-0000-7000-8000-000000000001".parse().unwrap();
+    let job = tollgate::store::get_job(&db.pool, "acme", finished)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(job.state, tollgate::model::JobState::Succeeded);
+    let queued: JobId = "0190a000-0000-7000-8000-000000000002".parse().unwrap();
+    let job = tollgate::store::get_job(&db.pool, "acme", queued)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(job.provider_batch_id.as_deref(), Some("pb_fixture"));
+    let open = tollgate::store::batch_has_open_jobs(&db.pool, "batch_0190a000000070008000000000000004").await;
+    assert!(open.unwrap(), "the batch's line is the queued job");
+    let batch = tollgate::store::get_batch(&db.pool, "acme", "batch_0190a000000070008000000000000004")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((batch.total, batch.rejected), (2, 1));
+    let buckets = tollgate::store::all_buckets(&db.pool).await.unwrap();
+    assert_eq!(buckets.len(), 1);
+    let learned = tollgate::store::learned_limits(&db.pool).await.unwrap();
+    assert_eq!(learned.len(), 1);
+    let pack = tollgate::store::get_provider_batch(&db.pool, "pb_fixture")
+        .await
+        .unwrap();
+    assert!(pack.is_some());
+    let due = tollgate::store::claim_deliveries(
+        &db.pool,
+        chrono::Utc::now() + chrono::Duration::hours(2),
+        10,
+        std::time::Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].url, "https://hooks.example/acme");
+}
+
+#[test]
+fn every_fixture_belongs_to_a_migration() {
+    let names: Vec<String> = tollgate::MIGRATOR
+        .iter()
+        .map(|m| format!("{:04}_{}.sql", m.version, m.description.replace(' ', "_")))
+        .collect();
+    for entry in std::fs::read_dir(fixtures_dir()).unwrap() {
+        let file = entry.unwrap().file_name().into_string().unwrap();
+        assert!(
+            names.contains(&file),
+            "migration_fixtures/{file} names no migration"
+        );
+    }
+}
+
+#[test]
+fn migrations_are_forward_only_and_add_no_required_column_without_a_default() {
+    for migration in tollgate::MIGRATOR.iter() {
+        assert!(
+            !migration.migration_type.is_down_migration() && !migration.migration_type.is_reversible(),
+            "migration {} has a down migration: migrations are forward-only",
+            migration.version
+        );
+        let unsafe_changes = required_column_changes(&migration.sql);
+        assert!(
+            unsafe_changes.is_empty(),
+            "migration {} fails on a table with rows: {unsafe_changes:?}",
+            migration.version
+        );
+    }
+}
+
+#[test]
+fn the_required_column_check_finds_what_it_must() {
+    let sql = "ALTER TABLE jobs ADD COLUMN a text NOT NULL, ADD COLUMN b int NOT NULL DEFAULT 0,
+               ADD COLUMN c jsonb;\nALTER TABLE jobs ALTER COLUMN d SET NOT NULL;
+               -- ADD COLUMN e text NOT NULL (a comment)
+               CREATE TABLE t (f text NOT NULL);";
+    assert_eq!(
+        required_column_changes(sql),
+        vec![
+            "ADD COLUMN a text NOT NULL".to_string(),
+            "ALTER COLUMN d SET NOT NULL".to_string()
+        ]
+    );
+}
+
+/// The clauses of `sql` that fail on a table holding rows: `ADD COLUMN … NOT NULL` without a
+/// `DEFAULT`, and `ALTER COLUMN … SET NOT NULL`.
+fn required_column_changes(sql: &str) -> Vec<String> {
+    let code: String = sql
+        .lines()
+        .map(|line| line.split("--").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let upper = code.to_uppercase();
+    let mut found = Vec::new();
+    for keyword in ["ADD COLUMN", "ALTER COLUMN"] {
+        let mut from = 0;
+        while let Some(at) = upper[from..].find(keyword).map(|i| i + from) {
+            let clause_end = clause_end(&upper, at);
+            let clause = upper[at..clause_end]
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            let required = if keyword == "ADD COLUMN" {
+                clause.contains("NOT NULL") && !clause.contains("DEFAULT")
+            } else {
+                clause.contains("SET NOT NULL")
+            };
+            if required {
+                found.push(
+                    code[at..clause_end]
+                        .split_whitespace()
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                );
+            }
+            from = clause_end;
+        }
+    }
+    found
+}
+
+/// Where the clause starting at `start` ends: the next `,` or `;` outside parentheses.
+fn clause_end(sql: &str, start: usize) -> usize {
+    let mut depth = 0i32;
+    for (i, c) in sql[start..].char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' | ';' if depth <= 0 => return start + i,
+            _ => {}
+        }
+    }
+    sql.len()
+}
