@@ -222,7 +222,7 @@ impl Broker {
 /// was ready to run (hundreds of API requests and provider calls per second) between its
 /// statements. Connections it opens are its own (the gate's pool connects lazily, there).
 /// The bench runs its load generator this way too, as an outside client would run.
-pub(crate) fn run_on_own_thread<F, Fut, T>(
+pub fn run_on_own_thread<F, Fut, T>(
     name: &str,
     make: F,
 ) -> anyhow::Result<impl std::future::Future<Output = anyhow::Result<T>> + use<F, Fut, T>>

@@ -16,31 +16,26 @@
 //! - `paging`: OpenAI-style cursor lists (`limit`, `after`, `has_more`).
 //! - [`broker`]: starts the roles of one process (API, dispatcher, maintenance,
 //!   notifications) and runs the shutdown sequence; `serve`, `demo` and tests use it.
-//! - [`local`]: a whole stack on this machine (database, mock provider, broker).
 //! - [`cli`]: `tollgate status`, `jobs get`, `submit`, `batches list` against a running server.
 //! - [`dashboard`]: `GET /dashboard`, the live page (assets embedded from `api/assets/`).
-//! - [`demo`]: `tollgate demo`, the whole system on one machine with a sample workload.
-//! - [`bench`]: `tollgate bench`, end-to-end throughput beside a direct-to-provider baseline.
 //!
-//! The `tollgate` binary (`src/main.rs`) lives in this crate because it wires the API and
-//! the workers together.
+//! The `tollgate` binary is the `tollgate-cli` crate (`cli/`): it wires this crate, the
+//! workers, the mock provider and the benchmarks together, so none of them depends on
+//! another it should not.
 
 pub mod arrivals;
 pub mod auth;
 pub mod batches;
-pub mod bench;
 pub mod broker;
 pub(crate) mod bulk;
 pub mod chat;
 pub mod cli;
 pub mod dashboard;
-pub mod demo;
 pub mod error;
 pub mod files;
 pub mod guard;
 pub mod jobs;
 pub mod limits;
-pub mod local;
 pub mod metrics;
 pub mod openapi;
 pub(crate) mod paging;

@@ -4,7 +4,7 @@
 //! Gemini 429 (`QuotaFailure` + `RetryInfo`, no headers) teaches the RPM limit.
 
 use serde_json::{Value, json};
-use tollgate_workers::mock_provider::{MockConfig, ProjectConfig, ProviderKind};
+use tollgate_mock::{MockConfig, ProjectConfig, ProviderKind};
 
 use crate::harness::{ACME, GLOBEX, TestApp, TestOptions, eventually, mock_config};
 

@@ -528,7 +528,7 @@ async fn ten_thousand_lines_three_percent_malformed_none_lost_none_doubled() {
 /// A measurement for BENCHMARKS.md (run it with `--release -- --ignored`); the 10k-line
 /// tests cover the same path in every run.
 #[tokio::test]
-#[ignore = "measurement: cargo test --release -p tollgate-api --test e2e -- --ignored ingest_of_fifty"]
+#[ignore = "measurement: cargo test --release -p tollgate-cli --test e2e -- --ignored ingest_of_fifty"]
 async fn ingest_of_fifty_thousand_lines_is_bulk() {
     let app = TestApp::spawn_with(api_only()).await;
     let http = &app.http;
@@ -649,7 +649,7 @@ limits = { rpm = 1 }
 async fn ten_thousand_lines_complete_once_across_a_sigkill_of_the_server() {
     let _one_at_a_time = HEAVY.lock().await;
     use nix::sys::signal::Signal;
-    use tollgate_workers::mock_provider::MockProvider;
+    use tollgate_mock::MockProvider;
 
     use crate::durability::{Serve, free_port, short_lease_config};
     use crate::harness::{fresh_db_with, mock_config, serve_connections};

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tollgate::db;
 use tollgate::embedded::{EmbeddedOptions, EmbeddedPostgres};
-use tollgate_workers::mock_provider::{FaultMix, MockProvider};
+use tollgate_mock::{FaultMix, MockProvider};
 
 use crate::durability::{Serve, free_port, short_lease_config};
 use crate::faults::{check_terminal_jobs, submit_all, wait_all_terminal, wait_buckets_full};

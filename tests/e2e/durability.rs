@@ -16,7 +16,7 @@ use tollgate::store::{self, Finish, Holder, Served, Settlement};
 use tollgate_api::broker::Roles;
 use tollgate_workers::dispatcher::Dispatcher;
 use tollgate_workers::maintenance::Maintenance;
-use tollgate_workers::mock_provider::MockProvider;
+use tollgate_mock::MockProvider;
 use tollgate_workers::providers::Providers;
 
 use crate::harness::{

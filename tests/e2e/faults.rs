@@ -10,7 +10,7 @@ use serde_json::Value;
 use sqlx::PgPool;
 use tollgate::buckets::Rule;
 use tollgate::store;
-use tollgate_workers::mock_provider::FaultMix;
+use tollgate_mock::FaultMix;
 
 use crate::harness::{ACME, GLOBEX, TestApp, TestOptions, eventually, job, mock_config};
 

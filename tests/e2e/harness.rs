@@ -13,7 +13,7 @@ use tollgate::config::Config;
 use tollgate::db;
 use tollgate::embedded::{EmbeddedOptions, EmbeddedPostgres};
 use tollgate_api::broker::{Broker, Roles};
-use tollgate_workers::mock_provider::{LocalMock, MockConfig, MockProvider};
+use tollgate_mock::{LocalMock, MockConfig, MockProvider};
 
 pub const ACME: &str = "tk-acme";
 pub const GLOBEX: &str = "tk-globex";

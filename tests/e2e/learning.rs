@@ -5,7 +5,7 @@
 
 use serde_json::{Value, json};
 use tollgate_api::broker::Roles;
-use tollgate_workers::mock_provider::{MockConfig, ProjectLimits};
+use tollgate_mock::{MockConfig, ProjectLimits};
 
 use crate::harness::{ACME, TestApp, TestOptions, eventually};
 
@@ -279,14 +279,14 @@ keys = [{ name = "only", value = "sk-revoked" }]
 async fn outages_and_overload_are_ridden_out_within_the_retry_budget() {
     let mut mock = mock(100_000, true);
     mock.faults = vec![
-        tollgate_workers::mock_provider::FaultConfig {
+        tollgate_mock::FaultConfig {
             project: Some("oai-test".into()),
             start_ms: 0,
             duration_ms: 3000,
             status: 503,
             probability: 1.0,
         },
-        tollgate_workers::mock_provider::FaultConfig {
+        tollgate_mock::FaultConfig {
             project: Some("oai-test".into()),
             start_ms: 0,
             duration_ms: 0,
@@ -320,7 +320,7 @@ async fn outages_and_overload_are_ridden_out_within_the_retry_budget() {
 async fn a_failing_target_falls_back_to_the_routes_next_with_its_own_budget() {
     let mut mock = mock(100_000, true);
     // The OpenAI project is down for the whole test; Anthropic is fine.
-    mock.faults = vec![tollgate_workers::mock_provider::FaultConfig {
+    mock.faults = vec![tollgate_mock::FaultConfig {
         project: Some("oai-test".into()),
         start_ms: 0,
         duration_ms: 0,

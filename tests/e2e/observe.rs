@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use serde_json::Value;
-use tollgate_workers::mock_provider::FaultConfig;
+use tollgate_mock::FaultConfig;
 
 use crate::harness::{ACME, TestApp, TestOptions, eventually, job};
 

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 
 use chrono::Utc;
 use serde_json::{Value, json};
-use tollgate_workers::mock_provider::{BatchMockConfig, MockConfig};
+use tollgate_mock::{BatchMockConfig, MockConfig};
 
 use crate::batches::{batch_body, content, create_batch, upload, wait_batch};
 use crate::harness::{ACME, TestApp, TestOptions, mock_config};

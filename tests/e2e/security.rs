@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tollgate::config::Config;
 use tollgate_api::broker::{Broker, Roles};
-use tollgate_workers::mock_provider::{LocalMock, MockConfig, MockProvider};
+use tollgate_mock::{LocalMock, MockConfig, MockProvider};
 
 use crate::batches::{batch_body, create_batch, line, upload};
 use crate::durability::{Serve, free_port};

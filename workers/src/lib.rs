@@ -12,8 +12,6 @@
 //! - [`retention`]: deletes finished jobs, batches, files and deliveries past retention.
 //! - [`webhooks`]: the webhook sender (signed, retried, SSRF-guarded) draining the outbox.
 //! - [`observe`]: what each provider call reports to the metrics.
-//! - [`mock_provider`]: an HTTP server that behaves like OpenAI and Anthropic, limits
-//!   and errors included, for tests, the demo and benchmarks.
 //!
 //! Data flow: `dispatcher` claims through `tollgate::store`, sends through `providers`,
 //! classifies failures with `tollgate::retry`, and writes back through `tollgate::store`;
@@ -22,7 +20,6 @@
 pub mod batches;
 pub mod dispatcher;
 pub mod maintenance;
-pub mod mock_provider;
 pub mod observe;
 pub mod provider_batches;
 pub mod providers;

@@ -720,7 +720,7 @@ mod tests {
     use tollgate::routing::Target;
 
     use super::*;
-    use crate::mock_provider::{LocalMock, MockConfig, MockProvider, MockStats};
+    use tollgate_mock::{LocalMock, MockConfig, MockProvider, MockStats};
 
     // ---- SSE parser ----
 

@@ -14,9 +14,9 @@ use serde_json::json;
 use tollgate::config::Config;
 use tollgate::model::JobState;
 use tollgate::store;
-use tollgate_workers::mock_provider::MockConfig;
+use tollgate_mock::MockConfig;
 
-use crate::broker::Roles;
+use tollgate_api::broker::Roles;
 use crate::local::LocalStack;
 
 #[derive(Debug, Clone, clap::Args)]

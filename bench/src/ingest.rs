@@ -9,10 +9,10 @@ use anyhow::Context;
 use serde_json::{Value, json};
 
 use super::{BULK_CHUNK, BenchArgs, rate, request, stack_for, submit_bulk};
-use crate::broker::Roles;
+use tollgate_api::broker::Roles;
 
 #[allow(clippy::print_stdout)]
-pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let lines: Vec<Value> = (0..args.jobs)
         .map(|i| json!({"custom_id": format!("r{i}"), "method": "POST", "url": "/v1/chat/completions", "body": request(i)}))
         .collect();

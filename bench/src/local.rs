@@ -12,9 +12,9 @@ use tokio::net::TcpListener;
 use tollgate::config::Config;
 use tollgate::db;
 use tollgate::embedded::{EmbeddedOptions, EmbeddedPostgres};
-use tollgate_workers::mock_provider::{LocalMock, MockConfig, MockProvider};
+use tollgate_mock::{LocalMock, MockConfig, MockProvider};
 
-use crate::broker::{Broker, Roles};
+use tollgate_api::broker::{Broker, Roles};
 
 pub struct LocalStack {
     pub pool: PgPool,

@@ -15,7 +15,7 @@ use tollgate::gate::Gate;
 use tollgate::notify::Notifications;
 
 use super::{BenchArgs, insert_queued, mock_config, rate, unbound_provider};
-use crate::broker::Roles;
+use tollgate_api::broker::Roles;
 use crate::local::LocalStack;
 
 fn config(mock: std::net::SocketAddr, tenants: usize) -> anyhow::Result<Config> {
@@ -83,7 +83,7 @@ async fn index_sizes(pool: &sqlx::PgPool) -> anyhow::Result<Vec<(String, i64)>> 
 }
 
 #[allow(clippy::print_stdout)]
-pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let (measured, tenants) = (args.jobs, args.tenants.max(1));
     let stack = LocalStack::start(
         "bench_scale",

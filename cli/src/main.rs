@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tollgate::config::Config;
 use tollgate::db::Database;
 use tollgate_api::broker::{Broker, Roles};
-use tollgate_workers::mock_provider::{MockConfig, MockProvider};
+use tollgate_mock::{MockConfig, MockProvider};
 
 /// tollgate: a durable job-queue broker for LLM API work.
 ///
@@ -50,10 +50,10 @@ enum Command {
     },
     /// Start everything (embedded PostgreSQL, mock provider, broker), run a sample
     /// workload from three tenants across two providers, and print a summary.
-    Demo(tollgate_api::demo::DemoArgs),
+    Demo(tollgate_bench::demo::DemoArgs),
     /// Measure end-to-end throughput against the mock provider, beside a baseline that
     /// calls the mock directly; prints a Markdown table for BENCHMARKS.md.
-    Bench(tollgate_api::bench::BenchArgs),
+    Bench(tollgate_bench::BenchArgs),
     /// A running server's queues by tenant and class, and its buckets with use and limit.
     Status(tollgate_api::cli::StatusArgs),
     /// A running server's jobs.
@@ -99,7 +99,7 @@ async fn main() -> anyhow::Result<()> {
         Command::MockProvider { listen, config } => {
             let config = match config {
                 Some(path) => MockConfig::load(&path)?,
-                None => tollgate_api::demo::default_mock_config(),
+                None => tollgate_bench::demo::default_mock_config(),
             };
             let listener = TcpListener::bind(listen)
                 .await
@@ -116,13 +116,13 @@ async fn main() -> anyhow::Result<()> {
             served.await?;
             Ok(())
         }
-        Command::Bench(args) => tollgate_api::bench::run(args).await,
+        Command::Bench(args) => tollgate_bench::run(args).await,
         Command::Status(args) => exit_unless(tollgate_api::cli::status(args).await?),
         Command::Jobs(args) => exit_unless(tollgate_api::cli::jobs(args).await?),
         Command::Submit(args) => exit_unless(tollgate_api::cli::submit(args).await?),
         Command::Batches(args) => exit_unless(tollgate_api::cli::batches(args).await?),
         Command::Demo(args) => {
-            let ok = tollgate_api::demo::run(args).await?;
+            let ok = tollgate_bench::demo::run(args).await?;
             if !ok {
                 std::process::exit(1);
             }

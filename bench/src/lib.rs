@@ -1,3 +1,13 @@
+//! tollgate's benchmarks and the stack they and the demo run on.
+//!
+//! - [`local`]: a whole stack on this machine: database (embedded or `DATABASE_URL`), the
+//!   mock provider, and the broker.
+//! - [`demo`]: `tollgate demo`, the whole system on one machine with a sample workload.
+//! - the crate root: `tollgate bench`, its cases and their baselines (below).
+//!
+//! The apalis-postgres baseline (`bench/apalis-baseline/`) is a workspace of its own;
+//! `tollgate bench --apalis BIN` runs it beside tollgate.
+//!
 //! `tollgate bench`: measured speed, each case beside its baseline in the same run, on a
 //! fresh database and the mock provider (zero latency, no limits unless a case sets them).
 //!
@@ -16,8 +26,10 @@
 //!   429s, halved mid-run, through an outage — beside 8 clients retrying as the OpenAI SDK
 //!   does.
 
+pub mod demo;
 mod ingest;
 mod limits;
+pub mod local;
 mod scale;
 
 use std::time::{Duration, Instant};
@@ -28,9 +40,9 @@ use serde_json::{Value, json};
 use tollgate::config::Config;
 use tollgate::gate::Gate;
 use tollgate::notify::Notifications;
-use tollgate_workers::mock_provider::MockConfig;
+use tollgate_mock::MockConfig;
 
-use crate::broker::Roles;
+use tollgate_api::broker::Roles;
 use crate::local::LocalStack;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -92,7 +104,7 @@ pub struct BenchArgs {
     pub data_dir: std::path::PathBuf,
 }
 
-pub(super) fn mock_config() -> MockConfig {
+pub(crate) fn mock_config() -> MockConfig {
     MockConfig::from_toml_str(
         r#"
 output_tokens = 8
@@ -107,7 +119,7 @@ keys = ["sk-bench"]
 
 /// The mock's OpenAI account as a provider with limits far above what the machine can
 /// reach, so every job goes through real provider buckets without any of them binding.
-pub(super) fn unbound_provider(mock: std::net::SocketAddr) -> String {
+pub(crate) fn unbound_provider(mock: std::net::SocketAddr) -> String {
     format!(
         r#"
 [[providers]]
@@ -198,7 +210,7 @@ async fn stack_for(args: &BenchArgs, roles: Roles) -> anyhow::Result<LocalStack>
     .await
 }
 
-pub(super) fn rate(n: usize, d: Duration) -> f64 {
+pub(crate) fn rate(n: usize, d: Duration) -> f64 {
     n as f64 / d.as_secs_f64().max(1e-9)
 }
 
@@ -558,7 +570,7 @@ async fn apalis_baseline(bin: &std::path::Path, admin_url: &str, jobs: usize) ->
 
 /// Inserts `n` queued jobs spread round-robin over `tenants`, a slice of 100,000 per
 /// statement so that one statement's memory stays bounded however many are asked for.
-pub(super) async fn insert_queued(pool: &sqlx::PgPool, n: usize, tenants: &[String]) -> anyhow::Result<()> {
+pub(crate) async fn insert_queued(pool: &sqlx::PgPool, n: usize, tenants: &[String]) -> anyhow::Result<()> {
     let slice = 100_000;
     for from in (0..n).step_by(slice) {
         let to = (from + slice).min(n);
@@ -710,7 +722,7 @@ async fn steady(args: &BenchArgs) -> anyhow::Result<()> {
     // The load generator runs on a thread and runtime of its own: it shares the machine
     // with the broker, as clients on the same host would, but not the broker's task queue.
     let (per_sec, clients) = (args.rate, args.clients);
-    let load = crate::broker::run_on_own_thread("bench-load", move || async move {
+    let load = tollgate_api::broker::run_on_own_thread("bench-load", move || async move {
         offer_steady_load(&jobs_url, per_sec, total, probes, clients).await
     })?;
     let (sends, probe_failures) = load.await??;

@@ -20,10 +20,10 @@ use futures::StreamExt;
 use rand::Rng;
 use serde_json::{Value, json};
 use tollgate::config::Config;
-use tollgate_workers::mock_provider::{FaultConfig, MockConfig, ProjectLimits};
+use tollgate_mock::{FaultConfig, MockConfig, ProjectLimits};
 
 use super::{BenchArgs, wait_finished};
-use crate::broker::Roles;
+use tollgate_api::broker::Roles;
 use crate::local::LocalStack;
 
 /// Independent clients of the baseline, and requests each has in flight.
@@ -112,7 +112,7 @@ impl Drain {
 }
 
 #[allow(clippy::print_stdout)]
-pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     rows.push(through_tollgate(args, "tollgate, headers", true, Vec::new(), false).await?);
     rows.push(through_tollgate(args, "tollgate, no headers", false, Vec::new(), false).await?);
