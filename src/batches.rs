@@ -9,11 +9,12 @@
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::model::JobClass;
+pub use crate::vocab::BatchStatus;
+use crate::vocab::JobClass;
 
 /// A new file id: `file-` + a UUIDv7 in hex, so ids sort by creation time.
 pub fn new_file_id() -> String {
@@ -31,68 +32,6 @@ pub const PURPOSE_BATCH_OUTPUT: &str = "batch_output";
 
 /// The one endpoint batch lines may call: it is what the dispatcher runs.
 pub const CHAT_COMPLETIONS: &str = "/v1/chat/completions";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BatchStatus {
-    Validating,
-    Failed,
-    InProgress,
-    Finalizing,
-    Completed,
-    Expired,
-    Cancelling,
-    Cancelled,
-}
-
-impl BatchStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Validating => "validating",
-            Self::Failed => "failed",
-            Self::InProgress => "in_progress",
-            Self::Finalizing => "finalizing",
-            Self::Completed => "completed",
-            Self::Expired => "expired",
-            Self::Cancelling => "cancelling",
-            Self::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        [
-            Self::Validating,
-            Self::Failed,
-            Self::InProgress,
-            Self::Finalizing,
-            Self::Completed,
-            Self::Expired,
-            Self::Cancelling,
-            Self::Cancelled,
-        ]
-        .into_iter()
-        .find(|st| st.as_str() == s)
-    }
-
-    /// Finished: its output and error files exist and nothing about it changes any more.
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            Self::Failed | Self::Completed | Self::Expired | Self::Cancelled
-        )
-    }
-
-    /// The webhook event announcing this terminal status.
-    pub fn event_type(self) -> Option<&'static str> {
-        match self {
-            Self::Completed => Some("batch.completed"),
-            Self::Failed => Some("batch.failed"),
-            Self::Expired => Some("batch.expired"),
-            Self::Cancelled => Some("batch.cancelled"),
-            _ => None,
-        }
-    }
-}
 
 /// A row of `files` (without its bytes).
 #[derive(Debug, Clone, sqlx::FromRow)]

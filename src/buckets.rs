@@ -20,73 +20,7 @@ use chrono::{DateTime, Datelike, TimeZone, Utc};
 use crate::config::{Config, ModelLimits, ModelPrice};
 use crate::model::Usage;
 use crate::routing::Target;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Dimension {
-    Requests,
-    InputTokens,
-    OutputTokens,
-    TotalTokens,
-    Concurrency,
-    SpendMicroUsd,
-}
-
-impl Dimension {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Requests => "requests",
-            Self::InputTokens => "input_tokens",
-            Self::OutputTokens => "output_tokens",
-            Self::TotalTokens => "total_tokens",
-            Self::Concurrency => "concurrency",
-            Self::SpendMicroUsd => "spend_micro_usd",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        [
-            Self::Requests,
-            Self::InputTokens,
-            Self::OutputTokens,
-            Self::TotalTokens,
-            Self::Concurrency,
-            Self::SpendMicroUsd,
-        ]
-        .into_iter()
-        .find(|d| d.as_str() == s)
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Rule {
-    /// Continuous refill: `capacity` per `window_secs`, never above `capacity`.
-    Rolling,
-    /// All of `capacity` again at each window boundary (UTC midnight for daily windows).
-    Fixed,
-    /// Acquire and release (concurrency).
-    Gauge,
-    /// A cap on how fast the admitted rate may grow (providers with acceleration limits):
-    /// each window allows what the previous one used plus `ramp_step`; `capacity` is the
-    /// current window's allowance.
-    Ramp,
-}
-
-impl Rule {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Rolling => "rolling",
-            Self::Fixed => "fixed",
-            Self::Gauge => "gauge",
-            Self::Ramp => "ramp",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        [Self::Rolling, Self::Fixed, Self::Gauge, Self::Ramp]
-            .into_iter()
-            .find(|r| r.as_str() == s)
-    }
-}
+pub use crate::vocab::{Dimension, Rule};
 
 /// A bucket as configured: what `buckets` rows are synced from.
 #[derive(Debug, Clone, PartialEq)]
@@ -528,6 +462,29 @@ impl Bucket {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_provider_batch_api_has_a_bucket_of_enqueued_tokens_per_model() {
+        let example = include_str!("../tollgate.example.toml");
+        let with_batch_api = example.replacen(
+            "# [providers.batch_api]\n# enabled = true\n",
+            "[providers.batch_api]\nenabled = true\nenqueued_tokens = 2000000\n",
+            1,
+        );
+        assert_ne!(
+            with_batch_api, example,
+            "the example has a batch_api block to switch on"
+        );
+        let config = Config::parse(&with_batch_api, "t.toml").unwrap();
+        let keys: Vec<String> = configured(&config).into_iter().map(|b| b.key).collect();
+        assert!(
+            keys.iter()
+                .any(|k| k == "provider:oai:gpt-4o-mini:batch_queue_tokens"),
+            "{keys:?}"
+        );
+        let without = configured(&Config::parse(example, "t.toml").unwrap());
+        assert!(!without.iter().any(|b| b.key.ends_with(":batch_queue_tokens")));
+    }
 
     fn bucket(rule: Rule, capacity: f64, level: f64, at: DateTime<Utc>) -> Bucket {
         Bucket {

@@ -12,9 +12,7 @@ use std::time::Duration;
 use secrecy::SecretString;
 use serde::Deserialize;
 
-use crate::learning::Authority;
-use crate::model::JobClass;
-use crate::ratelimit::Dialect;
+use crate::vocab::{Authority, Dialect, JobClass};
 
 mod batches;
 mod provider_batches;

@@ -19,7 +19,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::buckets::Bucket;
-use crate::ratelimit::LimitName;
+pub use crate::vocab::{Authority, LearnedFrom as Source, LimitName};
 
 /// What a 429 leaves of the capacity.
 pub const DECREASE: f64 = 0.7;
@@ -31,41 +31,6 @@ pub const INCREASE_EVERY: Duration = Duration::from_secs(4);
 const RECOVER: f64 = 1.25;
 /// Growth per step above it, divided by 1 + the number of cuts so far (probing).
 const PROBE_STEP: f64 = 0.04;
-
-/// Who decides a limit when both the config and the provider say something.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Authority {
-    /// The configured limit is an upper bound: capacity = min(configured, reported).
-    #[default]
-    Config,
-    /// The provider's reported limit replaces the configured one.
-    Provider,
-}
-
-/// How a learned limit was learned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// The provider reported it.
-    Headers,
-    /// Its 429s taught it.
-    Throttling,
-}
-
-impl Source {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Headers => "headers",
-            Self::Throttling => "throttling",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        [Self::Headers, Self::Throttling]
-            .into_iter()
-            .find(|x| x.as_str() == s)
-    }
-}
 
 /// One learned limit (a `learned_limits` row).
 #[derive(Debug, Clone, PartialEq)]

@@ -4,6 +4,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+pub use crate::vocab::{JobClass, JobState, Lane, LaneReason};
+
 /// A job's id: a UUIDv7, so ids sort by creation time (cursor paging relies on it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type)]
 #[serde(transparent)]
@@ -33,50 +35,6 @@ impl std::str::FromStr for JobId {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Uuid::parse_str(s).map(Self)
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type)]
-#[sqlx(type_name = "job_state", rename_all = "lowercase")]
-#[serde(rename_all = "lowercase")]
-pub enum JobState {
-    /// Waiting for the gate (possibly not before `not_before`).
-    Queued,
-    /// Admitted by the gate: every bucket on its path holds its reservation; waiting for a
-    /// dispatcher.
-    Admitted,
-    /// Claimed by a dispatcher holding a lease; a provider call may be in flight.
-    Running,
-    Succeeded,
-    Failed,
-    Cancelled,
-}
-
-impl JobState {
-    pub fn is_terminal(self) -> bool {
-        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::Admitted => "admitted",
-            Self::Running => "running",
-            Self::Succeeded => "succeeded",
-            Self::Failed => "failed",
-            Self::Cancelled => "cancelled",
-        }
-    }
-}
-
-/// Workload class; declaration order is precedence (PostgreSQL enums sort the same way).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type)]
-#[sqlx(type_name = "job_class", rename_all = "lowercase")]
-#[serde(rename_all = "lowercase")]
-pub enum JobClass {
-    Interactive,
-    Standard,
-    Background,
-    Batch,
 }
 
 /// Token usage as the provider reported it, in OpenAI's terms.
@@ -130,7 +88,7 @@ pub struct Job {
     /// Route targets (`provider/model`) that failed this job with an error another target
     /// may not have; the gate prefers the route's other targets.
     pub failed_targets: Option<Vec<String>>,
-    /// `online` or `provider_batch` (see [`crate::provider_batches`]); `None`: undecided.
+    /// `online` or `provider_batch` (a [`Lane`]); `None`: undecided.
     #[sqlx(default)]
     pub dispatch_via: Option<String>,
     /// Why the job goes the way it goes (`deadline_allows_batch_api`, ...).
@@ -204,4 +162,11 @@ pub struct NewJob {
     pub created_at: DateTime<Utc>,
     /// A streaming chat completion (see [`Job::stream`]).
     pub stream: bool,
+}
+
+/// How a job is sent, and why (`jobs.dispatch_via`, `jobs.dispatch_reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub via: Lane,
+    pub reason: LaneReason,
 }

@@ -16,27 +16,12 @@ use sqlx::PgPool;
 
 use crate::buckets::{self, Dimension};
 use crate::config::{BatchApiConfig, Config, ProviderConfig};
-use crate::model::JobClass;
+use crate::model::{Decision, JobClass, Lane, LaneReason};
 use crate::routing::{self, Target};
 use crate::store::{self, Candidate, StoreError};
 
-pub const VIA_ONLINE: &str = "online";
+/// `jobs.dispatch_via` of a job the provider's batch API carries.
 pub const VIA_PROVIDER_BATCH: &str = "provider_batch";
-
-/// Why a job goes through the provider's batch API.
-pub const DEADLINE_ALLOWS: &str = "deadline_allows_batch_api";
-/// Why it goes online instead.
-pub const DEADLINE_TOO_CLOSE: &str = "deadline_too_close_for_batch_api";
-pub const NO_BATCH_API: &str = "route_has_no_batch_api";
-/// A line the provider failed or expired, sent back online.
-pub const FAILED_RETRY_ONLINE: &str = "provider_batch_failed_retry_online";
-
-/// How a job is sent, and why.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Decision {
-    pub via: &'static str,
-    pub reason: &'static str,
-}
 
 /// The provider config of `target` when its batch API may carry jobs.
 pub fn batch_api<'a>(config: &'a Config, target: &Target) -> Option<&'a ProviderConfig> {
@@ -56,20 +41,20 @@ pub fn any_enabled(config: &Config) -> bool {
 /// The decision for a `batch`-class job asking for `model` with `deadline`, at `now`.
 pub fn decide(config: &Config, model: &str, deadline: DateTime<Utc>, now: DateTime<Utc>) -> Decision {
     let online = |reason| Decision {
-        via: VIA_ONLINE,
+        via: Lane::Online,
         reason,
     };
     let first = routing::resolve(config, model).and_then(|t| t.into_iter().next());
     let Some(provider) = first.as_ref().and_then(|t| batch_api(config, t)) else {
-        return online(NO_BATCH_API);
+        return online(LaneReason::RouteHasNoBatchApi);
     };
     let window = chrono::Duration::seconds(provider.batch_api.min_deadline_secs as i64);
     if deadline - now < window {
-        return online(DEADLINE_TOO_CLOSE);
+        return online(LaneReason::DeadlineTooCloseForBatchApi);
     }
     Decision {
-        via: VIA_PROVIDER_BATCH,
-        reason: DEADLINE_ALLOWS,
+        via: Lane::ProviderBatch,
+        reason: LaneReason::DeadlineAllowsBatchApi,
     }
 }
 
@@ -92,7 +77,7 @@ pub async fn decide_candidates(
         .filter(|c| c.class == JobClass::Batch && c.dispatch_via.is_none())
     {
         let d = decide(config, &c.model, c.deadline, now);
-        c.dispatch_via = Some(d.via.to_owned());
+        c.dispatch_via = Some(d.via.as_str().to_owned());
         decisions.push((c.id, d));
     }
     if decisions.is_empty() {

@@ -17,81 +17,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use http::HeaderMap;
-use serde::{Deserialize, Serialize};
 
-use crate::buckets::{Dimension, Rule};
-
-/// Which headers a provider sends, and what they mean.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Dialect {
-    /// `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`: RPM and TPM.
-    Openai,
-    /// As OpenAI, but the request limit is per day (RPD).
-    Groq,
-    /// `anthropic-ratelimit-{requests,input-tokens,output-tokens,tokens}-*`.
-    Anthropic,
-    /// `x-ratelimit-{limit,remaining}-{req,tokens}-minute`.
-    Mistral,
-    /// `x-ratelimit-{limit,remaining,reset}` and `x-tokenlimit-*`, per second.
-    Together,
-    /// OpenAI's header names; a limit of 0 or -1 means "not reported".
-    Azure,
-    /// No headers; 429 bodies carry `QuotaFailure` and `RetryInfo`.
-    Gemini,
-    /// Sends nothing (DeepSeek): limits are learned from 429s alone.
-    None,
-}
-
-/// A provider limit, named as tollgate's provider buckets are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum LimitName {
-    Rpm,
-    Rpd,
-    Tpm,
-    Itpm,
-    Otpm,
-}
-
-impl LimitName {
-    pub const ALL: [LimitName; 5] = [Self::Rpm, Self::Rpd, Self::Tpm, Self::Itpm, Self::Otpm];
-
-    /// The bucket name suffix (`provider:oai:gpt-4o:rpm`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Rpm => "rpm",
-            Self::Rpd => "rpd",
-            Self::Tpm => "tpm",
-            Self::Itpm => "itpm",
-            Self::Otpm => "otpm",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|n| n.as_str() == s)
-    }
-
-    pub fn dimension(self) -> Dimension {
-        match self {
-            Self::Rpm | Self::Rpd => Dimension::Requests,
-            Self::Tpm => Dimension::TotalTokens,
-            Self::Itpm => Dimension::InputTokens,
-            Self::Otpm => Dimension::OutputTokens,
-        }
-    }
-
-    pub fn rule(self) -> Rule {
-        if self == Self::Rpd {
-            Rule::Fixed
-        } else {
-            Rule::Rolling
-        }
-    }
-
-    pub fn window_secs(self) -> i64 {
-        if self == Self::Rpd { 86_400 } else { 60 }
-    }
-}
+pub use crate::vocab::{Dialect, LimitName};
 
 /// One limit as a response reported it.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -6,6 +6,7 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use tollgate::tenants::Tenant;
+use tollgate::vocab::ApiErrorCode;
 
 use crate::AppState;
 use crate::error::ApiError;
@@ -67,7 +68,7 @@ impl FromRequestParts<AppState> for Viewer {
 fn invalid_key() -> ApiError {
     ApiError::new(
         StatusCode::UNAUTHORIZED,
-        "invalid_api_key",
+        ApiErrorCode::InvalidApiKey,
         "the API key is not valid",
     )
 }
@@ -80,7 +81,7 @@ pub(crate) fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
         .ok_or_else(|| {
             ApiError::new(
                 StatusCode::UNAUTHORIZED,
-                "missing_api_key",
+                ApiErrorCode::MissingApiKey,
                 "send your tenant API key as `Authorization: Bearer <key>`",
             )
         })?;
@@ -92,7 +93,7 @@ pub(crate) fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
         .ok_or_else(|| {
             ApiError::new(
                 StatusCode::UNAUTHORIZED,
-                "missing_api_key",
+                ApiErrorCode::MissingApiKey,
                 "the Authorization header must be `Bearer <key>`",
             )
         })

@@ -15,6 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use tollgate::vocab::ApiErrorCode;
 
 use axum::Json;
 use axum::body::Bytes;
@@ -96,11 +97,11 @@ pub(crate) async fn create(
 ) -> Result<Json<Value>, ApiError> {
     let value = json_body(body)?;
     let req: CreateBatch = serde_json::from_value(value)
-        .map_err(|e| ApiError::bad_request("invalid_request", format!("invalid batch: {e}")))?;
+        .map_err(|e| ApiError::bad_request(ApiErrorCode::InvalidRequest, format!("invalid batch: {e}")))?;
     let limits = &state.config.batches;
     if req.endpoint != CHAT_COMPLETIONS {
         return Err(ApiError::bad_request(
-            "unsupported_endpoint",
+            ApiErrorCode::UnsupportedEndpoint,
             format!("only {CHAT_COMPLETIONS} batches are supported"),
         )
         .with_param("endpoint"));
@@ -109,7 +110,7 @@ pub(crate) async fn create(
         .filter(|w| w.as_secs() <= limits.max_completion_window_secs)
         .ok_or_else(|| {
             ApiError::bad_request(
-                "invalid_completion_window",
+                ApiErrorCode::InvalidCompletionWindow,
                 format!(
                     "`completion_window` must be like \"24h\" or \"15m\", at most {}s",
                     limits.max_completion_window_secs
@@ -124,7 +125,7 @@ pub(crate) async fn create(
                 .any(|(k, v)| k.chars().count() > MAX_METADATA_KEY || v.chars().count() > MAX_METADATA_VALUE))
     {
         return Err(ApiError::bad_request(
-            "invalid_request",
+            ApiErrorCode::InvalidRequest,
             "`metadata` takes at most 16 pairs, keys up to 64 and values up to 512 characters",
         )
         .with_param("metadata"));
@@ -133,7 +134,7 @@ pub(crate) async fn create(
         Some(e) if e.anchor == "created_at" && EXPIRES_AFTER_RANGE.contains(&e.seconds) => e.seconds,
         Some(_) => {
             return Err(ApiError::bad_request(
-                "invalid_request",
+                ApiErrorCode::InvalidRequest,
                 "`output_expires_after` must be {anchor: \"created_at\", seconds: 3600..2592000}",
             )
             .with_param("output_expires_after"));
@@ -148,14 +149,14 @@ pub(crate) async fn create(
         .ok_or_else(|| ApiError::not_found("file").with_param("input_file_id"))?;
     if file.purpose != PURPOSE_BATCH {
         return Err(ApiError::bad_request(
-            "invalid_file_purpose",
+            ApiErrorCode::InvalidFilePurpose,
             "the input file must have been uploaded with purpose \"batch\"",
         )
         .with_param("input_file_id"));
     }
     if file.lines as u64 > limits.max_lines {
         return Err(ApiError::bad_request(
-            "too_many_lines",
+            ApiErrorCode::TooManyLines,
             format!(
                 "the input file has {} lines; at most {} are accepted",
                 file.lines, limits.max_lines
@@ -165,7 +166,8 @@ pub(crate) async fn create(
     }
     if file.lines == 0 {
         return Err(
-            ApiError::bad_request("empty_file", "the input file has no lines").with_param("input_file_id")
+            ApiError::bad_request(ApiErrorCode::EmptyFile, "the input file has no lines")
+                .with_param("input_file_id"),
         );
     }
     let now = Utc::now().trunc_subsecs(6);
@@ -242,11 +244,11 @@ pub(crate) async fn create(
 
 async fn check_webhook(state: &AppState, hook: &WebhookSpec) -> Result<(), ApiError> {
     let bad =
-        |code: &'static str, message: String| ApiError::bad_request(code, message).with_param("webhook");
-    Secret::parse(&hook.secret).map_err(|e| bad("invalid_webhook_secret", e.to_string()))?;
+        |code: ApiErrorCode, message: String| ApiError::bad_request(code, message).with_param("webhook");
+    Secret::parse(&hook.secret).map_err(|e| bad(ApiErrorCode::InvalidWebhookSecret, e.to_string()))?;
     if let Some(unknown) = hook.events.iter().find(|e| !EVENT_TYPES.contains(&e.as_str())) {
         return Err(bad(
-            "invalid_request",
+            ApiErrorCode::InvalidRequest,
             format!(
                 "unknown webhook event {unknown:?} (known: {})",
                 EVENT_TYPES.join(", ")
@@ -255,7 +257,7 @@ async fn check_webhook(state: &AppState, hook: &WebhookSpec) -> Result<(), ApiEr
     }
     tollgate_workers::webhooks::check_url(&hook.url, state.config.webhooks.allow_private_addresses)
         .await
-        .map_err(|refused| bad("webhook_url_not_allowed", refused.to_string()))
+        .map_err(|refused| bad(ApiErrorCode::WebhookUrlNotAllowed, refused.to_string()))
 }
 
 /// Lines read from an input file.
@@ -410,7 +412,8 @@ impl LineChecker {
         let LineEnvelope { custom_id, request } = parse_line(text, &mut self.seen)
             .map_err(|r| reject(r.custom_id.as_deref(), r.code, r.message))?;
         let cid = Some(custom_id.as_str());
-        let model = validate_chat_request(&request, "body.").map_err(|e| reject(cid, e.code, e.message))?;
+        let model =
+            validate_chat_request(&request, "body.").map_err(|e| reject(cid, e.code.as_str(), e.message))?;
         if request.get("stream").and_then(Value::as_bool) == Some(true) {
             return Err(reject(
                 cid,
@@ -556,7 +559,7 @@ pub(crate) async fn cancel(
         BatchCancel::Cancelling(batch) => one_view(&state, batch).await,
         BatchCancel::Finished(batch) => Err(ApiError::new(
             StatusCode::CONFLICT,
-            "batch_already_finished",
+            ApiErrorCode::BatchAlreadyFinished,
             format!("the batch already finished as {}", batch.status),
         )),
         BatchCancel::NotFound => Err(ApiError::not_found("batch")),

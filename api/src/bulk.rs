@@ -4,6 +4,7 @@
 //! `param` (`jobs[17].request.model`), so nothing is ever half-written.
 
 use std::collections::HashSet;
+use tollgate::vocab::ApiErrorCode;
 
 use axum::Json;
 use axum::body::Body;
@@ -66,24 +67,29 @@ pub(crate) async fn submit(
     let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
+            ApiErrorCode::BodyTooLarge,
             format!("the body is larger than {limit} bytes (server.max_bulk_body_bytes), or was cut off"),
         )
     })?;
-    let parsed: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}")))?;
+    let parsed: Value = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::bad_request(
+            ApiErrorCode::InvalidJson,
+            format!("the body is not valid JSON: {e}"),
+        )
+    })?;
     let items = match parsed {
         Value::Object(mut o) if o.len() == 1 && o.contains_key("jobs") => match o.remove("jobs") {
             Some(Value::Array(items)) => items,
             _ => {
                 return Err(
-                    ApiError::bad_request("invalid_request", "`jobs` must be an array").with_param("jobs"),
+                    ApiError::bad_request(ApiErrorCode::InvalidRequest, "`jobs` must be an array")
+                        .with_param("jobs"),
                 );
             }
         },
         _ => {
             return Err(ApiError::bad_request(
-                "invalid_request",
+                ApiErrorCode::InvalidRequest,
                 "the body must be an object with one field, `jobs`: an array of jobs as POST /v1/jobs takes them",
             ));
         }
@@ -91,7 +97,7 @@ pub(crate) async fn submit(
     let max = state.config.server.max_bulk_jobs;
     if items.is_empty() || items.len() > max {
         return Err(ApiError::bad_request(
-            "too_many_jobs",
+            ApiErrorCode::TooManyJobs,
             format!(
                 "`jobs` must hold 1 to {max} jobs (server.max_bulk_jobs); it holds {}",
                 items.len()
@@ -106,7 +112,7 @@ pub(crate) async fn submit(
         let submit: SubmitJob = serde_json::from_value(item).map_err(|e| {
             at_item(
                 i,
-                ApiError::bad_request("invalid_request", format!("invalid job: {e}")),
+                ApiError::bad_request(ApiErrorCode::InvalidRequest, format!("invalid job: {e}")),
             )
         })?;
         let job = submit
@@ -119,7 +125,7 @@ pub(crate) async fn submit(
             return Err(at_item(
                 i,
                 ApiError::bad_request(
-                    "duplicate_idempotency_key",
+                    ApiErrorCode::DuplicateIdempotencyKey,
                     "two jobs in this request share an idempotency key",
                 )
                 .with_param("idempotency_key"),

@@ -15,6 +15,7 @@
 
 use std::convert::Infallible;
 use std::time::Duration;
+use tollgate::vocab::ApiErrorCode;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -132,25 +133,26 @@ fn queue_timeout(admission: Option<&Value>) -> ApiError {
         ),
         None => "the request could not be served in time; retry later".to_owned(),
     };
-    ApiError::new(StatusCode::TOO_MANY_REQUESTS, "queue_timeout", message).with_retry_after(retry_after)
+    ApiError::new(StatusCode::TOO_MANY_REQUESTS, ApiErrorCode::QueueTimeout, message)
+        .with_retry_after(retry_after)
 }
 
 /// Maps a job's reason code to the HTTP answer an OpenAI client expects.
 fn failure_response(code: &str, message: String) -> ApiError {
-    let (status, code): (StatusCode, &'static str) = match code {
-        "deadline_exceeded" => (StatusCode::TOO_MANY_REQUESTS, "deadline_exceeded"),
-        "provider_rejected_request" => (StatusCode::BAD_REQUEST, "provider_rejected_request"),
-        "request_too_large" => (StatusCode::BAD_REQUEST, "request_too_large"),
-        "cancelled" => (StatusCode::CONFLICT, "cancelled"),
-        "upstream_auth_failed" => (StatusCode::BAD_GATEWAY, "upstream_auth_failed"),
-        "insufficient_quota" => (StatusCode::BAD_GATEWAY, "insufficient_quota"),
-        "spend_limit_reached" => (StatusCode::TOO_MANY_REQUESTS, "spend_limit_reached"),
-        "unknown_model" => (StatusCode::BAD_REQUEST, "unknown_model"),
-        "streaming_unsupported" => (StatusCode::BAD_REQUEST, "streaming_unsupported"),
-        "rate_limited" => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
-        "exceeds_limit" => (StatusCode::BAD_REQUEST, "exceeds_limit"),
-        "deadline_unmeetable" => (StatusCode::TOO_MANY_REQUESTS, "deadline_unmeetable"),
-        _ => (StatusCode::BAD_GATEWAY, "upstream_failed"),
+    let (status, code): (StatusCode, ApiErrorCode) = match code {
+        "deadline_exceeded" => (StatusCode::TOO_MANY_REQUESTS, ApiErrorCode::DeadlineExceeded),
+        "provider_rejected_request" => (StatusCode::BAD_REQUEST, ApiErrorCode::ProviderRejectedRequest),
+        "request_too_large" => (StatusCode::BAD_REQUEST, ApiErrorCode::RequestTooLarge),
+        "cancelled" => (StatusCode::CONFLICT, ApiErrorCode::Cancelled),
+        "upstream_auth_failed" => (StatusCode::BAD_GATEWAY, ApiErrorCode::UpstreamAuthFailed),
+        "insufficient_quota" => (StatusCode::BAD_GATEWAY, ApiErrorCode::InsufficientQuota),
+        "spend_limit_reached" => (StatusCode::TOO_MANY_REQUESTS, ApiErrorCode::SpendLimitReached),
+        "unknown_model" => (StatusCode::BAD_REQUEST, ApiErrorCode::UnknownModel),
+        "streaming_unsupported" => (StatusCode::BAD_REQUEST, ApiErrorCode::StreamingUnsupported),
+        "rate_limited" => (StatusCode::TOO_MANY_REQUESTS, ApiErrorCode::RateLimited),
+        "exceeds_limit" => (StatusCode::BAD_REQUEST, ApiErrorCode::ExceedsLimit),
+        "deadline_unmeetable" => (StatusCode::TOO_MANY_REQUESTS, ApiErrorCode::DeadlineUnmeetable),
+        _ => (StatusCode::BAD_GATEWAY, ApiErrorCode::UpstreamFailed),
     };
     let err = ApiError::new(status, code, message);
     if status == StatusCode::TOO_MANY_REQUESTS {

@@ -4,6 +4,7 @@
 //! 5xx bodies never carry internals; the cause is logged once, here.
 
 use std::time::Duration;
+use tollgate::vocab::ApiErrorCode;
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -12,14 +13,14 @@ use serde_json::json;
 #[derive(Debug)]
 pub struct ApiError {
     pub status: StatusCode,
-    pub code: &'static str,
+    pub code: ApiErrorCode,
     pub message: String,
     pub param: Option<String>,
     pub retry_after: Option<Duration>,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(status: StatusCode, code: ApiErrorCode, message: impl Into<String>) -> Self {
         Self {
             status,
             code,
@@ -29,7 +30,7 @@ impl ApiError {
         }
     }
 
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+    pub fn bad_request(code: ApiErrorCode, message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, code, message)
     }
 
@@ -44,7 +45,11 @@ impl ApiError {
     }
 
     pub fn not_found(what: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", format!("no such {what}"))
+        Self::new(
+            StatusCode::NOT_FOUND,
+            ApiErrorCode::NotFound,
+            format!("no such {what}"),
+        )
     }
 
     /// An internal failure: logged with its cause, answered without it.
@@ -52,7 +57,7 @@ impl ApiError {
         tracing::error!(error = %cause, "internal error");
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
+            ApiErrorCode::InternalError,
             "internal error; the request may be retried",
         )
     }
@@ -62,7 +67,7 @@ impl ApiError {
         tracing::warn!(error = %cause, "database unavailable");
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "database_unavailable",
+            ApiErrorCode::DatabaseUnavailable,
             "the queue's database is unreachable; retry shortly",
         )
         .with_retry_after(Duration::from_secs(1))

@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use sqlx::PgConnection;
 use tollgate::batches::{FileRow, PURPOSE_BATCH, new_file_id};
 use tollgate::store::{self, StoreError};
+use tollgate::vocab::ApiErrorCode;
 use tollgate_workers::batches::FILE_CHUNK_BYTES;
 
 use crate::AppState;
@@ -58,7 +59,7 @@ fn multipart_error(e: MultipartError) -> ApiError {
         return too_large_error();
     }
     ApiError::bad_request(
-        "invalid_multipart",
+        ApiErrorCode::InvalidMultipart,
         format!("the multipart body is malformed: {}", e.body_text()),
     )
 }
@@ -66,7 +67,7 @@ fn multipart_error(e: MultipartError) -> ApiError {
 fn too_large_error() -> ApiError {
     ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
-        "file_too_large",
+        ApiErrorCode::FileTooLarge,
         "the file is larger than the server accepts (batches.max_file_bytes)",
     )
     .with_param("file")
@@ -106,7 +107,7 @@ impl Counter {
     fn check_lines(&self) -> Result<(), ApiError> {
         if self.lines > self.max_lines {
             return Err(ApiError::bad_request(
-                "too_many_lines",
+                ApiErrorCode::TooManyLines,
                 format!(
                     "the file has more than {} lines (batches.max_lines)",
                     self.max_lines
@@ -165,7 +166,7 @@ pub(crate) async fn upload(
 ) -> Result<Json<Value>, ApiError> {
     let mut multipart = multipart.map_err(|e| {
         ApiError::bad_request(
-            "invalid_multipart",
+            ApiErrorCode::InvalidMultipart,
             format!("send the file as multipart/form-data: {}", e.body_text()),
         )
     })?;
@@ -202,7 +203,7 @@ pub(crate) async fn upload(
                         .filter(|s| EXPIRES_AFTER_RANGE.contains(s))
                         .ok_or_else(|| {
                             ApiError::bad_request(
-                                "invalid_request",
+                                ApiErrorCode::InvalidRequest,
                                 "`expires_after[seconds]` must be 3600 to 2592000",
                             )
                             .with_param("expires_after")
@@ -222,24 +223,27 @@ pub(crate) async fn upload(
             }
             "file" => {
                 return Err(
-                    ApiError::bad_request("invalid_request", "send exactly one `file`").with_param("file"),
+                    ApiError::bad_request(ApiErrorCode::InvalidRequest, "send exactly one `file`")
+                        .with_param("file"),
                 );
             }
             _ => {}
         }
     }
     let purpose = purpose.ok_or_else(|| {
-        ApiError::bad_request("missing_field", "`purpose` is required").with_param("purpose")
+        ApiError::bad_request(ApiErrorCode::MissingField, "`purpose` is required").with_param("purpose")
     })?;
     if purpose != PURPOSE_BATCH {
         return Err(ApiError::bad_request(
-            "invalid_purpose",
+            ApiErrorCode::InvalidPurpose,
             format!("purpose {purpose:?} is not supported here; use \"batch\""),
         )
         .with_param("purpose"));
     }
     if !have_file {
-        return Err(ApiError::bad_request("missing_field", "`file` is required").with_param("file"));
+        return Err(
+            ApiError::bad_request(ApiErrorCode::MissingField, "`file` is required").with_param("file"),
+        );
     }
     row.purpose = purpose;
     row.bytes = counter.bytes as i64;
@@ -382,7 +386,8 @@ pub(crate) async fn list(
         Some("asc") => true,
         Some(_) => {
             return Err(
-                ApiError::bad_request("invalid_request", "`order` must be asc or desc").with_param("order"),
+                ApiError::bad_request(ApiErrorCode::InvalidRequest, "`order` must be asc or desc")
+                    .with_param("order"),
             );
         }
     };

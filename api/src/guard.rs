@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tollgate::vocab::ApiErrorCode;
 
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
@@ -88,7 +89,7 @@ pub async fn check(State(guard): State<Guard>, request: Request, next: Next) -> 
     if header_bytes > guard.max_header_bytes {
         return ApiError::new(
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "headers_too_large",
+            ApiErrorCode::HeadersTooLarge,
             format!(
                 "the request's headers are larger than {} bytes (server.max_header_bytes)",
                 guard.max_header_bytes
@@ -104,7 +105,7 @@ pub async fn check(State(guard): State<Guard>, request: Request, next: Next) -> 
     {
         return ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
-            "api_rate_limited",
+            ApiErrorCode::ApiRateLimited,
             "too many API requests from this tenant (server.api_rate_per_sec); retry after the delay given",
         )
         .with_retry_after(wait)

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use tollgate::vocab::ApiErrorCode;
 
 use axum::Json;
 use axum::body::Bytes;
@@ -42,15 +43,19 @@ pub(crate) fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, Ap
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
+                ApiErrorCode::BodyTooLarge,
                 "the request body is larger than the server accepts (server.max_body_bytes)",
             )
         } else {
-            ApiError::bad_request("unreadable_body", rejection.body_text())
+            ApiError::bad_request(ApiErrorCode::UnreadableBody, rejection.body_text())
         }
     })?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}")))
+    serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::bad_request(
+            ApiErrorCode::InvalidJson,
+            format!("the body is not valid JSON: {e}"),
+        )
+    })
 }
 
 /// Checks an OpenAI Chat Completions body enough that a provider will not reject its
@@ -58,38 +63,46 @@ pub(crate) fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, Ap
 pub(crate) fn validate_chat_request(request: &Value, param_prefix: &str) -> Result<String, ApiError> {
     let p = |name: &str| format!("{param_prefix}{name}");
     let obj = request.as_object().ok_or_else(|| {
-        ApiError::bad_request("invalid_request", "the chat request must be a JSON object")
-            .with_param(param_prefix.trim_end_matches('.'))
+        ApiError::bad_request(
+            ApiErrorCode::InvalidRequest,
+            "the chat request must be a JSON object",
+        )
+        .with_param(param_prefix.trim_end_matches('.'))
     })?;
     let model = match obj.get("model") {
         Some(Value::String(m)) if !m.is_empty() => m.clone(),
         Some(_) => {
-            return Err(
-                ApiError::bad_request("invalid_request", "`model` must be a non-empty string")
-                    .with_param(p("model")),
-            );
+            return Err(ApiError::bad_request(
+                ApiErrorCode::InvalidRequest,
+                "`model` must be a non-empty string",
+            )
+            .with_param(p("model")));
         }
         None => {
-            return Err(ApiError::bad_request("missing_field", "`model` is required").with_param(p("model")));
+            return Err(
+                ApiError::bad_request(ApiErrorCode::MissingField, "`model` is required")
+                    .with_param(p("model")),
+            );
         }
     };
     let messages = match obj.get("messages") {
         Some(Value::Array(m)) if !m.is_empty() => m,
         Some(Value::Array(_)) => {
             return Err(
-                ApiError::bad_request("invalid_request", "`messages` must not be empty")
+                ApiError::bad_request(ApiErrorCode::InvalidRequest, "`messages` must not be empty")
                     .with_param(p("messages")),
             );
         }
         Some(_) => {
             return Err(
-                ApiError::bad_request("invalid_request", "`messages` must be an array")
+                ApiError::bad_request(ApiErrorCode::InvalidRequest, "`messages` must be an array")
                     .with_param(p("messages")),
             );
         }
         None => {
             return Err(
-                ApiError::bad_request("missing_field", "`messages` is required").with_param(p("messages"))
+                ApiError::bad_request(ApiErrorCode::MissingField, "`messages` is required")
+                    .with_param(p("messages")),
             );
         }
     };
@@ -98,7 +111,7 @@ pub(crate) fn validate_chat_request(request: &Value, param_prefix: &str) -> Resu
         let role = m.get("role").and_then(Value::as_str);
         if !matches!(role, Some("system" | "developer" | "user" | "assistant" | "tool")) {
             return Err(ApiError::bad_request(
-                "invalid_request",
+                ApiErrorCode::InvalidRequest,
                 "each message needs `role`: system, developer, user, assistant or tool",
             )
             .with_param(format!("{at}.role")));
@@ -107,7 +120,7 @@ pub(crate) fn validate_chat_request(request: &Value, param_prefix: &str) -> Resu
             Some(Value::String(_) | Value::Array(_) | Value::Null) | None => {}
             Some(_) => {
                 return Err(ApiError::bad_request(
-                    "invalid_request",
+                    ApiErrorCode::InvalidRequest,
                     "message `content` must be a string or an array of parts",
                 )
                 .with_param(format!("{at}.content")));
@@ -119,7 +132,7 @@ pub(crate) fn validate_chat_request(request: &Value, param_prefix: &str) -> Resu
             && v.as_i64().is_none_or(|n| n < 1)
         {
             return Err(ApiError::bad_request(
-                "invalid_request",
+                ApiErrorCode::InvalidRequest,
                 format!("`{cap}` must be a positive integer"),
             )
             .with_param(p(cap)));
@@ -146,7 +159,7 @@ impl SubmitJob {
     pub(crate) fn into_submission(self, header_key: Option<String>) -> Result<Submission, ApiError> {
         if self.request.get("stream").and_then(Value::as_bool) == Some(true) {
             return Err(ApiError::bad_request(
-                "stream_not_supported",
+                ApiErrorCode::StreamNotSupported,
                 "queued jobs cannot stream; use POST /v1/chat/completions for streaming",
             )
             .with_param("request.stream"));
@@ -154,7 +167,7 @@ impl SubmitJob {
         let priority = self.priority.unwrap_or(0);
         if !PRIORITY_RANGE.contains(&priority) {
             return Err(ApiError::bad_request(
-                "invalid_request",
+                ApiErrorCode::InvalidRequest,
                 "`priority` must be between -1000 and 1000",
             )
             .with_param("priority"));
@@ -164,21 +177,23 @@ impl SubmitJob {
             .as_ref()
             .is_some_and(|k| k.is_empty() || k.len() > MAX_IDEMPOTENCY_KEY_LEN)
         {
-            return Err(
-                ApiError::bad_request("invalid_request", "`idempotency_key` must be 1 to 255 bytes")
-                    .with_param("idempotency_key"),
-            );
+            return Err(ApiError::bad_request(
+                ApiErrorCode::InvalidRequest,
+                "`idempotency_key` must be 1 to 255 bytes",
+            )
+            .with_param("idempotency_key"));
         }
         if let Some(meta) = &self.metadata {
             if !meta.is_object() {
-                return Err(
-                    ApiError::bad_request("invalid_request", "`metadata` must be an object")
-                        .with_param("metadata"),
-                );
+                return Err(ApiError::bad_request(
+                    ApiErrorCode::InvalidRequest,
+                    "`metadata` must be an object",
+                )
+                .with_param("metadata"));
             }
             if meta.to_string().len() > MAX_METADATA_BYTES {
                 return Err(ApiError::bad_request(
-                    "metadata_too_large",
+                    ApiErrorCode::MetadataTooLarge,
                     "`metadata` must be at most 16 KiB serialized",
                 )
                 .with_param("metadata"));
@@ -219,7 +234,7 @@ pub(crate) fn new_job(
     let model = validate_chat_request(&s.request, "request.")?;
     let Some(targets) = routing::resolve(&state.config, &model) else {
         return Err(ApiError::bad_request(
-            "unknown_model",
+            ApiErrorCode::UnknownModel,
             format!("model {model:?} is neither a route alias nor a configured provider/model"),
         )
         .with_param("request.model"));
@@ -230,7 +245,7 @@ pub(crate) fn new_job(
         .unwrap_or(now + chrono::Duration::seconds(default_deadline.min(i64::MAX as u64) as i64));
     if deadline <= now {
         return Err(
-            ApiError::bad_request("invalid_deadline", "`deadline` must be in the future")
+            ApiError::bad_request(ApiErrorCode::InvalidDeadline, "`deadline` must be in the future")
                 .with_param("deadline"),
         );
     }
@@ -267,7 +282,7 @@ pub(crate) async fn check_queue_room(
     if waiting + adding > cap {
         return Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
-            "queue_full",
+            ApiErrorCode::QueueFull,
             format!(
                 "{waiting} jobs of class {class:?} are already waiting for this tenant (limit {cap}); retry later"
             ),
@@ -281,7 +296,7 @@ pub(crate) async fn check_queue_room(
 pub(crate) fn idempotency_key_reused() -> ApiError {
     ApiError::new(
         StatusCode::CONFLICT,
-        "idempotency_key_reused",
+        ApiErrorCode::IdempotencyKeyReused,
         "this idempotency key was used for a different request",
     )
     .with_param("idempotency_key")
@@ -345,12 +360,12 @@ pub(crate) async fn submit(
     let value = json_body(body)?;
     if !value.is_object() {
         return Err(ApiError::bad_request(
-            "invalid_request",
+            ApiErrorCode::InvalidRequest,
             "the body must be a JSON object",
         ));
     }
     let submit: SubmitJob = serde_json::from_value(value)
-        .map_err(|e| ApiError::bad_request("invalid_request", format!("invalid job: {e}")))?;
+        .map_err(|e| ApiError::bad_request(ApiErrorCode::InvalidRequest, format!("invalid job: {e}")))?;
     let header_key = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
@@ -399,7 +414,7 @@ pub(crate) async fn get(
     let wait = params.wait.unwrap_or(0.0);
     if !wait.is_finite() || wait < 0.0 {
         return Err(ApiError::bad_request(
-            "invalid_request",
+            ApiErrorCode::InvalidRequest,
             "`wait` must be a non-negative number of seconds",
         )
         .with_param("wait"));
@@ -480,7 +495,8 @@ pub(crate) async fn list(
         .as_deref()
         .map(|a| {
             a.parse::<JobId>().map_err(|_| {
-                ApiError::bad_request("invalid_request", "`after` must be a job id").with_param("after")
+                ApiError::bad_request(ApiErrorCode::InvalidRequest, "`after` must be a job id")
+                    .with_param("after")
             })
         })
         .transpose()?;
@@ -512,7 +528,7 @@ pub(crate) async fn cancel(
         Cancelled::Now(job) => Ok(Json(job_view(&job))),
         Cancelled::AlreadyFinished(job) => Err(ApiError::new(
             StatusCode::CONFLICT,
-            "job_already_finished",
+            ApiErrorCode::JobAlreadyFinished,
             format!("the job already finished as {}", job.state.as_str()),
         )),
         Cancelled::NotFound => Err(ApiError::not_found("job")),
@@ -559,7 +575,7 @@ pub(crate) fn job_view(job: &Job) -> Value {
         // Online or through the provider's batch API, and why (`null` reason: not a
         // `batch`-class job, or no provider batch API is configured).
         "dispatch": {
-            "via": job.dispatch_via.as_deref().unwrap_or(tollgate::provider_batches::VIA_ONLINE),
+            "via": job.dispatch_via.as_deref().unwrap_or(tollgate::vocab::Lane::Online.as_str()),
             "reason": job.dispatch_reason,
             "provider_batch_id": job.provider_batch_id,
         },

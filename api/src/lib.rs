@@ -42,6 +42,7 @@ pub(crate) mod paging;
 pub mod status;
 
 use std::sync::Arc;
+use tollgate::vocab::ApiErrorCode;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
@@ -118,7 +119,13 @@ pub fn router(state: AppState) -> Router {
     let guard = guard::Guard::new(&state);
     let (routes, _) = routes().split_for_parts();
     routes
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no_such_endpoint", "no such endpoint") })
+        .fallback(|| async {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                ApiErrorCode::NoSuchEndpoint,
+                "no such endpoint",
+            )
+        })
         .layer(DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::from_fn_with_state(guard, guard::check))
         .with_state(state)

@@ -7,6 +7,7 @@
 
 use std::fmt::Write as _;
 use std::sync::OnceLock;
+use tollgate::vocab::ApiErrorCode;
 
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -78,7 +79,7 @@ pub(crate) async fn scrape(
         if !matches!(viewer, Viewer::Admin) {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
-                "admin_only",
+                ApiErrorCode::AdminOnly,
                 "/metrics needs the admin key (server.admin_key)",
             ));
         }

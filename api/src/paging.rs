@@ -5,6 +5,7 @@
 use axum::extract::Query;
 use axum::extract::rejection::QueryRejection;
 use serde_json::{Value, json};
+use tollgate::vocab::ApiErrorCode;
 
 use crate::error::ApiError;
 
@@ -12,17 +13,18 @@ use crate::error::ApiError;
 pub(crate) fn params<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
     query
         .map(|Query(p)| p)
-        .map_err(|e| ApiError::bad_request("invalid_request", e.body_text()))
+        .map_err(|e| ApiError::bad_request(ApiErrorCode::InvalidRequest, e.body_text()))
 }
 
 /// The page size asked for (or `default`), checked against `1..=max`.
 pub(crate) fn limit(asked: Option<i64>, default: i64, max: i64) -> Result<i64, ApiError> {
     let limit = asked.unwrap_or(default);
     if !(1..=max).contains(&limit) {
-        return Err(
-            ApiError::bad_request("invalid_request", format!("`limit` must be 1 to {max}"))
-                .with_param("limit"),
-        );
+        return Err(ApiError::bad_request(
+            ApiErrorCode::InvalidRequest,
+            format!("`limit` must be 1 to {max}"),
+        )
+        .with_param("limit"));
     }
     Ok(limit)
 }

@@ -16,8 +16,8 @@ use tollgate::model::JobState;
 use tollgate::store;
 use tollgate_mock::MockConfig;
 
-use tollgate_api::broker::Roles;
 use crate::local::LocalStack;
+use tollgate_api::broker::Roles;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {

@@ -42,8 +42,8 @@ use tollgate::gate::Gate;
 use tollgate::notify::Notifications;
 use tollgate_mock::MockConfig;
 
-use tollgate_api::broker::Roles;
 use crate::local::LocalStack;
+use tollgate_api::broker::Roles;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Case {

@@ -23,8 +23,8 @@ use tollgate::config::Config;
 use tollgate_mock::{FaultConfig, MockConfig, ProjectLimits};
 
 use super::{BenchArgs, wait_finished};
-use tollgate_api::broker::Roles;
 use crate::local::LocalStack;
+use tollgate_api::broker::Roles;
 
 /// Independent clients of the baseline, and requests each has in flight.
 const SDK_CLIENTS: usize = 8;

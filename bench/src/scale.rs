@@ -15,8 +15,8 @@ use tollgate::gate::Gate;
 use tollgate::notify::Notifications;
 
 use super::{BenchArgs, insert_queued, mock_config, rate, unbound_provider};
-use tollgate_api::broker::Roles;
 use crate::local::LocalStack;
+use tollgate_api::broker::Roles;
 
 fn config(mock: std::net::SocketAddr, tenants: usize) -> anyhow::Result<Config> {
     let mut text = format!(

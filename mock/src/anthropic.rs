@@ -1,4 +1,4 @@
-//! `POST /v1/messages` in Anthropic's shape (PROVIDERS.md §2.1, §2.2, §2.4): `x-api-key`
+//! `POST /v1/messages` in Anthropic's shape (`docs/PROVIDERS.md` §2.1, §2.2, §2.4): `x-api-key`
 //! and a required `anthropic-version`, `anthropic-ratelimit-*` headers whose resets are
 //! absolute RFC 3339 stamps, `{"type":"error","error":{type,message},"request_id"}`
 //! bodies, `rate_limit_error` 429s with `retry-after`, and `overloaded_error` 529s.

@@ -1,4 +1,4 @@
-//! Anthropic's Message Batches API (PROVIDERS.md §2.5): `POST /v1/messages/batches`
+//! Anthropic's Message Batches API (`docs/PROVIDERS.md` §2.5): `POST /v1/messages/batches`
 //! (inline `requests`), `GET /v1/messages/batches/{id}`, `GET .../results` (JSONL, once
 //! ended), `POST .../cancel`. `x-api-key` and `anthropic-version` as on the online
 //! endpoint; a project sees only its own batches.

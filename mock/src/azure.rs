@@ -1,5 +1,5 @@
 //! `POST /openai/deployments/{deployment}/chat/completions?api-version=…` in Azure
-//! OpenAI's shape (PROVIDERS.md §4): `api-key` auth, the deployment in the path (checked
+//! OpenAI's shape (`docs/PROVIDERS.md` §4): `api-key` auth, the deployment in the path (checked
 //! against the project's `models`), a required `api-version`, OpenAI's body and response,
 //! `x-ratelimit-remaining-requests` / `-tokens` headers (no limits or resets, as Azure
 //! usually sends), and 429s whose body has the **string** code `"429"` and a "Please

@@ -1,4 +1,4 @@
-//! `POST /v1beta/models/{model}:generateContent` in Google's shape (PROVIDERS.md §3):
+//! `POST /v1beta/models/{model}:generateContent` in Google's shape (`docs/PROVIDERS.md` §3):
 //! `x-goog-api-key` (or `?key=`) auth, `google.rpc.Status` error bodies
 //! (`{"error":{code,message,status,details}}`), **no rate-limit headers**, and 429
 //! `RESOURCE_EXHAUSTED` bodies that carry a `QuotaFailure` (the violated quota's id and

@@ -1,6 +1,6 @@
 //! The mock LLM provider: a real HTTP server that speaks enough of the OpenAI Chat
 //! Completions, Anthropic Messages, Gemini `generateContent` and Azure OpenAI APIs —
-//! headers, error bodies and rate-limit semantics as in `PROVIDERS.md` §1–4 — for tests,
+//! headers, error bodies and rate-limit semantics as in `docs/PROVIDERS.md` §1–4 — for tests,
 //! the demo and benchmarks.
 //!
 //! Modules, in request order:

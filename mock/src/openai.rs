@@ -1,4 +1,4 @@
-//! `POST /v1/chat/completions` in OpenAI's shape (PROVIDERS.md §1.1, §1.2, §1.4):
+//! `POST /v1/chat/completions` in OpenAI's shape (`docs/PROVIDERS.md` §1.1, §1.2, §1.4):
 //! `Authorization: Bearer` keys, `x-ratelimit-*` headers with Go-style relative
 //! durations, `{"error":{message,type,param,code}}` bodies, 429s of type `requests` /
 //! `tokens` with `retry-after` and `retry-after-ms`, and the non-retryable

@@ -1,4 +1,4 @@
-//! OpenAI's Files and Batch APIs (PROVIDERS.md §1.5–1.6): `POST /v1/files` (multipart,
+//! OpenAI's Files and Batch APIs (`docs/PROVIDERS.md` §1.5–1.6): `POST /v1/files` (multipart,
 //! `purpose=batch`), `GET /v1/files/{id}/content`, `POST /v1/batches`,
 //! `GET /v1/batches/{id}`, `POST /v1/batches/{id}/cancel`. Bearer keys as on the online
 //! endpoint; a project sees only its own files and batches.

@@ -101,12 +101,6 @@ mod tests {
             ant.batch_api.limits(ProviderKind::Anthropic),
             (100_000, 256 * 1024 * 1024)
         );
-        let buckets = crate::buckets::configured(&c);
-        assert!(
-            buckets
-                .iter()
-                .any(|b| b.key == "provider:oai:gpt-4o-mini:batch_queue_tokens")
-        );
 
         let bad = on.replace("discount = 0.5", "discount = 1.5");
         let e = Config::parse(&bad, "t.toml").unwrap_err().to_string();

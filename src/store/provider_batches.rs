@@ -6,8 +6,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgExecutor, PgPool, Postgres};
 
 use super::Result;
-use crate::model::{Job, JobId};
-use crate::provider_batches::Decision;
+use crate::model::{Decision, Job, JobId};
 
 /// Records dispatch decisions on jobs still queued and undecided.
 pub async fn set_dispatch(ex: impl PgExecutor<'_>, decisions: &[(JobId, Decision)]) -> Result<usize> {
@@ -17,8 +16,8 @@ pub async fn set_dispatch(ex: impl PgExecutor<'_>, decisions: &[(JobId, Decision
          WHERE j.id = t.id AND j.state::text = 'queued' AND j.dispatch_via IS NULL",
     )
     .bind(decisions.iter().map(|d| d.0.0).collect::<Vec<_>>())
-    .bind(decisions.iter().map(|d| d.1.via).collect::<Vec<_>>())
-    .bind(decisions.iter().map(|d| d.1.reason).collect::<Vec<_>>())
+    .bind(decisions.iter().map(|d| d.1.via.as_str()).collect::<Vec<_>>())
+    .bind(decisions.iter().map(|d| d.1.reason.as_str()).collect::<Vec<_>>())
     .execute(ex)
     .await?;
     Ok(done.rows_affected() as usize)

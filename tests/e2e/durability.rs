@@ -14,9 +14,9 @@ use tollgate::model::JobState;
 use tollgate::notify::Notifications;
 use tollgate::store::{self, Finish, Holder, Served, Settlement};
 use tollgate_api::broker::Roles;
+use tollgate_mock::MockProvider;
 use tollgate_workers::dispatcher::Dispatcher;
 use tollgate_workers::maintenance::Maintenance;
-use tollgate_mock::MockProvider;
 use tollgate_workers::providers::Providers;
 
 use crate::harness::{

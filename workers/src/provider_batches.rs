@@ -23,11 +23,11 @@ use tokio_util::sync::CancellationToken;
 use tollgate::buckets;
 use tollgate::config::{Config, ProviderConfig};
 use tollgate::model::{Job, JobId};
-use tollgate::provider_batches::FAILED_RETRY_ONLINE;
 use tollgate::store::{
     self, AttemptRecord, Finish, Holder, NewPack, Outcome, PackEnd, PackGroup, ProviderBatch, Served,
     Settlement, StoreError,
 };
+use tollgate::vocab::LaneReason;
 
 use crate::providers::Providers;
 use crate::providers::batch_api::{LineResult, Status};
@@ -385,7 +385,13 @@ impl ProviderBatcher {
             .filter(|l| l.0.deadline > now)
             .map(|l| l.0.id)
             .collect();
-        store::dispatch_online(&self.pool, pack_id, &online, FAILED_RETRY_ONLINE).await?;
+        store::dispatch_online(
+            &self.pool,
+            pack_id,
+            &online,
+            LaneReason::ProviderBatchFailedRetryOnline.as_str(),
+        )
+        .await?;
         let outcomes: Vec<Outcome> = lines
             .iter()
             .map(|(job, code, message)| {
