@@ -459,6 +459,38 @@ impl Bucket {
     }
 }
 
+/// How a reservation ends: what the job really used.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Settlement {
+    /// Usage the provider reported, if it reported any.
+    pub usage: Option<Usage>,
+    /// Actual spend in micro-USD (0 without usage or prices).
+    pub actual_spend: f64,
+    /// Whether the request reached the provider (its limits count it even if it failed).
+    pub sent: bool,
+    /// Output the provider counts against its token limits whatever was generated (its
+    /// `max_tokens`, for providers that charge it up front).
+    pub charged_output: Option<f64>,
+}
+
+impl Settlement {
+    /// The job never left: everything goes back.
+    pub const UNSENT: Settlement = Settlement {
+        usage: None,
+        actual_spend: 0.0,
+        sent: false,
+        charged_output: None,
+    };
+    /// Sent, outcome unknown (holder died, call failed): keep what rate limits count, give
+    /// back the concurrency slot.
+    pub const SENT_UNKNOWN: Settlement = Settlement {
+        usage: None,
+        actual_spend: 0.0,
+        sent: true,
+        charged_output: None,
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

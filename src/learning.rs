@@ -20,6 +20,7 @@ use chrono::{DateTime, Utc};
 
 use crate::buckets::Bucket;
 pub use crate::vocab::{Authority, LearnedFrom as Source, LimitName};
+use crate::ratelimit::Reading;
 
 /// What a 429 leaves of the capacity.
 pub const DECREASE: f64 = 0.7;
@@ -157,6 +158,17 @@ pub fn increase(row: &mut Learned, bucket: &mut Bucket, saturated: bool, now: Da
 pub fn first_capacity(sent_last_window: f64) -> (f64, f64) {
     let ceiling = sent_last_window.max(1.0);
     ((ceiling * DECREASE).max(1.0), ceiling)
+}
+
+/// What one provider response said about the limits of its scope.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observation {
+    /// The provider model scope (`provider:oai:gpt-4o-mini`).
+    pub scope: String,
+    pub readings: Vec<Reading>,
+    /// A 429 that said nothing about capacities: learn from the 429 itself.
+    pub throttled: bool,
+    pub at: DateTime<Utc>,
 }
 
 #[cfg(test)]

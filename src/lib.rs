@@ -4,6 +4,8 @@
 //!   reason codes — as enums; strings only at the wire and in SQL. Imports nothing else.
 //! - [`config`]: the TOML configuration, its defaults and validation.
 //! - [`model`]: jobs, their ids, states and classes.
+//! - [`attempt`]: how one attempt of a job ends — the outcome a dispatcher builds from a
+//!   provider call and the store writes.
 //! - [`store`]: all SQL — insert, claim, complete, rescue — as small functions.
 //! - [`db`]: connecting (URL or [`embedded`] PostgreSQL) and migrating ([`MIGRATOR`]).
 //! - [`notify`]: one LISTEN connection per process, fanned out to waiters.
@@ -13,7 +15,8 @@
 //! - [`buckets`]: limits as buckets, a job's path through them, their arithmetic.
 //! - [`gate`]: admission — weighted fair queuing over tenants, all-or-nothing reservations.
 //! - [`provider_batches`]: provider batch APIs as a scheduling choice for `batch` jobs.
-//! - [`retry`]: failure classification and the retry policy.
+//! - [`retry`]: failure classification and the retry decision (retry, fall back, rotate the
+//!   key, pause, fail).
 //! - [`batches`]: files and batches (OpenAI's Files and Batch APIs): ids, statuses, rows,
 //!   and the JSONL input's line splitter and envelope check.
 //! - [`webhook_signing`]: Standard Webhooks secrets and signatures.
@@ -26,9 +29,11 @@
 //! `routing`, estimates, and inserts through `store` (state `queued`); the `gate` admits
 //! queued jobs whose `buckets` can hold them (state `admitted`, reservations held);
 //! dispatchers (`tollgate-workers`) claim admitted jobs through `store`, call providers,
-//! classify failures through `retry`, and write results back through `store`, settling
-//! the reservations; NOTIFYs reach waiters through `notify`.
+//! classify failures and decide what follows through `retry`, and write each attempt's
+//! [`attempt::Outcome`] back through `store`, settling the reservations; NOTIFYs reach
+//! waiters through `notify`.
 
+pub mod attempt;
 pub mod batches;
 pub mod buckets;
 pub mod config;

@@ -1,15 +1,21 @@
-//! Failure classification and retry policy: every provider failure is classified once,
-//! here, into a [`FailureClass`] with a stable reason code; the dispatcher only matches on
-//! the class. Retries are the broker's decision alone (adapters never retry).
+//! Failure classification and the retry decision: every provider failure is classified
+//! once, here, into a [`FailureClass`] with a stable reason code; what follows a failed
+//! call — retry after a backoff, fall back to another route target, rotate the key, pause
+//! a scope, or fail with a reason — is decided once, here, by [`decide`], a pure function
+//! of the failure, the job's attempts and deadline, its route, the policy, `now` and a
+//! jitter source. The dispatcher only writes what the [`Decision`] says. Retries are the
+//! broker's decision alone (adapters never retry).
 
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use http::HeaderMap;
-use rand::Rng;
 
-use crate::config::RetryConfig;
+use crate::attempt::Pause;
+use crate::buckets;
+use crate::config::Config;
 use crate::ratelimit::{self, Dialect};
+use crate::routing::Target;
 
 /// What kind of failure a provider call ended in, and so what to do next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,33 +158,177 @@ pub fn classify_response(status: u16, headers: &HeaderMap, body: &[u8]) -> Failu
 /// Retry-After is a lower bound, never shortened.
 #[derive(Debug, Clone)]
 pub struct RetryPolicy {
-    pub max_attempts: u32,
     pub base: Duration,
     pub max: Duration,
+    /// How long a 429 without a Retry-After pauses its target.
+    pub rate_limit_pause: Duration,
+    /// How long a key the provider rejected is paused (`dispatch.dead_key_secs`).
+    pub rejected_key_pause: Duration,
 }
 
-impl From<&RetryConfig> for RetryPolicy {
-    fn from(c: &RetryConfig) -> Self {
+impl From<&Config> for RetryPolicy {
+    fn from(c: &Config) -> Self {
         Self {
-            max_attempts: c.max_attempts,
-            base: Duration::from_millis(c.base_delay_ms),
-            max: Duration::from_millis(c.max_delay_ms),
+            base: Duration::from_millis(c.retry.base_delay_ms),
+            max: Duration::from_millis(c.retry.max_delay_ms),
+            rate_limit_pause: Duration::from_secs(1),
+            rejected_key_pause: Duration::from_secs(c.dispatch.dead_key_secs),
         }
     }
 }
 
 impl RetryPolicy {
     /// Delay before the next attempt after `attempts_done` attempts: base·2^(n-1), capped,
-    /// times a jitter factor in [0.75, 1]; never less than `retry_after`.
-    pub fn delay(&self, attempts_done: u32, retry_after: Option<Duration>) -> Duration {
+    /// times a jitter factor in [0.75, 1] (`unit` in [0, 1] picks it); never less than
+    /// `retry_after`.
+    pub fn delay(&self, attempts_done: u32, retry_after: Option<Duration>, unit: f64) -> Duration {
         let exp = attempts_done.saturating_sub(1).min(20);
         let backoff = self.base.saturating_mul(1u32 << exp).min(self.max);
-        let jitter = rand::rng().random_range(0.75..=1.0);
-        let backoff = backoff.mul_f64(jitter);
+        let backoff = backoff.mul_f64(0.75 + 0.25 * unit.clamp(0.0, 1.0));
         match retry_after {
             Some(hint) => hint.max(backoff),
             None => backoff,
         }
+    }
+}
+
+/// A pause plus up to a tenth of it (at most 250 ms), `unit` in [0, 1] of that, so the
+/// instances and jobs a 429 stopped do not all come back in the same instant.
+pub fn spread(pause: Duration, unit: f64) -> Duration {
+    let most = (pause / 10).min(Duration::from_millis(250));
+    pause + most.mul_f64(unit.clamp(0.0, 1.0))
+}
+
+/// A failed provider call of a job, with what [`decide`] needs to know about the job.
+#[derive(Debug, Clone, Copy)]
+pub struct FailedCall<'a> {
+    pub failure: &'a Failure,
+    /// The provider and model the call went to.
+    pub provider: &'a str,
+    pub model: &'a str,
+    /// The key the call used, if it got as far as choosing one.
+    pub key: Option<&'a str>,
+    /// The attempt that failed (the first is 1).
+    pub attempt: i32,
+    /// Attempts the job may make on each target of its route.
+    pub max_attempts: i32,
+    pub deadline: DateTime<Utc>,
+    /// Route targets (`provider/model`) the job already left after failing on them.
+    pub failed_targets: &'a [String],
+    /// The targets of the job's route, in order.
+    pub route: &'a [Target],
+}
+
+/// What follows a failed call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub next: Next,
+    /// A scope to pause for every process until then: the target after a 429 (a rate
+    /// limit holds for everyone, so queued jobs wait instead of meeting 429s too), the key
+    /// after the provider rejected it. Written whatever becomes of the job.
+    pub pause: Option<Pause>,
+    /// The target (`provider/model`) the job leaves for the route's others (fallback),
+    /// recorded on the job even when it fails now.
+    pub leave_target: Option<String>,
+}
+
+/// What becomes of the job.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    /// Finish it failed with this reason code.
+    Fail { code: &'static str, message: String },
+    /// Back to the queue for the same target, not to be admitted again before `at`
+    /// (`delay` after the failure).
+    Retry { at: DateTime<Utc>, delay: Duration },
+    /// Back to the queue at once, for a route target it has not failed on, with a retry
+    /// budget of its own.
+    FallBack,
+    /// Back to the queue at once, for another of the provider's keys (this one is paused).
+    RotateKey,
+}
+
+/// The retry decision: retry with backoff while attempts and the deadline allow; otherwise
+/// fail with the failure's reason code, `attempts_exhausted`, or `deadline_exceeded` when
+/// the next try would land late. An error another target of the route may not have
+/// (overload, network, timeout) sends the job to a target it has not failed on, at once;
+/// a rejected key sends it back at once for another key. `jitter` yields numbers in
+/// [0, 1]: the backoff's factor and the spread of a 429's pause.
+pub fn decide(
+    failed: &FailedCall<'_>,
+    policy: &RetryPolicy,
+    now: DateTime<Utc>,
+    mut jitter: impl FnMut() -> f64,
+) -> Decision {
+    let failure = failed.failure;
+    let here = format!("{}/{}", failed.provider, failed.model);
+    let failed_before = failed.failed_targets;
+    let fall_back = matches!(
+        failure.class,
+        FailureClass::Overload | FailureClass::Network | FailureClass::Timeout
+    ) && failed
+        .route
+        .iter()
+        .any(|t| t.label() != here && !failed_before.contains(&t.label()));
+    // Each target the job reaches brings its own `max_attempts`.
+    let budget = failed.max_attempts * (1 + failed_before.len() as i32 + i32::from(fall_back));
+    let attempts_left = failed.attempt < budget;
+    let rotate = failure.class == FailureClass::KeyUnusable && failed.key.is_some();
+    let delay = if rotate || fall_back {
+        Duration::ZERO
+    } else {
+        policy.delay(failed.attempt as u32, failure.retry_after, jitter())
+    };
+    let not_before = now + delay;
+    let next = if !failure.class.is_retryable() && !rotate {
+        Next::Fail {
+            code: failure.code,
+            message: failure.message.clone(),
+        }
+    } else if !attempts_left {
+        Next::Fail {
+            code: "attempts_exhausted",
+            message: format!(
+                "{} attempts made; last error {}: {}",
+                failed.attempt, failure.code, failure.message
+            ),
+        }
+    } else if not_before >= failed.deadline {
+        Next::Fail {
+            code: "deadline_exceeded",
+            message: format!(
+                "the next attempt (in {:.1} s) would start after the deadline; last error {}: {}",
+                delay.as_secs_f64(),
+                failure.code,
+                failure.message
+            ),
+        }
+    } else if rotate {
+        Next::RotateKey
+    } else if fall_back {
+        Next::FallBack
+    } else {
+        Next::Retry {
+            at: not_before,
+            delay,
+        }
+    };
+    let pause = match (failure.class, failed.key) {
+        (FailureClass::Capacity, _) => Some(Pause {
+            scope: buckets::target_scope(failed.provider, failed.model),
+            until: now + spread(failure.retry_after.unwrap_or(policy.rate_limit_pause), jitter()),
+            reason: "rate_limited",
+        }),
+        (FailureClass::KeyUnusable, Some(key)) => Some(Pause {
+            scope: buckets::key_scope(failed.provider, key),
+            until: now + policy.rejected_key_pause,
+            reason: "key_unusable",
+        }),
+        _ => None,
+    };
+    Decision {
+        next,
+        pause,
+        leave_target: fall_back.then_some(here),
     }
 }
 
@@ -263,18 +413,273 @@ mod tests {
         assert_eq!(f.retry_after, Some(Duration::from_millis(5500)));
     }
 
-    #[test]
-    fn backoff_grows_is_capped_and_respects_retry_after() {
-        let p = RetryPolicy {
-            max_attempts: 5,
+    fn policy() -> RetryPolicy {
+        RetryPolicy {
             base: Duration::from_millis(500),
             max: Duration::from_secs(8),
+            rate_limit_pause: Duration::from_secs(1),
+            rejected_key_pause: Duration::from_secs(600),
+        }
+    }
+
+    #[test]
+    fn backoff_grows_is_capped_and_respects_retry_after() {
+        let p = policy();
+        let ms = Duration::from_millis;
+        assert_eq!((p.delay(1, None, 0.0), p.delay(1, None, 1.0)), (ms(375), ms(500)));
+        assert_eq!(
+            (p.delay(10, None, 0.0), p.delay(10, None, 1.0)),
+            (ms(6000), ms(8000))
+        );
+        assert_eq!(
+            p.delay(1, Some(Duration::from_secs(20)), 1.0),
+            Duration::from_secs(20)
+        );
+        // A hint shorter than the backoff does not shorten it.
+        assert_eq!(p.delay(3, Some(ms(100)), 1.0), ms(2000));
+        assert_eq!(spread(Duration::from_secs(1), 1.0), ms(1100));
+        assert_eq!(spread(Duration::from_secs(20), 1.0), ms(20_250));
+        assert_eq!(spread(Duration::from_secs(20), 0.0), Duration::from_secs(20));
+    }
+
+    fn target(label: &str) -> Target {
+        let (provider, model) = label.split_once('/').unwrap();
+        Target {
+            provider: provider.to_owned(),
+            kind: crate::config::ProviderKind::Openai,
+            model: model.to_owned(),
+            key: None,
+        }
+    }
+
+    /// How far the deadline is from the failure.
+    #[derive(Debug, Clone, Copy)]
+    enum Deadline {
+        /// An hour away: any backoff fits.
+        Far,
+        /// 100 ms away: a backoff lands late, "at once" still fits.
+        Near,
+        /// Already passed.
+        Passed,
+    }
+
+    /// What the table expects: the job's next step, the pause written (reason, scope,
+    /// length in ms) and whether the target is left.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Expect {
+        Fail(&'static str),
+        /// Retry after this many ms.
+        Retry(u64),
+        FallBack,
+        RotateKey,
+    }
+
+    struct Row {
+        class: FailureClass,
+        key: bool,
+        /// The attempt that failed (of 3 per target).
+        attempt: i32,
+        failed_before: &'static [&'static str],
+        deadline: Deadline,
+        /// The job's route: `oai/a` (where the call went) and maybe others.
+        route: &'static [&'static str],
+        retry_after_ms: Option<u64>,
+        next: Expect,
+        pause: Option<(&'static str, &'static str, u64)>,
+        leaves: bool,
+    }
+
+    const ALONE: &[&str] = &["oai/a"];
+    const TWO: &[&str] = &["oai/a", "ant/b"];
+    const THREE: &[&str] = &["oai/a", "ant/b", "gem/c"];
+    const TARGET: &str = "provider:oai:a";
+    const KEY: &str = "key:oai:k1";
+
+    fn code(class: FailureClass) -> &'static str {
+        match class {
+            FailureClass::Capacity => "rate_limited",
+            FailureClass::Overload => "provider_overloaded",
+            FailureClass::KeyUnusable => "upstream_auth_failed",
+            FailureClass::SpendCap => "spend_limit_reached",
+            FailureClass::Request => "provider_rejected_request",
+            FailureClass::Network => "network_error",
+            FailureClass::Timeout => "provider_timeout",
+        }
+    }
+
+    #[test]
+    fn every_row_of_the_retry_decision() {
+        use Deadline::*;
+        use Expect::*;
+        use FailureClass::*;
+        #[rustfmt::skip]
+        let rows = [
+            // A 429 retries on the same target after the backoff or Retry-After, whatever
+            // the route, and always pauses the target (Retry-After or 1 s, spread).
+            Row { class: Capacity, key: true, attempt: 1, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: None, next: Retry(500), pause: Some(("rate_limited", TARGET, 1100)), leaves: false },
+            Row { class: Capacity, key: true, attempt: 1, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: Some(20_000), next: Retry(20_000), pause: Some(("rate_limited", TARGET, 20_250)), leaves: false },
+            Row { class: Capacity, key: false, attempt: 2, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: None, next: Retry(1000), pause: Some(("rate_limited", TARGET, 1100)), leaves: false },
+            Row { class: Capacity, key: true, attempt: 2, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: Some(200), next: Retry(1000), pause: Some(("rate_limited", TARGET, 220)), leaves: false },
+            Row { class: Capacity, key: true, attempt: 1, failed_before: &[], deadline: Near, route: ALONE, retry_after_ms: None, next: Fail("deadline_exceeded"), pause: Some(("rate_limited", TARGET, 1100)), leaves: false },
+            Row { class: Capacity, key: true, attempt: 1, failed_before: &[], deadline: Near, route: TWO, retry_after_ms: Some(20_000), next: Fail("deadline_exceeded"), pause: Some(("rate_limited", TARGET, 20_250)), leaves: false },
+            Row { class: Capacity, key: true, attempt: 3, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: None, next: Fail("attempts_exhausted"), pause: Some(("rate_limited", TARGET, 1100)), leaves: false },
+            Row { class: Capacity, key: true, attempt: 3, failed_before: &[], deadline: Near, route: TWO, retry_after_ms: Some(20_000), next: Fail("attempts_exhausted"), pause: Some(("rate_limited", TARGET, 20_250)), leaves: false },
+            // Overload, network errors and timeouts fall back at once while the route has a
+            // target the job has not failed on, each target with its own 3 attempts…
+            Row { class: Overload, key: true, attempt: 1, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: None, next: FallBack, pause: None, leaves: true },
+            Row { class: Overload, key: true, attempt: 1, failed_before: &[], deadline: Near, route: TWO, retry_after_ms: Some(20_000), next: FallBack, pause: None, leaves: true },
+            Row { class: Overload, key: true, attempt: 3, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: None, next: FallBack, pause: None, leaves: true },
+            Row { class: Overload, key: true, attempt: 6, failed_before: &["ant/b"], deadline: Far, route: THREE, retry_after_ms: None, next: FallBack, pause: None, leaves: true },
+            Row { class: Overload, key: true, attempt: 9, failed_before: &["ant/b"], deadline: Far, route: THREE, retry_after_ms: None, next: Fail("attempts_exhausted"), pause: None, leaves: true },
+            Row { class: Overload, key: true, attempt: 1, failed_before: &[], deadline: Passed, route: TWO, retry_after_ms: None, next: Fail("deadline_exceeded"), pause: None, leaves: true },
+            // …otherwise they back off on the same target (Retry-After a lower bound).
+            Row { class: Overload, key: true, attempt: 1, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: None, next: Retry(500), pause: None, leaves: false },
+            Row { class: Overload, key: true, attempt: 1, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: Some(5000), next: Retry(5000), pause: None, leaves: false },
+            Row { class: Overload, key: true, attempt: 4, failed_before: &["ant/b"], deadline: Far, route: TWO, retry_after_ms: None, next: Retry(4000), pause: None, leaves: false },
+            Row { class: Overload, key: true, attempt: 6, failed_before: &["ant/b"], deadline: Far, route: TWO, retry_after_ms: None, next: Fail("attempts_exhausted"), pause: None, leaves: false },
+            Row { class: Overload, key: true, attempt: 1, failed_before: &[], deadline: Near, route: ALONE, retry_after_ms: None, next: Fail("deadline_exceeded"), pause: None, leaves: false },
+            Row { class: Overload, key: true, attempt: 3, failed_before: &[], deadline: Near, route: ALONE, retry_after_ms: Some(5000), next: Fail("attempts_exhausted"), pause: None, leaves: false },
+            Row { class: Network, key: false, attempt: 1, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: None, next: FallBack, pause: None, leaves: true },
+            Row { class: Network, key: false, attempt: 1, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: None, next: Retry(500), pause: None, leaves: false },
+            Row { class: Network, key: false, attempt: 1, failed_before: &[], deadline: Near, route: ALONE, retry_after_ms: None, next: Fail("deadline_exceeded"), pause: None, leaves: false },
+            Row { class: Network, key: false, attempt: 3, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: Some(5000), next: Fail("attempts_exhausted"), pause: None, leaves: false },
+            Row { class: Timeout, key: true, attempt: 2, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: Some(5000), next: FallBack, pause: None, leaves: true },
+            Row { class: Timeout, key: true, attempt: 2, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: None, next: Retry(1000), pause: None, leaves: false },
+            Row { class: Timeout, key: true, attempt: 1, failed_before: &[], deadline: Near, route: ALONE, retry_after_ms: None, next: Fail("deadline_exceeded"), pause: None, leaves: false },
+            Row { class: Timeout, key: true, attempt: 3, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: None, next: Fail("attempts_exhausted"), pause: None, leaves: false },
+            // A rejected key goes back at once for another key, never to another target,
+            // and the key is paused for everyone (rejected_key_pause) whatever follows.
+            Row { class: KeyUnusable, key: true, attempt: 1, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: None, next: RotateKey, pause: Some(("key_unusable", KEY, 600_000)), leaves: false },
+            Row { class: KeyUnusable, key: true, attempt: 1, failed_before: &[], deadline: Near, route: TWO, retry_after_ms: Some(20_000), next: RotateKey, pause: Some(("key_unusable", KEY, 600_000)), leaves: false },
+            Row { class: KeyUnusable, key: true, attempt: 1, failed_before: &[], deadline: Passed, route: ALONE, retry_after_ms: None, next: Fail("deadline_exceeded"), pause: Some(("key_unusable", KEY, 600_000)), leaves: false },
+            Row { class: KeyUnusable, key: true, attempt: 3, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: None, next: Fail("attempts_exhausted"), pause: Some(("key_unusable", KEY, 600_000)), leaves: false },
+            // Without a key to rotate it is final, like every class that is not retried.
+            Row { class: KeyUnusable, key: false, attempt: 1, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: None, next: Fail("upstream_auth_failed"), pause: None, leaves: false },
+            Row { class: SpendCap, key: true, attempt: 1, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: Some(20_000), next: Fail("spend_limit_reached"), pause: None, leaves: false },
+            Row { class: SpendCap, key: true, attempt: 3, failed_before: &[], deadline: Near, route: ALONE, retry_after_ms: None, next: Fail("spend_limit_reached"), pause: None, leaves: false },
+            Row { class: Request, key: true, attempt: 1, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: None, next: Fail("provider_rejected_request"), pause: None, leaves: false },
+            Row { class: Request, key: false, attempt: 3, failed_before: &[], deadline: Passed, route: ALONE, retry_after_ms: Some(5000), next: Fail("provider_rejected_request"), pause: None, leaves: false },
+        ];
+        let now = DateTime::parse_from_rfc3339("2025-01-01T00:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        for (i, row) in rows.iter().enumerate() {
+            let failure = Failure {
+                class: row.class,
+                code: code(row.class),
+                message: "boom".to_owned(),
+                status: None,
+                retry_after: row.retry_after_ms.map(Duration::from_millis),
+            };
+            let failed_targets: Vec<String> = row.failed_before.iter().map(|t| (*t).to_owned()).collect();
+            let route: Vec<Target> = row.route.iter().map(|t| target(t)).collect();
+            let deadline = match row.deadline {
+                Far => now + chrono::Duration::hours(1),
+                Near => now + chrono::Duration::milliseconds(100),
+                Passed => now - chrono::Duration::milliseconds(1),
+            };
+            let failed = FailedCall {
+                failure: &failure,
+                provider: "oai",
+                model: "a",
+                key: row.key.then_some("k1"),
+                attempt: row.attempt,
+                max_attempts: 3,
+                deadline,
+                failed_targets: &failed_targets,
+                route: &route,
+            };
+            let decision = decide(&failed, &policy(), now, || 1.0);
+            let next = match &decision.next {
+                Next::Fail { code, .. } => Fail(code),
+                Next::Retry { at, delay } => {
+                    assert_eq!(*at, now + *delay, "row {i}");
+                    Retry(delay.as_millis() as u64)
+                }
+                Next::FallBack => FallBack,
+                Next::RotateKey => RotateKey,
+            };
+            assert_eq!(next, row.next, "row {i}: {:?}", decision.next);
+            let pause = decision.pause.as_ref().map(|p| {
+                let ms = (p.until - now).num_milliseconds() as u64;
+                (p.reason, p.scope.as_str(), ms)
+            });
+            assert_eq!(pause, row.pause, "row {i}");
+            let left = decision.leave_target.as_deref();
+            assert_eq!(left, row.leaves.then_some("oai/a"), "row {i}");
+        }
+    }
+
+    #[test]
+    fn failed_jobs_keep_the_last_error_in_their_message() {
+        let now = Utc::now();
+        let failure = Failure {
+            class: FailureClass::Overload,
+            code: "provider_overloaded",
+            message: "Overloaded".to_owned(),
+            status: Some(529),
+            retry_after: None,
         };
-        let first = p.delay(1, None);
-        assert!(first >= Duration::from_millis(375) && first <= Duration::from_millis(500));
-        let late = p.delay(10, None);
-        assert!(late >= Duration::from_secs(6) && late <= Duration::from_secs(8));
-        let hinted = p.delay(1, Some(Duration::from_secs(20)));
-        assert!(hinted >= Duration::from_secs(20));
+        let route = [target("oai/a")];
+        let mut failed = FailedCall {
+            failure: &failure,
+            provider: "oai",
+            model: "a",
+            key: None,
+            attempt: 3,
+            max_attempts: 3,
+            deadline: now + chrono::Duration::hours(1),
+            failed_targets: &[],
+            route: &route,
+        };
+        let message = |f: &FailedCall<'_>| match decide(f, &policy(), now, || 1.0).next {
+            Next::Fail { message, .. } => message,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            message(&failed),
+            "3 attempts made; last error provider_overloaded: Overloaded"
+        );
+        failed.attempt = 2;
+        failed.deadline = now + chrono::Duration::milliseconds(10);
+        assert_eq!(
+            message(&failed),
+            "the next attempt (in 1.0 s) would start after the deadline; last error provider_overloaded: Overloaded"
+        );
+    }
+
+    #[test]
+    fn the_jitter_source_sets_backoff_and_pause_spread() {
+        let now = Utc::now();
+        let failure = Failure {
+            class: FailureClass::Capacity,
+            code: "rate_limited",
+            message: String::new(),
+            status: Some(429),
+            retry_after: None,
+        };
+        let route = [target("oai/a")];
+        let failed = FailedCall {
+            failure: &failure,
+            provider: "oai",
+            model: "a",
+            key: Some("k1"),
+            attempt: 1,
+            max_attempts: 3,
+            deadline: now + chrono::Duration::hours(1),
+            failed_targets: &[],
+            route: &route,
+        };
+        // The backoff draws first, then the pause.
+        let mut draws = [0.0, 0.5].into_iter();
+        let d = decide(&failed, &policy(), now, || draws.next().unwrap());
+        assert_eq!(
+            d.next,
+            Next::Retry {
+                at: now + Duration::from_millis(375),
+                delay: Duration::from_millis(375)
+            }
+        );
+        assert_eq!(d.pause.unwrap().until, now + Duration::from_millis(1050));
     }
 }

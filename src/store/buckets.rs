@@ -9,46 +9,15 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor, Postgres};
 
 use super::Result;
+pub use crate::buckets::Settlement;
 use crate::buckets::{Bucket, BucketSpec, Dimension, Rule, refund};
-use crate::model::{JobId, Usage};
+use crate::model::JobId;
 
 /// What a job holds: the buckets and the amount taken from each.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Reservation {
     pub bucket_ids: Vec<i64>,
     pub amounts: Vec<f64>,
-}
-
-/// How a reservation ends: what the job really used.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Settlement {
-    /// Usage the provider reported, if it reported any.
-    pub usage: Option<Usage>,
-    /// Actual spend in micro-USD (0 without usage or prices).
-    pub actual_spend: f64,
-    /// Whether the request reached the provider (its limits count it even if it failed).
-    pub sent: bool,
-    /// Output the provider counts against its token limits whatever was generated (its
-    /// `max_tokens`, for providers that charge it up front).
-    pub charged_output: Option<f64>,
-}
-
-impl Settlement {
-    /// The job never left: everything goes back.
-    pub const UNSENT: Settlement = Settlement {
-        usage: None,
-        actual_spend: 0.0,
-        sent: false,
-        charged_output: None,
-    };
-    /// Sent, outcome unknown (holder died, call failed): keep what rate limits count, give
-    /// back the concurrency slot.
-    pub const SENT_UNKNOWN: Settlement = Settlement {
-        usage: None,
-        actual_spend: 0.0,
-        sent: true,
-        charged_output: None,
-    };
 }
 
 #[derive(sqlx::FromRow)]

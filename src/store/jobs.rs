@@ -5,6 +5,7 @@ use sqlx::{PgConnection, PgExecutor, PgPool, Postgres};
 
 use super::buckets::{BindBuckets, Reservation, Settlement, reservation, settle};
 use super::{CHANNEL_GATE, CHANNEL_JOB_DONE, Result};
+use crate::attempt::{Call, End, Holder, Outcome, Pause, Served};
 use crate::model::{Job, JobId, JobState, NewJob, Usage};
 
 /// The outcome of an insert with an idempotency key.
@@ -406,150 +407,12 @@ pub async fn claim_stream_job(
     .await?)
 }
 
-/// Who holds a running job: the guard of every write to it.
-#[derive(Debug, Clone, Copy)]
-pub struct Holder<'a> {
-    pub id: JobId,
-    pub attempt: i32,
-    pub owner: &'a str,
-}
-
-/// The provider and model an attempt went to, stored on the job with its outcome.
-#[derive(Debug, Clone, Copy)]
-pub struct Served<'a> {
-    pub provider: &'a str,
-    pub model: &'a str,
-}
-
-/// How an attempt ended.
-#[derive(Debug, Clone, Copy)]
-pub enum Finish<'a> {
-    Succeeded {
-        result: &'a serde_json::Value,
-        usage: Usage,
-        provider_request_id: Option<&'a str>,
-    },
-    Failed {
-        code: &'a str,
-        message: &'a str,
-    },
-    /// Back to the queue, not to be admitted again before `not_before`.
-    Retry {
-        not_before: DateTime<Utc>,
-        code: &'a str,
-        message: &'a str,
-    },
-}
-
-/// An attempt's outcome, owned, ready to be written (alone or in a batch).
-#[derive(Debug, Clone)]
-pub struct Outcome {
-    pub id: JobId,
-    pub attempt: i32,
-    pub owner: String,
-    pub provider: Option<String>,
-    pub model: Option<String>,
-    pub state: JobState,
-    pub result: Option<serde_json::Value>,
-    pub usage: Option<Usage>,
-    pub provider_request_id: Option<String>,
-    pub code: Option<String>,
-    pub message: Option<String>,
-    pub not_before: Option<DateTime<Utc>>,
-    pub settlement: Settlement,
-    pub record: Option<AttemptRecord>,
-    /// Pause this scope for every process until then (a provider's 429: its model; a
-    /// rejected key: the key), with the reason.
-    pub pause: Option<Pause>,
-    /// A route target (`provider/model`) to leave for the route's others (fallback).
-    pub failed_target: Option<String>,
-    /// What the provider's response said about its limits, for the gate to learn; written
-    /// after the outcome commits ([`super::record_observations`]), never inside it.
-    pub observation: Option<super::Observation>,
-}
-
-/// A scope (`provider:oai:gpt-4o`, `key:oai:main`) the gate must not admit to before
-/// `until`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Pause {
-    pub scope: String,
-    pub until: DateTime<Utc>,
-    /// `rate_limited` or `key_unusable`.
-    pub reason: &'static str,
-}
-
-impl Outcome {
-    pub fn new(
-        holder: Holder<'_>,
-        served: Option<Served<'_>>,
-        finish: Finish<'_>,
-        settlement: Settlement,
-        record: Option<AttemptRecord>,
-    ) -> Self {
-        let mut o = Outcome {
-            id: holder.id,
-            attempt: holder.attempt,
-            owner: holder.owner.to_owned(),
-            provider: served.map(|s| s.provider.to_owned()),
-            model: served.map(|s| s.model.to_owned()),
-            state: JobState::Failed,
-            result: None,
-            usage: None,
-            provider_request_id: None,
-            code: None,
-            message: None,
-            not_before: None,
-            settlement,
-            record,
-            pause: None,
-            failed_target: None,
-            observation: None,
-        };
-        match finish {
-            Finish::Succeeded {
-                result,
-                usage,
-                provider_request_id,
-            } => {
-                o.state = JobState::Succeeded;
-                o.result = Some(result.clone());
-                o.usage = Some(usage);
-                o.provider_request_id = provider_request_id.map(str::to_owned);
-            }
-            Finish::Failed { code, message } => {
-                o.code = Some(code.to_owned());
-                o.message = Some(message.to_owned());
-            }
-            Finish::Retry {
-                not_before,
-                code,
-                message,
-            } => {
-                o.state = JobState::Queued;
-                o.not_before = Some(not_before);
-                o.code = Some(code.to_owned());
-                o.message = Some(message.to_owned());
-            }
-        }
-        o
-    }
-}
-
 /// Writes an attempt's outcome and settles its reservation, in one transaction (with the
-/// attempt's record, if given), if `holder` still holds the job. `false` means the job was
-/// cancelled or rescued meanwhile: the outcome is discarded (and a cancelled job's
-/// reservation is settled).
-pub async fn finish_attempt(
-    pool: &PgPool,
-    holder: Holder<'_>,
-    served: Option<Served<'_>>,
-    finish: Finish<'_>,
-    settlement: Settlement,
-    record: Option<&AttemptRecord>,
-    now: DateTime<Utc>,
-) -> Result<bool> {
-    let outcome = Outcome::new(holder, served, finish, settlement, record.cloned());
-    Ok(finish_attempts(pool, &[outcome], now)
+/// record of its call, if it made one), if its holder still holds the job. `false` means
+/// the job was cancelled or rescued meanwhile: the outcome is discarded (and a cancelled
+/// job's reservation is settled).
+pub async fn finish_attempt(pool: &PgPool, outcome: &Outcome, now: DateTime<Utc>) -> Result<bool> {
+    Ok(finish_attempts(pool, std::slice::from_ref(outcome), now)
         .await?
         .first()
         .copied()
@@ -562,13 +425,17 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
     if outcomes.is_empty() {
         return Ok(Vec::new());
     }
-    let usage: Vec<Option<serde_json::Value>> = outcomes
+    let rows: Vec<Row<'_>> = outcomes.iter().map(Row::of).collect();
+    let usage: Vec<Option<serde_json::Value>> = rows
         .iter()
-        .map(|o| o.usage.map(serde_json::to_value).transpose())
+        .map(|r| r.usage.map(serde_json::to_value).transpose())
         .collect::<std::result::Result<_, _>>()?;
     let mut tx = pool.begin().await?;
-    let records: Vec<&AttemptRecord> = outcomes.iter().filter_map(|o| o.record.as_ref()).collect();
-    record_attempts(&mut tx, &records).await?;
+    let calls: Vec<(&Outcome, &Served, &Call)> = outcomes
+        .iter()
+        .filter_map(|o| Some((o, o.served.as_ref()?, o.call.as_ref()?)))
+        .collect();
+    record_attempts(&mut tx, &calls).await?;
     let pauses: Vec<&Pause> = outcomes.iter().filter_map(|o| o.pause.as_ref()).collect();
     if !pauses.is_empty() {
         sqlx::query(
@@ -615,24 +482,28 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
            AND j.attempt = t.attempt AND j.lease_owner = t.owner
          RETURNING j.id, old.state AS old_state, old.reserved_buckets AS old_buckets, old.reserved_amounts AS old_amounts",
     )
-    .bind(outcomes.iter().map(|o| o.id.0).collect::<Vec<_>>())
-    .bind(outcomes.iter().map(|o| o.attempt).collect::<Vec<_>>())
-    .bind(outcomes.iter().map(|o| o.owner.as_str()).collect::<Vec<_>>())
-    .bind(outcomes.iter().map(|o| o.state).collect::<Vec<_>>())
-    .bind(outcomes.iter().map(|o| o.result.clone()).collect::<Vec<_>>())
+    .bind(outcomes.iter().map(|o| o.holder.id.0).collect::<Vec<_>>())
+    .bind(outcomes.iter().map(|o| o.holder.attempt).collect::<Vec<_>>())
+    .bind(outcomes.iter().map(|o| o.holder.owner.as_str()).collect::<Vec<_>>())
+    .bind(outcomes.iter().map(|o| o.end.state()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.result.cloned()).collect::<Vec<_>>())
     .bind(usage)
-    .bind(outcomes.iter().map(|o| o.provider_request_id.as_deref()).collect::<Vec<_>>())
-    .bind(outcomes.iter().map(|o| o.code.as_deref()).collect::<Vec<_>>())
-    .bind(outcomes.iter().map(|o| o.message.as_deref()).collect::<Vec<_>>())
-    .bind(outcomes.iter().map(|o| o.not_before).collect::<Vec<_>>())
-    .bind(outcomes.iter().map(|o| o.provider.as_deref()).collect::<Vec<_>>())
-    .bind(outcomes.iter().map(|o| o.model.as_deref()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.provider_request_id).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.code).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.message).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.not_before).collect::<Vec<_>>())
+    .bind(outcomes.iter().map(|o| o.served.as_ref().map(|s| s.provider.as_str())).collect::<Vec<_>>())
+    .bind(outcomes.iter().map(|o| o.served.as_ref().map(|s| s.model.as_str())).collect::<Vec<_>>())
     .bind(now)
     .bind(outcomes.iter().map(|o| o.failed_target.as_deref()).collect::<Vec<_>>())
     .fetch_all(&mut *tx)
     .await?;
     let written_ids: std::collections::HashSet<JobId> = written.iter().map(|w| w.id).collect();
-    let discarded: Vec<&Outcome> = outcomes.iter().filter(|o| !written_ids.contains(&o.id)).collect();
+    let discarded: Vec<&Holder> = outcomes
+        .iter()
+        .map(|o| &o.holder)
+        .filter(|h| !written_ids.contains(&h.id))
+        .collect();
     // Not ours any more. If a job was cancelled while we ran, its reservation is still ours
     // to settle; if it was rescued, the rescuer settled it.
     let cancelled = if discarded.is_empty() {
@@ -657,7 +528,8 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
         .fetch_all(&mut *tx)
         .await?
     };
-    let by_id: std::collections::HashMap<JobId, &Outcome> = outcomes.iter().map(|o| (o.id, o)).collect();
+    let by_id: std::collections::HashMap<JobId, &Outcome> =
+        outcomes.iter().map(|o| (o.holder.id, o)).collect();
     let ended: Vec<(JobId, Reservation, Settlement)> = written
         .into_iter()
         .chain(cancelled)
@@ -669,15 +541,68 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
     settle(&mut tx, &ended).await?;
     let done: Vec<JobId> = outcomes
         .iter()
-        .filter(|o| written_ids.contains(&o.id) && o.state.is_terminal())
-        .map(|o| o.id)
+        .filter(|o| written_ids.contains(&o.holder.id) && o.end.state().is_terminal())
+        .map(|o| o.holder.id)
         .collect();
     notify_done(&mut tx, &done).await?;
     if done.len() < outcomes.len() {
         notify_gate_in(&mut tx).await?;
     }
     tx.commit().await?;
-    Ok(outcomes.iter().map(|o| written_ids.contains(&o.id)).collect())
+    Ok(outcomes
+        .iter()
+        .map(|o| written_ids.contains(&o.holder.id))
+        .collect())
+}
+
+/// The columns of the job's row an outcome writes (`None`: left as it was, or cleared).
+struct Row<'a> {
+    result: Option<&'a serde_json::Value>,
+    usage: Option<Usage>,
+    provider_request_id: Option<&'a str>,
+    code: Option<&'a str>,
+    message: Option<&'a str>,
+    not_before: Option<DateTime<Utc>>,
+}
+
+impl<'a> Row<'a> {
+    fn of(o: &'a Outcome) -> Self {
+        let none = Row {
+            result: None,
+            usage: None,
+            provider_request_id: None,
+            code: None,
+            message: None,
+            not_before: None,
+        };
+        match &o.end {
+            End::Succeeded {
+                result,
+                usage,
+                provider_request_id,
+            } => Row {
+                result: Some(result),
+                usage: Some(*usage),
+                provider_request_id: provider_request_id.as_deref(),
+                ..none
+            },
+            End::Failed { code, message } => Row {
+                code: Some(code),
+                message: Some(message),
+                ..none
+            },
+            End::Retry {
+                not_before,
+                code,
+                message,
+            } => Row {
+                code: Some(code),
+                message: Some(message),
+                not_before: Some(*not_before),
+                ..none
+            },
+        }
+    }
 }
 
 async fn notify_gate_in(conn: &mut PgConnection) -> Result<()> {
@@ -688,32 +613,12 @@ async fn notify_gate_in(conn: &mut PgConnection) -> Result<()> {
     Ok(())
 }
 
-/// One provider call, for the record (estimate vs actual, status, rate-limit headers).
-#[derive(Debug, Clone)]
-pub struct AttemptRecord {
-    pub job_id: JobId,
-    pub attempt: i32,
-    /// The job's tenant (for traffic by tenant without reading the job).
-    pub tenant: String,
-    pub provider: String,
-    pub provider_model: String,
-    pub key_name: String,
-    pub status: Option<i32>,
-    pub outcome: &'static str,
-    pub error_code: Option<&'static str>,
-    pub provider_request_id: Option<String>,
-    pub usage: Option<Usage>,
-    pub estimated_input_tokens: i32,
-    pub estimated_output_tokens: i32,
-    pub rate_limit: Option<serde_json::Value>,
-    pub started_at: DateTime<Utc>,
-    pub finished_at: DateTime<Utc>,
-}
-
-async fn record_attempts(conn: &mut PgConnection, records: &[&AttemptRecord]) -> Result<()> {
-    if records.is_empty() {
+/// The records of the provider calls, one `job_attempts` row each.
+async fn record_attempts(conn: &mut PgConnection, calls: &[(&Outcome, &Served, &Call)]) -> Result<()> {
+    if calls.is_empty() {
         return Ok(());
     }
+    let records: Vec<&Call> = calls.iter().map(|c| c.2).collect();
     let usage = |f: fn(&Usage) -> i64| {
         records
             .iter()
@@ -730,13 +635,18 @@ async fn record_attempts(conn: &mut PgConnection, records: &[&AttemptRecord]) ->
                               $15::jsonb[], $16::timestamptz[], $17::timestamptz[], $18::text[])
          ON CONFLICT ON CONSTRAINT job_attempts_pkey DO NOTHING",
     )
-    .bind(records.iter().map(|r| r.job_id.0).collect::<Vec<_>>())
-    .bind(records.iter().map(|r| r.attempt).collect::<Vec<_>>())
-    .bind(records.iter().map(|r| r.provider.as_str()).collect::<Vec<_>>())
-    .bind(records.iter().map(|r| r.provider_model.as_str()).collect::<Vec<_>>())
+    .bind(calls.iter().map(|c| c.0.holder.id.0).collect::<Vec<_>>())
+    .bind(calls.iter().map(|c| c.0.holder.attempt).collect::<Vec<_>>())
+    .bind(calls.iter().map(|c| c.1.provider.as_str()).collect::<Vec<_>>())
+    .bind(calls.iter().map(|c| c.1.model.as_str()).collect::<Vec<_>>())
     .bind(records.iter().map(|r| r.key_name.as_str()).collect::<Vec<_>>())
     .bind(records.iter().map(|r| r.status).collect::<Vec<_>>())
-    .bind(records.iter().map(|r| r.outcome).collect::<Vec<_>>())
+    .bind(
+        records
+            .iter()
+            .map(|r| if r.error_code.is_some() { "failed" } else { "succeeded" })
+            .collect::<Vec<_>>(),
+    )
     .bind(records.iter().map(|r| r.error_code).collect::<Vec<_>>())
     .bind(records.iter().map(|r| r.provider_request_id.as_deref()).collect::<Vec<_>>())
     .bind(usage(|u| u.input_tokens).into_iter().map(|v| v.map(clamp_i32)).collect::<Vec<_>>())

@@ -9,20 +9,10 @@ use sqlx::{PgConnection, PgExecutor};
 
 use super::Result;
 use crate::buckets::{Bucket, BucketSpec};
+pub use crate::learning::Observation;
 use crate::learning::{Learned, Source};
 use crate::model::JobId;
 use crate::ratelimit::{LimitName, Reading};
-
-/// What one provider response said about the limits of its scope.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Observation {
-    /// The provider model scope (`provider:oai:gpt-4o-mini`).
-    pub scope: String,
-    pub readings: Vec<Reading>,
-    /// A 429 that said nothing about capacities: learn from the 429 itself.
-    pub throttled: bool,
-    pub at: DateTime<Utc>,
-}
 
 /// Records observations (the newest per scope and limit wins). A response that says
 /// nothing still marks its scope as seen, which ends the scope's cold-start probe.

@@ -9,10 +9,11 @@ use chrono::Utc;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
+use tollgate::attempt::{End, Holder, Outcome, Served};
 use tollgate::gate::Gate;
 use tollgate::model::JobState;
 use tollgate::notify::Notifications;
-use tollgate::store::{self, Finish, Holder, Served, Settlement};
+use tollgate::store::{self, Settlement};
 use tollgate_api::broker::Roles;
 use tollgate_mock::MockProvider;
 use tollgate_workers::dispatcher::Dispatcher;
@@ -44,7 +45,7 @@ async fn expired_lease_is_rescued_and_the_old_holder_cannot_write() {
     let ghost = Holder {
         id: claimed[0].id,
         attempt: claimed[0].attempt,
-        owner: "ghost",
+        owner: "ghost".to_owned(),
     };
     let maintenance = Maintenance::new(pool.clone(), Duration::from_secs(1));
     // Before the lease expires nothing happens.
@@ -57,26 +58,14 @@ async fn expired_lease_is_rescued_and_the_old_holder_cannot_write() {
     let row = store::get_job_any_tenant(pool, ghost.id).await.unwrap().unwrap();
     assert_eq!((row.state, row.lease_owner.as_deref()), (JobState::Queued, None));
     // The ghost's late result is refused: zero rows, not an error.
-    let served = Served {
-        provider: "oai",
-        model: "gpt-4o-mini",
-    };
-    let finish = Finish::Succeeded {
-        result: &serde_json::json!({}),
+    let served = Served::new("oai", "gpt-4o-mini");
+    let end = End::Succeeded {
+        result: serde_json::json!({}),
         usage: Default::default(),
         provider_request_id: None,
     };
-    let wrote = store::finish_attempt(
-        pool,
-        ghost,
-        Some(served),
-        finish,
-        Settlement::SENT_UNKNOWN,
-        None,
-        Utc::now(),
-    )
-    .await
-    .unwrap();
+    let late = Outcome::new(ghost, Some(served), end, Settlement::SENT_UNKNOWN);
+    let wrote = store::finish_attempt(pool, &late, Utc::now()).await.unwrap();
     assert!(!wrote);
     // A live dispatcher picks it up (after the gate admits it again) and finishes it as attempt 2.
     assert_eq!(gate.run_once(Utc::now()).await.unwrap().admitted, 1);

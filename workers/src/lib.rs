@@ -1,7 +1,8 @@
 //! tollgate workers: everything that runs in the background.
 //!
-//! - [`dispatcher`]: claims admitted jobs, calls providers, writes outcomes back; runs
-//!   streaming jobs for the API.
+//! - [`dispatcher`]: claims admitted jobs (or takes those the gate hands over), calls
+//!   providers, writes outcomes back in batches; runs streaming jobs for the API. One
+//!   module per concern inside (execute, handover, completer, heartbeat, stream, shutdown).
 //! - [`providers`]: provider adapters (OpenAI, OpenAI-compatible, Anthropic), streaming
 //!   included.
 //! - [`maintenance`]: rescues expired leases, expires deadlines, recalibrates estimates,
@@ -14,7 +15,8 @@
 //! - [`observe`]: what each provider call reports to the metrics.
 //!
 //! Data flow: `dispatcher` claims through `tollgate::store`, sends through `providers`,
-//! classifies failures with `tollgate::retry`, and writes back through `tollgate::store`;
+//! asks `tollgate::retry` what follows a failure, and writes the attempt's
+//! `tollgate::attempt::Outcome` back through `tollgate::store`;
 //! `maintenance` returns stranded work to the queue for any dispatcher to claim.
 
 pub mod batches;

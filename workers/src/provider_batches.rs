@@ -20,13 +20,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
+use tollgate::attempt::{Call, End, Holder, Outcome, Served};
 use tollgate::buckets;
 use tollgate::config::{Config, ProviderConfig};
 use tollgate::model::{Job, JobId};
-use tollgate::store::{
-    self, AttemptRecord, Finish, Holder, NewPack, Outcome, PackEnd, PackGroup, ProviderBatch, Served,
-    Settlement, StoreError,
-};
+use tollgate::store::{self, NewPack, PackEnd, PackGroup, ProviderBatch, Settlement, StoreError};
 use tollgate::vocab::LaneReason;
 
 use crate::providers::Providers;
@@ -276,10 +274,6 @@ impl ProviderBatcher {
         let mut outcomes = Vec::new();
         let mut saved = Vec::new();
         let mut failed = Vec::new();
-        let served = Served {
-            provider: &pack.provider,
-            model: &pack.model,
-        };
         for job in jobs {
             let result = results.remove(&job.id.to_string());
             let (success, request_id) = match result {
@@ -309,12 +303,7 @@ impl ProviderBatcher {
             let holder = Holder {
                 id: job.id,
                 attempt: job.attempt,
-                owner: &owner,
-            };
-            let finish = Finish::Succeeded {
-                result: &success.body,
-                usage: u,
-                provider_request_id: request_id.as_deref(),
+                owner: owner.clone(),
             };
             let settlement = Settlement {
                 usage: Some(u),
@@ -322,15 +311,10 @@ impl ProviderBatcher {
                 sent: true,
                 charged_output: None,
             };
-            let record = AttemptRecord {
-                job_id: job.id,
-                attempt: job.attempt,
+            let call = Call {
                 tenant: job.tenant.clone(),
-                provider: pack.provider.clone(),
-                provider_model: pack.model.clone(),
                 key_name: pack.key_name.clone().unwrap_or_default(),
                 status: Some(200),
-                outcome: "succeeded",
                 error_code: None,
                 provider_request_id: request_id.clone(),
                 usage: Some(u),
@@ -340,13 +324,16 @@ impl ProviderBatcher {
                 started_at: job.started_at.unwrap_or(now),
                 finished_at: now,
             };
-            outcomes.push(Outcome::new(
-                holder,
-                Some(served),
-                finish,
-                settlement,
-                Some(record),
-            ));
+            let end = End::Succeeded {
+                result: success.body,
+                usage: u,
+                provider_request_id: request_id,
+            };
+            let served = Served::new(&pack.provider, &pack.model);
+            outcomes.push(Outcome {
+                call: Some(call),
+                ..Outcome::new(holder, Some(served), end, settlement)
+            });
         }
         end.failed = failed.len() as i32;
         let requeued = self.back_online(&pack.id, failed, now).await?;
@@ -398,19 +385,15 @@ impl ProviderBatcher {
                 let holder = Holder {
                     id: job.id,
                     attempt: job.attempt,
-                    owner: &owner,
+                    owner: owner.clone(),
                 };
-                let finish = if job.deadline > now {
-                    Finish::Retry {
-                        not_before: now,
-                        code,
-                        message,
-                    }
+                let end = if job.deadline > now {
+                    End::retry(now, code, message)
                 } else {
-                    Finish::Failed { code, message }
+                    End::failed(code, message)
                 };
                 // The provider did not serve the line: nothing it reserved was used.
-                Outcome::new(holder, None, finish, Settlement::UNSENT, None)
+                Outcome::new(holder, None, end, Settlement::UNSENT)
             })
             .collect();
         // Written with the gate notified (requeued work).

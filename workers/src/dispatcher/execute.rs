@@ -1,0 +1,332 @@
+//! One attempt of one job, claimed or handed over: the target the gate admitted it for,
+//! the checks before the call (the deadline; a key or target this process just saw
+//! rejected or rate-limited), the provider call, and the [`Outcome`] built from its
+//! [`CallOutcome`]. After a failure, [`retry::decide`] says what follows — retry, fall
+//! back, rotate the key, pause a scope, or fail — and this writes exactly that.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::task::TaskTracker;
+use tollgate::attempt::{Call, End, Holder, Outcome, Served};
+use tollgate::buckets::{self, Settlement};
+use tollgate::learning::Observation;
+use tollgate::model::{Job, Usage};
+use tollgate::retry::{self, FailedCall, Failure, FailureClass, Next};
+use tollgate::routing::{self, Target};
+use tracing::Instrument;
+
+use super::{Dispatcher, lock, log_write};
+use crate::providers::CallOutcome;
+
+tokio::task_local! {
+    /// The slot (`dispatch.concurrency`) of the call this task makes. Given back when the
+    /// call's outcome is handed to the completer: the slot bounds calls in flight to
+    /// providers, and holding it through the completer's commit as well would make every
+    /// slot wait on a disk flush (throughput = slots ÷ commit latency).
+    /// (With a job the gate handed over, also its room: see [`super::handover`].)
+    pub(super) static SLOT: std::cell::RefCell<Vec<OwnedSemaphorePermit>>;
+}
+
+impl Dispatcher {
+    /// Runs `job` (claimed or handed over) as its own task, holding `permits` (its slot,
+    /// and its room if handed over) until its outcome goes to the completer.
+    pub(super) fn spawn_execute(
+        &self,
+        in_flight: &TaskTracker,
+        job: Job,
+        permits: Vec<OwnedSemaphorePermit>,
+    ) {
+        let this = self.clone();
+        in_flight.spawn(SLOT.scope(std::cell::RefCell::new(permits), async move {
+            this.execute(job).await;
+        }));
+    }
+
+    /// One attempt of one job, from target choice to the guarded write of its outcome.
+    pub(super) async fn execute(&self, job: Job) {
+        let _tracked = self.track(job.id);
+        let span = tracing::info_span!(
+            "attempt",
+            job_id = %job.id,
+            tenant = %job.tenant,
+            route = %job.model,
+            attempt = job.attempt
+        );
+        self.execute_in_span(job).instrument(span).await;
+    }
+
+    /// This process as the holder of `job`'s current attempt: the guard of its writes.
+    pub(super) fn holder(&self, job: &Job) -> Holder {
+        Holder {
+            id: job.id,
+            attempt: job.attempt,
+            owner: self.inner.owner.clone(),
+        }
+    }
+
+    /// The target the gate admitted the job for (its reservation is for that target).
+    pub(super) fn target(&self, job: &Job) -> Option<Target> {
+        let (provider, model) = (job.provider.as_deref()?, job.provider_model.as_deref()?);
+        let kind = self.inner.config.provider(provider)?.kind;
+        Some(Target {
+            provider: provider.to_owned(),
+            kind,
+            model: model.to_owned(),
+            key: job.provider_key.clone(),
+        })
+    }
+
+    /// What the reservation is settled with: actual usage and its price.
+    pub(super) fn settlement(&self, job: &Job, target: &Target, usage: Option<Usage>) -> Settlement {
+        let provider = self.inner.config.provider(&target.provider);
+        let price = provider.and_then(|p| p.price_for(&target.model));
+        // What the provider counted against its token limit when the request started.
+        let charged_output = provider
+            .filter(|p| p.charges_max_tokens)
+            .and_then(|_| {
+                let r = &job.request;
+                r.get("max_tokens").or_else(|| r.get("max_completion_tokens"))
+            })
+            .and_then(serde_json::Value::as_f64);
+        Settlement {
+            charged_output,
+            usage,
+            actual_spend: usage.map_or(0.0, |u| {
+                buckets::spend_micro_usd(
+                    price,
+                    u.input_tokens as f64,
+                    u.cached_tokens as f64,
+                    u.output_tokens as f64,
+                )
+            }),
+            sent: true,
+        }
+    }
+
+    async fn execute_in_span(&self, job: Job) {
+        let inner = &self.inner;
+        let holder = self.holder(&job);
+        let target = self
+            .target(&job)
+            .or_else(|| routing::resolve(&inner.config, &job.model).and_then(|t| t.into_iter().next()));
+        let Some(target) = target else {
+            let message = format!("model {:?} is no longer configured", job.model);
+            let end = End::failed("unknown_model", message);
+            let outcome = Outcome::new(holder, None, end, Settlement::UNSENT);
+            log_write(self.write(outcome, Utc::now()).await);
+            return;
+        };
+        let served = Served::new(&target.provider, &target.model);
+        if let Some(key) = target.key.as_deref().filter(|k| {
+            self.paused_here(&buckets::key_scope(&target.provider, k))
+                .is_some()
+        }) {
+            let message = format!("key {key} was rejected by the provider; another key will be used");
+            let end = End::retry(Utc::now(), "upstream_key_rotated", message);
+            let outcome = Outcome::new(holder, Some(served), end, Settlement::UNSENT);
+            log_write(self.write(outcome, Utc::now()).await);
+            return;
+        }
+        if let Some(wait) = self.paused_here(&buckets::target_scope(&target.provider, &target.model)) {
+            let end = End::retry(
+                Utc::now() + wait,
+                "target_paused",
+                "the provider answered 429 for this model: back to the queue until the pause ends",
+            );
+            let outcome = Outcome::new(holder, Some(served), end, Settlement::UNSENT);
+            log_write(self.write(outcome, Utc::now()).await);
+            return;
+        }
+        let started_at = Utc::now();
+        // The claim checked the deadline, but a busy process may reach the call later.
+        if started_at >= job.deadline {
+            tollgate::metrics::job_finished(
+                &job.tenant,
+                job.class,
+                "failed",
+                "deadline_exceeded",
+                job.attempt,
+            );
+            let end = End::failed(
+                "deadline_exceeded",
+                "the deadline passed before the call could be sent",
+            );
+            let outcome = Outcome::new(holder, Some(served), end, Settlement::UNSENT);
+            log_write(self.write(outcome, started_at).await);
+            return;
+        }
+        let called = inner.providers.call(&target, &job.request).await;
+        if called.result.is_ok() {
+            inner.served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let finished_at = Utc::now();
+        crate::observe::provider_call(&job, &target, &called);
+        let observation = self.observation(&target, &called, finished_at);
+        let call = Self::call_record(&job, &called, started_at, finished_at);
+        let written = match &called.result {
+            Ok(success) => {
+                let end = End::Succeeded {
+                    result: success.body.clone(),
+                    usage: success.usage,
+                    provider_request_id: called.request_id.clone(),
+                };
+                let settlement = self.settlement(&job, &target, Some(success.usage));
+                let outcome = Outcome {
+                    call: Some(call),
+                    observation,
+                    ..Outcome::new(holder, Some(served), end, settlement)
+                };
+                self.write(outcome, Utc::now()).await
+            }
+            Err(failure) => {
+                // A provider that answered with an overload (5xx, 529) did not serve the
+                // request: its limits did not count it, so neither do ours (else an outage
+                // would leave the buckets empty of capacity nobody used).
+                let counted = called.status.is_some() && failure.class != FailureClass::Overload;
+                let settlement = if counted {
+                    self.settlement(&job, &target, None)
+                } else {
+                    Settlement::UNSENT
+                };
+                let key = Some(called.key_name.as_str()).filter(|k| !k.is_empty());
+                let now = Utc::now();
+                let outcome = Outcome {
+                    call: Some(call),
+                    observation,
+                    ..self.after_failure(&job, served, key, failure, settlement, now)
+                };
+                self.write(outcome, now).await
+            }
+        };
+        match written {
+            Ok(true) => {}
+            Ok(false) => tracing::info!("outcome discarded: the job was cancelled or rescued meanwhile"),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not write the outcome; the lease will expire and the job will be retried")
+            }
+        }
+    }
+
+    /// How long the pause of `scope` this process wrote still holds (`None`: none holds).
+    fn paused_here(&self, scope: &str) -> Option<Duration> {
+        lock(&self.inner.paused_here)
+            .get(scope)
+            .and_then(|until| until.checked_duration_since(std::time::Instant::now()))
+    }
+
+    fn pause_here(&self, scope: &str, wait: Duration) {
+        lock(&self.inner.paused_here).insert(scope.to_owned(), std::time::Instant::now() + wait);
+    }
+
+    /// What a response said about its provider's limits, for the gate to learn from:
+    /// readings of headers or 429 bodies, or a bare 429. `None` when the request was not
+    /// answered or the provider's limits are not learned.
+    fn observation(
+        &self,
+        target: &Target,
+        called: &CallOutcome,
+        at: chrono::DateTime<Utc>,
+    ) -> Option<Observation> {
+        called.status?;
+        let learns = self.inner.config.provider(&target.provider)?.learn_limits;
+        let throttled = matches!(&called.result, Err(f) if f.class == FailureClass::Capacity);
+        learns.then(|| Observation {
+            scope: buckets::target_scope(&target.provider, &target.model),
+            readings: called.signals.readings.clone(),
+            throttled: throttled && !called.signals.has_limits(),
+            at,
+        })
+    }
+
+    /// The outcome [`retry::decide`] says follows `failure` of the call to `served` with
+    /// `key`: the job's next step, the pause to write (also kept here, for the jobs this
+    /// process runs before the gate sees it) and the target the job leaves.
+    fn after_failure(
+        &self,
+        job: &Job,
+        served: Served,
+        key: Option<&str>,
+        failure: &Failure,
+        settlement: Settlement,
+        now: chrono::DateTime<Utc>,
+    ) -> Outcome {
+        let route = routing::resolve(&self.inner.config, &job.model).unwrap_or_default();
+        let failed = FailedCall {
+            failure,
+            provider: &served.provider,
+            model: &served.model,
+            key,
+            attempt: job.attempt,
+            max_attempts: job.max_attempts,
+            deadline: job.deadline,
+            failed_targets: job.failed_targets.as_deref().unwrap_or_default(),
+            route: &route,
+        };
+        let decision = retry::decide(&failed, &self.inner.policy, now, rand::random);
+        if let Some(pause) = &decision.pause {
+            if let (FailureClass::KeyUnusable, Some(key)) = (failure.class, key) {
+                tracing::warn!(
+                    key,
+                    code = failure.code,
+                    "provider rejected a key; rotating it out"
+                );
+            }
+            self.pause_here(&pause.scope, (pause.until - now).to_std().unwrap_or_default());
+        }
+        let end = match decision.next {
+            Next::Fail { code, message } => {
+                tollgate::metrics::job_finished(&job.tenant, job.class, "failed", code, job.attempt);
+                End::failed(code, message)
+            }
+            next => {
+                let (not_before, delay) = match next {
+                    Next::Retry { at, delay } => (at, delay),
+                    _ => (now, Duration::ZERO),
+                };
+                tollgate::metrics::retry(&job.tenant, &served.provider, &served.model, failure.code);
+                tracing::info!(
+                    code = failure.code,
+                    delay_ms = delay.as_millis() as u64,
+                    "retrying later"
+                );
+                End::retry(not_before, failure.code, failure.message.clone())
+            }
+        };
+        if let Some(here) = &decision.leave_target {
+            tracing::info!(target = %here, code = failure.code, "falling back to the route's next target");
+        }
+        Outcome {
+            pause: decision.pause,
+            failed_target: decision.leave_target,
+            ..Outcome::new(self.holder(job), Some(served), end, settlement)
+        }
+    }
+
+    /// The record of one provider call, written with the attempt's outcome.
+    pub(super) fn call_record(
+        job: &Job,
+        called: &CallOutcome,
+        started_at: chrono::DateTime<Utc>,
+        finished_at: chrono::DateTime<Utc>,
+    ) -> Call {
+        let (error_code, usage) = match &called.result {
+            Ok(s) => (None, Some(s.usage)),
+            Err(f) => (Some(f.code), None),
+        };
+        Call {
+            tenant: job.tenant.clone(),
+            key_name: called.key_name.clone(),
+            status: called.status.map(i32::from),
+            error_code,
+            provider_request_id: called.request_id.clone(),
+            usage,
+            estimated_input_tokens: job.estimated_input_tokens,
+            estimated_output_tokens: job.estimated_output_tokens,
+            rate_limit: called.rate_limit.clone(),
+            started_at,
+            finished_at,
+        }
+    }
+}
