@@ -1,32 +1,84 @@
-//! Anthropic Messages: `POST {base_url}/v1/messages` with `x-api-key` and
-//! `anthropic-version`. Requests arrive in OpenAI chat format and are translated; the
-//! response is translated back, so clients see one format whatever served them.
+//! Anthropic, all of it: Messages at `POST {base_url}/v1/messages` with `x-api-key` and
+//! `anthropic-version`; requests arrive in OpenAI chat format and are translated, and the
+//! answer (whole or as stream events) is translated back, so clients see one format
+//! whatever served them. Also Anthropic's stream error types, its rate-limit headers
+//! (`anthropic-ratelimit-*`) and Message Batches (`{base_url}/v1/messages/batches`, lines
+//! inline, results as JSONL).
 
+use std::collections::HashMap;
+
+use reqwest::RequestBuilder;
 use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Map, Value, json};
+use tollgate::config::ProviderConfig;
 use tollgate::model::Usage;
+use tollgate::retry::Failure;
 
-use super::{Success, int};
+use super::batch_api::{BatchApi, LineResult, Status, Upload, failed};
+use super::openai::{content_text, max_output, stop_sequences};
+use super::sse::SseEvent;
+use super::streaming::{self, StreamEvents, StreamOut};
+use super::{Mode, ProviderApi, Success, int};
 
 /// `max_tokens` is mandatory for Anthropic; used when the OpenAI request sets none.
 pub const DEFAULT_MAX_TOKENS: i64 = 4096;
 
-pub(super) fn build(
-    http: &reqwest::Client,
-    base_url: &str,
-    key: &SecretString,
-    version: &str,
-    model: &str,
-    request: &Value,
-) -> reqwest::RequestBuilder {
-    http.post(format!("{base_url}/v1/messages"))
-        .header("x-api-key", key.expose_secret())
-        .header("anthropic-version", version)
-        .json(&translate_request(model, request))
+/// An Anthropic provider.
+pub struct Anthropic {
+    base_url: String,
+    /// The `anthropic-version` header.
+    version: String,
+}
+
+impl Anthropic {
+    pub fn from_config(p: &ProviderConfig) -> Self {
+        Self {
+            base_url: super::base_url(p),
+            version: p.anthropic_version.clone(),
+        }
+    }
+}
+
+impl ProviderApi for Anthropic {
+    fn url(&self, _model: &str, _mode: Mode) -> String {
+        format!("{}/v1/messages", self.base_url)
+    }
+
+    fn authorize(&self, request: RequestBuilder, key: &SecretString) -> RequestBuilder {
+        request
+            .header("x-api-key", key.expose_secret())
+            .header("anthropic-version", &self.version)
+    }
+
+    fn body(&self, model: &str, request: &Value, mode: Mode) -> Value {
+        let mut body = translate_request(model, request);
+        if mode == Mode::Stream
+            && let Some(obj) = body.as_object_mut()
+        {
+            obj.insert("stream".to_owned(), Value::Bool(true));
+        }
+        body
+    }
+
+    fn parse_success(&self, body: &[u8], _model: &str) -> Result<Success, String> {
+        parse_success(body)
+    }
+
+    fn stream_events(&self) -> Option<Box<dyn StreamEvents>> {
+        Some(Box::new(Events::default()))
+    }
+
+    fn keeps_header(&self, name: &str) -> bool {
+        name.starts_with("anthropic-ratelimit-") || super::rate_limit_header(name)
+    }
+
+    fn batch(&self) -> Option<&dyn BatchApi> {
+        Some(self)
+    }
 }
 
 /// OpenAI chat request → Anthropic Messages request.
-pub fn translate_request(model: &str, request: &Value) -> Value {
+pub(super) fn translate_request(model: &str, request: &Value) -> Value {
     let mut system = Vec::new();
     let mut messages = Vec::new();
     for m in request
@@ -65,32 +117,22 @@ pub fn translate_request(model: &str, request: &Value) -> Value {
     Value::Object(out)
 }
 
-/// The output cap of an OpenAI request (`max_completion_tokens`, else `max_tokens`).
-pub(super) fn max_output(request: &Value) -> Option<i64> {
-    ["max_completion_tokens", "max_tokens"]
-        .iter()
-        .find_map(|k| request.get(*k).and_then(Value::as_i64))
-}
-
-/// OpenAI `stop` (a string or a list) as a list of stop sequences.
-pub(super) fn stop_sequences(request: &Value) -> Option<Value> {
-    match request.get("stop") {
-        Some(Value::String(s)) => Some(json!([s])),
-        Some(Value::Array(a)) => Some(Value::Array(a.clone())),
-        _ => None,
+/// `stop_reason` → OpenAI `finish_reason`.
+fn finish_reason(stop_reason: Option<&str>) -> &'static str {
+    match stop_reason {
+        Some("max_tokens") => "length",
+        Some("tool_use") => "tool_calls",
+        Some("refusal") => "content_filter",
+        _ => "stop",
     }
 }
 
-pub(super) fn content_text(content: Option<&Value>) -> String {
-    match content {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join(""),
-        _ => String::new(),
-    }
+/// Input usage as Anthropic reports it, counted the OpenAI way: uncached input, cache
+/// writes and cache reads together; cache reads are also the cached tokens.
+fn input_usage(u: &Value) -> (i64, i64) {
+    let cache_read = int(u, &["cache_read_input_tokens"]);
+    let input = int(u, &["input_tokens"]) + int(u, &["cache_creation_input_tokens"]) + cache_read;
+    (input, cache_read)
 }
 
 /// Anthropic Messages response → OpenAI chat completion.
@@ -105,40 +147,22 @@ pub(super) fn parse_success(body: &[u8]) -> Result<Success, String> {
         .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
         .filter_map(|b| b.get("text").and_then(Value::as_str))
         .collect();
-    let finish_reason = match msg.get("stop_reason").and_then(Value::as_str) {
-        Some("max_tokens") => "length",
-        Some("tool_use") => "tool_calls",
-        Some("refusal") => "content_filter",
-        _ => "stop",
-    };
-    let reported = msg.get("usage").is_some_and(Value::is_object);
-    let u = msg.get("usage").cloned().unwrap_or(Value::Null);
-    let cache_read = int(&u, &["cache_read_input_tokens"]);
-    let input = int(&u, &["input_tokens"]) + int(&u, &["cache_creation_input_tokens"]) + cache_read;
+    let finish = finish_reason(msg.get("stop_reason").and_then(Value::as_str));
+    let reported = msg.get("usage").filter(|u| u.is_object());
+    let u = reported.cloned().unwrap_or(Value::Null);
+    let (input, cache_read) = input_usage(&u);
     let output = int(&u, &["output_tokens"]);
-    let mut body = json!({
-        "id": msg.get("id").cloned().unwrap_or(Value::Null),
-        "object": "chat.completion",
-        "created": chrono::Utc::now().timestamp(),
-        "model": msg.get("model").cloned().unwrap_or(Value::Null),
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": finish_reason,
-        }],
-        "usage": {
+    let usage = reported.map(|_| {
+        json!({
             "prompt_tokens": input,
             "completion_tokens": output,
             "total_tokens": input + output,
             "prompt_tokens_details": {"cached_tokens": cache_read},
-        },
+        })
     });
-    if !reported {
-        // No usage invented: the caller sees it is missing and estimates it.
-        super::drop_usage(&mut body);
-    }
+    let field = |k: &str| msg.get(k).cloned().unwrap_or(Value::Null);
     Ok(Success {
-        body,
+        body: super::completion(field("id"), field("model"), text, finish, usage),
         usage: Usage {
             input_tokens: input,
             output_tokens: output,
@@ -147,9 +171,260 @@ pub(super) fn parse_success(body: &[u8]) -> Result<Success, String> {
     })
 }
 
+/// The HTTP status an Anthropic error type stands for, as its API documents them.
+pub(super) fn error_type_status(error_type: &str) -> Option<u16> {
+    Some(match error_type {
+        "invalid_request_error" => 400,
+        "authentication_error" => 401,
+        "billing_error" => 402,
+        "permission_error" => 403,
+        "not_found_error" => 404,
+        "request_too_large" => 413,
+        "rate_limit_error" => 429,
+        "api_error" => 500,
+        "timeout_error" => 504,
+        "overloaded_error" => 529,
+        _ => return None,
+    })
+}
+
+/// Translates Anthropic's stream events into OpenAI chunks: `message_start` → the role
+/// chunk, text of `content_block_start`/`content_block_delta` → content chunks,
+/// `message_delta` → the finish chunk, `message_stop` → the usage chunk and the end.
+/// Tool input and thinking deltas are not translated.
+#[derive(Default)]
+pub(super) struct Events {
+    /// What every chunk of the message repeats, from `message_start`.
+    id: Value,
+    model: Value,
+    created: i64,
+}
+
+impl StreamEvents for Events {
+    fn on_event(&mut self, event: SseEvent, out: &mut StreamOut) -> Result<(), Failure> {
+        let v = out.json(&event.data)?;
+        if streaming::is_error_event(&event, &v) {
+            let error_type = v
+                .pointer("/error/type")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let status = error_type_status(error_type).unwrap_or(500);
+            return Err(out.error_event(status, &event.data));
+        }
+        match v.get("type").and_then(Value::as_str).unwrap_or_default() {
+            "message_start" => {
+                let m = v.get("message").cloned().unwrap_or(Value::Null);
+                self.id = m.get("id").cloned().unwrap_or(Value::Null);
+                self.model = m.get("model").cloned().unwrap_or(Value::Null);
+                self.created = chrono::Utc::now().timestamp();
+                if let Some(u) = m.get("usage") {
+                    let (input, cached) = input_usage(u);
+                    out.input(input, cached);
+                }
+                out.chunk(
+                    self.chunk(json!({"role": "assistant", "content": ""}), None)
+                        .to_string(),
+                );
+            }
+            "content_block_start" => {
+                let text = v
+                    .get("content_block")
+                    .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+                    .and_then(|b| b.get("text"))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                self.content(text, out);
+            }
+            "content_block_delta" => {
+                let text = v
+                    .get("delta")
+                    .filter(|d| d.get("type").and_then(Value::as_str) == Some("text_delta"))
+                    .and_then(|d| d.get("text"))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                self.content(text, out);
+            }
+            "message_delta" => {
+                if let Some(u) = v.get("usage") {
+                    if u.get("input_tokens").is_some() {
+                        let (input, cached) = input_usage(u);
+                        out.input(input, cached);
+                    }
+                    if let Some(tokens) = u.get("output_tokens").and_then(Value::as_i64) {
+                        out.output(tokens);
+                    }
+                }
+                let reason = v.pointer("/delta/stop_reason").and_then(Value::as_str);
+                out.chunk(self.chunk(json!({}), Some(finish_reason(reason))).to_string());
+            }
+            "message_stop" => {
+                let usage = out.usage();
+                let mut chunk = self.chunk(Value::Null, None);
+                chunk["choices"] = json!([]);
+                chunk["usage"] = json!({
+                    "prompt_tokens": usage.input_tokens,
+                    "completion_tokens": usage.output_tokens,
+                    "total_tokens": usage.input_tokens + usage.output_tokens,
+                    "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+                });
+                out.usage_chunk(chunk.to_string());
+                out.finish();
+            }
+            // ping, content_block_stop, and event types this adapter does not translate
+            // (tool input, thinking).
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+impl Events {
+    fn content(&self, text: &str, out: &mut StreamOut) {
+        if text.is_empty() {
+            return;
+        }
+        out.content(text);
+        out.chunk(self.chunk(json!({"content": text}), None).to_string());
+    }
+
+    /// An OpenAI chunk of the translated message with one choice carrying `delta`.
+    fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> Value {
+        json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}],
+        })
+    }
+}
+
+impl BatchApi for Anthropic {
+    /// Message Batches take their lines inline.
+    fn upload(&self, _model: &str, _lines: &[(String, &Value)], _tag: &str) -> Option<Upload> {
+        None
+    }
+
+    fn create(
+        &self,
+        model: &str,
+        lines: &[(String, &Value)],
+        _tag: &str,
+        _file_id: Option<&str>,
+    ) -> (String, Value) {
+        let requests: Vec<Value> = lines
+            .iter()
+            .map(|(id, r)| json!({"custom_id": id, "params": translate_request(model, r)}))
+            .collect();
+        (
+            format!("{}/v1/messages/batches", self.base_url),
+            json!({"requests": requests}),
+        )
+    }
+
+    fn status_url(&self, batch_id: &str) -> String {
+        format!("{}/v1/messages/batches/{batch_id}", self.base_url)
+    }
+
+    fn parse_status(&self, batch: &Value) -> Status {
+        let status = batch
+            .get("processing_status")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        Status {
+            ended: status == "ended",
+            status,
+            result_files: Vec::new(),
+        }
+    }
+
+    fn cancel_url(&self, batch_id: &str) -> String {
+        format!("{}/v1/messages/batches/{batch_id}/cancel", self.base_url)
+    }
+
+    fn result_urls(&self, batch_id: &str, _status: &Status) -> Vec<String> {
+        vec![format!(
+            "{}/v1/messages/batches/{batch_id}/results",
+            self.base_url
+        )]
+    }
+
+    fn parse_results(&self, lines: &mut dyn Iterator<Item = Value>, out: &mut HashMap<String, LineResult>) {
+        for line in lines {
+            let Some(id) = line.get("custom_id").and_then(Value::as_str) else {
+                continue;
+            };
+            out.insert(id.to_owned(), line_result(&line["result"]));
+        }
+    }
+}
+
+/// One line's `result`: `succeeded` (with the message), `errored`, `canceled`, `expired`.
+fn line_result(result: &Value) -> LineResult {
+    let kind = result.get("type").and_then(Value::as_str).unwrap_or("errored");
+    match (kind, result.get("message")) {
+        ("succeeded", Some(m)) => match parse_success(m.to_string().as_bytes()) {
+            Ok(success) => LineResult::Succeeded {
+                success,
+                request_id: None,
+            },
+            Err(message) => failed("provider_bad_response", message),
+        },
+        ("errored", _) => {
+            let e = &result["error"]["error"];
+            let message = e.get("message").and_then(Value::as_str).unwrap_or("errored");
+            failed("provider_batch_errored", message.to_owned())
+        }
+        (other, _) => failed(
+            &format!("provider_batch_{other}"),
+            format!("the line was {other}"),
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use tollgate::retry::FailureClass;
+
     use super::*;
+    use crate::providers::batch_api::failure_of;
+    use crate::providers::streaming::ChatStream;
+
+    fn adapter() -> Anthropic {
+        Anthropic {
+            base_url: "https://api.anthropic.com".to_owned(),
+            version: "2023-06-01".to_owned(),
+        }
+    }
+
+    #[test]
+    fn builds_plain_and_streamed_requests() {
+        let r = json!({"model": "fast", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 9});
+        for mode in [Mode::Whole, Mode::Stream] {
+            let req = adapter()
+                .request(
+                    &reqwest::Client::new(),
+                    &SecretString::from("ak-test"),
+                    "claude-x",
+                    &r,
+                    mode,
+                )
+                .build()
+                .unwrap();
+            assert_eq!(req.url().as_str(), "https://api.anthropic.com/v1/messages");
+            assert_eq!(req.headers()["x-api-key"], "ak-test");
+            assert_eq!(req.headers()["anthropic-version"], "2023-06-01");
+            assert!(req.headers().get("authorization").is_none());
+            let body: Value = serde_json::from_slice(req.body().unwrap().as_bytes().unwrap()).unwrap();
+            assert_eq!(body["model"], "claude-x");
+            assert_eq!(body["max_tokens"], 9);
+            assert_eq!(
+                body.get("stream"),
+                (mode == Mode::Stream).then_some(&Value::Bool(true))
+            );
+        }
+    }
 
     #[test]
     fn translates_system_messages_parts_and_caps() {
@@ -177,6 +452,8 @@ mod tests {
     fn translates_the_response() {
         let body = br#"{"id":"msg_1","type":"message","role":"assistant","model":"c","content":[{"type":"text","text":"hello"}],"stop_reason":"max_tokens","stop_sequence":null,"usage":{"input_tokens":10,"output_tokens":3,"cache_read_input_tokens":5}}"#;
         let s = parse_success(body).unwrap();
+        assert_eq!(s.body["object"], "chat.completion");
+        assert_eq!(s.body["id"], "msg_1");
         assert_eq!(s.body["choices"][0]["message"]["content"], "hello");
         assert_eq!(s.body["choices"][0]["finish_reason"], "length");
         assert_eq!(
@@ -188,10 +465,179 @@ mod tests {
             }
         );
         assert_eq!(s.body["usage"]["total_tokens"], 18);
+        assert_eq!(s.body["usage"]["prompt_tokens_details"]["cached_tokens"], 5);
         // No usage is not invented as zeros: the caller sees it missing and estimates it.
         let bare = br#"{"id":"msg_2","type":"message","content":[{"type":"text","text":"hi"}]}"#;
         assert!(parse_success(bare).unwrap().body.get("usage").is_none());
         // A truncated body is an error, not a panic.
         assert!(parse_success(&body[..body.len() / 2]).is_err());
+    }
+
+    #[test]
+    fn classifies_error_answers() {
+        let a = adapter();
+        let headers = reqwest::header::HeaderMap::new();
+        let overloaded = br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+        let f = a.classify_error(529, &headers, overloaded);
+        assert_eq!((f.class, f.code), (FailureClass::Overload, "provider_overloaded"));
+        let limited = br#"{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}"#;
+        let f = a.classify_error(429, &headers, limited);
+        assert_eq!((f.class, f.code), (FailureClass::Capacity, "rate_limited"));
+        let spend = br#"{"type":"error","error":{"type":"rate_limit_error","message":"spend limit","details":{"error_code":"enforced_spend_limit_reached"}}}"#;
+        let f = a.classify_error(429, &headers, spend);
+        assert_eq!((f.class, f.code), (FailureClass::SpendCap, "spend_limit_reached"));
+        let f = a.classify_error(
+            401,
+            &headers,
+            br#"{"type":"error","error":{"type":"authentication_error","message":"invalid x-api-key"}}"#,
+        );
+        assert_eq!(f.class, FailureClass::KeyUnusable);
+        assert!(a.keeps_header("anthropic-ratelimit-tokens-remaining"));
+        assert!(a.keeps_header("retry-after"));
+        assert!(!a.keeps_header("request-id"));
+    }
+
+    #[tokio::test]
+    async fn translates_stream_events_to_openai_chunks() {
+        let events = [
+            r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude-x","content":[],"usage":{"input_tokens":7,"cache_read_input_tokens":3,"output_tokens":1}}}"#,
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+            r#"{"type":"ping"}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hello"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":" world"}}"#,
+            r#"{"type":"content_block_stop","index":0}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":2}}"#,
+            r#"{"type":"message_stop"}"#,
+        ];
+        let body: String = events
+            .iter()
+            .map(|e| {
+                let name = serde_json::from_str::<Value>(e).unwrap()["type"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned();
+                format!("event: {name}\ndata: {e}\n\n")
+            })
+            .collect();
+        let mut s = ChatStream::canned(Box::new(Events::default()), &[&body]);
+        let (chunks, usage_flags) = s.flagged().await;
+        assert!(s.finished());
+        // role, two content chunks, finish, usage
+        assert_eq!(usage_flags, [false, false, false, false, true]);
+        assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+        assert!(
+            chunks
+                .iter()
+                .all(|c| c["id"] == "msg_1" && c["model"] == "claude-x")
+        );
+        assert_eq!(
+            chunks[0]["choices"][0]["delta"],
+            json!({"role": "assistant", "content": ""})
+        );
+        assert_eq!(chunks[1]["choices"][0]["delta"], json!({"content": "hello"}));
+        assert_eq!(chunks[2]["choices"][0]["delta"], json!({"content": " world"}));
+        assert_eq!(chunks[3]["choices"][0]["finish_reason"], "stop");
+        assert_eq!(chunks[4]["choices"], json!([]));
+        assert_eq!(
+            chunks[4]["usage"],
+            json!({"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12,
+                   "prompt_tokens_details": {"cached_tokens": 3}})
+        );
+        assert_eq!(
+            s.usage(),
+            Usage {
+                input_tokens: 10,
+                output_tokens: 2,
+                cached_tokens: 3
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn error_events_are_classified() {
+        let overloaded = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"model\":\"c\",\"usage\":{\"input_tokens\":7,\"output_tokens\":1}}}\n\n\
+            event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
+        let mut s = ChatStream::canned(Box::new(Events::default()), &[overloaded]);
+        let (chunks, failure) = s.drain().await;
+        assert_eq!(chunks.len(), 1, "the role chunk came before the error");
+        let f = failure.unwrap();
+        assert_eq!(
+            (f.class, f.code, f.status),
+            (FailureClass::Overload, "provider_overloaded", None)
+        );
+        assert_eq!(s.usage().input_tokens, 7);
+        for (error_type, class) in [
+            ("rate_limit_error", FailureClass::Capacity),
+            ("invalid_request_error", FailureClass::Request),
+            ("api_error", FailureClass::Overload),
+            ("something_new", FailureClass::Overload),
+        ] {
+            let event = format!(
+                "event: error\ndata: {{\"type\":\"error\",\"error\":{{\"type\":\"{error_type}\",\"message\":\"m\"}}}}\n\n"
+            );
+            let mut s = ChatStream::canned(Box::new(Events::default()), &[&event]);
+            assert_eq!(s.drain().await.1.unwrap().class, class, "{error_type}");
+        }
+    }
+
+    #[test]
+    fn batch_requests_status_and_results() {
+        let a = adapter();
+        let r = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5});
+        let lines = [("job-1".to_owned(), &r)];
+        assert!(a.upload("claude-x", &lines, "pack-1").is_none());
+        let (url, body) = a.create("claude-x", &lines, "pack-1", None);
+        assert_eq!(url, "https://api.anthropic.com/v1/messages/batches");
+        assert_eq!(
+            body,
+            json!({"requests": [{"custom_id": "job-1", "params": {
+                "model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}}]})
+        );
+        assert_eq!(
+            a.status_url("mb_1"),
+            "https://api.anthropic.com/v1/messages/batches/mb_1"
+        );
+        assert_eq!(
+            a.cancel_url("mb_1"),
+            "https://api.anthropic.com/v1/messages/batches/mb_1/cancel"
+        );
+        let running = a.parse_status(
+            &json!({"id": "mb_1", "type": "message_batch", "processing_status": "in_progress"}),
+        );
+        assert!(!running.ended);
+        let ended = a.parse_status(&json!({"id": "mb_1", "processing_status": "ended"}));
+        assert!(ended.ended);
+        assert_eq!(
+            a.result_urls("mb_1", &ended),
+            ["https://api.anthropic.com/v1/messages/batches/mb_1/results"]
+        );
+
+        let lines = [
+            json!({"custom_id": "ok", "result": {"type": "succeeded", "message": {"id": "msg_1", "type": "message",
+                   "model": "claude-x", "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
+                   "usage": {"input_tokens": 4, "output_tokens": 1}}}}),
+            json!({"custom_id": "bad", "result": {"type": "errored", "error": {"type": "error",
+                   "error": {"type": "invalid_request_error", "message": "max_tokens too large"}}}}),
+            json!({"custom_id": "late", "result": {"type": "expired"}}),
+            json!({"custom_id": "gone", "result": {"type": "canceled"}}),
+        ];
+        let mut out = HashMap::new();
+        a.parse_results(&mut lines.into_iter(), &mut out);
+        let Some(LineResult::Succeeded { success, .. }) = out.get("ok") else {
+            panic!("{out:?}");
+        };
+        assert_eq!(success.body["choices"][0]["message"]["content"], "hi");
+        assert_eq!(success.usage.input_tokens, 4);
+        let code = |id: &str| failure_of(&out, id);
+        assert_eq!(
+            code("bad"),
+            (
+                "provider_batch_errored".to_owned(),
+                "max_tokens too large".to_owned()
+            )
+        );
+        assert_eq!(code("late").0, "provider_batch_expired");
+        assert_eq!(code("gone").0, "provider_batch_canceled");
     }
 }

@@ -1,15 +1,54 @@
-//! Providers' own batch APIs: OpenAI Files + Batch (`{base_url}/files`,
-//! `{base_url}/batches`) and Anthropic Message Batches (`{base_url}/v1/messages/batches`).
-//! Lines go in as OpenAI chat requests (translated per provider, as online) and results
-//! come back in OpenAI chat format, keyed by `custom_id`.
+//! The providers' own batch APIs, behind [`BatchApi`]: lines go in as OpenAI chat
+//! requests (translated per provider, as online) and results come back in OpenAI chat
+//! format, keyed by `custom_id`. An adapter says what to send and how to read the
+//! answers (OpenAI Files + Batch in `openai.rs`, Anthropic Message Batches in
+//! `anthropic.rs`); [`BatchClient`] does the HTTP, the same for every provider.
 
 use std::collections::HashMap;
 
-use secrecy::ExposeSecret;
-use serde_json::{Value, json};
-use tollgate::config::ProviderKind;
+use serde_json::Value;
 
-use super::{ProviderClient, ProviderKey, Providers, Success, anthropic, openai};
+use super::{ProviderClient, ProviderKey, Providers, Success};
+
+/// What tollgate needs to drive one provider's batch API. Methods are pure: they build
+/// URLs and bodies and read answers; [`BatchClient`] sends.
+pub trait BatchApi: Send + Sync {
+    /// The file to upload before the batch is created, where the API takes its lines as a
+    /// file (OpenAI); `None` where the lines go inline (Anthropic).
+    fn upload(&self, model: &str, lines: &[(String, &Value)], tag: &str) -> Option<Upload>;
+
+    /// The request that creates the batch (URL, JSON body); `file_id` is the uploaded
+    /// file's id, if there was an upload. `tag` goes into the batch's metadata where the
+    /// API has one.
+    fn create(
+        &self,
+        model: &str,
+        lines: &[(String, &Value)],
+        tag: &str,
+        file_id: Option<&str>,
+    ) -> (String, Value);
+
+    fn status_url(&self, batch_id: &str) -> String;
+
+    /// The provider's batch object, read.
+    fn parse_status(&self, batch: &Value) -> Status;
+
+    fn cancel_url(&self, batch_id: &str) -> String;
+
+    /// Where the results of an ended batch are read from, each a JSONL body.
+    fn result_urls(&self, batch_id: &str, status: &Status) -> Vec<String>;
+
+    /// Reads the lines of one results body into `out`, by `custom_id`.
+    fn parse_results(&self, lines: &mut dyn Iterator<Item = Value>, out: &mut HashMap<String, LineResult>);
+}
+
+/// A file to upload: a ready multipart body.
+#[derive(Debug)]
+pub struct Upload {
+    pub url: String,
+    pub content_type: String,
+    pub body: Vec<u8>,
+}
 
 /// A batch the provider accepted.
 #[derive(Debug, Clone)]
@@ -27,8 +66,8 @@ pub struct Status {
     pub status: String,
     /// No more lines will be processed: results can be read.
     pub ended: bool,
-    output_file_id: Option<String>,
-    error_file_id: Option<String>,
+    /// The provider's ids of the files holding results (OpenAI's output and error files).
+    pub(super) result_files: Vec<String>,
 }
 
 /// What became of one line.
@@ -46,13 +85,16 @@ pub enum LineResult {
 pub struct BatchClient<'a> {
     http: &'a reqwest::Client,
     client: &'a ProviderClient,
+    api: &'a dyn BatchApi,
     key: &'a ProviderKey,
 }
 
 impl Providers {
-    /// `provider`'s batch API with key `key` (else the next key serving `model`).
+    /// `provider`'s batch API with key `key` (else the next key serving `model`); `None`
+    /// when the provider is not configured or has no batch API tollgate drives.
     pub fn batch_client(&self, provider: &str, model: &str, key: Option<&str>) -> Option<BatchClient<'_>> {
         let client = self.get(provider)?;
+        let api = client.api.batch()?;
         let key = match key.and_then(|k| client.keys.iter().find(|c| c.name == k)) {
             Some(k) => k,
             None => client.pick_key(&tollgate::routing::Target {
@@ -65,6 +107,7 @@ impl Providers {
         Some(BatchClient {
             http: &self.http,
             client,
+            api,
             key,
         })
     }
@@ -90,26 +133,12 @@ async fn body_of(resp: reqwest::Response) -> Result<Vec<u8>, String> {
 }
 
 impl BatchClient<'_> {
-    fn base(&self) -> &str {
-        &self.client.base_url
-    }
-
     fn get(&self, url: String) -> reqwest::RequestBuilder {
-        self.auth(self.http.get(url))
+        self.client.api.authorize(self.http.get(url), &self.key.secret)
     }
 
     fn post(&self, url: String) -> reqwest::RequestBuilder {
-        self.auth(self.http.post(url))
-    }
-
-    fn auth(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        let secret = self.key.secret.expose_secret();
-        match self.client.kind {
-            ProviderKind::Anthropic => rb
-                .header("x-api-key", secret)
-                .header("anthropic-version", &self.client.anthropic_version),
-            _ => rb.bearer_auth(secret),
-        }
+        self.client.api.authorize(self.http.post(url), &self.key.secret)
     }
 
     /// Submits `lines` (custom_id, OpenAI chat request) for `model`; `tag` goes into
@@ -120,29 +149,20 @@ impl BatchClient<'_> {
         lines: &[(String, &Value)],
         tag: &str,
     ) -> Result<Submitted, String> {
-        let (url, body, input_file_id) = match self.client.kind {
-            ProviderKind::Anthropic => {
-                let requests: Vec<Value> = lines
-                    .iter()
-                    .map(|(id, r)| json!({"custom_id": id, "params": anthropic::translate_request(model, r)}))
-                    .collect();
-                let url = format!("{}/v1/messages/batches", self.base());
-                (url, json!({"requests": requests}), None)
+        let input_file_id = match self.api.upload(model, lines, tag) {
+            Some(upload) => {
+                let resp = self
+                    .post(upload.url)
+                    .header("content-type", upload.content_type)
+                    .body(upload.body)
+                    .send()
+                    .await
+                    .map_err(http_error)?;
+                Some(id_of(&body_of(resp).await?, "file")?)
             }
-            _ => {
-                let mut jsonl = Vec::new();
-                for (id, r) in lines {
-                    let line = json!({"custom_id": id, "method": "POST", "url": "/v1/chat/completions",
-                                      "body": openai::body(model, r)});
-                    jsonl.extend_from_slice(line.to_string().as_bytes());
-                    jsonl.push(b'\n');
-                }
-                let file = self.upload(jsonl, tag).await?;
-                let body = json!({"input_file_id": file, "endpoint": "/v1/chat/completions",
-                                  "completion_window": "24h", "metadata": {"tollgate_pack": tag}});
-                (format!("{}/batches", self.base()), body, Some(file))
-            }
+            None => None,
         };
+        let (url, body) = self.api.create(model, lines, tag, input_file_id.as_deref());
         let resp = self.post(url).json(&body).send().await.map_err(http_error)?;
         Ok(Submitted {
             batch_id: id_of(&body_of(resp).await?, "batch")?,
@@ -151,75 +171,26 @@ impl BatchClient<'_> {
         })
     }
 
-    /// `POST /files` as multipart (`purpose=batch`), built by hand: one file part.
-    async fn upload(&self, jsonl: Vec<u8>, tag: &str) -> Result<String, String> {
-        let boundary = format!("tollgate-{}", uuid::Uuid::now_v7().simple());
-        let mut body = Vec::with_capacity(jsonl.len() + 512);
-        body.extend_from_slice(
-            format!("--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n")
-                .as_bytes(),
-        );
-        body.extend_from_slice(
-            format!(
-                "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{tag}.jsonl\"\r\n\
-                 Content-Type: application/jsonl\r\n\r\n"
-            )
-            .as_bytes(),
-        );
-        body.extend_from_slice(&jsonl);
-        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    pub async fn status(&self, batch_id: &str) -> Result<Status, String> {
         let resp = self
-            .post(format!("{}/files", self.base()))
-            .header(
-                "content-type",
-                format!("multipart/form-data; boundary={boundary}"),
-            )
-            .body(body)
+            .get(self.api.status_url(batch_id))
             .send()
             .await
             .map_err(http_error)?;
-        id_of(&body_of(resp).await?, "file")
-    }
-
-    pub async fn status(&self, batch_id: &str) -> Result<Status, String> {
-        let url = match self.client.kind {
-            ProviderKind::Anthropic => format!("{}/v1/messages/batches/{batch_id}", self.base()),
-            _ => format!("{}/batches/{batch_id}", self.base()),
-        };
-        let resp = self.get(url).send().await.map_err(http_error)?;
         let b: Value = serde_json::from_slice(&body_of(resp).await?).map_err(|e| e.to_string())?;
-        let s = |k: &str| b.get(k).and_then(Value::as_str).map(str::to_owned);
-        Ok(match self.client.kind {
-            ProviderKind::Anthropic => {
-                let status = s("processing_status").unwrap_or_default();
-                Status {
-                    ended: status == "ended",
-                    status,
-                    output_file_id: None,
-                    error_file_id: None,
-                }
-            }
-            _ => {
-                let status = s("status").unwrap_or_default();
-                Status {
-                    ended: matches!(status.as_str(), "completed" | "failed" | "expired" | "cancelled"),
-                    status,
-                    output_file_id: s("output_file_id"),
-                    error_file_id: s("error_file_id"),
-                }
-            }
-        })
+        Ok(self.api.parse_status(&b))
     }
 
     /// Best effort: asks the provider to stop a batch tollgate no longer tracks.
     pub async fn cancel(&self, batch_id: &str) -> Result<(), String> {
-        let url = match self.client.kind {
-            ProviderKind::Anthropic => format!("{}/v1/messages/batches/{batch_id}/cancel", self.base()),
-            _ => format!("{}/batches/{batch_id}/cancel", self.base()),
-        };
-        body_of(self.post(url).send().await.map_err(http_error)?)
-            .await
-            .map(|_| ())
+        body_of(
+            self.post(self.api.cancel_url(batch_id))
+                .send()
+                .await
+                .map_err(http_error)?,
+        )
+        .await
+        .map(|_| ())
     }
 
     /// The results of an ended batch, by `custom_id`. Lines missing from them were not
@@ -230,84 +201,9 @@ impl BatchClient<'_> {
         status: &Status,
     ) -> Result<HashMap<String, LineResult>, String> {
         let mut out = HashMap::new();
-        if self.client.kind == ProviderKind::Anthropic {
-            let url = format!("{}/v1/messages/batches/{batch_id}/results", self.base());
+        for url in self.api.result_urls(batch_id, status) {
             let bytes = body_of(self.get(url).send().await.map_err(http_error)?).await?;
-            for line in jsonl(&bytes) {
-                let Some(id) = line.get("custom_id").and_then(Value::as_str) else {
-                    continue;
-                };
-                let result = &line["result"];
-                let kind = result.get("type").and_then(Value::as_str).unwrap_or("errored");
-                let r = match (kind, result.get("message")) {
-                    ("succeeded", Some(m)) => match anthropic::parse_success(m.to_string().as_bytes()) {
-                        Ok(success) => LineResult::Succeeded {
-                            success,
-                            request_id: None,
-                        },
-                        Err(message) => failed("provider_bad_response", message),
-                    },
-                    ("errored", _) => {
-                        let e = &result["error"]["error"];
-                        let message = e.get("message").and_then(Value::as_str).unwrap_or("errored");
-                        failed("provider_batch_errored", message.to_owned())
-                    }
-                    (other, _) => failed(
-                        &format!("provider_batch_{other}"),
-                        format!("the line was {other}"),
-                    ),
-                };
-                out.insert(id.to_owned(), r);
-            }
-            return Ok(out);
-        }
-        for file in [&status.output_file_id, &status.error_file_id]
-            .into_iter()
-            .flatten()
-        {
-            let url = format!("{}/files/{file}/content", self.base());
-            let bytes = body_of(self.get(url).send().await.map_err(http_error)?).await?;
-            for line in jsonl(&bytes) {
-                let Some(id) = line.get("custom_id").and_then(Value::as_str) else {
-                    continue;
-                };
-                let response = line.get("response").filter(|r| !r.is_null());
-                let code = response
-                    .and_then(|r| r.get("status_code"))
-                    .and_then(Value::as_u64);
-                let r = match (response, code) {
-                    (Some(resp), Some(200)) => {
-                        match openai::parse_success(resp["body"].to_string().as_bytes()) {
-                            Ok(success) => LineResult::Succeeded {
-                                success,
-                                request_id: resp.get("request_id").and_then(Value::as_str).map(str::to_owned),
-                            },
-                            Err(message) => failed("provider_bad_response", message),
-                        }
-                    }
-                    (Some(resp), code) => {
-                        let message = resp["body"]["error"]["message"]
-                            .as_str()
-                            .unwrap_or("request failed");
-                        failed(
-                            "provider_batch_errored",
-                            format!("HTTP {}: {message}", code.unwrap_or(0)),
-                        )
-                    }
-                    (None, _) => {
-                        let e = &line["error"];
-                        let code = e.get("code").and_then(Value::as_str).unwrap_or("errored");
-                        let message = e.get("message").and_then(Value::as_str).unwrap_or_default();
-                        let code = if code == "batch_expired" {
-                            "provider_batch_expired".to_owned()
-                        } else {
-                            format!("provider_{code}")
-                        };
-                        failed(&code, message.to_owned())
-                    }
-                };
-                out.insert(id.to_owned(), r);
-            }
+            self.api.parse_results(&mut jsonl(&bytes), &mut out);
         }
         Ok(out)
     }
@@ -322,16 +218,27 @@ fn id_of(body: &[u8], what: &str) -> Result<String, String> {
         .ok_or_else(|| format!("no {what} id in the answer"))
 }
 
-fn failed(code: &str, message: String) -> LineResult {
+/// A line that did not succeed.
+pub(super) fn failed(code: &str, message: String) -> LineResult {
     LineResult::Failed {
         code: code.to_owned(),
         message,
     }
 }
 
+/// The JSON lines of a JSONL body; blank and unreadable lines skipped.
 fn jsonl(bytes: &[u8]) -> impl Iterator<Item = Value> + '_ {
     bytes
         .split(|b| *b == b'\n')
         .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
         .filter_map(|l| serde_json::from_slice(l).ok())
+}
+
+/// The code and message of a line that failed; panics on any other.
+#[cfg(test)]
+pub(crate) fn failure_of(results: &HashMap<String, LineResult>, id: &str) -> (String, String) {
+    match &results[id] {
+        LineResult::Failed { code, message } => (code.clone(), message.clone()),
+        other => panic!("{id}: {other:?}"),
+    }
 }

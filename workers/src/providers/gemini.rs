@@ -5,29 +5,58 @@
 //! `usageMetadata`. Gemini sends no rate-limit headers: its 429 bodies (`QuotaFailure`,
 //! `RetryInfo`) are read by `tollgate::ratelimit` and classified by
 //! `tollgate::retry::classify_response`. Streaming (`streamGenerateContent`) is not
-//! translated; `providers::streaming` refuses it with `streaming_unsupported`.
+//! translated: a stream to Gemini is refused with `streaming_unsupported`.
 
+use reqwest::RequestBuilder;
 use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Map, Value, json};
+use tollgate::config::ProviderConfig;
 use tollgate::model::Usage;
 
-use super::anthropic::{content_text, max_output, stop_sequences};
-use super::{Success, int};
+use super::openai::{content_text, max_output, stop_sequences};
+use super::streaming::StreamEvents;
+use super::{Mode, ProviderApi, Success, int};
 
-pub(super) fn build(
-    http: &reqwest::Client,
-    base_url: &str,
-    key: &SecretString,
-    model: &str,
-    request: &Value,
-) -> reqwest::RequestBuilder {
-    http.post(format!("{base_url}/v1beta/models/{model}:generateContent"))
-        .header("x-goog-api-key", key.expose_secret())
-        .json(&translate_request(request))
+/// A Google Gemini API provider.
+pub struct Gemini {
+    base_url: String,
+}
+
+impl Gemini {
+    pub fn from_config(p: &ProviderConfig) -> Self {
+        Self {
+            base_url: super::base_url(p),
+        }
+    }
+}
+
+impl ProviderApi for Gemini {
+    /// `generateContent` for both modes: a stream is refused before it is built, as
+    /// [`Gemini::stream_events`] has no translator.
+    fn url(&self, model: &str, _mode: Mode) -> String {
+        format!("{}/v1beta/models/{model}:generateContent", self.base_url)
+    }
+
+    fn authorize(&self, request: RequestBuilder, key: &SecretString) -> RequestBuilder {
+        request.header("x-goog-api-key", key.expose_secret())
+    }
+
+    fn body(&self, _model: &str, request: &Value, _mode: Mode) -> Value {
+        translate_request(request)
+    }
+
+    fn parse_success(&self, body: &[u8], model: &str) -> Result<Success, String> {
+        parse_success(body, model)
+    }
+
+    /// `streamGenerateContent` is not translated.
+    fn stream_events(&self) -> Option<Box<dyn StreamEvents>> {
+        None
+    }
 }
 
 /// OpenAI chat request → Gemini `GenerateContentRequest` (the model is in the URL).
-pub fn translate_request(request: &Value) -> Value {
+pub(super) fn translate_request(request: &Value) -> Value {
     let mut system = Vec::new();
     let mut contents = Vec::new();
     for m in request
@@ -121,27 +150,23 @@ pub(super) fn parse_success(body: &[u8], model: &str) -> Result<Success, String>
     // Thinking is billed as output.
     let output = int(&u, &["candidatesTokenCount"]) + thoughts;
     let cached = int(&u, &["cachedContentTokenCount"]);
-    let mut body = json!({
-        "id": r.get("responseId").cloned().unwrap_or(Value::Null),
-        "object": "chat.completion",
-        "created": chrono::Utc::now().timestamp(),
-        "model": r.get("modelVersion").and_then(Value::as_str).unwrap_or(model),
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": finish,
-        }],
-        "usage": {
+    let usage = reported.then(|| {
+        json!({
             "prompt_tokens": input,
             "completion_tokens": output,
             "total_tokens": input + output,
             "prompt_tokens_details": {"cached_tokens": cached},
             "completion_tokens_details": {"reasoning_tokens": thoughts},
-        },
+        })
     });
-    if !reported {
-        super::drop_usage(&mut body);
-    }
+    let model = r.get("modelVersion").and_then(Value::as_str).unwrap_or(model);
+    let body = super::completion(
+        r.get("responseId").cloned().unwrap_or(Value::Null),
+        Value::String(model.to_owned()),
+        text,
+        finish,
+        usage,
+    );
     Ok(Success {
         body,
         usage: Usage {
@@ -154,7 +179,64 @@ pub(super) fn parse_success(body: &[u8], model: &str) -> Result<Success, String>
 
 #[cfg(test)]
 mod tests {
+    use tollgate::retry::FailureClass;
+
     use super::*;
+
+    fn adapter() -> Gemini {
+        Gemini {
+            base_url: "https://generativelanguage.googleapis.com".to_owned(),
+        }
+    }
+
+    #[test]
+    fn builds_the_request_and_refuses_streams() {
+        let r = json!({"model": "fast", "messages": [{"role": "user", "content": "hi"}]});
+        let req = adapter()
+            .request(
+                &reqwest::Client::new(),
+                &SecretString::from("g-key"),
+                "gemini-2.0-flash",
+                &r,
+                Mode::Whole,
+            )
+            .build()
+            .unwrap();
+        assert_eq!(
+            req.url().as_str(),
+            "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.0-flash:generateContent"
+        );
+        assert_eq!(req.headers()["x-goog-api-key"], "g-key");
+        assert!(req.headers().get("authorization").is_none());
+        let body: Value = serde_json::from_slice(req.body().unwrap().as_bytes().unwrap()).unwrap();
+        assert_eq!(
+            body,
+            json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}]})
+        );
+        assert!(adapter().stream_events().is_none());
+        assert!(adapter().batch().is_none());
+    }
+
+    #[test]
+    fn classifies_error_answers() {
+        let headers = reqwest::header::HeaderMap::new();
+        let quota = br#"{"error":{"code":429,"message":"You exceeded your current quota. Please retry in 36.429760048s.","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaMetric":"generativelanguage.googleapis.com/generate_content_free_tier_requests","quotaId":"GenerateRequestsPerMinutePerProjectPerModel-FreeTier","quotaValue":"15"}]},{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"36s"}]}}"#;
+        let f = adapter().classify_error(429, &headers, quota);
+        assert_eq!((f.class, f.code), (FailureClass::Capacity, "rate_limited"));
+        assert!(f.retry_after.is_some());
+        let bad_key = br#"{"error":{"code":400,"message":"API key not valid. Please pass a valid API key.","status":"INVALID_ARGUMENT","details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"API_KEY_INVALID","domain":"googleapis.com"}]}}"#;
+        let f = adapter().classify_error(400, &headers, bad_key);
+        assert_eq!(
+            (f.class, f.code),
+            (FailureClass::KeyUnusable, "upstream_auth_failed")
+        );
+        let f = adapter().classify_error(
+            400,
+            &headers,
+            br#"{"error":{"code":400,"message":"bad","status":"INVALID_ARGUMENT"}}"#,
+        );
+        assert_eq!(f.class, FailureClass::Request);
+    }
 
     #[test]
     fn translates_roles_system_and_generation_config() {

@@ -1,17 +1,38 @@
 //! Provider adapters: one OpenAI-format request in, one OpenAI-format response (or a
 //! classified [`Failure`]) out. Adapters never retry — retrying is the dispatcher's call.
 //!
-//! - [`openai`]: OpenAI Chat Completions and every OpenAI-compatible server.
-//! - [`anthropic`]: Anthropic Messages, translated to and from the OpenAI chat format.
+//! This module owns everything that differs between providers, behind one trait,
+//! [`ProviderApi`]: the request (URL, auth headers, body; plain and streamed), reading a
+//! success into OpenAI chat-completion format with its usage, translating stream events
+//! into OpenAI chunks ([`streaming::StreamEvents`]), classifying an error answer into the
+//! retry taxonomy, reading rate-limit signals, and the provider's own batch API where it
+//! has one ([`batch_api::BatchApi`]). What is the same for every provider lives here once:
+//! key selection, the one send path of plain and streamed calls (HTTP send, timeouts,
+//! header reading, error classification) and the usage fallback.
+//!
+//! - [`openai`]: OpenAI Chat Completions, Files and Batch, and every OpenAI-compatible server.
+//! - [`anthropic`]: Anthropic Messages (requests, responses and stream events translated
+//!   to and from the OpenAI chat format) and Message Batches.
 //! - [`gemini`]: Google Gemini `generateContent`, translated to and from the OpenAI chat format.
-//! - [`batch_api`]: the providers' own batch APIs (OpenAI Batch, Anthropic Message Batches).
 //! - [`azure`]: Azure OpenAI deployments: OpenAI's format at Azure's URL and auth header.
+//! - [`streaming`]: [`streaming::ChatStream`], a started stream read event by event.
+//! - [`sse`]: the `text/event-stream` parser the streams share.
+//! - [`batch_api`]: [`batch_api::BatchClient`], the HTTP side of the providers' batch APIs.
+//!
+//! Adding a provider is one file and one line: implement [`ProviderApi`] in
+//! `providers/<name>.rs` (and [`batch_api::BatchApi`] if it has a batch API), then map its
+//! `ProviderKind` in `adapter` (below):
+//!
+//! ```ignore
+//! ProviderKind::Acme => Box::new(acme::Acme::from_config(p)),
+//! ```
 
 pub mod anthropic;
 pub mod azure;
 pub mod batch_api;
 pub mod gemini;
 pub mod openai;
+pub mod sse;
 pub mod streaming;
 
 use std::collections::HashMap;
@@ -19,14 +40,122 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use reqwest::header::HeaderMap;
+use chrono::{DateTime, Utc};
+use reqwest::RequestBuilder;
+use reqwest::header::{ACCEPT, HeaderMap};
 use secrecy::SecretString;
 use serde_json::{Map, Value};
 use tollgate::config::{Config, ProviderConfig, ProviderKind};
 use tollgate::model::Usage;
 use tollgate::ratelimit::{self, Dialect, Signals};
-use tollgate::retry::{Failure, classify_response};
+use tollgate::retry::{Failure, FailureClass, classify_response};
 use tollgate::routing::Target;
+
+use batch_api::BatchApi;
+use streaming::StreamEvents;
+
+/// How the answer to a call is read: whole, or as a stream of server-sent events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Whole,
+    Stream,
+}
+
+/// One provider's API as tollgate uses it. Each implementation lives in its own file and
+/// holds what it needs from the provider's config (base URL, API versions). The methods
+/// do no I/O — the send path in this module does — so the adapters are tested without
+/// HTTP, on literal bodies.
+pub trait ProviderApi: Send + Sync {
+    /// The URL a chat call served by `model` is posted to.
+    fn url(&self, model: &str, mode: Mode) -> String;
+
+    /// Adds the key, and any header the API requires on every request, to `request`.
+    /// Batch API requests are authorized the same way.
+    fn authorize(&self, request: RequestBuilder, key: &SecretString) -> RequestBuilder;
+
+    /// The provider's body for the OpenAI-format `request` served by `model`.
+    fn body(&self, model: &str, request: &Value, mode: Mode) -> Value;
+
+    /// A 2xx body as an OpenAI chat completion with its usage; `Err` (why) when the body is
+    /// not an answer. A body without usage comes back without `usage`, so that the send
+    /// path settles it with the estimate instead of zeros.
+    fn parse_success(&self, body: &[u8], model: &str) -> Result<Success, String>;
+
+    /// A fresh translator of this provider's stream events into OpenAI chunks; `None`
+    /// when tollgate does not stream from this provider.
+    fn stream_events(&self) -> Option<Box<dyn StreamEvents>>;
+
+    /// A non-2xx answer, classified into the retry taxonomy. The shared classifier reads
+    /// every provider's error shapes (OpenAI's codes, Anthropic's spend cap, Google's
+    /// `API_KEY_INVALID`); an adapter overrides this only for what it alone sends.
+    fn classify_error(&self, status: u16, headers: &HeaderMap, body: &[u8]) -> Failure {
+        classify_response(status, headers, body)
+    }
+
+    /// What an answer says about the provider's limits. The dialect is the configured one
+    /// (`providers[].dialect`, by kind unless set), because OpenAI-compatible servers
+    /// (Groq, Mistral, Together) share a kind but not their headers' meaning.
+    /// `error_body` is empty for a 2xx: only error bodies carry limits (Gemini's quota,
+    /// OpenAI's "Limit N").
+    fn signals(
+        &self,
+        dialect: Dialect,
+        headers: &HeaderMap,
+        error_body: &[u8],
+        now: DateTime<Utc>,
+    ) -> Signals {
+        ratelimit::read(dialect, headers, error_body, now)
+    }
+
+    /// Whether a response header (name lower-case) carries rate-limit state worth keeping
+    /// in the attempt record.
+    fn keeps_header(&self, name: &str) -> bool {
+        rate_limit_header(name)
+    }
+
+    /// The provider's own batch API, if tollgate drives one for it.
+    fn batch(&self) -> Option<&dyn BatchApi> {
+        None
+    }
+
+    /// The request of one chat call: URL, auth and body together.
+    fn request(
+        &self,
+        http: &reqwest::Client,
+        key: &SecretString,
+        model: &str,
+        request: &Value,
+        mode: Mode,
+    ) -> RequestBuilder {
+        self.authorize(http.post(self.url(model, mode)), key)
+            .json(&self.body(model, request, mode))
+    }
+}
+
+/// The adapter of a configured provider: the one place a [`ProviderKind`] is mapped to
+/// code, one line per provider.
+fn adapter(p: &ProviderConfig) -> Box<dyn ProviderApi> {
+    match p.kind {
+        ProviderKind::Openai | ProviderKind::OpenaiCompatible => Box::new(openai::OpenAi::from_config(p)),
+        ProviderKind::Anthropic => Box::new(anthropic::Anthropic::from_config(p)),
+        ProviderKind::Gemini => Box::new(gemini::Gemini::from_config(p)),
+        ProviderKind::Azure => Box::new(azure::Azure::from_config(p)),
+    }
+}
+
+/// The provider's base URL as configured, without a trailing `/`.
+fn base_url(p: &ProviderConfig) -> String {
+    p.base_url.trim_end_matches('/').to_owned()
+}
+
+/// The rate-limit headers of the OpenAI family (`x-ratelimit-*`, Together's
+/// `x-tokenlimit-*`) and the `retry-after` pair every provider may send.
+fn rate_limit_header(name: &str) -> bool {
+    name.starts_with("x-ratelimit-")
+        || name.starts_with("x-tokenlimit-")
+        || name == "retry-after"
+        || name == "retry-after-ms"
+}
 
 /// A provider key; the secret is never logged, serialized or returned.
 pub struct ProviderKey {
@@ -46,9 +175,7 @@ impl ProviderKey {
 pub struct ProviderClient {
     pub name: String,
     pub kind: ProviderKind,
-    base_url: String,
-    anthropic_version: String,
-    azure_api_version: String,
+    api: Box<dyn ProviderApi>,
     dialect: Dialect,
     keys: Vec<ProviderKey>,
     next_key: AtomicUsize,
@@ -117,17 +244,30 @@ impl Providers {
 
     /// Sends `request` (OpenAI chat format) to `target` with the provider's next key.
     pub async fn call(&self, target: &Target, request: &Value) -> CallOutcome {
-        let Some(client) = self.get(&target.provider) else {
-            return CallOutcome::refused(Failure {
-                class: tollgate::retry::FailureClass::Request,
-                code: "unknown_provider",
-                message: format!("provider {:?} is not configured", target.provider),
-                status: None,
-                retry_after: None,
-            });
-        };
-        client.call(&self.http, target, request).await
+        match self.client(target) {
+            Ok(client) => client.call(&self.http, target, request).await,
+            Err(unknown) => CallOutcome::refused(unknown),
+        }
     }
+
+    /// The client of `target`'s provider, or the failure of a call to one not configured.
+    fn client(&self, target: &Target) -> Result<&ProviderClient, Failure> {
+        self.get(&target.provider).ok_or_else(|| Failure {
+            class: FailureClass::Request,
+            code: "unknown_provider",
+            message: format!("provider {:?} is not configured", target.provider),
+            status: None,
+            retry_after: None,
+        })
+    }
+}
+
+/// A call the provider answered 2xx, its body not read yet.
+struct Answered {
+    response: reqwest::Response,
+    headers: HeaderMap,
+    /// The attempt's record so far (key, status, request id, rate-limit headers).
+    outcome: CallOutcome,
 }
 
 impl ProviderClient {
@@ -152,9 +292,7 @@ impl ProviderClient {
         Ok(Self {
             name: p.name.clone(),
             kind: p.kind,
-            base_url: p.base_url.trim_end_matches('/').to_owned(),
-            anthropic_version: p.anthropic_version.clone(),
-            azure_api_version: p.azure_api_version.clone(),
+            api: adapter(p),
             dialect: p.dialect(),
             keys,
             next_key: AtomicUsize::new(0),
@@ -181,31 +319,23 @@ impl ProviderClient {
         pool[i]
     }
 
-    async fn call(&self, http: &reqwest::Client, target: &Target, request: &Value) -> CallOutcome {
+    /// The one send path of plain and streamed calls: picks the key, builds the request
+    /// through the adapter, sends it (bounded by the HTTP client's timeout), reads the
+    /// headers for the attempt record and, for a non-2xx answer, reads the body, the
+    /// rate-limit signals and classifies the failure. A 2xx comes back with its body
+    /// unread: a plain call reads it whole, a stream event by event.
+    async fn send(
+        &self,
+        http: &reqwest::Client,
+        target: &Target,
+        request: &Value,
+        mode: Mode,
+    ) -> Result<Answered, CallOutcome> {
         let key = self.pick_key(target);
-        let model = target.model.as_str();
-        let built = match self.kind {
-            ProviderKind::Openai | ProviderKind::OpenaiCompatible => {
-                openai::build(http, &self.base_url, &key.secret, model, request)
-            }
-            ProviderKind::Anthropic => anthropic::build(
-                http,
-                &self.base_url,
-                &key.secret,
-                &self.anthropic_version,
-                model,
-                request,
-            ),
-            ProviderKind::Gemini => gemini::build(http, &self.base_url, &key.secret, model, request),
-            ProviderKind::Azure => azure::build(
-                http,
-                &self.base_url,
-                &key.secret,
-                &self.azure_api_version,
-                model,
-                request,
-            ),
-        };
+        let mut builder = self.api.request(http, &key.secret, &target.model, request, mode);
+        if mode == Mode::Stream {
+            builder = builder.header(ACCEPT, "text/event-stream");
+        }
         let mut outcome = CallOutcome {
             key_name: key.name.clone(),
             status: None,
@@ -214,18 +344,45 @@ impl ProviderClient {
             signals: Signals::default(),
             result: Err(Failure::network("request was not sent")),
         };
-        let response = match built.send().await {
+        let response = match builder.send().await {
             Ok(r) => r,
             Err(e) => {
                 outcome.result = Err(send_failure(e));
-                return outcome;
+                return Err(outcome);
             }
         };
         let status = response.status().as_u16();
         let headers = response.headers().clone();
         outcome.status = Some(status);
         outcome.request_id = request_id(&headers);
-        outcome.rate_limit = rate_limit_headers(&headers);
+        outcome.rate_limit = self.rate_limit_headers(&headers);
+        if !(200..300).contains(&status) {
+            outcome.result = Err(match response.bytes().await {
+                Ok(body) => {
+                    outcome.signals = self.api.signals(self.dialect, &headers, &body, Utc::now());
+                    self.api.classify_error(status, &headers, &body)
+                }
+                Err(e) => send_failure(e),
+            });
+            return Err(outcome);
+        }
+        Ok(Answered {
+            response,
+            headers,
+            outcome,
+        })
+    }
+
+    async fn call(&self, http: &reqwest::Client, target: &Target, request: &Value) -> CallOutcome {
+        let Answered {
+            response,
+            headers,
+            mut outcome,
+        } = match self.send(http, target, request, Mode::Whole).await {
+            Ok(answered) => answered,
+            Err(outcome) => return outcome,
+        };
+        let status = response.status().as_u16();
         let body = match response.bytes().await {
             Ok(b) => b,
             Err(e) => {
@@ -233,29 +390,16 @@ impl ProviderClient {
                 return outcome;
             }
         };
-        let success = (200..300).contains(&status);
-        // Only error bodies carry limits (Gemini's quota, OpenAI's "Limit N").
-        let error_body: &[u8] = if success { b"" } else { &body };
-        outcome.signals = ratelimit::read(self.dialect, &headers, error_body, chrono::Utc::now());
-        outcome.result = if success {
-            let parsed = match self.kind {
-                ProviderKind::Openai | ProviderKind::OpenaiCompatible | ProviderKind::Azure => {
-                    openai::parse_success(&body)
-                }
-                ProviderKind::Gemini => gemini::parse_success(&body, model),
-                ProviderKind::Anthropic => anthropic::parse_success(&body),
-            };
-            parsed
-                .map(|s| self.with_usage(s, model, request))
-                .map_err(|reason| Failure::bad_response(reason, status))
-        } else {
-            Err(classify_response(status, &headers, &body))
-        };
+        outcome.signals = self.api.signals(self.dialect, &headers, b"", Utc::now());
+        let model = target.model.as_str();
+        outcome.result = self
+            .api
+            .parse_success(&body, model)
+            .map(|s| self.with_usage(s, model, request))
+            .map_err(|reason| Failure::bad_response(reason, status));
         outcome
     }
-}
 
-impl ProviderClient {
     /// A success whose body has no `usage` (a provider or proxy fault) is settled with
     /// the request's estimate — input by the tokenizer or char rule, output at its cap —
     /// so its reservation is kept whole rather than refunded as if nothing was used; the
@@ -286,12 +430,19 @@ impl ProviderClient {
         }
         success
     }
-}
 
-/// Removes the `usage` a translation filled with zeros when the provider sent none.
-pub(crate) fn drop_usage(body: &mut Value) {
-    if let Some(obj) = body.as_object_mut() {
-        obj.remove("usage");
+    /// Keeps the headers that carry rate-limit state, for the attempt record.
+    fn rate_limit_headers(&self, headers: &HeaderMap) -> Option<Value> {
+        let mut map = Map::new();
+        for (name, value) in headers {
+            let n = name.as_str();
+            if self.api.keeps_header(n)
+                && let Ok(v) = value.to_str()
+            {
+                map.insert(n.to_owned(), Value::String(v.to_owned()));
+            }
+        }
+        (!map.is_empty()).then_some(Value::Object(map))
     }
 }
 
@@ -328,27 +479,37 @@ fn request_id(headers: &HeaderMap) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// Keeps the headers that carry rate-limit state, for the attempt record.
-fn rate_limit_headers(headers: &HeaderMap) -> Option<Value> {
-    let mut map = Map::new();
-    for (name, value) in headers {
-        let n = name.as_str();
-        let keep = n.starts_with("x-ratelimit-")
-            || n.starts_with("anthropic-ratelimit-")
-            || n.starts_with("x-tokenlimit-")
-            || n == "retry-after"
-            || n == "retry-after-ms";
-        if keep && let Ok(v) = value.to_str() {
-            map.insert(n.to_owned(), Value::String(v.to_owned()));
-        }
-    }
-    (!map.is_empty()).then_some(Value::Object(map))
-}
-
 /// Reads an integer field of a usage object, 0 when absent.
 pub(crate) fn int(v: &Value, path: &[&str]) -> i64 {
     path.iter()
         .try_fold(v, |v, k| v.get(*k))
         .and_then(Value::as_i64)
         .unwrap_or(0)
+}
+
+/// The OpenAI `chat.completion` an adapter translated a provider's answer into:
+/// one choice with `text`, and the usage when the provider `reported` it (no usage is
+/// invented as zeros: the send path sees it missing and settles with the estimate).
+pub(crate) fn completion(
+    id: Value,
+    model: Value,
+    text: String,
+    finish_reason: &str,
+    usage: Option<Value>,
+) -> Value {
+    let mut body = serde_json::json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": Utc::now().timestamp(),
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": finish_reason,
+        }],
+    });
+    if let (Some(usage), Some(obj)) = (usage, body.as_object_mut()) {
+        obj.insert("usage".to_owned(), usage);
+    }
+    body
 }

@@ -1,31 +1,85 @@
-//! OpenAI Chat Completions (and OpenAI-compatible servers: Groq, Mistral, Together,
-//! DeepSeek, vLLM, Ollama): `POST {base_url}/chat/completions`, bearer auth.
+//! OpenAI Chat Completions, and every OpenAI-compatible server (Groq, Mistral, Together,
+//! DeepSeek, vLLM, Ollama): `POST {base_url}/chat/completions` with bearer auth. The
+//! client's request is already in this format, and so are the answers and stream chunks:
+//! only the model is set, and usage read out. Also the OpenAI request readers the
+//! translating adapters share ([`content_text`], [`max_output`], [`stop_sequences`]), and
+//! OpenAI's batch API: the lines uploaded as a JSONL file (`POST {base_url}/files`), then
+//! `POST {base_url}/batches`; results in the batch's output and error files.
 
+use std::collections::HashMap;
+
+use reqwest::RequestBuilder;
 use secrecy::{ExposeSecret, SecretString};
-use serde_json::Value;
+use serde_json::{Value, json};
+use tollgate::config::ProviderConfig;
 use tollgate::model::Usage;
+use tollgate::retry::Failure;
 
-use super::{Success, int};
+use super::batch_api::{BatchApi, LineResult, Status, Upload, failed};
+use super::sse::SseEvent;
+use super::streaming::{self, StreamEvents, StreamOut};
+use super::{Mode, ProviderApi, Success, int};
 
-pub(super) fn build(
-    http: &reqwest::Client,
-    base_url: &str,
-    key: &SecretString,
-    model: &str,
-    request: &Value,
-) -> reqwest::RequestBuilder {
-    http.post(format!("{base_url}/chat/completions"))
-        .bearer_auth(key.expose_secret())
-        .json(&body(model, request))
+/// An OpenAI or OpenAI-compatible provider.
+pub struct OpenAi {
+    base_url: String,
 }
 
-/// The client's request with the target's model, streaming fields removed.
-pub(super) fn body(model: &str, request: &Value) -> Value {
+impl OpenAi {
+    pub fn from_config(p: &ProviderConfig) -> Self {
+        Self {
+            base_url: super::base_url(p),
+        }
+    }
+}
+
+impl ProviderApi for OpenAi {
+    fn url(&self, _model: &str, _mode: Mode) -> String {
+        format!("{}/chat/completions", self.base_url)
+    }
+
+    fn authorize(&self, request: RequestBuilder, key: &SecretString) -> RequestBuilder {
+        request.bearer_auth(key.expose_secret())
+    }
+
+    fn body(&self, model: &str, request: &Value, mode: Mode) -> Value {
+        body(model, request, mode)
+    }
+
+    fn parse_success(&self, body: &[u8], _model: &str) -> Result<Success, String> {
+        parse_success(body)
+    }
+
+    fn stream_events(&self) -> Option<Box<dyn StreamEvents>> {
+        Some(Box::new(Chunks))
+    }
+
+    fn batch(&self) -> Option<&dyn BatchApi> {
+        Some(self)
+    }
+}
+
+/// The client's request with the target's model. A whole call has the streaming fields
+/// removed; a stream has `stream: true` and `stream_options.include_usage: true` (other
+/// stream options kept), so that usage arrives in the last chunk.
+pub(super) fn body(model: &str, request: &Value, mode: Mode) -> Value {
     let mut body = request.clone();
     if let Some(obj) = body.as_object_mut() {
         obj.insert("model".to_owned(), Value::String(model.to_owned()));
-        obj.remove("stream");
-        obj.remove("stream_options");
+        match mode {
+            Mode::Whole => {
+                obj.remove("stream");
+                obj.remove("stream_options");
+            }
+            Mode::Stream => {
+                obj.insert("stream".to_owned(), Value::Bool(true));
+                let options = obj.entry("stream_options").or_insert_with(|| json!({}));
+                if !options.is_object() {
+                    *options = json!({});
+                }
+                options["include_usage"] = Value::Bool(true);
+            }
+        }
     }
     body
 }
@@ -46,9 +100,266 @@ pub(super) fn parse_success(body: &[u8]) -> Result<Success, String> {
     Ok(Success { body, usage })
 }
 
+/// The output cap of an OpenAI request (`max_completion_tokens`, else `max_tokens`).
+pub(super) fn max_output(request: &Value) -> Option<i64> {
+    ["max_completion_tokens", "max_tokens"]
+        .iter()
+        .find_map(|k| request.get(*k).and_then(Value::as_i64))
+}
+
+/// OpenAI `stop` (a string or a list) as a list of stop sequences.
+pub(super) fn stop_sequences(request: &Value) -> Option<Value> {
+    match request.get("stop") {
+        Some(Value::String(s)) => Some(json!([s])),
+        Some(Value::Array(a)) => Some(Value::Array(a.clone())),
+        _ => None,
+    }
+}
+
+/// The text of a message's `content`: a string, or the `text` of its parts joined.
+pub(super) fn content_text(content: Option<&Value>) -> String {
+    match content {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    }
+}
+
+/// OpenAI stream events are already OpenAI chunks: each is passed through as sent (with
+/// the `"usage": null` the forced `include_usage` adds), content and usage counted;
+/// `data: [DONE]` ends the stream.
+pub(super) struct Chunks;
+
+impl StreamEvents for Chunks {
+    fn on_event(&mut self, event: SseEvent, out: &mut StreamOut) -> Result<(), Failure> {
+        if event.data.trim() == "[DONE]" {
+            out.finish();
+            return Ok(());
+        }
+        let v = out.json(&event.data)?;
+        if streaming::is_error_event(&event, &v) {
+            return Err(out.error_event(stream_error_status(&v), &event.data));
+        }
+        for choice in v.get("choices").and_then(Value::as_array).into_iter().flatten() {
+            if let Some(text) = choice.pointer("/delta/content").and_then(Value::as_str) {
+                out.content(text);
+            }
+        }
+        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+            out.input(
+                int(u, &["prompt_tokens"]),
+                int(u, &["prompt_tokens_details", "cached_tokens"]),
+            );
+            out.output(int(u, &["completion_tokens"]));
+        }
+        if is_usage_chunk(&v) {
+            out.usage_chunk(event.data);
+        } else {
+            out.chunk(event.data);
+        }
+        Ok(())
+    }
+}
+
+/// The usage-only chunk OpenAI sends last when `include_usage` is set.
+fn is_usage_chunk(v: &Value) -> bool {
+    v.get("usage").is_some_and(Value::is_object)
+        && v.get("choices")
+            .and_then(Value::as_array)
+            .is_some_and(Vec::is_empty)
+}
+
+/// The HTTP status an error chunk's `error` stands for. OpenAI's own: rate limits by
+/// `code` or by `type` (`requests`, `tokens`), `invalid_request_error`; other type names
+/// as Anthropic uses them, which OpenAI-compatible servers (DeepSeek's
+/// `authentication_error`, proxies in front of Claude) reuse.
+fn stream_error_status(v: &Value) -> u16 {
+    let field = |name: &str| v.get("error").and_then(|e| e.get(name)).and_then(Value::as_str);
+    match (field("type"), field("code")) {
+        (_, Some("rate_limit_exceeded")) | (Some("requests" | "tokens"), _) => 429,
+        (Some("invalid_request_error"), _) => 400,
+        (Some(other), _) => super::anthropic::error_type_status(other).unwrap_or(500),
+        (None, _) => 500,
+    }
+}
+
+impl BatchApi for OpenAi {
+    /// The lines as JSONL, `POST /files` as multipart (`purpose=batch`), built by hand:
+    /// one file part.
+    fn upload(&self, model: &str, lines: &[(String, &Value)], tag: &str) -> Option<Upload> {
+        let mut jsonl = Vec::new();
+        for (id, r) in lines {
+            let line = json!({"custom_id": id, "method": "POST", "url": "/v1/chat/completions",
+                              "body": body(model, r, Mode::Whole)});
+            jsonl.extend_from_slice(line.to_string().as_bytes());
+            jsonl.push(b'\n');
+        }
+        let boundary = format!("tollgate-{}", uuid::Uuid::now_v7().simple());
+        let mut body = Vec::with_capacity(jsonl.len() + 512);
+        body.extend_from_slice(
+            format!("--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n")
+                .as_bytes(),
+        );
+        body.extend_from_slice(
+            format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{tag}.jsonl\"\r\n\
+                 Content-Type: application/jsonl\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        body.extend_from_slice(&jsonl);
+        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+        Some(Upload {
+            url: format!("{}/files", self.base_url),
+            content_type: format!("multipart/form-data; boundary={boundary}"),
+            body,
+        })
+    }
+
+    fn create(
+        &self,
+        _model: &str,
+        _lines: &[(String, &Value)],
+        tag: &str,
+        file_id: Option<&str>,
+    ) -> (String, Value) {
+        let body = json!({"input_file_id": file_id, "endpoint": "/v1/chat/completions",
+                          "completion_window": "24h", "metadata": {"tollgate_pack": tag}});
+        (format!("{}/batches", self.base_url), body)
+    }
+
+    fn status_url(&self, batch_id: &str) -> String {
+        format!("{}/batches/{batch_id}", self.base_url)
+    }
+
+    fn parse_status(&self, b: &Value) -> Status {
+        let s = |k: &str| b.get(k).and_then(Value::as_str).map(str::to_owned);
+        let status = s("status").unwrap_or_default();
+        Status {
+            ended: matches!(status.as_str(), "completed" | "failed" | "expired" | "cancelled"),
+            status,
+            result_files: [s("output_file_id"), s("error_file_id")]
+                .into_iter()
+                .flatten()
+                .collect(),
+        }
+    }
+
+    fn cancel_url(&self, batch_id: &str) -> String {
+        format!("{}/batches/{batch_id}/cancel", self.base_url)
+    }
+
+    /// The output file (successes) and the error file (failures), where the batch has them.
+    fn result_urls(&self, _batch_id: &str, status: &Status) -> Vec<String> {
+        status
+            .result_files
+            .iter()
+            .map(|file| format!("{}/files/{file}/content", self.base_url))
+            .collect()
+    }
+
+    fn parse_results(&self, lines: &mut dyn Iterator<Item = Value>, out: &mut HashMap<String, LineResult>) {
+        for line in lines {
+            let Some(id) = line.get("custom_id").and_then(Value::as_str) else {
+                continue;
+            };
+            out.insert(id.to_owned(), line_result(&line));
+        }
+    }
+}
+
+/// One line of an output or error file.
+fn line_result(line: &Value) -> LineResult {
+    let response = line.get("response").filter(|r| !r.is_null());
+    let code = response
+        .and_then(|r| r.get("status_code"))
+        .and_then(Value::as_u64);
+    match (response, code) {
+        (Some(resp), Some(200)) => match parse_success(resp["body"].to_string().as_bytes()) {
+            Ok(success) => LineResult::Succeeded {
+                success,
+                request_id: resp.get("request_id").and_then(Value::as_str).map(str::to_owned),
+            },
+            Err(message) => failed("provider_bad_response", message),
+        },
+        (Some(resp), code) => {
+            let message = resp["body"]["error"]["message"]
+                .as_str()
+                .unwrap_or("request failed");
+            failed(
+                "provider_batch_errored",
+                format!("HTTP {}: {message}", code.unwrap_or(0)),
+            )
+        }
+        (None, _) => {
+            let e = &line["error"];
+            let code = e.get("code").and_then(Value::as_str).unwrap_or("errored");
+            let message = e.get("message").and_then(Value::as_str).unwrap_or_default();
+            let code = if code == "batch_expired" {
+                "provider_batch_expired".to_owned()
+            } else {
+                format!("provider_{code}")
+            };
+            failed(&code, message.to_owned())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use tollgate::retry::FailureClass;
+
     use super::*;
+    use crate::providers::batch_api::failure_of;
+    use crate::providers::streaming::ChatStream;
+
+    fn adapter() -> OpenAi {
+        OpenAi {
+            base_url: "https://api.openai.com/v1".to_owned(),
+        }
+    }
+
+    fn built(mode: Mode, request: &Value) -> reqwest::Request {
+        adapter()
+            .request(
+                &reqwest::Client::new(),
+                &SecretString::from("sk-test"),
+                "gpt-4o-mini",
+                request,
+                mode,
+            )
+            .build()
+            .unwrap()
+    }
+
+    fn body_of(req: &reqwest::Request) -> Value {
+        serde_json::from_slice(req.body().unwrap().as_bytes().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn builds_plain_and_streamed_requests() {
+        let r = json!({"model": "fast", "stream": true, "stream_options": {"include_usage": false, "x": 1},
+                       "messages": [{"role": "user", "content": "hi"}]});
+        let plain = built(Mode::Whole, &r);
+        assert_eq!(plain.url().as_str(), "https://api.openai.com/v1/chat/completions");
+        assert_eq!(plain.headers()["authorization"], "Bearer sk-test");
+        let b = body_of(&plain);
+        assert_eq!(b["model"], "gpt-4o-mini");
+        assert!(b.get("stream").is_none() && b.get("stream_options").is_none());
+        assert_eq!(b["messages"], r["messages"]);
+
+        let streamed = built(Mode::Stream, &r);
+        assert_eq!(streamed.url(), plain.url());
+        let b = body_of(&streamed);
+        assert_eq!(b["stream"], true);
+        assert_eq!(b["stream_options"], json!({"include_usage": true, "x": 1}));
+        let b = body_of(&built(Mode::Stream, &json!({"stream_options": "bad"})));
+        assert_eq!(b["stream_options"], json!({"include_usage": true}));
+    }
 
     #[test]
     fn reads_usage_and_rejects_non_chat_bodies() {
@@ -64,5 +375,207 @@ mod tests {
         );
         assert!(parse_success(b"not json").is_err());
         assert!(parse_success(b"{}").is_err());
+    }
+
+    #[test]
+    fn classifies_error_answers() {
+        let a = adapter();
+        let headers = reqwest::header::HeaderMap::new();
+        let rpm = br#"{"error":{"message":"Rate limit reached for gpt-4o in organization org-x on requests per min (RPM): Limit 3, Used 3, Requested 1. Please try again in 20s.","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
+        let f = a.classify_error(429, &headers, rpm);
+        assert_eq!((f.class, f.code), (FailureClass::Capacity, "rate_limited"));
+        assert_eq!(f.retry_after, Some(std::time::Duration::from_secs(20)));
+        let quota = br#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
+        let f = a.classify_error(429, &headers, quota);
+        assert_eq!(
+            (f.class, f.code),
+            (FailureClass::KeyUnusable, "insufficient_quota")
+        );
+        let too_large = br#"{"error":{"message":"Request too large for gpt-4o in organization org-x on tokens per min (TPM): Limit 30000, Requested 31538.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}"#;
+        let f = a.classify_error(429, &headers, too_large);
+        assert_eq!((f.class, f.code), (FailureClass::Request, "request_too_large"));
+        let f = a.classify_error(401, &headers, br#"{"error":{"message":"bad key","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}"#);
+        assert_eq!(
+            (f.class, f.code),
+            (FailureClass::KeyUnusable, "upstream_auth_failed")
+        );
+    }
+
+    #[test]
+    fn error_chunks_map_to_the_status_they_stand_for() {
+        let status = |e: Value| stream_error_status(&json!({ "error": e }));
+        assert_eq!(
+            status(json!({"type": "tokens", "code": "rate_limit_exceeded"})),
+            429
+        );
+        assert_eq!(status(json!({"type": "requests", "code": null})), 429);
+        assert_eq!(status(json!({"type": "invalid_request_error"})), 400);
+        assert_eq!(status(json!({"type": "authentication_error"})), 401);
+        assert_eq!(status(json!({"type": "server_error"})), 500);
+        assert_eq!(status(json!({"message": "boom"})), 500);
+    }
+
+    #[tokio::test]
+    async fn chunks_pass_through_verbatim() {
+        let role = r#"{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}],"usage":null}"#;
+        let word =
+            r#"{"id":"c1",  "choices":[{"index":0,"delta":{"content":"héllo"},"finish_reason":null}]}"#;
+        let fin = r#"{"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#;
+        let usage = r#"{"id":"c1","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11,"prompt_tokens_details":{"cached_tokens":4}}}"#;
+        let body = format!(
+            ": ping\n\ndata: {role}\n\ndata: {word}\r\n\r\ndata: {fin}\n\ndata: {usage}\n\ndata: [DONE]\n\n"
+        );
+        let (a, b) = body.split_at(37);
+        let mut s = ChatStream::canned(Box::new(Chunks), &[a, b]);
+        let mut seen = Vec::new();
+        while let Some(c) = s.next_chunk().await {
+            seen.push((c.unwrap(), s.last_was_usage()));
+        }
+        let expected: Vec<(String, bool)> = [(role, false), (word, false), (fin, false), (usage, true)]
+            .into_iter()
+            .map(|(c, u)| (c.to_owned(), u))
+            .collect();
+        assert_eq!(seen, expected);
+        assert!(s.finished());
+        assert_eq!(
+            s.usage(),
+            Usage {
+                input_tokens: 9,
+                output_tokens: 2,
+                cached_tokens: 4
+            }
+        );
+        assert!(s.next_chunk().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn cut_streams_fail_and_estimate_usage() {
+        let body = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"abcdefghij\"}}]}\n\n\
+                    data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"k\"}}]}\n\n";
+        let mut s = ChatStream::canned(Box::new(Chunks), &[body]);
+        let (chunks, failure) = s.drain().await;
+        assert_eq!(chunks.len(), 2);
+        let f = failure.unwrap();
+        assert_eq!((f.class, f.code), (FailureClass::Network, "network_error"));
+        assert!(!s.finished());
+        // 2 deltas, 11 chars → max(2, ceil(11/4) = 3); input estimated from the request.
+        assert_eq!(
+            s.usage(),
+            Usage {
+                input_tokens: 42,
+                output_tokens: 3,
+                cached_tokens: 0
+            }
+        );
+        let mut s = ChatStream::canned(Box::new(Chunks), &["data: {not json\n\n"]);
+        assert_eq!(s.drain().await.1.unwrap().code, "provider_bad_response");
+    }
+
+    #[tokio::test]
+    async fn error_chunks_are_classified() {
+        let openai = "data: {\"error\":{\"message\":\"boom\",\"type\":\"server_error\",\"param\":null,\"code\":null}}\n\n";
+        let mut s = ChatStream::canned(Box::new(Chunks), &[openai]);
+        let f = s.drain().await.1.unwrap();
+        assert_eq!(
+            (f.class, f.code, f.status),
+            (FailureClass::Overload, "provider_error", None)
+        );
+        assert!(f.message.contains("boom"));
+        let limited = "data: {\"error\":{\"message\":\"slow down\",\"type\":\"tokens\",\"param\":null,\"code\":\"rate_limit_exceeded\"}}\n\n";
+        let mut s = ChatStream::canned(Box::new(Chunks), &[limited]);
+        let f = s.drain().await.1.unwrap();
+        assert_eq!((f.class, f.code), (FailureClass::Capacity, "rate_limited"));
+    }
+
+    #[test]
+    fn batch_requests() {
+        let a = adapter();
+        let r = json!({"model": "fast", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+        let lines = [("job-1".to_owned(), &r)];
+        let up = a.upload("gpt-4o-mini", &lines, "pack-1").unwrap();
+        assert_eq!(up.url, "https://api.openai.com/v1/files");
+        let boundary = up
+            .content_type
+            .strip_prefix("multipart/form-data; boundary=")
+            .unwrap();
+        let text = String::from_utf8(up.body).unwrap();
+        assert!(text.starts_with(&format!("--{boundary}\r\n")));
+        assert!(text.ends_with(&format!("\r\n--{boundary}--\r\n")));
+        assert!(text.contains("name=\"purpose\"\r\n\r\nbatch\r\n"));
+        assert!(text.contains("filename=\"pack-1.jsonl\""));
+        let line: Value = text
+            .lines()
+            .find(|l| l.starts_with('{'))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .unwrap();
+        assert_eq!(
+            line,
+            json!({"custom_id": "job-1", "method": "POST", "url": "/v1/chat/completions",
+                   "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}})
+        );
+        let (url, body) = a.create("gpt-4o-mini", &lines, "pack-1", Some("file-1"));
+        assert_eq!(url, "https://api.openai.com/v1/batches");
+        assert_eq!(
+            body,
+            json!({"input_file_id": "file-1", "endpoint": "/v1/chat/completions",
+                   "completion_window": "24h", "metadata": {"tollgate_pack": "pack-1"}})
+        );
+        assert_eq!(a.status_url("b1"), "https://api.openai.com/v1/batches/b1");
+        assert_eq!(a.cancel_url("b1"), "https://api.openai.com/v1/batches/b1/cancel");
+    }
+
+    #[test]
+    fn batch_status_and_results() {
+        let a = adapter();
+        let running = a.parse_status(&json!({"id": "b1", "object": "batch", "status": "in_progress",
+                                              "output_file_id": null, "error_file_id": null}));
+        assert!(!running.ended);
+        assert_eq!(running.status, "in_progress");
+        assert!(a.result_urls("b1", &running).is_empty());
+        let done = a.parse_status(&json!({"id": "b1", "status": "completed",
+                                           "output_file_id": "file-out", "error_file_id": "file-err"}));
+        assert!(done.ended);
+        assert_eq!(
+            a.result_urls("b1", &done),
+            [
+                "https://api.openai.com/v1/files/file-out/content",
+                "https://api.openai.com/v1/files/file-err/content"
+            ]
+        );
+        for ended in ["failed", "expired", "cancelled"] {
+            assert!(a.parse_status(&json!({"status": ended})).ended, "{ended}");
+        }
+
+        let lines = [
+            json!({"id": "r1", "custom_id": "ok", "response": {"status_code": 200, "request_id": "req_1",
+                   "body": {"id": "c", "object": "chat.completion", "choices": [],
+                            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}}, "error": null}),
+            json!({"custom_id": "bad", "response": {"status_code": 400,
+                   "body": {"error": {"message": "no such model", "type": "invalid_request_error"}}}, "error": null}),
+            json!({"custom_id": "late", "response": null, "error": {"code": "batch_expired", "message": "expired"}}),
+            json!({"custom_id": "other", "response": null, "error": {"code": "server_error", "message": "oops"}}),
+            json!({"no_id": true}),
+        ];
+        let mut out = HashMap::new();
+        a.parse_results(&mut lines.into_iter(), &mut out);
+        assert_eq!(out.len(), 4);
+        let Some(LineResult::Succeeded { success, request_id }) = out.get("ok") else {
+            panic!("{out:?}");
+        };
+        assert_eq!(request_id.as_deref(), Some("req_1"));
+        assert_eq!((success.usage.input_tokens, success.usage.output_tokens), (3, 2));
+        let code = |id: &str| failure_of(&out, id);
+        assert_eq!(
+            code("bad"),
+            (
+                "provider_batch_errored".to_owned(),
+                "HTTP 400: no such model".to_owned()
+            )
+        );
+        assert_eq!(code("late").0, "provider_batch_expired");
+        assert_eq!(
+            code("other"),
+            ("provider_server_error".to_owned(), "oops".to_owned())
+        );
     }
 }
