@@ -19,8 +19,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::buckets::Bucket;
-pub use crate::vocab::{Authority, LearnedFrom as Source, LimitName};
 use crate::ratelimit::Reading;
+pub use crate::vocab::{Authority, LearnedFrom as Source, LimitName};
 
 /// What a 429 leaves of the capacity.
 pub const DECREASE: f64 = 0.7;
