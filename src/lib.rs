@@ -9,7 +9,10 @@
 //! - [`routing`]: requested model (route alias or `provider/model`) → provider targets.
 //! - [`estimate`]: token demand of a request, made at submit time.
 //! - [`buckets`]: limits as buckets, a job's path through them, their arithmetic.
-//! - [`gate`]: admission — weighted fair queuing over tenants, all-or-nothing reservations.
+//! - [`scheduler`]: admission policy, pure — class precedence, weighted fair queuing over
+//!   tenants, bucket fit, failure verdicts and wait notes (its [`scheduler::plan`] makes a
+//!   queued job into what it decides on).
+//! - [`gate`]: the hand-over from the gate role to its own process's dispatcher.
 //! - [`provider_batches`]: provider batch APIs as a scheduling choice for `batch` jobs.
 //! - [`retry`]: failure classification and the retry policy.
 //! - [`batches`]: files and batches (OpenAI's Files and Batch APIs): ids, statuses, rows,
@@ -21,8 +24,9 @@
 //! - `fuzz_bodies`: the fuzz targets' bodies (`fuzz/`), also replayed by `cargo test`.
 //!
 //! Data flow: the API (`tollgate-api`) authenticates through `tenants`, resolves through
-//! `routing`, estimates, and inserts through `store` (state `queued`); the `gate` admits
-//! queued jobs whose `buckets` can hold them (state `admitted`, reservations held);
+//! `routing`, estimates, and inserts through `store` (state `queued`); the gate role
+//! (`tollgate-workers`) reads queued jobs through `store`, lets the `scheduler` admit those
+//! whose `buckets` can hold them, and writes them `admitted` (reservations held);
 //! dispatchers (`tollgate-workers`) claim admitted jobs through `store`, call providers,
 //! classify failures through `retry`, and write results back through `store`, settling
 //! the reservations; NOTIFYs reach waiters through `notify`.
@@ -44,6 +48,7 @@ pub mod provider_batches;
 pub mod ratelimit;
 pub mod retry;
 pub mod routing;
+pub mod scheduler;
 pub mod store;
 pub mod tenants;
 pub mod webhook_signing;

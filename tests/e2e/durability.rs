@@ -9,14 +9,14 @@ use chrono::Utc;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
-use tollgate::gate::Gate;
 use tollgate::model::JobState;
 use tollgate::notify::Notifications;
 use tollgate::store::{self, Finish, Holder, Served, Settlement};
 use tollgate_api::broker::Roles;
-use tollgate_workers::dispatcher::Dispatcher;
-use tollgate_workers::maintenance::Maintenance;
 use tollgate_mock::MockProvider;
+use tollgate_workers::dispatcher::Dispatcher;
+use tollgate_workers::gate::Gate;
+use tollgate_workers::maintenance::Maintenance;
 use tollgate_workers::providers::Providers;
 
 use crate::harness::{

@@ -1,5 +1,8 @@
 //! tollgate workers: everything that runs in the background.
 //!
+//! - [`gate`]: the gate role — elected by an advisory lock, it runs admission rounds
+//!   around the pure `tollgate::scheduler`, admits interactive arrivals at once, and starts
+//!   what its own process's dispatcher has room for.
 //! - [`dispatcher`]: claims admitted jobs, calls providers, writes outcomes back; runs
 //!   streaming jobs for the API.
 //! - [`providers`]: provider adapters (OpenAI, OpenAI-compatible, Anthropic), streaming
@@ -13,12 +16,15 @@
 //! - [`webhooks`]: the webhook sender (signed, retried, SSRF-guarded) draining the outbox.
 //! - [`observe`]: what each provider call reports to the metrics.
 //!
-//! Data flow: `dispatcher` claims through `tollgate::store`, sends through `providers`,
+//! Data flow: `gate` reads queued jobs and locks buckets through `tollgate::store`, decides
+//! with `tollgate::scheduler`, and writes admissions back (handing started jobs to the
+//! local `dispatcher`); `dispatcher` claims through `tollgate::store`, sends through `providers`,
 //! classifies failures with `tollgate::retry`, and writes back through `tollgate::store`;
 //! `maintenance` returns stranded work to the queue for any dispatcher to claim.
 
 pub mod batches;
 pub mod dispatcher;
+pub mod gate;
 pub mod maintenance;
 pub mod observe;
 pub mod provider_batches;
