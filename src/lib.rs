@@ -13,7 +13,9 @@
 //! - [`routing`]: requested model (route alias or `provider/model`) → provider targets.
 //! - [`estimate`]: token demand of a request, made at submit time.
 //! - [`buckets`]: limits as buckets, a job's path through them, their arithmetic.
-//! - [`gate`]: admission — weighted fair queuing over tenants, all-or-nothing reservations.
+//! - [`scheduler`]: admission policy, pure — class precedence, weighted fair queuing over
+//!   tenants, bucket fit, failure verdicts and wait notes (its [`scheduler::plan`] makes a
+//!   queued job into what it decides on).
 //! - [`provider_batches`]: provider batch APIs as a scheduling choice for `batch` jobs.
 //! - [`retry`]: failure classification and the retry decision (retry, fall back, rotate the
 //!   key, pause, fail).
@@ -26,8 +28,9 @@
 //! - `fuzz_bodies`: the fuzz targets' bodies (`fuzz/`), also replayed by `cargo test`.
 //!
 //! Data flow: the API (`tollgate-api`) authenticates through `tenants`, resolves through
-//! `routing`, estimates, and inserts through `store` (state `queued`); the `gate` admits
-//! queued jobs whose `buckets` can hold them (state `admitted`, reservations held);
+//! `routing`, estimates, and inserts through `store` (state `queued`); the gate role
+//! (`tollgate-workers`) reads queued jobs through `store`, lets the `scheduler` admit those
+//! whose `buckets` can hold them, and writes them `admitted` (reservations held);
 //! dispatchers (`tollgate-workers`) claim admitted jobs through `store`, call providers,
 //! classify failures and decide what follows through `retry`, and write each attempt's
 //! [`attempt::Outcome`] back through `store`, settling the reservations; NOTIFYs reach
@@ -42,7 +45,6 @@ pub mod embedded;
 pub mod estimate;
 #[doc(hidden)]
 pub mod fuzz_bodies;
-pub mod gate;
 pub mod learning;
 pub mod metrics;
 pub mod model;
@@ -51,6 +53,7 @@ pub mod provider_batches;
 pub mod ratelimit;
 pub mod retry;
 pub mod routing;
+pub mod scheduler;
 pub mod store;
 pub mod tenants;
 pub mod vocab;
@@ -134,7 +137,7 @@ mod tests {
     fn the_core_modules_import_each_other_without_a_cycle() {
         let graph = module_imports();
         assert!(
-            graph.contains_key("store") && graph.contains_key("gate"),
+            graph.contains_key("store") && graph.contains_key("scheduler"),
             "{graph:?}"
         );
         assert_eq!(

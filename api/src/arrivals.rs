@@ -8,9 +8,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use sqlx::PgPool;
 use tokio_util::sync::{CancellationToken, DropGuard};
-use tollgate::gate::Gate;
 use tollgate::model::{Job, NewJob};
 use tollgate::store::StoreError;
+use tollgate_workers::gate::Gate;
 
 #[derive(Clone)]
 pub struct Arrivals {

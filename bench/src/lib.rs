@@ -38,9 +38,9 @@ use anyhow::Context;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use tollgate::config::Config;
-use tollgate::gate::Gate;
 use tollgate::notify::Notifications;
 use tollgate_mock::MockConfig;
+use tollgate_workers::gate::Gate;
 
 use crate::local::LocalStack;
 use tollgate_api::broker::Roles;

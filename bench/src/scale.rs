@@ -11,8 +11,8 @@
 use std::time::{Duration, Instant};
 
 use tollgate::config::Config;
-use tollgate::gate::Gate;
 use tollgate::notify::Notifications;
+use tollgate_workers::gate::Gate;
 
 use super::{BenchArgs, insert_queued, mock_config, rate, unbound_provider};
 use crate::local::LocalStack;

@@ -10,13 +10,13 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
 use tollgate::attempt::{End, Holder, Outcome, Served};
-use tollgate::gate::Gate;
 use tollgate::model::JobState;
 use tollgate::notify::Notifications;
 use tollgate::store::{self, Settlement};
 use tollgate_api::broker::Roles;
 use tollgate_mock::MockProvider;
 use tollgate_workers::dispatcher::Dispatcher;
+use tollgate_workers::gate::Gate;
 use tollgate_workers::maintenance::Maintenance;
 use tollgate_workers::providers::Providers;
 

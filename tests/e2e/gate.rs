@@ -9,10 +9,10 @@ use chrono::{DateTime, Duration as ChronoDuration, TimeZone, Utc};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use tollgate::buckets::Bucket;
-use tollgate::gate::Gate;
 use tollgate::notify::Notifications;
 use tollgate::store;
 use tollgate_api::broker::Roles;
+use tollgate_workers::gate::Gate;
 
 use crate::harness::{ACME, GLOBEX, TestApp, TestOptions, eventually, job, mock_config};
 

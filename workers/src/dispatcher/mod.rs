@@ -21,6 +21,8 @@ mod heartbeat;
 mod shutdown;
 mod stream;
 
+pub use handover::Handoff;
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -1,0 +1,598 @@
+//! The gate role: admission's reading, writing and loop around the pure
+//! [`tollgate::scheduler`]. A round reads the active queues and their best candidates, plans
+//! them ([`Planner`]), locks the buckets on their paths (in id order) in one transaction,
+//! applies settlements and learned limits, lets the [`Scheduler`] decide, and commits
+//! the reservations of the whole round — all or nothing per job — then writes failures
+//! and explanations and records the decisions in the metrics. Correctness rests on the
+//! bucket row locks; one gate is active at a time (a PostgreSQL advisory lock elects it)
+//! only so that one process keeps the fairness bookkeeping.
+//!
+//! Every way a job reaches `running`, and why each exists:
+//! - **A dispatcher's claim** (`store::claim_jobs`): admitted online jobs, claimed by any
+//!   process's dispatcher as its call slots free. Admission and running are separate so
+//!   that what one gate admits any process can run, and so that a job admitted while no
+//!   dispatcher has room keeps its reservation until one does.
+//! - **The admission's own write** (`store::admit` with a `Starter`): what this process's
+//!   dispatcher has room for goes straight to `running`, leased to it, and is handed over
+//!   ([`Handoff`]): one write of the job row instead of two, and no wake-up in between.
+//! - **Admission on arrival** ([`Gate::admit_arrival`], `store::insert_started_job`): in the
+//!   API process, an interactive job with no other interactive job queued is inserted
+//!   admitted and running in one statement when its buckets hold it, without waiting for
+//!   a round — the round would decide the same, later.
+//! - **The stream claim** (`store::claim_stream_job`, by `Dispatcher::claim_stream`): a
+//!   streaming job runs in the process holding its client's connection, which claims it
+//!   by id once admitted; the gate never starts one (`Admission::startable`).
+//! - **A provider-batch pack** (`store::open_pack`, by the provider-batch worker): jobs
+//!   going through a provider's batch API are claimed together, as one pack, under the
+//!   pack's lease (the provider's window), not a process's.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool};
+use tokio_util::sync::CancellationToken;
+use tollgate::buckets::{self, Bucket, BucketSpec, Dimension, Rule};
+use tollgate::config::Config;
+use tollgate::learning::{self, Learned, Source};
+use tollgate::metrics;
+use tollgate::model::{Job, JobClass, JobId, NewJob};
+use tollgate::notify::Notifications;
+use tollgate::provider_batches;
+use tollgate::scheduler::plan::{is_probe, probe_key};
+use tollgate::scheduler::{self, Decision, Failed, Known, Planner, Policy, Scheduler};
+use tollgate::store::{self, Admission, Calibration, Candidate, StoreError};
+
+use crate::dispatcher::Handoff;
+
+/// Advisory lock key of the active gate ("tollgate" in ASCII, as a number).
+const GATE_LOCK: i64 = 0x746f_6c6c_6761_7465;
+/// Shortest pause between two rounds that did not fill a batch: arrivals and releases in
+/// that time are handled by one round instead of one round each.
+const MIN_PAUSE: Duration = Duration::from_millis(2);
+/// How often the gate re-reads the learned estimates.
+const CALIBRATION_REFRESH: Duration = Duration::from_secs(10);
+
+/// Fewest jobs a round reads (across all queues), however few the last round admitted.
+const MIN_READ: usize = 32;
+
+/// The first round reads as if the previous one had filled a batch.
+fn batch_hint() -> usize {
+    usize::MAX / 4
+}
+
+/// Most finished jobs whose settlements one round applies.
+const REFUNDS_PER_ROUND: i64 = 50_000;
+/// How often the active gate checks that it still holds its lock.
+const LEADER_CHECK: Duration = Duration::from_secs(1);
+
+/// What one round did.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Round {
+    pub admitted: usize,
+    /// Jobs considered this round that had to wait for capacity.
+    pub blocked: usize,
+    pub failed: usize,
+    /// When the earliest blocked job should fit (if time alone will make it fit).
+    pub next_ready: Option<DateTime<Utc>>,
+    /// The round stopped at the batch limit: more may be admissible right away.
+    pub full: bool,
+}
+
+pub struct Gate {
+    pool: PgPool,
+    config: Arc<Config>,
+    notifications: Notifications,
+    /// The policy and its fairness state, shared by rounds and arrivals.
+    scheduler: Mutex<Scheduler>,
+    /// The fit rules, for arrivals (they need no fairness state to decide).
+    policy: Policy,
+    /// Admissions of the previous round: sizes the next round's read, so a saturated
+    /// bucket does not make every round read hundreds of jobs it cannot admit.
+    last_admitted: AtomicUsize,
+    /// Rotates the first key tried when keys have their own limits.
+    key_turn: AtomicUsize,
+    /// Learned estimates per model, re-read every [`CALIBRATION_REFRESH`].
+    calibration: Mutex<(Option<tokio::time::Instant>, HashMap<String, Calibration>)>,
+    /// This process's dispatcher, when it has one: jobs it has room for start in the
+    /// admission's own write.
+    handoff: Option<Handoff>,
+}
+
+/// A mutex's value, also after a panic while it was held (what it guards stays usable).
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A failure as the store writes it: id, reason code, message.
+fn failure(f: Failed) -> (JobId, &'static str, String) {
+    (f.job.id, f.verdict.code(), f.message)
+}
+
+/// Counts a round's decisions in the metrics.
+fn record(decision: &Decision, now: DateTime<Utc>) {
+    for a in &decision.admitted {
+        metrics::admitted(&a.plan.job, a.target(), a.preferred(), now);
+    }
+    for f in decision.failed.iter().filter(|f| f.verdict.by_bucket()) {
+        metrics::failed(&f.job, &f.bucket, f.verdict.code());
+    }
+    for w in &decision.waiting {
+        metrics::waiting(&w.job, &w.note);
+    }
+}
+
+impl Gate {
+    pub fn new(pool: PgPool, config: Arc<Config>, notifications: Notifications) -> Self {
+        Self {
+            scheduler: Mutex::new(Scheduler::new(Policy::new(config.gate.clone()))),
+            policy: Policy::new(config.gate.clone()),
+            pool,
+            config,
+            notifications,
+            last_admitted: AtomicUsize::new(batch_hint()),
+            key_turn: AtomicUsize::new(0),
+            calibration: Mutex::new((None, HashMap::new())),
+            handoff: None,
+        }
+    }
+
+    /// Starts admitted jobs on this process's dispatcher when it has room ([`Handoff`]).
+    pub fn with_handoff(mut self, handoff: Handoff) -> Self {
+        self.handoff = Some(handoff);
+        self
+    }
+
+    fn planner<'a>(&'a self, calibration: &'a HashMap<String, Calibration>, known: &'a Known) -> Planner<'a> {
+        Planner {
+            config: &self.config,
+            calibration,
+            known,
+            key_turn: &self.key_turn,
+        }
+    }
+
+    /// Admits an interactive job as it arrives, without waiting for a round: in one
+    /// transaction the buckets on its path are locked (in id order, as a round locks them)
+    /// and, when they hold it, it is inserted admitted and running for this process's
+    /// dispatcher, which is handed it. A round would decide the same: interactive work goes
+    /// first, and with no interactive job queued this one is next in line. When another
+    /// interactive job is queued, a limit was just learned and not yet applied, this
+    /// dispatcher has no room, or the buckets cannot hold it now, nothing is written
+    /// (`None`) and the caller queues it as usual. Returns the started job.
+    /// `pool` is the caller's (the gate's own connections belong to its thread).
+    pub async fn admit_arrival(&self, pool: &PgPool, job: &NewJob) -> Result<Option<Job>, StoreError> {
+        let Some(handoff) = &self.handoff else {
+            return Ok(None);
+        };
+        if job.class != JobClass::Interactive || job.stream {
+            return Ok(None);
+        }
+        let permits = handoff.permits(1);
+        if permits.is_empty() {
+            return Ok(None);
+        }
+        let now = Utc::now();
+        // The transaction begins while the reads run, on its own connection.
+        let (mut tx, queued, learned, paused, calibration) = tokio::try_join!(
+            async { Ok::<_, StoreError>(pool.begin().await?) },
+            store::interactive_queued(pool),
+            store::learned_limits(pool),
+            store::active_pauses(pool, now),
+            self.calibration(pool),
+        )?;
+        if queued || learned.iter().any(Learned::pending) {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        let paused: scheduler::Pauses = paused.into_iter().collect();
+        let known = Known::new(&learned);
+        let Ok(plan) = self
+            .planner(&calibration, &known)
+            .plan(Candidate::arriving(job), now)
+        else {
+            // A round fails it with its reason.
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        let mut keys: Vec<String> = plan.bucket_keys().cloned().collect();
+        keys.sort();
+        keys.dedup();
+
+        let now = Utc::now();
+        let mut buckets: HashMap<String, Bucket> = store::lock_buckets_by(&mut tx, &keys, &[])
+            .await?
+            .into_iter()
+            .map(|mut b| {
+                b.refill(now);
+                (b.key.clone(), b)
+            })
+            .collect();
+        // A bucket not created yet (a probe, a limit just learned) is the round's to create.
+        let route = if keys.iter().all(|k| buckets.contains_key(k)) {
+            self.policy
+                .first_fitting(&plan.routes, plan.class, &buckets, &paused, &HashSet::new())
+        } else {
+            None
+        };
+        let Some(route) = route else {
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        let admission = scheduler::take(&plan, route, &mut buckets);
+        metrics::admitted(&plan.job, &plan.routes[route].target, &plan.routes[0].target, now);
+        let starter = store::Starter {
+            owner: &handoff.owner,
+            lease_until: now + handoff.lease,
+        };
+        let taken: Vec<Bucket> = buckets
+            .into_values()
+            .filter(|b| admission.bucket_ids.contains(&b.id))
+            .collect();
+        let Some(started) = store::insert_started_job(&mut tx, job, &admission, starter, &taken, now).await?
+        else {
+            // Its idempotency key is taken: the usual insert answers with that job.
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        tx.commit().await?;
+        locked(&self.scheduler).served_on_arrival(&plan);
+        handoff.hand(vec![started.clone()], permits);
+        Ok(Some(started))
+    }
+
+    /// The learned estimates (calibration), re-read when older than [`CALIBRATION_REFRESH`].
+    async fn calibration(&self, pool: &PgPool) -> Result<HashMap<String, Calibration>, StoreError> {
+        {
+            let cached = locked(&self.calibration);
+            if cached.0.is_some_and(|at| at.elapsed() < CALIBRATION_REFRESH) {
+                return Ok(cached.1.clone());
+            }
+        }
+        let fresh: HashMap<String, Calibration> = store::calibrations(pool)
+            .await?
+            .into_iter()
+            .map(|c| (c.model.clone(), c))
+            .collect();
+        let mut cached = locked(&self.calibration);
+        *cached = (Some(tokio::time::Instant::now()), fresh.clone());
+        Ok(fresh)
+    }
+
+    /// Brings learned limits into the locked `buckets`: creates the buckets that only
+    /// learning or the cold-start probe knows (`needed` keys not found), applies what is
+    /// new in each row. Returns the rows it changed.
+    async fn learn(
+        &self,
+        tx: &mut PgConnection,
+        rows: &mut [Learned],
+        needed: &HashSet<String>,
+        buckets: &mut HashMap<String, Bucket>,
+        now: DateTime<Utc>,
+    ) -> Result<HashSet<usize>, StoreError> {
+        let mut changed = HashSet::new();
+        let mut specs: Vec<(BucketSpec, f64, &str)> = Vec::new();
+        for key in needed.iter().filter(|k| !buckets.contains_key(*k) && is_probe(k)) {
+            let capacity = self.config.gate.probe_concurrency.max(1) as f64;
+            let scope = key.trim_end_matches(":probe").to_owned();
+            specs.push((
+                BucketSpec {
+                    key: key.clone(),
+                    scope,
+                    dimension: Dimension::Concurrency,
+                    rule: Rule::Gauge,
+                    capacity,
+                    window_secs: 0,
+                    ramp_step: None,
+                },
+                capacity,
+                "probe",
+            ));
+        }
+        for (i, row) in rows.iter_mut().enumerate() {
+            if !row.governs() || !row.pending() || buckets.contains_key(&row.bucket_key()) {
+                continue;
+            }
+            let (capacity, level) = match (row.reported, row.source) {
+                (Some(reported), _) => (reported, reported),
+                (None, Source::Throttling) => {
+                    let (provider, model) = buckets::scope_target(&row.scope);
+                    let window = chrono::Duration::seconds(row.name.window_secs());
+                    let sent = store::requests_since(&mut *tx, provider, model, now - window).await?;
+                    let (capacity, ceiling) = learning::first_capacity(sent);
+                    // What was admitted while the limit was unknown meets it too.
+                    let requeued = store::requeue_admitted(&mut *tx, provider, model).await?;
+                    tracing::info!(scope = %row.scope, capacity, requeued, "a 429 taught a request limit");
+                    row.ceiling = Some(ceiling);
+                    row.decreases = 1;
+                    row.changed_at = Some(now);
+                    row.applied_at = Some(row.latest());
+                    changed.insert(i);
+                    (capacity, 0.0)
+                }
+                (None, Source::Headers) => continue,
+            };
+            specs.push((
+                BucketSpec {
+                    key: row.bucket_key(),
+                    scope: row.scope.clone(),
+                    dimension: row.name.dimension(),
+                    rule: row.name.rule(),
+                    capacity,
+                    window_secs: row.name.window_secs(),
+                    ramp_step: None,
+                },
+                level,
+                "learned",
+            ));
+        }
+        for mut b in store::create_buckets(&mut *tx, &specs, now).await? {
+            b.refill(now);
+            buckets.insert(b.key.clone(), b);
+        }
+        for (i, row) in rows.iter_mut().enumerate() {
+            if !row.pending() {
+                continue;
+            }
+            let authority = self
+                .config
+                .provider(buckets::scope_target(&row.scope).0)
+                .map(|p| p.limit_authority)
+                .unwrap_or_default();
+            match buckets.get_mut(&row.bucket_key()) {
+                Some(bucket) => learning::apply(row, bucket, authority, now),
+                // Nothing to govern (a bare sighting): just note it was seen.
+                None if !row.governs() => row.applied_at = Some(row.latest()),
+                None => continue,
+            }
+            changed.insert(i);
+        }
+        Ok(changed)
+    }
+
+    /// One round at time `now`: read candidates, admit what fits, explain what waits.
+    pub async fn run_once(&self, now: DateTime<Utc>) -> Result<Round, StoreError> {
+        let batch = self.config.gate.batch;
+        let queues = store::active_queues(&self.pool).await?;
+        let mut candidates = if queues.is_empty() {
+            Vec::new()
+        } else {
+            let last = self.last_admitted.load(Ordering::Relaxed);
+            let wanted = (2 * last.max(MIN_READ)).min(2 * batch);
+            let per_queue = (wanted / queues.len()).clamp(4, batch) as i64;
+            store::candidates(&self.pool, &queues, per_queue, now).await?
+        };
+        provider_batches::decide_candidates(&self.pool, &self.config, &mut candidates, now).await?;
+        let calibration = self.calibration(&self.pool).await?;
+        let mut learned = store::learned_limits(&self.pool).await?;
+        let known = Known::new(&learned);
+        let planner = self.planner(&calibration, &known);
+        let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
+        let mut plans = Vec::new();
+        for c in candidates {
+            match planner.plan(c, now) {
+                Ok(p) => plans.push(p),
+                Err(f) => failures.push(failure(*f)),
+            }
+        }
+        // Every bucket a candidate needs, and those with learned news to apply.
+        let needed: HashSet<String> = plans
+            .iter()
+            .flat_map(|p| p.bucket_keys().cloned())
+            .chain(
+                learned
+                    .iter()
+                    .filter(|r| r.pending() || r.source == Source::Throttling)
+                    .map(Learned::bucket_key),
+            )
+            .collect();
+        let keys: Vec<String> = needed.iter().cloned().collect();
+        let news = learned.iter().any(Learned::pending);
+        let (mut permits, limit) = self.room(plans.len()).await?;
+
+        let mut tx = self.pool.begin().await?;
+        // Settlements of finished jobs first: what they did not use is available again.
+        let refunds = store::take_pending_refunds(&mut tx, REFUNDS_PER_ROUND).await?;
+        // Read after the refunds: a 429's pause commits with its refund, so a slot given
+        // back here is never used before its pause is seen.
+        let paused: scheduler::Pauses = store::active_pauses(&mut *tx, now).await?.into_iter().collect();
+        if plans.is_empty() && refunds.is_empty() && !news {
+            tx.commit().await?;
+            let failed = store::fail_queued(&self.pool, &failures, now).await? as usize;
+            return Ok(Round {
+                failed,
+                ..Round::default()
+            });
+        }
+        let refund_ids: Vec<i64> = refunds.keys().copied().collect();
+        let mut buckets: HashMap<String, Bucket> = store::lock_buckets_by(&mut tx, &keys, &refund_ids)
+            .await?
+            .into_iter()
+            .map(|mut b| {
+                b.refill(now);
+                if let Some(r) = refunds.get(&b.id) {
+                    b.give_back(*r);
+                }
+                (b.key.clone(), b)
+            })
+            .collect();
+        // Scopes whose first response is applied now: their probe is over.
+        let first_seen: Vec<String> = {
+            let scopes: HashSet<&str> = learned
+                .iter()
+                .filter(|r| r.applied_at.is_none())
+                .map(|r| r.scope.as_str())
+                .collect();
+            scopes.into_iter().map(probe_key).collect()
+        };
+        let mut learned_changed = self
+            .learn(&mut tx, &mut learned, &needed, &mut buckets, now)
+            .await?;
+        let refilled = buckets.clone();
+
+        let decision = locked(&self.scheduler).schedule(plans, &mut buckets, &paused, limit, now);
+        record(&decision, now);
+        let Decision {
+            admitted,
+            waiting,
+            failed,
+            blocked,
+            next_ready,
+            full,
+            closed,
+        } = decision;
+        failures.extend(failed.into_iter().map(failure));
+        // Probing upward where 429s taught the limit and the limit is what holds jobs back.
+        for (i, row) in learned.iter_mut().enumerate() {
+            let key = row.bucket_key();
+            if let Some(b) = buckets.get_mut(&key)
+                && learning::increase(row, b, closed.contains(&key), now)
+            {
+                learned_changed.insert(i);
+            }
+        }
+
+        // What this process's dispatcher has room for starts now, in the admission's write.
+        let mut admissions: Vec<Admission> = admitted.into_iter().map(|a| a.admission).collect();
+        admissions.sort_by_key(|a| !a.startable); // stable: startable first, in round order
+        permits.truncate(admissions.iter().filter(|a| a.startable).count());
+        let starter = self.handoff.as_ref().map(|h| {
+            let starter = store::Starter {
+                owner: &h.owner,
+                lease_until: now + h.lease,
+            };
+            (starter, permits.len())
+        });
+        let written = store::admit(&mut tx, &admissions, starter, now).await?;
+        let admitted: HashSet<JobId> = written.ids().collect();
+        if admitted.len() != admissions.len() {
+            // Some were cancelled after we read them: charge only what was admitted.
+            buckets = refilled;
+            for a in admissions.iter().filter(|a| admitted.contains(&a.id)) {
+                for (id, amount) in a.bucket_ids.iter().zip(&a.amounts) {
+                    if let Some(b) = buckets.values_mut().find(|b| b.id == *id) {
+                        b.take(*amount);
+                    }
+                }
+            }
+        }
+        let changed: Vec<Bucket> = buckets.into_values().collect();
+        store::save_buckets(&mut tx, &changed).await?;
+        store::drop_buckets(&mut *tx, &first_seen).await?;
+        tx.commit().await?;
+        if let Some(handoff) = &self.handoff {
+            handoff.hand(written.started, permits);
+        }
+        let rows: Vec<Learned> = learned_changed.iter().map(|&i| learned[i].clone()).collect();
+        store::save_learned(&self.pool, &rows).await?;
+        let round = Round {
+            admitted: admitted.len(),
+            blocked,
+            failed: store::fail_queued(&self.pool, &failures, now).await? as usize,
+            next_ready,
+            full,
+        };
+        self.last_admitted
+            .store(if round.full { batch } else { round.admitted }, Ordering::Relaxed);
+        let notes: Vec<(JobId, serde_json::Value)> =
+            waiting.into_iter().map(|w| (w.job.id, w.note)).collect();
+        store::explain(&self.pool, &notes).await?;
+        locked(&self.scheduler).admitted(admitted);
+        Ok(round)
+    }
+
+    /// How many jobs this round may admit, and the room taken for those it starts itself.
+    /// With a dispatcher here: its free room, plus at most one batch admitted and not yet
+    /// claimed beyond it — admitting further ahead would only hold reservations for work no
+    /// dispatcher is ready to send (and this process's own dispatcher would claim it, one
+    /// more write per job, instead of being handed it). Read before the round's transaction,
+    /// and only when the round's candidates exceed the room.
+    async fn room(
+        &self,
+        candidates: usize,
+    ) -> Result<(Vec<tokio::sync::OwnedSemaphorePermit>, usize), StoreError> {
+        let batch = self.config.gate.batch;
+        let Some(handoff) = &self.handoff else {
+            return Ok((Vec::new(), batch));
+        };
+        let permits = handoff.permits(candidates.min(batch));
+        if candidates <= permits.len() {
+            return Ok((permits, batch));
+        }
+        let backlog = store::admitted_backlog(&self.pool, batch as i64).await? as usize;
+        let limit = (permits.len() + batch.saturating_sub(backlog)).min(batch);
+        Ok((permits, limit))
+    }
+
+    /// Holds the gate's advisory lock on a dedicated connection while it is the active gate.
+    async fn lead(&self, cancel: &CancellationToken) -> Option<PgConnection> {
+        loop {
+            // Detached from the pool: the lock lives exactly as long as this connection.
+            if let Ok(mut conn) = self.pool.acquire().await.map(|c| c.detach()) {
+                let got: Result<bool, _> = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+                    .bind(GATE_LOCK)
+                    .fetch_one(&mut conn)
+                    .await;
+                if let Ok(true) = got {
+                    tracing::info!("this process is the active gate");
+                    return Some(conn);
+                }
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return None,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    }
+
+    /// The loop: become the active gate, then run rounds whenever work or capacity may
+    /// have appeared (NOTIFY), when a blocked job should fit, or at the fallback poll.
+    pub async fn run(&self, cancel: CancellationToken) {
+        let poll = Duration::from_millis(self.config.gate.poll_interval_ms);
+        'lead: while let Some(mut leader) = self.lead(&cancel).await {
+            let mut checked = tokio::time::Instant::now();
+            loop {
+                if cancel.is_cancelled() {
+                    break 'lead;
+                }
+                let wake = self.notifications.gate_ready();
+                tokio::pin!(wake);
+                wake.as_mut().enable();
+                let round = match self.run_once(Utc::now()).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "gate round failed");
+                        Round::default()
+                    }
+                };
+                if round.full {
+                    continue;
+                }
+                let until_ready = round
+                    .next_ready
+                    .and_then(|at| (at - Utc::now()).to_std().ok())
+                    .unwrap_or(poll)
+                    .clamp(MIN_PAUSE, poll);
+                tokio::select! {
+                    _ = cancel.cancelled() => break 'lead,
+                    // Arrivals of the next moments gather into one round, but an
+                    // interactive job does not wait for them.
+                    _ = &mut wake => if !self.notifications.take_interactive() {
+                        tokio::time::sleep(MIN_PAUSE).await
+                    },
+                    _ = tokio::time::sleep(until_ready) => {}
+                }
+                // Still the leader? A broken lock connection means another gate may run.
+                if checked.elapsed() >= LEADER_CHECK {
+                    checked = tokio::time::Instant::now();
+                    if sqlx::query("SELECT 1").execute(&mut leader).await.is_err() {
+                        tracing::warn!("lost the gate's lock connection; electing again");
+                        continue 'lead;
+                    }
+                }
+            }
+        }
+    }
+}
