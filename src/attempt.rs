@@ -10,6 +10,7 @@ use serde_json::Value;
 use crate::buckets::Settlement;
 use crate::learning::Observation;
 use crate::model::{JobId, JobState, Usage};
+use crate::vocab::ReasonCode;
 
 /// An attempt's outcome, ready to be written (alone or in a batch).
 #[derive(Debug, Clone)]
@@ -84,28 +85,28 @@ pub enum End {
         provider_request_id: Option<String>,
     },
     /// Failed for good, with a reason code (README, "Reason codes on failed jobs").
-    Failed { code: String, message: String },
+    Failed { code: ReasonCode, message: String },
     /// Back to the queue, not to be admitted again before `not_before`; the reason code
     /// says why it came back.
     Retry {
         not_before: DateTime<Utc>,
-        code: String,
+        code: ReasonCode,
         message: String,
     },
 }
 
 impl End {
-    pub fn failed(code: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn failed(code: ReasonCode, message: impl Into<String>) -> Self {
         Self::Failed {
-            code: code.into(),
+            code,
             message: message.into(),
         }
     }
 
-    pub fn retry(not_before: DateTime<Utc>, code: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn retry(not_before: DateTime<Utc>, code: ReasonCode, message: impl Into<String>) -> Self {
         Self::Retry {
             not_before,
-            code: code.into(),
+            code,
             message: message.into(),
         }
     }
@@ -130,7 +131,7 @@ pub struct Call {
     pub status: Option<i32>,
     /// The call's own reason code when it failed (`None`: it succeeded), whatever then
     /// became of the job (`attempts_exhausted`, a retry, …).
-    pub error_code: Option<&'static str>,
+    pub error_code: Option<ReasonCode>,
     pub provider_request_id: Option<String>,
     pub usage: Option<Usage>,
     pub estimated_input_tokens: i32,

@@ -16,6 +16,7 @@ use crate::buckets;
 use crate::config::Config;
 use crate::ratelimit::{self, Dialect};
 use crate::routing::Target;
+use crate::vocab::ReasonCode;
 
 /// What kind of failure a provider call ended in, and so what to do next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +51,7 @@ impl FailureClass {
 pub struct Failure {
     pub class: FailureClass,
     /// Stable reason code stored on the job (`rate_limited`, `provider_overloaded`, …).
-    pub code: &'static str,
+    pub code: ReasonCode,
     pub message: String,
     pub status: Option<u16>,
     /// The provider's own hint of when to come back.
@@ -61,7 +62,7 @@ impl Failure {
     pub fn network(message: impl Into<String>) -> Self {
         Self {
             class: FailureClass::Network,
-            code: "network_error",
+            code: ReasonCode::NetworkError,
             message: message.into(),
             status: None,
             retry_after: None,
@@ -73,7 +74,7 @@ impl Failure {
     pub fn bad_response(message: impl Into<String>, status: u16) -> Self {
         Self {
             class: FailureClass::Network,
-            code: "provider_bad_response",
+            code: ReasonCode::ProviderBadResponse,
             message: message.into(),
             status: Some(status),
             retry_after: None,
@@ -83,7 +84,7 @@ impl Failure {
     pub fn timeout(message: impl Into<String>) -> Self {
         Self {
             class: FailureClass::Timeout,
-            code: "provider_timeout",
+            code: ReasonCode::ProviderTimeout,
             message: message.into(),
             status: None,
             retry_after: None,
@@ -129,21 +130,23 @@ pub fn classify_response(status: u16, headers: &HeaderMap, body: &[u8]) -> Failu
     // Retry-After headers, Gemini's `RetryInfo`, OpenAI's "try again in".
     let retry_after = ratelimit::read(Dialect::None, headers, body, Utc::now()).retry_after;
     let (class, code) = match status {
-        429 if spend_cap => (FailureClass::SpendCap, "spend_limit_reached"),
+        429 if spend_cap => (FailureClass::SpendCap, ReasonCode::SpendLimitReached),
         429 if err_code == "insufficient_quota" || err_type == "insufficient_quota" => {
-            (FailureClass::KeyUnusable, "insufficient_quota")
+            (FailureClass::KeyUnusable, ReasonCode::InsufficientQuota)
         }
-        429 if message.starts_with("Request too large") => (FailureClass::Request, "request_too_large"),
-        429 => (FailureClass::Capacity, "rate_limited"),
-        401 | 403 => (FailureClass::KeyUnusable, "upstream_auth_failed"),
-        400 if key_invalid => (FailureClass::KeyUnusable, "upstream_auth_failed"),
-        402 => (FailureClass::KeyUnusable, "insufficient_quota"),
-        408 => (FailureClass::Timeout, "provider_timeout"),
-        413 => (FailureClass::Request, "request_too_large"),
-        400 | 404 | 409 | 422 => (FailureClass::Request, "provider_rejected_request"),
-        529 | 503 => (FailureClass::Overload, "provider_overloaded"),
-        s if s >= 500 => (FailureClass::Overload, "provider_error"),
-        _ => (FailureClass::Request, "provider_rejected_request"),
+        429 if message.starts_with("Request too large") => {
+            (FailureClass::Request, ReasonCode::RequestTooLarge)
+        }
+        429 => (FailureClass::Capacity, ReasonCode::RateLimited),
+        401 | 403 => (FailureClass::KeyUnusable, ReasonCode::UpstreamAuthFailed),
+        400 if key_invalid => (FailureClass::KeyUnusable, ReasonCode::UpstreamAuthFailed),
+        402 => (FailureClass::KeyUnusable, ReasonCode::InsufficientQuota),
+        408 => (FailureClass::Timeout, ReasonCode::ProviderTimeout),
+        413 => (FailureClass::Request, ReasonCode::RequestTooLarge),
+        400 | 404 | 409 | 422 => (FailureClass::Request, ReasonCode::ProviderRejectedRequest),
+        529 | 503 => (FailureClass::Overload, ReasonCode::ProviderOverloaded),
+        s if s >= 500 => (FailureClass::Overload, ReasonCode::ProviderError),
+        _ => (FailureClass::Request, ReasonCode::ProviderRejectedRequest),
     };
     Failure {
         class,
@@ -236,7 +239,7 @@ pub struct Decision {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Next {
     /// Finish it failed with this reason code.
-    Fail { code: &'static str, message: String },
+    Fail { code: ReasonCode, message: String },
     /// Back to the queue for the same target, not to be admitted again before `at`
     /// (`delay` after the failure).
     Retry { at: DateTime<Utc>, delay: Duration },
@@ -286,7 +289,7 @@ pub fn decide(
         }
     } else if !attempts_left {
         Next::Fail {
-            code: "attempts_exhausted",
+            code: ReasonCode::AttemptsExhausted,
             message: format!(
                 "{} attempts made; last error {}: {}",
                 failed.attempt, failure.code, failure.message
@@ -294,7 +297,7 @@ pub fn decide(
         }
     } else if not_before >= failed.deadline {
         Next::Fail {
-            code: "deadline_exceeded",
+            code: ReasonCode::DeadlineExceeded,
             message: format!(
                 "the next attempt (in {:.1} s) would start after the deadline; last error {}: {}",
                 delay.as_secs_f64(),
@@ -350,7 +353,10 @@ mod tests {
         let h = HeaderMap::new();
         let rpm = br#"{"error":{"message":"Rate limit reached for gpt-4o in organization org-x on requests per min (RPM): Limit 3, Used 3, Requested 1. Please try again in 20s. Visit https://platform.openai.com/account/rate-limits to learn more.","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
         let f = classify_response(429, &h, rpm);
-        assert_eq!((f.class, f.code), (FailureClass::Capacity, "rate_limited"));
+        assert_eq!(
+            (f.class, f.code),
+            (FailureClass::Capacity, ReasonCode::RateLimited)
+        );
         assert_eq!(f.retry_after, Some(Duration::from_secs(20)));
         let too_large = br#"{"error":{"message":"Request too large for gpt-4o in organization org-x on tokens per min (TPM): Limit 30000, Requested 31538.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}"#;
         assert_eq!(classify_response(429, &h, too_large).class, FailureClass::Request);
@@ -377,7 +383,10 @@ mod tests {
             FailureClass::KeyUnusable
         );
         assert_eq!(classify_response(400, &h, b"{}").class, FailureClass::Request);
-        assert_eq!(classify_response(502, &h, b"<html>").code, "provider_error");
+        assert_eq!(
+            classify_response(502, &h, b"<html>").code,
+            ReasonCode::ProviderError
+        );
     }
 
     #[test]
@@ -387,7 +396,10 @@ mod tests {
             {"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaMetric":"generativelanguage.googleapis.com/generate_content_free_tier_requests","quotaId":"GenerateRequestsPerDayPerProjectPerModel-FreeTier","quotaValue":"20"}]},
             {"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"36s"}]}}"#;
         let f = classify_response(429, &h, per_day);
-        assert_eq!((f.class, f.code), (FailureClass::Capacity, "rate_limited"));
+        assert_eq!(
+            (f.class, f.code),
+            (FailureClass::Capacity, ReasonCode::RateLimited)
+        );
         assert_eq!(f.retry_after, Some(Duration::from_secs(36)));
         let invalid = br#"{"error":{"code":400,"message":"* GenerateContentRequest.contents: contents is not specified","status":"INVALID_ARGUMENT"}}"#;
         assert_eq!(classify_response(400, &h, invalid).class, FailureClass::Request);
@@ -409,7 +421,10 @@ mod tests {
         let azure = br#"{"error":{"code":"429","message":"Requests to the ChatCompletions_Create Operation under Azure OpenAI API version 2024-10-21 have exceeded token rate limit of your current OpenAI S0 pricing tier. Please retry after 6 seconds."}}"#;
         let h = headers(&[("retry-after", "6"), ("retry-after-ms", "5500")]);
         let f = classify_response(429, &h, azure);
-        assert_eq!((f.class, f.code), (FailureClass::Capacity, "rate_limited"));
+        assert_eq!(
+            (f.class, f.code),
+            (FailureClass::Capacity, ReasonCode::RateLimited)
+        );
         assert_eq!(f.retry_after, Some(Duration::from_millis(5500)));
     }
 
@@ -467,7 +482,7 @@ mod tests {
     /// length in ms) and whether the target is left.
     #[derive(Debug, Clone, Copy, PartialEq)]
     enum Expect {
-        Fail(&'static str),
+        Fail(ReasonCode),
         /// Retry after this many ms.
         Retry(u64),
         FallBack,
@@ -495,15 +510,15 @@ mod tests {
     const TARGET: &str = "provider:oai:a";
     const KEY: &str = "key:oai:k1";
 
-    fn code(class: FailureClass) -> &'static str {
+    fn code(class: FailureClass) -> ReasonCode {
         match class {
-            FailureClass::Capacity => "rate_limited",
-            FailureClass::Overload => "provider_overloaded",
-            FailureClass::KeyUnusable => "upstream_auth_failed",
-            FailureClass::SpendCap => "spend_limit_reached",
-            FailureClass::Request => "provider_rejected_request",
-            FailureClass::Network => "network_error",
-            FailureClass::Timeout => "provider_timeout",
+            FailureClass::Capacity => ReasonCode::RateLimited,
+            FailureClass::Overload => ReasonCode::ProviderOverloaded,
+            FailureClass::KeyUnusable => ReasonCode::UpstreamAuthFailed,
+            FailureClass::SpendCap => ReasonCode::SpendLimitReached,
+            FailureClass::Request => ReasonCode::ProviderRejectedRequest,
+            FailureClass::Network => ReasonCode::NetworkError,
+            FailureClass::Timeout => ReasonCode::ProviderTimeout,
         }
     }
 
@@ -520,45 +535,45 @@ mod tests {
             Row { class: Capacity, key: true, attempt: 1, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: Some(20_000), next: Retry(20_000), pause: Some(("rate_limited", TARGET, 20_250)), leaves: false },
             Row { class: Capacity, key: false, attempt: 2, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: None, next: Retry(1000), pause: Some(("rate_limited", TARGET, 1100)), leaves: false },
             Row { class: Capacity, key: true, attempt: 2, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: Some(200), next: Retry(1000), pause: Some(("rate_limited", TARGET, 220)), leaves: false },
-            Row { class: Capacity, key: true, attempt: 1, failed_before: &[], deadline: Near, route: ALONE, retry_after_ms: None, next: Fail("deadline_exceeded"), pause: Some(("rate_limited", TARGET, 1100)), leaves: false },
-            Row { class: Capacity, key: true, attempt: 1, failed_before: &[], deadline: Near, route: TWO, retry_after_ms: Some(20_000), next: Fail("deadline_exceeded"), pause: Some(("rate_limited", TARGET, 20_250)), leaves: false },
-            Row { class: Capacity, key: true, attempt: 3, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: None, next: Fail("attempts_exhausted"), pause: Some(("rate_limited", TARGET, 1100)), leaves: false },
-            Row { class: Capacity, key: true, attempt: 3, failed_before: &[], deadline: Near, route: TWO, retry_after_ms: Some(20_000), next: Fail("attempts_exhausted"), pause: Some(("rate_limited", TARGET, 20_250)), leaves: false },
+            Row { class: Capacity, key: true, attempt: 1, failed_before: &[], deadline: Near, route: ALONE, retry_after_ms: None, next: Fail(ReasonCode::DeadlineExceeded), pause: Some(("rate_limited", TARGET, 1100)), leaves: false },
+            Row { class: Capacity, key: true, attempt: 1, failed_before: &[], deadline: Near, route: TWO, retry_after_ms: Some(20_000), next: Fail(ReasonCode::DeadlineExceeded), pause: Some(("rate_limited", TARGET, 20_250)), leaves: false },
+            Row { class: Capacity, key: true, attempt: 3, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: None, next: Fail(ReasonCode::AttemptsExhausted), pause: Some(("rate_limited", TARGET, 1100)), leaves: false },
+            Row { class: Capacity, key: true, attempt: 3, failed_before: &[], deadline: Near, route: TWO, retry_after_ms: Some(20_000), next: Fail(ReasonCode::AttemptsExhausted), pause: Some(("rate_limited", TARGET, 20_250)), leaves: false },
             // Overload, network errors and timeouts fall back at once while the route has a
             // target the job has not failed on, each target with its own 3 attempts…
             Row { class: Overload, key: true, attempt: 1, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: None, next: FallBack, pause: None, leaves: true },
             Row { class: Overload, key: true, attempt: 1, failed_before: &[], deadline: Near, route: TWO, retry_after_ms: Some(20_000), next: FallBack, pause: None, leaves: true },
             Row { class: Overload, key: true, attempt: 3, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: None, next: FallBack, pause: None, leaves: true },
             Row { class: Overload, key: true, attempt: 6, failed_before: &["ant/b"], deadline: Far, route: THREE, retry_after_ms: None, next: FallBack, pause: None, leaves: true },
-            Row { class: Overload, key: true, attempt: 9, failed_before: &["ant/b"], deadline: Far, route: THREE, retry_after_ms: None, next: Fail("attempts_exhausted"), pause: None, leaves: true },
-            Row { class: Overload, key: true, attempt: 1, failed_before: &[], deadline: Passed, route: TWO, retry_after_ms: None, next: Fail("deadline_exceeded"), pause: None, leaves: true },
+            Row { class: Overload, key: true, attempt: 9, failed_before: &["ant/b"], deadline: Far, route: THREE, retry_after_ms: None, next: Fail(ReasonCode::AttemptsExhausted), pause: None, leaves: true },
+            Row { class: Overload, key: true, attempt: 1, failed_before: &[], deadline: Passed, route: TWO, retry_after_ms: None, next: Fail(ReasonCode::DeadlineExceeded), pause: None, leaves: true },
             // …otherwise they back off on the same target (Retry-After a lower bound).
             Row { class: Overload, key: true, attempt: 1, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: None, next: Retry(500), pause: None, leaves: false },
             Row { class: Overload, key: true, attempt: 1, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: Some(5000), next: Retry(5000), pause: None, leaves: false },
             Row { class: Overload, key: true, attempt: 4, failed_before: &["ant/b"], deadline: Far, route: TWO, retry_after_ms: None, next: Retry(4000), pause: None, leaves: false },
-            Row { class: Overload, key: true, attempt: 6, failed_before: &["ant/b"], deadline: Far, route: TWO, retry_after_ms: None, next: Fail("attempts_exhausted"), pause: None, leaves: false },
-            Row { class: Overload, key: true, attempt: 1, failed_before: &[], deadline: Near, route: ALONE, retry_after_ms: None, next: Fail("deadline_exceeded"), pause: None, leaves: false },
-            Row { class: Overload, key: true, attempt: 3, failed_before: &[], deadline: Near, route: ALONE, retry_after_ms: Some(5000), next: Fail("attempts_exhausted"), pause: None, leaves: false },
+            Row { class: Overload, key: true, attempt: 6, failed_before: &["ant/b"], deadline: Far, route: TWO, retry_after_ms: None, next: Fail(ReasonCode::AttemptsExhausted), pause: None, leaves: false },
+            Row { class: Overload, key: true, attempt: 1, failed_before: &[], deadline: Near, route: ALONE, retry_after_ms: None, next: Fail(ReasonCode::DeadlineExceeded), pause: None, leaves: false },
+            Row { class: Overload, key: true, attempt: 3, failed_before: &[], deadline: Near, route: ALONE, retry_after_ms: Some(5000), next: Fail(ReasonCode::AttemptsExhausted), pause: None, leaves: false },
             Row { class: Network, key: false, attempt: 1, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: None, next: FallBack, pause: None, leaves: true },
             Row { class: Network, key: false, attempt: 1, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: None, next: Retry(500), pause: None, leaves: false },
-            Row { class: Network, key: false, attempt: 1, failed_before: &[], deadline: Near, route: ALONE, retry_after_ms: None, next: Fail("deadline_exceeded"), pause: None, leaves: false },
-            Row { class: Network, key: false, attempt: 3, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: Some(5000), next: Fail("attempts_exhausted"), pause: None, leaves: false },
+            Row { class: Network, key: false, attempt: 1, failed_before: &[], deadline: Near, route: ALONE, retry_after_ms: None, next: Fail(ReasonCode::DeadlineExceeded), pause: None, leaves: false },
+            Row { class: Network, key: false, attempt: 3, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: Some(5000), next: Fail(ReasonCode::AttemptsExhausted), pause: None, leaves: false },
             Row { class: Timeout, key: true, attempt: 2, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: Some(5000), next: FallBack, pause: None, leaves: true },
             Row { class: Timeout, key: true, attempt: 2, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: None, next: Retry(1000), pause: None, leaves: false },
-            Row { class: Timeout, key: true, attempt: 1, failed_before: &[], deadline: Near, route: ALONE, retry_after_ms: None, next: Fail("deadline_exceeded"), pause: None, leaves: false },
-            Row { class: Timeout, key: true, attempt: 3, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: None, next: Fail("attempts_exhausted"), pause: None, leaves: false },
+            Row { class: Timeout, key: true, attempt: 1, failed_before: &[], deadline: Near, route: ALONE, retry_after_ms: None, next: Fail(ReasonCode::DeadlineExceeded), pause: None, leaves: false },
+            Row { class: Timeout, key: true, attempt: 3, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: None, next: Fail(ReasonCode::AttemptsExhausted), pause: None, leaves: false },
             // A rejected key goes back at once for another key, never to another target,
             // and the key is paused for everyone (rejected_key_pause) whatever follows.
             Row { class: KeyUnusable, key: true, attempt: 1, failed_before: &[], deadline: Far, route: ALONE, retry_after_ms: None, next: RotateKey, pause: Some(("key_unusable", KEY, 600_000)), leaves: false },
             Row { class: KeyUnusable, key: true, attempt: 1, failed_before: &[], deadline: Near, route: TWO, retry_after_ms: Some(20_000), next: RotateKey, pause: Some(("key_unusable", KEY, 600_000)), leaves: false },
-            Row { class: KeyUnusable, key: true, attempt: 1, failed_before: &[], deadline: Passed, route: ALONE, retry_after_ms: None, next: Fail("deadline_exceeded"), pause: Some(("key_unusable", KEY, 600_000)), leaves: false },
-            Row { class: KeyUnusable, key: true, attempt: 3, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: None, next: Fail("attempts_exhausted"), pause: Some(("key_unusable", KEY, 600_000)), leaves: false },
+            Row { class: KeyUnusable, key: true, attempt: 1, failed_before: &[], deadline: Passed, route: ALONE, retry_after_ms: None, next: Fail(ReasonCode::DeadlineExceeded), pause: Some(("key_unusable", KEY, 600_000)), leaves: false },
+            Row { class: KeyUnusable, key: true, attempt: 3, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: None, next: Fail(ReasonCode::AttemptsExhausted), pause: Some(("key_unusable", KEY, 600_000)), leaves: false },
             // Without a key to rotate it is final, like every class that is not retried.
-            Row { class: KeyUnusable, key: false, attempt: 1, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: None, next: Fail("upstream_auth_failed"), pause: None, leaves: false },
-            Row { class: SpendCap, key: true, attempt: 1, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: Some(20_000), next: Fail("spend_limit_reached"), pause: None, leaves: false },
-            Row { class: SpendCap, key: true, attempt: 3, failed_before: &[], deadline: Near, route: ALONE, retry_after_ms: None, next: Fail("spend_limit_reached"), pause: None, leaves: false },
-            Row { class: Request, key: true, attempt: 1, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: None, next: Fail("provider_rejected_request"), pause: None, leaves: false },
-            Row { class: Request, key: false, attempt: 3, failed_before: &[], deadline: Passed, route: ALONE, retry_after_ms: Some(5000), next: Fail("provider_rejected_request"), pause: None, leaves: false },
+            Row { class: KeyUnusable, key: false, attempt: 1, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: None, next: Fail(ReasonCode::UpstreamAuthFailed), pause: None, leaves: false },
+            Row { class: SpendCap, key: true, attempt: 1, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: Some(20_000), next: Fail(ReasonCode::SpendLimitReached), pause: None, leaves: false },
+            Row { class: SpendCap, key: true, attempt: 3, failed_before: &[], deadline: Near, route: ALONE, retry_after_ms: None, next: Fail(ReasonCode::SpendLimitReached), pause: None, leaves: false },
+            Row { class: Request, key: true, attempt: 1, failed_before: &[], deadline: Far, route: TWO, retry_after_ms: None, next: Fail(ReasonCode::ProviderRejectedRequest), pause: None, leaves: false },
+            Row { class: Request, key: false, attempt: 3, failed_before: &[], deadline: Passed, route: ALONE, retry_after_ms: Some(5000), next: Fail(ReasonCode::ProviderRejectedRequest), pause: None, leaves: false },
         ];
         let now = DateTime::parse_from_rfc3339("2025-01-01T00:00:00Z")
             .unwrap()
@@ -591,7 +606,7 @@ mod tests {
             };
             let decision = decide(&failed, &policy(), now, || 1.0);
             let next = match &decision.next {
-                Next::Fail { code, .. } => Fail(code),
+                Next::Fail { code, .. } => Fail(*code),
                 Next::Retry { at, delay } => {
                     assert_eq!(*at, now + *delay, "row {i}");
                     Retry(delay.as_millis() as u64)
@@ -615,7 +630,7 @@ mod tests {
         let now = Utc::now();
         let failure = Failure {
             class: FailureClass::Overload,
-            code: "provider_overloaded",
+            code: ReasonCode::ProviderOverloaded,
             message: "Overloaded".to_owned(),
             status: Some(529),
             retry_after: None,
@@ -653,7 +668,7 @@ mod tests {
         let now = Utc::now();
         let failure = Failure {
             class: FailureClass::Capacity,
-            code: "rate_limited",
+            code: ReasonCode::RateLimited,
             message: String::new(),
             status: Some(429),
             retry_after: None,

@@ -424,6 +424,12 @@ pub enum ReasonCode {
     ProviderBatchMissingResult,
     ProviderBatchRefused,
     ProviderBatchNotSubmitted,
+    /// A line of a provider batch the provider canceled, past its deadline.
+    ProviderBatchCanceled,
+    /// The job's route names a provider this process does not know.
+    UnknownProvider,
+    /// A streamed call to a target that does not stream (Gemini).
+    StreamingUnsupported,
 }
 
 #[cfg(test)]

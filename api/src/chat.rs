@@ -199,7 +199,7 @@ async fn stream_response(
     };
     let chunks = match state.dispatcher.stream(job, &state.relays).await {
         Ok(rx) => rx,
-        Err(failure) => return Err(failure_response(failure.code, failure.message)),
+        Err(failure) => return Err(failure_response(failure.code.as_str(), failure.message)),
     };
     let events = futures::stream::unfold(chunks, |mut rx| async move {
         let data = rx.recv().await?;

@@ -55,6 +55,7 @@ use crate::model::{JobClass, JobId};
 use crate::provider_batches;
 use crate::routing::Target;
 use crate::store::{Admission, Candidate};
+use crate::vocab::ReasonCode;
 
 /// Active pauses: scope (a provider model's, or a key's) → until when.
 pub type Pauses = HashMap<String, DateTime<Utc>>;
@@ -74,12 +75,12 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    pub fn code(self) -> &'static str {
+    pub fn code(self) -> ReasonCode {
         match self {
-            Verdict::UnknownModel => "unknown_model",
-            Verdict::ExceedsLimit => "exceeds_limit",
-            Verdict::DeadlineUnmeetable => "deadline_unmeetable",
-            Verdict::UpstreamCredentialsExhausted => "upstream_credentials_exhausted",
+            Verdict::UnknownModel => ReasonCode::UnknownModel,
+            Verdict::ExceedsLimit => ReasonCode::ExceedsLimit,
+            Verdict::DeadlineUnmeetable => ReasonCode::DeadlineUnmeetable,
+            Verdict::UpstreamCredentialsExhausted => ReasonCode::UpstreamCredentialsExhausted,
         }
     }
 

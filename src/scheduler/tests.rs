@@ -344,7 +344,7 @@ fn deadline_unmeetable_when_capacity_comes_too_late() {
     let d = decide(t0() + Duration::seconds(10));
     assert_eq!(d.failed.len(), 1);
     assert_eq!(d.failed[0].verdict, Verdict::DeadlineUnmeetable);
-    assert_eq!(d.failed[0].verdict.code(), "deadline_unmeetable");
+    assert_eq!(d.failed[0].verdict.code().as_str(), "deadline_unmeetable");
     assert_eq!(d.failed[0].bucket, SHARED);
     assert!(d.failed[0].message.contains(SHARED), "{}", d.failed[0].message);
     assert!(d.closed.is_empty(), "a job that fails closes nothing");

@@ -7,6 +7,7 @@ use super::buckets::{BindBuckets, Reservation, Settlement, reservation, settle};
 use super::{CHANNEL_GATE, CHANNEL_JOB_DONE, Result};
 use crate::attempt::{Call, End, Holder, Outcome, Pause, Served};
 use crate::model::{Job, JobId, JobState, NewJob, Usage};
+use crate::vocab::ReasonCode;
 
 /// The outcome of an insert with an idempotency key.
 #[derive(Debug)]
@@ -587,7 +588,7 @@ impl<'a> Row<'a> {
                 ..none
             },
             End::Failed { code, message } => Row {
-                code: Some(code),
+                code: Some(code.as_str()),
                 message: Some(message),
                 ..none
             },
@@ -596,7 +597,7 @@ impl<'a> Row<'a> {
                 code,
                 message,
             } => Row {
-                code: Some(code),
+                code: Some(code.as_str()),
                 message: Some(message),
                 not_before: Some(*not_before),
                 ..none
@@ -647,7 +648,7 @@ async fn record_attempts(conn: &mut PgConnection, calls: &[(&Outcome, &Served, &
             .map(|r| if r.error_code.is_some() { "failed" } else { "succeeded" })
             .collect::<Vec<_>>(),
     )
-    .bind(records.iter().map(|r| r.error_code).collect::<Vec<_>>())
+    .bind(records.iter().map(|r| r.error_code.map(ReasonCode::as_str)).collect::<Vec<_>>())
     .bind(records.iter().map(|r| r.provider_request_id.as_deref()).collect::<Vec<_>>())
     .bind(usage(|u| u.input_tokens).into_iter().map(|v| v.map(clamp_i32)).collect::<Vec<_>>())
     .bind(usage(|u| u.output_tokens).into_iter().map(|v| v.map(clamp_i32)).collect::<Vec<_>>())

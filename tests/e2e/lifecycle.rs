@@ -369,7 +369,7 @@ async fn revoked_key_fails_the_job_with_a_reason() {
         .call(&target, &job("oai/gpt-4o-mini", "x")["request"])
         .await;
     let failure = outcome.result.unwrap_err();
-    assert_eq!(failure.code, "upstream_auth_failed");
+    assert_eq!(failure.code.as_str(), "upstream_auth_failed");
     assert!(!failure.class.is_retryable());
     assert_eq!(outcome.status, Some(401));
     app.shutdown().await;

@@ -108,7 +108,7 @@ fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// A failure as the store writes it: id, reason code, message.
 fn failure(f: Failed) -> (JobId, &'static str, String) {
-    (f.job.id, f.verdict.code(), f.message)
+    (f.job.id, f.verdict.code().as_str(), f.message)
 }
 
 /// Counts a round's decisions in the metrics.
@@ -117,7 +117,7 @@ fn record(decision: &Decision, now: DateTime<Utc>) {
         metrics::admitted(&a.plan.job, a.target(), a.preferred(), now);
     }
     for f in decision.failed.iter().filter(|f| f.verdict.by_bucket()) {
-        metrics::failed(&f.job, &f.bucket, f.verdict.code());
+        metrics::failed(&f.job, &f.bucket, f.verdict.code().as_str());
     }
     for w in &decision.waiting {
         metrics::waiting(&w.job, &w.note);

@@ -25,7 +25,7 @@ use tollgate::buckets;
 use tollgate::config::{Config, ProviderConfig};
 use tollgate::model::{Job, JobId};
 use tollgate::store::{self, NewPack, PackEnd, PackGroup, ProviderBatch, Settlement, StoreError};
-use tollgate::vocab::LaneReason;
+use tollgate::vocab::{LaneReason, ReasonCode};
 
 use crate::providers::Providers;
 use crate::providers::batch_api::{LineResult, Status};
@@ -105,7 +105,7 @@ impl ProviderBatcher {
                 .map(|j| {
                     (
                         j,
-                        "provider_batch_not_submitted".to_owned(),
+                        ReasonCode::ProviderBatchNotSubmitted,
                         "the pack was never submitted".to_owned(),
                     )
                 })
@@ -199,7 +199,7 @@ impl ProviderBatcher {
                 store::pack_refused(&self.pool, id, &reason, now).await?;
                 let failed = jobs
                     .into_iter()
-                    .map(|j| (j, "provider_batch_refused".to_owned(), reason.clone()))
+                    .map(|j| (j, ReasonCode::ProviderBatchRefused, reason.clone()))
                     .collect();
                 step.requeued += self.back_online(id, failed, now).await?;
             }
@@ -284,7 +284,7 @@ impl ProviderBatcher {
                 }
                 None => {
                     let message = format!("the provider batch ended {} without this line", status.status);
-                    failed.push((job, "provider_batch_missing_result".to_owned(), message));
+                    failed.push((job, ReasonCode::ProviderBatchMissingResult, message));
                     continue;
                 }
             };
@@ -360,7 +360,7 @@ impl ProviderBatcher {
     async fn back_online(
         &self,
         pack_id: &str,
-        lines: Vec<(Job, String, String)>,
+        lines: Vec<(Job, ReasonCode, String)>,
         now: DateTime<Utc>,
     ) -> Result<usize, StoreError> {
         if lines.is_empty() {
@@ -388,9 +388,9 @@ impl ProviderBatcher {
                     owner: owner.clone(),
                 };
                 let end = if job.deadline > now {
-                    End::retry(now, code, message)
+                    End::retry(now, *code, message)
                 } else {
-                    End::failed(code, message)
+                    End::failed(*code, message)
                 };
                 // The provider did not serve the line: nothing it reserved was used.
                 Outcome::new(holder, None, end, Settlement::UNSENT)

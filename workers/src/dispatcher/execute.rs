@@ -19,6 +19,7 @@ use tracing::Instrument;
 
 use super::{Dispatcher, lock, log_write};
 use crate::providers::CallOutcome;
+use tollgate::vocab::ReasonCode;
 
 tokio::task_local! {
     /// The slot (`dispatch.concurrency`) of the call this task makes. Given back when the
@@ -113,7 +114,7 @@ impl Dispatcher {
             .or_else(|| routing::resolve(&inner.config, &job.model).and_then(|t| t.into_iter().next()));
         let Some(target) = target else {
             let message = format!("model {:?} is no longer configured", job.model);
-            let end = End::failed("unknown_model", message);
+            let end = End::failed(ReasonCode::UnknownModel, message);
             let outcome = Outcome::new(holder, None, end, Settlement::UNSENT);
             log_write(self.write(outcome, Utc::now()).await);
             return;
@@ -124,7 +125,7 @@ impl Dispatcher {
                 .is_some()
         }) {
             let message = format!("key {key} was rejected by the provider; another key will be used");
-            let end = End::retry(Utc::now(), "upstream_key_rotated", message);
+            let end = End::retry(Utc::now(), ReasonCode::UpstreamKeyRotated, message);
             let outcome = Outcome::new(holder, Some(served), end, Settlement::UNSENT);
             log_write(self.write(outcome, Utc::now()).await);
             return;
@@ -132,7 +133,7 @@ impl Dispatcher {
         if let Some(wait) = self.paused_here(&buckets::target_scope(&target.provider, &target.model)) {
             let end = End::retry(
                 Utc::now() + wait,
-                "target_paused",
+                ReasonCode::TargetPaused,
                 "the provider answered 429 for this model: back to the queue until the pause ends",
             );
             let outcome = Outcome::new(holder, Some(served), end, Settlement::UNSENT);
@@ -146,11 +147,11 @@ impl Dispatcher {
                 &job.tenant,
                 job.class,
                 "failed",
-                "deadline_exceeded",
+                ReasonCode::DeadlineExceeded.as_str(),
                 job.attempt,
             );
             let end = End::failed(
-                "deadline_exceeded",
+                ReasonCode::DeadlineExceeded,
                 "the deadline passed before the call could be sent",
             );
             let outcome = Outcome::new(holder, Some(served), end, Settlement::UNSENT);
@@ -269,7 +270,7 @@ impl Dispatcher {
             if let (FailureClass::KeyUnusable, Some(key)) = (failure.class, key) {
                 tracing::warn!(
                     key,
-                    code = failure.code,
+                    code = failure.code.as_str(),
                     "provider rejected a key; rotating it out"
                 );
             }
@@ -277,7 +278,7 @@ impl Dispatcher {
         }
         let end = match decision.next {
             Next::Fail { code, message } => {
-                tollgate::metrics::job_finished(&job.tenant, job.class, "failed", code, job.attempt);
+                tollgate::metrics::job_finished(&job.tenant, job.class, "failed", code.as_str(), job.attempt);
                 End::failed(code, message)
             }
             next => {
@@ -285,9 +286,14 @@ impl Dispatcher {
                     Next::Retry { at, delay } => (at, delay),
                     _ => (now, Duration::ZERO),
                 };
-                tollgate::metrics::retry(&job.tenant, &served.provider, &served.model, failure.code);
+                tollgate::metrics::retry(
+                    &job.tenant,
+                    &served.provider,
+                    &served.model,
+                    failure.code.as_str(),
+                );
                 tracing::info!(
-                    code = failure.code,
+                    code = failure.code.as_str(),
                     delay_ms = delay.as_millis() as u64,
                     "retrying later"
                 );
@@ -295,7 +301,7 @@ impl Dispatcher {
             }
         };
         if let Some(here) = &decision.leave_target {
-            tracing::info!(target = %here, code = failure.code, "falling back to the route's next target");
+            tracing::info!(target = %here, code = failure.code.as_str(), "falling back to the route's next target");
         }
         Outcome {
             pause: decision.pause,

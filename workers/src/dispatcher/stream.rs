@@ -16,6 +16,7 @@ use tollgate::store::{self, StoreError};
 use super::{Dispatcher, log_write};
 use crate::providers::streaming::ChatStream;
 use crate::providers::{CallOutcome, Success};
+use tollgate::vocab::ReasonCode;
 
 impl Dispatcher {
     /// Claims an admitted streaming job for this process (its client is connected here).
@@ -39,7 +40,7 @@ impl Dispatcher {
     pub async fn stream(&self, job: Job, relays: &TaskTracker) -> Result<mpsc::Receiver<String>, Failure> {
         let target = self.target(&job).ok_or_else(|| Failure {
             class: FailureClass::Request,
-            code: "unknown_model",
+            code: ReasonCode::UnknownModel,
             message: format!("model {:?} is no longer configured", job.model),
             status: None,
             retry_after: None,
@@ -142,7 +143,7 @@ impl Dispatcher {
                 provider_request_id: called.request_id.clone(),
             },
             (_, true) => End::failed(
-                "client_disconnected",
+                ReasonCode::ClientDisconnected,
                 "the client closed the stream; the upstream call was cancelled",
             ),
             (Err(failure), false) => End::failed(failure.code, failure.message.clone()),

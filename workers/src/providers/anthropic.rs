@@ -13,6 +13,7 @@ use serde_json::{Map, Value, json};
 use tollgate::config::ProviderConfig;
 use tollgate::model::Usage;
 use tollgate::retry::Failure;
+use tollgate::vocab::ReasonCode;
 
 use super::batch_api::{BatchApi, LineResult, Status, Upload, failed};
 use super::openai::{content_text, max_output, stop_sequences};
@@ -369,17 +370,21 @@ fn line_result(result: &Value) -> LineResult {
                 success,
                 request_id: None,
             },
-            Err(message) => failed("provider_bad_response", message),
+            Err(message) => failed(ReasonCode::ProviderBadResponse, message),
         },
         ("errored", _) => {
             let e = &result["error"]["error"];
             let message = e.get("message").and_then(Value::as_str).unwrap_or("errored");
-            failed("provider_batch_errored", message.to_owned())
+            failed(ReasonCode::ProviderBatchErrored, message.to_owned())
         }
-        (other, _) => failed(
-            &format!("provider_batch_{other}"),
-            format!("the line was {other}"),
-        ),
+        (other, _) => {
+            let code = match other {
+                "expired" => ReasonCode::ProviderBatchExpired,
+                "canceled" => ReasonCode::ProviderBatchCanceled,
+                _ => ReasonCode::ProviderBatchErrored,
+            };
+            failed(code, format!("the line was {other}"))
+        }
     }
 }
 
@@ -479,13 +484,22 @@ mod tests {
         let headers = reqwest::header::HeaderMap::new();
         let overloaded = br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
         let f = a.classify_error(529, &headers, overloaded);
-        assert_eq!((f.class, f.code), (FailureClass::Overload, "provider_overloaded"));
+        assert_eq!(
+            (f.class, f.code),
+            (FailureClass::Overload, ReasonCode::ProviderOverloaded)
+        );
         let limited = br#"{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}"#;
         let f = a.classify_error(429, &headers, limited);
-        assert_eq!((f.class, f.code), (FailureClass::Capacity, "rate_limited"));
+        assert_eq!(
+            (f.class, f.code),
+            (FailureClass::Capacity, ReasonCode::RateLimited)
+        );
         let spend = br#"{"type":"error","error":{"type":"rate_limit_error","message":"spend limit","details":{"error_code":"enforced_spend_limit_reached"}}}"#;
         let f = a.classify_error(429, &headers, spend);
-        assert_eq!((f.class, f.code), (FailureClass::SpendCap, "spend_limit_reached"));
+        assert_eq!(
+            (f.class, f.code),
+            (FailureClass::SpendCap, ReasonCode::SpendLimitReached)
+        );
         let f = a.classify_error(
             401,
             &headers,
@@ -564,7 +578,7 @@ mod tests {
         let f = failure.unwrap();
         assert_eq!(
             (f.class, f.code, f.status),
-            (FailureClass::Overload, "provider_overloaded", None)
+            (FailureClass::Overload, ReasonCode::ProviderOverloaded, None)
         );
         assert_eq!(s.usage().input_tokens, 7);
         for (error_type, class) in [

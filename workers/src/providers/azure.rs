@@ -61,6 +61,7 @@ impl ProviderApi for Azure {
 mod tests {
     use super::*;
     use serde_json::json;
+    use tollgate::vocab::ReasonCode;
 
     fn adapter() -> Azure {
         Azure {
@@ -103,7 +104,7 @@ mod tests {
         let headers = reqwest::header::HeaderMap::new();
         let limited = br#"{"error":{"code":"429","message":"Requests to the ChatCompletions_Create Operation under Azure OpenAI API version 2024-10-21 have exceeded token rate limit of your current OpenAI S0 pricing tier. Please retry after 6 seconds."}}"#;
         let f = adapter().classify_error(429, &headers, limited);
-        assert_eq!(f.code, "rate_limited");
+        assert_eq!(f.code, ReasonCode::RateLimited);
         assert!(adapter().batch().is_none());
     }
 }

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use super::{ProviderClient, ProviderKey, Providers, Success};
+use tollgate::vocab::ReasonCode;
 
 /// What tollgate needs to drive one provider's batch API. Methods are pure: they build
 /// URLs and bodies and read answers; [`BatchClient`] sends.
@@ -78,7 +79,7 @@ pub enum LineResult {
         request_id: Option<String>,
     },
     /// Failed, expired or cancelled at the provider: `code` says which.
-    Failed { code: String, message: String },
+    Failed { code: ReasonCode, message: String },
 }
 
 /// One provider's batch API, with the key to use.
@@ -219,11 +220,8 @@ fn id_of(body: &[u8], what: &str) -> Result<String, String> {
 }
 
 /// A line that did not succeed.
-pub(super) fn failed(code: &str, message: String) -> LineResult {
-    LineResult::Failed {
-        code: code.to_owned(),
-        message,
-    }
+pub(super) fn failed(code: ReasonCode, message: String) -> LineResult {
+    LineResult::Failed { code, message }
 }
 
 /// The JSON lines of a JSONL body; blank and unreadable lines skipped.
@@ -238,7 +236,7 @@ fn jsonl(bytes: &[u8]) -> impl Iterator<Item = Value> + '_ {
 #[cfg(test)]
 pub(crate) fn failure_of(results: &HashMap<String, LineResult>, id: &str) -> (String, String) {
     match &results[id] {
-        LineResult::Failed { code, message } => (code.clone(), message.clone()),
+        LineResult::Failed { code, message } => (code.to_string(), message.clone()),
         other => panic!("{id}: {other:?}"),
     }
 }

@@ -180,6 +180,7 @@ pub(super) fn parse_success(body: &[u8], model: &str) -> Result<Success, String>
 #[cfg(test)]
 mod tests {
     use tollgate::retry::FailureClass;
+    use tollgate::vocab::ReasonCode;
 
     use super::*;
 
@@ -222,13 +223,16 @@ mod tests {
         let headers = reqwest::header::HeaderMap::new();
         let quota = br#"{"error":{"code":429,"message":"You exceeded your current quota. Please retry in 36.429760048s.","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaMetric":"generativelanguage.googleapis.com/generate_content_free_tier_requests","quotaId":"GenerateRequestsPerMinutePerProjectPerModel-FreeTier","quotaValue":"15"}]},{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"36s"}]}}"#;
         let f = adapter().classify_error(429, &headers, quota);
-        assert_eq!((f.class, f.code), (FailureClass::Capacity, "rate_limited"));
+        assert_eq!(
+            (f.class, f.code),
+            (FailureClass::Capacity, ReasonCode::RateLimited)
+        );
         assert!(f.retry_after.is_some());
         let bad_key = br#"{"error":{"code":400,"message":"API key not valid. Please pass a valid API key.","status":"INVALID_ARGUMENT","details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"API_KEY_INVALID","domain":"googleapis.com"}]}}"#;
         let f = adapter().classify_error(400, &headers, bad_key);
         assert_eq!(
             (f.class, f.code),
-            (FailureClass::KeyUnusable, "upstream_auth_failed")
+            (FailureClass::KeyUnusable, ReasonCode::UpstreamAuthFailed)
         );
         let f = adapter().classify_error(
             400,

@@ -50,6 +50,7 @@ use tollgate::model::Usage;
 use tollgate::ratelimit::{self, Dialect, Signals};
 use tollgate::retry::{Failure, FailureClass, classify_response};
 use tollgate::routing::Target;
+use tollgate::vocab::ReasonCode;
 
 use batch_api::BatchApi;
 use streaming::StreamEvents;
@@ -254,7 +255,7 @@ impl Providers {
     fn client(&self, target: &Target) -> Result<&ProviderClient, Failure> {
         self.get(&target.provider).ok_or_else(|| Failure {
             class: FailureClass::Request,
-            code: "unknown_provider",
+            code: ReasonCode::UnknownProvider,
             message: format!("provider {:?} is not configured", target.provider),
             status: None,
             retry_after: None,

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use tollgate::config::ProviderConfig;
 use tollgate::model::Usage;
 use tollgate::retry::Failure;
+use tollgate::vocab::ReasonCode;
 
 use super::batch_api::{BatchApi, LineResult, Status, Upload, failed};
 use super::sse::SseEvent;
@@ -284,14 +285,14 @@ fn line_result(line: &Value) -> LineResult {
                 success,
                 request_id: resp.get("request_id").and_then(Value::as_str).map(str::to_owned),
             },
-            Err(message) => failed("provider_bad_response", message),
+            Err(message) => failed(ReasonCode::ProviderBadResponse, message),
         },
         (Some(resp), code) => {
             let message = resp["body"]["error"]["message"]
                 .as_str()
                 .unwrap_or("request failed");
             failed(
-                "provider_batch_errored",
+                ReasonCode::ProviderBatchErrored,
                 format!("HTTP {}: {message}", code.unwrap_or(0)),
             )
         }
@@ -299,12 +300,11 @@ fn line_result(line: &Value) -> LineResult {
             let e = &line["error"];
             let code = e.get("code").and_then(Value::as_str).unwrap_or("errored");
             let message = e.get("message").and_then(Value::as_str).unwrap_or_default();
-            let code = if code == "batch_expired" {
-                "provider_batch_expired".to_owned()
+            if code == "batch_expired" {
+                failed(ReasonCode::ProviderBatchExpired, message.to_owned())
             } else {
-                format!("provider_{code}")
-            };
-            failed(&code, message.to_owned())
+                failed(ReasonCode::ProviderBatchErrored, format!("{code}: {message}"))
+            }
         }
     }
 }
@@ -383,21 +383,27 @@ mod tests {
         let headers = reqwest::header::HeaderMap::new();
         let rpm = br#"{"error":{"message":"Rate limit reached for gpt-4o in organization org-x on requests per min (RPM): Limit 3, Used 3, Requested 1. Please try again in 20s.","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
         let f = a.classify_error(429, &headers, rpm);
-        assert_eq!((f.class, f.code), (FailureClass::Capacity, "rate_limited"));
+        assert_eq!(
+            (f.class, f.code),
+            (FailureClass::Capacity, ReasonCode::RateLimited)
+        );
         assert_eq!(f.retry_after, Some(std::time::Duration::from_secs(20)));
         let quota = br#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
         let f = a.classify_error(429, &headers, quota);
         assert_eq!(
             (f.class, f.code),
-            (FailureClass::KeyUnusable, "insufficient_quota")
+            (FailureClass::KeyUnusable, ReasonCode::InsufficientQuota)
         );
         let too_large = br#"{"error":{"message":"Request too large for gpt-4o in organization org-x on tokens per min (TPM): Limit 30000, Requested 31538.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}"#;
         let f = a.classify_error(429, &headers, too_large);
-        assert_eq!((f.class, f.code), (FailureClass::Request, "request_too_large"));
+        assert_eq!(
+            (f.class, f.code),
+            (FailureClass::Request, ReasonCode::RequestTooLarge)
+        );
         let f = a.classify_error(401, &headers, br#"{"error":{"message":"bad key","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}"#);
         assert_eq!(
             (f.class, f.code),
-            (FailureClass::KeyUnusable, "upstream_auth_failed")
+            (FailureClass::KeyUnusable, ReasonCode::UpstreamAuthFailed)
         );
     }
 
@@ -456,7 +462,10 @@ mod tests {
         let (chunks, failure) = s.drain().await;
         assert_eq!(chunks.len(), 2);
         let f = failure.unwrap();
-        assert_eq!((f.class, f.code), (FailureClass::Network, "network_error"));
+        assert_eq!(
+            (f.class, f.code),
+            (FailureClass::Network, ReasonCode::NetworkError)
+        );
         assert!(!s.finished());
         // 2 deltas, 11 chars → max(2, ceil(11/4) = 3); input estimated from the request.
         assert_eq!(
@@ -468,7 +477,7 @@ mod tests {
             }
         );
         let mut s = ChatStream::canned(Box::new(Chunks), &["data: {not json\n\n"]);
-        assert_eq!(s.drain().await.1.unwrap().code, "provider_bad_response");
+        assert_eq!(s.drain().await.1.unwrap().code, ReasonCode::ProviderBadResponse);
     }
 
     #[tokio::test]
@@ -478,13 +487,16 @@ mod tests {
         let f = s.drain().await.1.unwrap();
         assert_eq!(
             (f.class, f.code, f.status),
-            (FailureClass::Overload, "provider_error", None)
+            (FailureClass::Overload, ReasonCode::ProviderError, None)
         );
         assert!(f.message.contains("boom"));
         let limited = "data: {\"error\":{\"message\":\"slow down\",\"type\":\"tokens\",\"param\":null,\"code\":\"rate_limit_exceeded\"}}\n\n";
         let mut s = ChatStream::canned(Box::new(Chunks), &[limited]);
         let f = s.drain().await.1.unwrap();
-        assert_eq!((f.class, f.code), (FailureClass::Capacity, "rate_limited"));
+        assert_eq!(
+            (f.class, f.code),
+            (FailureClass::Capacity, ReasonCode::RateLimited)
+        );
     }
 
     #[test]
@@ -575,7 +587,10 @@ mod tests {
         assert_eq!(code("late").0, "provider_batch_expired");
         assert_eq!(
             code("other"),
-            ("provider_server_error".to_owned(), "oops".to_owned())
+            (
+                "provider_batch_errored".to_owned(),
+                "server_error: oops".to_owned()
+            )
         );
     }
 }

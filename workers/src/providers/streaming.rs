@@ -29,6 +29,7 @@ use serde_json::Value;
 use tollgate::model::Usage;
 use tollgate::retry::{Failure, FailureClass, classify_response};
 use tollgate::routing::Target;
+use tollgate::vocab::ReasonCode;
 
 use super::sse::{SseEvent, SseParser};
 use super::{Answered, CallOutcome, Mode, Providers, send_failure};
@@ -330,7 +331,7 @@ impl Providers {
         let Some(events) = client.api.stream_events() else {
             return Err(CallOutcome::refused(Failure {
                 class: FailureClass::Request,
-                code: "streaming_unsupported",
+                code: ReasonCode::StreamingUnsupported,
                 message: format!(
                     "provider {:?} does not stream through tollgate yet; send the request without `stream`",
                     target.provider
@@ -459,7 +460,7 @@ mod tests {
         );
         let (chunks, failure) = s.drain().await;
         assert!(chunks.is_empty());
-        assert_eq!(failure.unwrap().code, "network_error");
+        assert_eq!(failure.unwrap().code, ReasonCode::NetworkError);
     }
 
     // ---- against the mock over HTTP ----
@@ -710,7 +711,7 @@ mod tests {
             let f = outcome.result.unwrap_err();
             assert_eq!(
                 (f.class, f.code, f.status),
-                (FailureClass::Capacity, "rate_limited", Some(429))
+                (FailureClass::Capacity, ReasonCode::RateLimited, Some(429))
             );
             assert!(f.retry_after.is_some());
         }
@@ -726,7 +727,7 @@ mod tests {
             .call_stream(&unknown, &request(None))
             .await
             .unwrap_err();
-        assert_eq!(outcome.result.unwrap_err().code, "unknown_provider");
+        assert_eq!(outcome.result.unwrap_err().code, ReasonCode::UnknownProvider);
     }
 
     #[tokio::test]
