@@ -13,8 +13,7 @@ use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
 
-pub use crate::vocab::BatchStatus;
-use crate::vocab::JobClass;
+use crate::vocab::{BatchStatus, JobClass};
 
 /// A new file id: `file-` + a UUIDv7 in hex, so ids sort by creation time.
 pub fn new_file_id() -> String {

@@ -20,7 +20,7 @@ use chrono::{DateTime, Datelike, TimeZone, Utc};
 use crate::config::{Config, ModelLimits, ModelPrice};
 use crate::model::Usage;
 use crate::routing::Target;
-pub use crate::vocab::{Dimension, Rule};
+use crate::vocab::{Dimension, Rule};
 
 /// A bucket as configured: what `buckets` rows are synced from.
 #[derive(Debug, Clone, PartialEq)]

@@ -11,7 +11,8 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::batches::{Line, LineSplitter, MAX_CUSTOM_ID, parse_line};
 use crate::config::Config;
-use crate::ratelimit::{self, Dialect};
+use crate::ratelimit;
+use crate::vocab::Dialect;
 
 /// A batch input file, split and checked line by line. The first byte picks the line
 /// limit and the size of the chunks the file arrives in. Invariants: line numbers

@@ -20,7 +20,7 @@ use chrono::{DateTime, Utc};
 
 use crate::buckets::Bucket;
 use crate::ratelimit::Reading;
-pub use crate::vocab::{Authority, LearnedFrom as Source, LimitName};
+use crate::vocab::{Authority, LearnedFrom, LimitName};
 
 /// What a 429 leaves of the capacity.
 pub const DECREASE: f64 = 0.7;
@@ -42,7 +42,7 @@ pub struct Learned {
     pub remaining: Option<f64>,
     pub observed_at: DateTime<Utc>,
     pub throttled_at: Option<DateTime<Utc>>,
-    pub source: Source,
+    pub source: LearnedFrom,
     pub ceiling: Option<f64>,
     pub decreases: i32,
     pub changed_at: Option<DateTime<Utc>>,
@@ -108,7 +108,7 @@ pub fn apply(row: &mut Learned, bucket: &mut Bucket, authority: Authority, now: 
             bucket.level = bucket.level.min(remaining + bucket.rate() * since);
         }
     }
-    if row.new_throttle() && row.source == Source::Throttling {
+    if row.new_throttle() && row.source == LearnedFrom::Throttling {
         decrease(row, bucket, now);
     }
     row.applied_at = Some(row.latest());
@@ -134,7 +134,7 @@ pub fn decrease(row: &mut Learned, bucket: &mut Bucket, now: DateTime<Utc>) {
 /// Probing upward: a bucket learned from 429s that stopped a job this round (`saturated`)
 /// and has seen no 429 for [`INCREASE_EVERY`] grows. Returns whether it grew.
 pub fn increase(row: &mut Learned, bucket: &mut Bucket, saturated: bool, now: DateTime<Utc>) -> bool {
-    if !saturated || row.source != Source::Throttling {
+    if !saturated || row.source != LearnedFrom::Throttling {
         return false;
     }
     let quiet_since = row.changed_at.into_iter().chain(row.throttled_at).max();
@@ -174,7 +174,7 @@ pub struct Observation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::buckets::{Dimension, Rule};
+    use crate::vocab::{Dimension, Rule};
 
     fn bucket(capacity: f64, level: f64, at: DateTime<Utc>) -> Bucket {
         Bucket {
@@ -193,7 +193,7 @@ mod tests {
         }
     }
 
-    fn row(source: Source, at: DateTime<Utc>) -> Learned {
+    fn row(source: LearnedFrom, at: DateTime<Utc>) -> Learned {
         Learned {
             scope: "provider:oai:m".into(),
             name: LimitName::Rpm,
@@ -215,7 +215,7 @@ mod tests {
         let mut b = bucket(600.0, 500.0, t0);
         let mut r = Learned {
             reported: Some(300.0),
-            ..row(Source::Headers, t0)
+            ..row(LearnedFrom::Headers, t0)
         };
         apply(&mut r, &mut b, Authority::Config, t0);
         assert_eq!((b.capacity, b.level), (300.0, 300.0));
@@ -225,7 +225,7 @@ mod tests {
         b.configured_capacity = Some(250.0);
         let mut r2 = Learned {
             reported: Some(300.0),
-            ..row(Source::Headers, t0)
+            ..row(LearnedFrom::Headers, t0)
         };
         apply(&mut r2.clone(), &mut b, Authority::Config, t0);
         assert_eq!(b.capacity, 250.0);
@@ -239,7 +239,7 @@ mod tests {
         let mut b = bucket(60.0, 50.0, t0);
         let mut r = Learned {
             remaining: Some(10.0),
-            ..row(Source::Headers, t0)
+            ..row(LearnedFrom::Headers, t0)
         };
         // Observed 2 s ago: 10 left then, 2 refilled since.
         apply(
@@ -276,7 +276,7 @@ mod tests {
     fn a_burst_of_429s_cuts_once_then_recovery_and_slower_probing() {
         let t0 = Utc::now();
         let mut b = bucket(100.0, 30.0, t0);
-        let mut r = row(Source::Throttling, t0);
+        let mut r = row(LearnedFrom::Throttling, t0);
         r.throttled_at = Some(t0);
         apply(&mut r, &mut b, Authority::Config, t0);
         assert_eq!((b.capacity, b.level, r.ceiling), (70.0, 0.0, Some(100.0)));

@@ -14,11 +14,12 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
-use crate::buckets::{self, Dimension};
+use crate::buckets;
 use crate::config::{BatchApiConfig, Config, ProviderConfig};
 use crate::model::{Decision, JobClass, Lane, LaneReason};
 use crate::routing::{self, Target};
 use crate::store::{self, Candidate, StoreError};
+use crate::vocab::Dimension;
 
 /// `jobs.dispatch_via` of a job the provider's batch API carries.
 pub const VIA_PROVIDER_BATCH: &str = "provider_batch";

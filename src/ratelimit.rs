@@ -18,7 +18,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use http::HeaderMap;
 
-pub use crate::vocab::{Dialect, LimitName};
+use crate::vocab::{Dialect, LimitName};
 
 /// One limit as a response reported it.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -14,8 +14,9 @@ use http::HeaderMap;
 use crate::attempt::Pause;
 use crate::buckets;
 use crate::config::Config;
-use crate::ratelimit::{self, Dialect};
+use crate::ratelimit;
 use crate::routing::Target;
+use crate::vocab::Dialect;
 use crate::vocab::ReasonCode;
 
 /// What kind of failure a provider call ended in, and so what to do next.

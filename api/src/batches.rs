@@ -27,12 +27,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 use tollgate::batches::{
-    BatchRow, BatchStatus, CHAT_COMPLETIONS, Line, LineEnvelope, LineSplitter, PURPOSE_BATCH, RequestCounts,
-    new_batch_id, parse_line, parse_window,
+    BatchRow, CHAT_COMPLETIONS, Line, LineEnvelope, LineSplitter, PURPOSE_BATCH, RequestCounts, new_batch_id,
+    parse_line, parse_window,
 };
 use tollgate::config::Config;
 use tollgate::model::{JobClass, JobId};
 use tollgate::store::{self, BatchCancel, BatchJobs, LineError};
+use tollgate::vocab::BatchStatus;
 use tollgate::webhook_signing::{EVENT_TYPES, Secret};
 use tollgate::{estimate, routing};
 

@@ -1348,7 +1348,7 @@ async fn gemini_success_errors_and_quota_429() {
     assert_eq!(delay, "30s", "a 2 RPM bucket refills one request in 30 s");
     // tollgate's own parser reads what the mock sent.
     let signals = tollgate::ratelimit::read(
-        tollgate::ratelimit::Dialect::Gemini,
+        tollgate::vocab::Dialect::Gemini,
         &axum::http::HeaderMap::new(),
         &bytes,
         Utc::now(),
@@ -1357,7 +1357,7 @@ async fn gemini_success_errors_and_quota_429() {
     let rpm = signals.readings[0];
     assert_eq!(
         (rpm.name, rpm.limit),
-        (tollgate::ratelimit::LimitName::Rpm, Some(2.0))
+        (tollgate::vocab::LimitName::Rpm, Some(2.0))
     );
     let s = h.stats().await;
     assert_eq!(

@@ -49,13 +49,14 @@ use serde_json::json;
 
 pub use plan::{Known, Plan, Planner, Route};
 
-use crate::buckets::{self, Bucket, Rule};
+use crate::buckets::{self, Bucket};
 use crate::config::GateConfig;
 use crate::model::{JobClass, JobId};
 use crate::provider_batches;
 use crate::routing::Target;
 use crate::store::{Admission, Candidate};
 use crate::vocab::ReasonCode;
+use crate::vocab::Rule;
 
 /// Active pauses: scope (a provider model's, or a key's) → until when.
 pub type Pauses = HashMap<String, DateTime<Utc>>;

@@ -9,13 +9,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use chrono::{DateTime, Utc};
 
 use super::{Failed, Verdict};
-use crate::buckets::{self, Demand, Dimension};
+use crate::buckets::{self, Demand};
 use crate::config::Config;
 use crate::learning::Learned;
 use crate::model::JobClass;
 use crate::provider_batches;
 use crate::routing::{self, Target};
 use crate::store::{Calibration, Candidate};
+use crate::vocab::Dimension;
 
 /// Fewest samples before a learned output estimate replaces `max_tokens`.
 const MIN_OUTPUT_SAMPLES: i64 = 20;

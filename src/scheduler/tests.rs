@@ -8,8 +8,8 @@ use proptest::prelude::*;
 use uuid::Uuid;
 
 use super::*;
-use crate::buckets::Dimension;
 use crate::config::{Config, ProviderKind};
+use crate::vocab::Dimension;
 
 fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2030, 1, 1, 0, 0, 0).unwrap()

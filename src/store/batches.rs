@@ -14,8 +14,9 @@ use sqlx::{PgConnection, PgExecutor, Postgres};
 use super::Result;
 use super::buckets::{Settlement, reservation, settle};
 use super::jobs::notify_done;
-use crate::batches::{BatchRow, BatchStatus};
+use crate::batches::BatchRow;
 use crate::model::{JobId, JobState};
+use crate::vocab::BatchStatus;
 
 pub async fn insert_batch(ex: impl PgExecutor<'_>, b: &BatchRow) -> Result<()> {
     sqlx::query(

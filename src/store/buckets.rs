@@ -10,8 +10,9 @@ use sqlx::{PgConnection, PgExecutor, Postgres};
 
 use super::Result;
 pub use crate::buckets::Settlement;
-use crate::buckets::{Bucket, BucketSpec, Dimension, Rule, refund};
+use crate::buckets::{Bucket, BucketSpec, refund};
 use crate::model::JobId;
+use crate::vocab::{Dimension, Rule};
 
 /// What a job holds: the buckets and the amount taken from each.
 #[derive(Debug, Clone, Default, PartialEq)]

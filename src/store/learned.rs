@@ -9,10 +9,11 @@ use sqlx::{PgConnection, PgExecutor};
 
 use super::Result;
 use crate::buckets::{Bucket, BucketSpec};
+use crate::learning::Learned;
 pub use crate::learning::Observation;
-use crate::learning::{Learned, Source};
 use crate::model::JobId;
-use crate::ratelimit::{LimitName, Reading};
+use crate::ratelimit::Reading;
+use crate::vocab::{LearnedFrom, LimitName};
 
 /// Records observations (the newest per scope and limit wins). A response that says
 /// nothing still marks its scope as seen, which ends the scope's cold-start probe.
@@ -124,7 +125,7 @@ pub async fn learned_limits(ex: impl PgExecutor<'_>) -> Result<Vec<Learned>> {
         .filter_map(|r| {
             Some(Learned {
                 name: LimitName::parse(&r.name)?,
-                source: Source::parse(&r.source)?,
+                source: LearnedFrom::parse(&r.source)?,
                 scope: r.scope,
                 reported: r.reported,
                 remaining: r.remaining,

@@ -8,8 +8,8 @@ use chrono::{Duration as ChronoDuration, Utc};
 use futures::StreamExt;
 use serde_json::Value;
 use sqlx::PgPool;
-use tollgate::buckets::Rule;
 use tollgate::store;
+use tollgate::vocab::Rule;
 use tollgate_mock::FaultMix;
 
 use crate::harness::{ACME, GLOBEX, TestApp, TestOptions, eventually, job, mock_config};

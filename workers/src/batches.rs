@@ -10,9 +10,10 @@
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
-use tollgate::batches::{BatchRow, BatchStatus, FileRow, PURPOSE_BATCH_OUTPUT, new_file_id};
+use tollgate::batches::{BatchRow, FileRow, PURPOSE_BATCH_OUTPUT, new_file_id};
 use tollgate::model::JobState;
 use tollgate::store::{self, BatchEnd, BatchJobResult, LineError, StoreError};
+use tollgate::vocab::BatchStatus;
 
 /// Bytes per stored chunk of a file.
 pub const FILE_CHUNK_BYTES: usize = 1024 * 1024;

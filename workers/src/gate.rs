@@ -34,9 +34,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
-use tollgate::buckets::{self, Bucket, BucketSpec, Dimension, Rule};
+use tollgate::buckets::{self, Bucket, BucketSpec};
 use tollgate::config::Config;
-use tollgate::learning::{self, Learned, Source};
+use tollgate::learning::{self, Learned};
 use tollgate::metrics;
 use tollgate::model::{Job, JobClass, JobId, NewJob};
 use tollgate::notify::Notifications;
@@ -44,6 +44,7 @@ use tollgate::provider_batches;
 use tollgate::scheduler::plan::{is_probe, probe_key};
 use tollgate::scheduler::{self, Decision, Failed, Known, Planner, Policy, Scheduler};
 use tollgate::store::{self, Admission, Calibration, Candidate, StoreError};
+use tollgate::vocab::{Dimension, LearnedFrom, Rule};
 
 use crate::dispatcher::Handoff;
 
@@ -297,7 +298,7 @@ impl Gate {
             }
             let (capacity, level) = match (row.reported, row.source) {
                 (Some(reported), _) => (reported, reported),
-                (None, Source::Throttling) => {
+                (None, LearnedFrom::Throttling) => {
                     let (provider, model) = buckets::scope_target(&row.scope);
                     let window = chrono::Duration::seconds(row.name.window_secs());
                     let sent = store::requests_since(&mut *tx, provider, model, now - window).await?;
@@ -312,7 +313,7 @@ impl Gate {
                     changed.insert(i);
                     (capacity, 0.0)
                 }
-                (None, Source::Headers) => continue,
+                (None, LearnedFrom::Headers) => continue,
             };
             specs.push((
                 BucketSpec {
@@ -384,7 +385,7 @@ impl Gate {
             .chain(
                 learned
                     .iter()
-                    .filter(|r| r.pending() || r.source == Source::Throttling)
+                    .filter(|r| r.pending() || r.source == LearnedFrom::Throttling)
                     .map(Learned::bucket_key),
             )
             .collect();

@@ -47,9 +47,10 @@ use secrecy::SecretString;
 use serde_json::{Map, Value};
 use tollgate::config::{Config, ProviderConfig, ProviderKind};
 use tollgate::model::Usage;
-use tollgate::ratelimit::{self, Dialect, Signals};
+use tollgate::ratelimit::{self, Signals};
 use tollgate::retry::{Failure, FailureClass, classify_response};
 use tollgate::routing::Target;
+use tollgate::vocab::Dialect;
 use tollgate::vocab::ReasonCode;
 
 use batch_api::BatchApi;
