@@ -8,12 +8,22 @@
 //! accepts connections, and stopping it ([`EmbeddedPostgres::stop`]). Migrations and all
 //! SQL belong to `store`; this module only hands out URLs.
 //!
+//! **Why a password.** A loopback port is open to every local user and to every sidecar
+//! of a pod, and the cluster's only role is a superuser (`COPY … TO PROGRAM` runs
+//! commands as the server's OS user). So the cluster accepts nobody without its
+//! password: `pg_hba.conf` allows SCRAM over 127.0.0.1 and nothing else, and the
+//! password — random, made at `initdb` — is kept in `<data_dir>.password`, mode 0600,
+//! readable only by the OS user tollgate runs as. A cluster made by an older tollgate
+//! with trust authentication is locked down the same way on its first start.
+//!
 //! **Why the `postgres` OS user.** `initdb` and `postgres` refuse to run as root: a
 //! server owned by root would let any database superuser run code as root (`COPY …
 //! PROGRAM`, untrusted languages). Builds and CI here run as root, so when the effective
-//! uid is 0 the cluster's files are chowned to the `postgres` OS user, its parent
-//! directories are made searchable by it, and both programs run with its uid/gid. As any
-//! other user, everything runs as that user.
+//! uid is 0 the cluster's files are chowned to the `postgres` OS user and both programs
+//! run with its uid/gid. The data directory's ancestors must let that user through: one
+//! owned by us (root) is given search permission for others (`o+x`, never read), one
+//! owned by anybody else is left as it is and `start` says which directory blocks the
+//! way. As any other user, everything runs as that user.
 //!
 //! **Why the server cannot outlive us.** `postgres` is not daemonized: it is a child,
 //! spawned through `setpriv --pdeathsig INT` (util-linux) from a dedicated thread that
@@ -30,7 +40,7 @@
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
@@ -65,14 +75,19 @@ const LOG_TAIL_LINES: usize = 8;
 const LOG_TRUNCATE_BYTES: u64 = 16 << 20;
 const DEFAULT_MAX_CONNECTIONS: u32 = 200;
 const BIN_DIR_ENV: &str = "TOLLGATE_PG_BIN_DIR";
-/// The database superuser `initdb -U` creates and URLs connect as (trust auth, loopback only).
+/// The database superuser `initdb -U` creates and URLs connect as (SCRAM, loopback only).
 const SUPERUSER: &str = "postgres";
+/// The cluster's whole `pg_hba.conf`: password (SCRAM) connections over loopback TCP only.
+const PG_HBA: &str = "# Written by tollgate: SCRAM password connections over 127.0.0.1, nothing else.\nhost all all 127.0.0.1/32 scram-sha-256\n";
+/// Random bytes in the superuser's password (hex-encoded, so it needs no escaping in a URL).
+const PASSWORD_BYTES: usize = 24;
 
 /// How to run the embedded cluster.
 #[derive(Debug, Clone)]
 pub struct EmbeddedOptions {
     /// The cluster's data directory; created and initialised if it holds no `PG_VERSION`.
-    /// Its log goes beside it, to `<data_dir>.log`.
+    /// Its log goes beside it, to `<data_dir>.log`, and its superuser's password to
+    /// `<data_dir>.password` (mode 0600).
     pub data_dir: PathBuf,
     /// Directory with `postgres` and `initdb`; `None` = [`find_bin_dir`].
     pub bin_dir: Option<PathBuf>,
@@ -127,6 +142,21 @@ pub enum EmbeddedError {
         dir.display()
     )]
     NotACluster { dir: PathBuf },
+    #[error(
+        "the postgres OS user cannot reach {} (owned by uid {owner}, mode {mode:o}), which the embedded PostgreSQL's data directory is under: choose a data directory it can reach, or let it through yourself (chmod o+x or setfacl -m u:postgres:x on that directory); tollgate changes only directories it owns",
+        dir.display()
+    )]
+    NotSearchable { dir: PathBuf, owner: u32, mode: u32 },
+    #[error(
+        "{} is a password-protected cluster but its password file {} is missing: restore it, or remove the cluster to start afresh",
+        data_dir.display(), password_file.display()
+    )]
+    PasswordMissing {
+        data_dir: PathBuf,
+        password_file: PathBuf,
+    },
+    #[error("cannot lock down the cluster in {} with a password: {source}", data_dir.display())]
+    LockDown { data_dir: PathBuf, source: sqlx::Error },
     #[error("cannot {action} {}: {source}", path.display())]
     Io {
         action: &'static str,
@@ -177,6 +207,8 @@ pub enum EmbeddedError {
 #[derive(Debug)]
 pub struct EmbeddedPostgres {
     port: u16,
+    /// The superuser's password (hex), as kept in `<data_dir>.password`.
+    password: String,
     /// The postmaster's pid (`setpriv` execs it, so it is our child's pid).
     pid: Pid,
     log_path: PathBuf,
@@ -206,7 +238,8 @@ impl EmbeddedPostgres {
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_else(|| PathBuf::from("/"));
-        let log_path = log_path_for(&data_dir);
+        let log_path = sibling(&data_dir, "log");
+        let password_path = sibling(&data_dir, "password");
         let run_as = run_as()?;
 
         fs::create_dir_all(&parent).map_err(io_err("create directory", &parent))?;
@@ -214,7 +247,7 @@ impl EmbeddedPostgres {
             make_searchable(&parent, user)?;
         }
 
-        if data_dir.join("PG_VERSION").is_file() {
+        let (password, lock_down) = if data_dir.join("PG_VERSION").is_file() {
             if let Some(user) = run_as {
                 let owner = fs::metadata(&data_dir)
                     .map_err(io_err("inspect", &data_dir))?
@@ -226,9 +259,36 @@ impl EmbeddedPostgres {
                 }
             }
             wait_for_previous_server(&data_dir).await?;
+            match read_password(&password_path)? {
+                Some(password) => (password, false),
+                None if trusts_anyone(&data_dir)? => {
+                    let password = new_password();
+                    write_password(&password_path, &password)?;
+                    (password, true)
+                }
+                None => {
+                    return Err(EmbeddedError::PasswordMissing {
+                        data_dir,
+                        password_file: password_path,
+                    });
+                }
+            }
         } else {
-            initdb(&bin_dir, &data_dir, &parent, &log_path, run_as, opts.durable).await?;
-        }
+            let password = new_password();
+            // Kept before the cluster exists: a cluster whose password was lost is locked.
+            write_password(&password_path, &password)?;
+            initdb(
+                &bin_dir,
+                &data_dir,
+                &parent,
+                &log_path,
+                run_as,
+                opts.durable,
+                &password,
+            )
+            .await?;
+            (password, false)
+        };
 
         let setpriv = find_setpriv();
         if setpriv.is_none() {
@@ -244,6 +304,7 @@ impl EmbeddedPostgres {
             run_as,
             setpriv: setpriv.as_deref(),
             opts: &opts,
+            password: &password,
         };
         let mut attempt = 1;
         loop {
@@ -258,14 +319,49 @@ impl EmbeddedPostgres {
                     tracing::debug!(port, attempt, "picked port was taken; retrying");
                     attempt += 1;
                 }
+                Ok(server) if lock_down => {
+                    server.lock_down(&data_dir).await?;
+                    return Ok(server);
+                }
                 result => return result,
             }
         }
     }
 
-    /// `postgres://postgres@127.0.0.1:{port}/{database}`; `database` is used verbatim.
+    /// `postgres://postgres:<password>@127.0.0.1:{port}/{database}`; `database` is used
+    /// verbatim. The URL carries the password: log it only through `db::redact`.
     pub fn url(&self, database: &str) -> String {
-        format!("postgres://{SUPERUSER}@127.0.0.1:{}/{database}", self.port)
+        format!(
+            "postgres://{SUPERUSER}:{}@127.0.0.1:{}/{database}",
+            self.password, self.port
+        )
+    }
+
+    /// Gives a cluster that trusted every loopback connection its password and the
+    /// SCRAM-only `pg_hba.conf`, then reloads it; connections from here on need the password.
+    async fn lock_down(&self, data_dir: &Path) -> Result<(), EmbeddedError> {
+        let lock_down_err = |source| EmbeddedError::LockDown {
+            data_dir: data_dir.to_path_buf(),
+            source,
+        };
+        let mut conn = sqlx::PgConnection::connect(&self.url("postgres"))
+            .await
+            .map_err(lock_down_err)?;
+        sqlx::raw_sql(&format!(
+            "SET password_encryption = 'scram-sha-256'; ALTER ROLE {SUPERUSER} PASSWORD '{}'",
+            self.password
+        ))
+        .execute(&mut conn)
+        .await
+        .map_err(lock_down_err)?;
+        write_pg_hba(data_dir)?;
+        sqlx::query("SELECT pg_reload_conf()")
+            .execute(&mut conn)
+            .await
+            .map_err(lock_down_err)?;
+        let _ = conn.close().await;
+        tracing::warn!(data_dir = %data_dir.display(), "the embedded PostgreSQL trusted every local connection; it needs its password now");
+        Ok(())
     }
 
     pub fn port(&self) -> u16 {
@@ -443,21 +539,31 @@ fn run_as() -> Result<Option<RunAs>, EmbeddedError> {
     }
 }
 
-/// Adds search permission for others (`o+x`, not read) to each directory from `dir` up
-/// to `/` that the postgres user could not traverse — e.g. a 0700 tempdir created by
-/// root. Without it the server cannot reach its data directory.
+/// Lets the postgres user through each directory from `dir` up to `/` that it could not
+/// traverse: a directory we own (e.g. a 0700 tempdir made by root) gets search permission
+/// for others (`o+x`, not read); one owned by anybody else is not ours to loosen, and is
+/// reported instead.
 fn make_searchable(dir: &Path, user: RunAs) -> Result<(), EmbeddedError> {
+    let us = nix::unistd::geteuid().as_raw();
     for ancestor in dir.ancestors() {
         let meta = fs::metadata(ancestor).map_err(io_err("inspect", ancestor))?;
         let mode = meta.mode();
         let searchable = (meta.uid() == user.uid && mode & 0o100 != 0)
             || (meta.gid() == user.gid && mode & 0o010 != 0)
             || mode & 0o001 != 0;
-        if !searchable {
-            fs::set_permissions(ancestor, fs::Permissions::from_mode((mode & 0o7777) | 0o001))
-                .map_err(io_err("make searchable for the postgres user", ancestor))?;
-            tracing::warn!(dir = %ancestor.display(), "added o+x so the postgres user can reach the data directory");
+        if searchable {
+            continue;
         }
+        if meta.uid() != us {
+            return Err(EmbeddedError::NotSearchable {
+                dir: ancestor.to_path_buf(),
+                owner: meta.uid(),
+                mode: mode & 0o7777,
+            });
+        }
+        fs::set_permissions(ancestor, fs::Permissions::from_mode((mode & 0o7777) | 0o001))
+            .map_err(io_err("make searchable for the postgres user", ancestor))?;
+        tracing::warn!(dir = %ancestor.display(), "added o+x so the postgres user can reach the data directory");
     }
     Ok(())
 }
@@ -475,17 +581,75 @@ fn chown_tree(path: &Path, user: RunAs) -> io::Result<()> {
     Ok(())
 }
 
-/// `<data_dir>.log`, beside the data directory: `initdb` needs the directory empty, and
-/// the log must survive deleting the cluster.
-fn log_path_for(data_dir: &Path) -> PathBuf {
+/// `<data_dir>.<extension>`, beside the data directory: `initdb` needs the directory
+/// empty, and the log must survive deleting the cluster.
+fn sibling(data_dir: &Path, extension: &str) -> PathBuf {
     match data_dir.file_name() {
         Some(name) => {
-            let mut log = OsString::from(name);
-            log.push(".log");
-            data_dir.with_file_name(log)
+            let mut path = OsString::from(name);
+            path.push(".");
+            path.push(extension);
+            data_dir.with_file_name(path)
         }
-        None => data_dir.join("..").join("postgres.log"),
+        None => data_dir.join("..").join(format!("postgres.{extension}")),
     }
+}
+
+fn new_password() -> String {
+    let bytes: [u8; PASSWORD_BYTES] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Writes `password` to `path` with mode 0600 (through a temporary file and a rename, so a
+/// crash leaves the old password or the new one, never half of one).
+fn write_password(path: &Path, password: &str) -> Result<(), EmbeddedError> {
+    use std::io::Write;
+    let staging = sibling(path, "tmp");
+    let _ = fs::remove_file(&staging);
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&staging)
+        .map_err(io_err("create password file", &staging))?;
+    file.write_all(password.as_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(io_err("write password file", &staging))?;
+    fs::rename(&staging, path).map_err(io_err("move password file to", path))
+}
+
+/// The password kept at `path`, or `None` when there is no such file. A file others could
+/// read is restricted to its owner first, with a warning.
+fn read_password(path: &Path) -> Result<Option<String>, EmbeddedError> {
+    match fs::read_to_string(path) {
+        Ok(password) => {
+            let mode = fs::metadata(path).map_err(io_err("inspect", path))?.mode();
+            if mode & 0o077 != 0 {
+                fs::set_permissions(path, fs::Permissions::from_mode(0o600))
+                    .map_err(io_err("restrict to its owner", path))?;
+                tracing::warn!(path = %path.display(), mode = format!("{:o}", mode & 0o777), "the embedded PostgreSQL's password file was readable by others; now 0600");
+            }
+            Ok(Some(password.trim().to_owned()))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_err("read password file", path)(e)),
+    }
+}
+
+/// Whether the cluster's `pg_hba.conf` lets anybody in without a password (a cluster made
+/// by an older tollgate, with `initdb -A trust`).
+fn trusts_anyone(data_dir: &Path) -> Result<bool, EmbeddedError> {
+    let path = data_dir.join("pg_hba.conf");
+    let hba = fs::read_to_string(&path).map_err(io_err("read", &path))?;
+    Ok(hba
+        .lines()
+        .map(|line| line.split('#').next().unwrap_or_default())
+        .any(|line| line.split_whitespace().any(|word| word == "trust")))
+}
+
+fn write_pg_hba(data_dir: &Path) -> Result<(), EmbeddedError> {
+    let path = data_dir.join("pg_hba.conf");
+    fs::write(&path, PG_HBA).map_err(io_err("write", &path))
 }
 
 /// Opens the log for appending; returns it and the offset where this run's output starts.
@@ -534,7 +698,7 @@ fn log_tail(path: &Path, offset: u64) -> String {
 
 /// Runs `initdb` into a sibling directory and renames it into place only on success, so
 /// `PG_VERSION` in `data_dir` always means a complete cluster, even if we were killed
-/// half-way through.
+/// half-way through. The superuser gets `password`, and `pg_hba.conf` is [`PG_HBA`].
 async fn initdb(
     bin_dir: &Path,
     data_dir: &Path,
@@ -542,6 +706,7 @@ async fn initdb(
     log_path: &Path,
     run_as: Option<RunAs>,
     durable: bool,
+    password: &str,
 ) -> Result<(), EmbeddedError> {
     let not_empty = match fs::read_dir(data_dir) {
         Ok(mut entries) => entries.next().is_some(),
@@ -566,12 +731,21 @@ async fn initdb(
             .map_err(io_err("chown to postgres", &staging))?;
     }
 
+    // `initdb --pwfile` reads the password as the user it runs as; the file lives only as
+    // long as `initdb` does.
+    let pwfile = sibling(&staging, "pw");
+    write_password(&pwfile, password)?;
+    if let Some(user) = run_as {
+        std::os::unix::fs::chown(&pwfile, Some(user.uid), Some(user.gid))
+            .map_err(io_err("chown to postgres", &pwfile))?;
+    }
     let (log, offset) = open_log(log_path, run_as)?;
     let program = bin_dir.join("initdb");
     let mut cmd = tokio::process::Command::new(&program);
     cmd.arg("-D")
         .arg(&staging)
-        .args(["-U", SUPERUSER, "-A", "trust", "-E", "UTF8", "--locale=C"])
+        .args(["-U", SUPERUSER, "-A", "scram-sha-256", "-E", "UTF8", "--locale=C"])
+        .arg(format!("--pwfile={}", pwfile.display()))
         .env("LC_ALL", "C")
         .current_dir(parent)
         .stdin(Stdio::null())
@@ -598,6 +772,7 @@ async fn initdb(
             Some(format!("no result within {} s", INITDB_DEADLINE.as_secs()))
         }
     };
+    let _ = fs::remove_file(&pwfile);
     if let Some(outcome) = outcome {
         let _ = fs::remove_dir_all(&staging);
         return Err(EmbeddedError::Initdb {
@@ -606,6 +781,7 @@ async fn initdb(
             tail: log_tail(log_path, offset),
         });
     }
+    write_pg_hba(&staging)?;
     // Replaces an empty `data_dir` too (rename(2) allows an empty target directory).
     fs::rename(&staging, data_dir).map_err(io_err("move the new cluster to", data_dir))?;
     if durable {
@@ -702,6 +878,7 @@ struct Launch<'a> {
     run_as: Option<RunAs>,
     setpriv: Option<&'a Path>,
     opts: &'a EmbeddedOptions,
+    password: &'a str,
 }
 
 impl Launch<'_> {
@@ -771,6 +948,7 @@ impl Launch<'_> {
         let pid = Pid::from_raw(pid as i32);
         let mut server = EmbeddedPostgres {
             port,
+            password: self.password.to_owned(),
             pid,
             log_path: self.log_path.to_path_buf(),
             exit: exit_rx,
@@ -935,6 +1113,100 @@ mod tests {
         assert_eq!(x, 42);
         conn.close().await.unwrap();
         pg.stop().await.unwrap();
+    }
+
+    /// What anybody on the machine could try over the loopback port, and reading the
+    /// password file as another OS user.
+    #[tokio::test]
+    async fn accepts_nobody_without_its_password() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data_dir = tmp.path().join("pg");
+        let pg = EmbeddedPostgres::start(test_options(data_dir.clone()))
+            .await
+            .unwrap();
+        let password_file = sibling(&data_dir, "password");
+        let mode = fs::metadata(&password_file).unwrap().mode();
+        assert_eq!(mode & 0o777, 0o600, "password file mode {mode:o}");
+
+        let no_password = format!("postgres://{SUPERUSER}@127.0.0.1:{}/postgres", pg.port());
+        let wrong_password = format!("postgres://{SUPERUSER}:guess@127.0.0.1:{}/postgres", pg.port());
+        for url in [&no_password, &wrong_password] {
+            let refused = sqlx::PgConnection::connect(url).await;
+            assert!(refused.is_err(), "{url} got in");
+        }
+        let hba = fs::read_to_string(data_dir.join("pg_hba.conf")).unwrap();
+        assert_eq!(hba, PG_HBA);
+        assert!(!trusts_anyone(&data_dir).unwrap());
+        let conn = sqlx::PgConnection::connect(&pg.url("postgres")).await.unwrap();
+        conn.close().await.unwrap();
+
+        if nix::unistd::geteuid().is_root() {
+            let nobody = User::from_name("nobody").unwrap().expect("the nobody user");
+            let read = Command::new("cat")
+                .arg(&password_file)
+                .uid(nobody.uid.as_raw())
+                .gid(nobody.gid.as_raw())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .unwrap();
+            assert!(!read.success(), "another OS user read the password file");
+        }
+        pg.stop().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_cluster_that_trusted_everyone_is_locked_down_on_start() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data_dir = tmp.path().join("pg");
+        let pg = EmbeddedPostgres::start(test_options(data_dir.clone()))
+            .await
+            .unwrap();
+        let mut conn = sqlx::PgConnection::connect(&pg.url("postgres")).await.unwrap();
+        sqlx::query("CREATE DATABASE kept")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        conn.close().await.unwrap();
+        pg.stop().await.unwrap();
+        // What an older tollgate left: trust for every loopback connection, no password.
+        fs::write(data_dir.join("pg_hba.conf"), "host all all 127.0.0.1/32 trust\n").unwrap();
+        fs::remove_file(sibling(&data_dir, "password")).unwrap();
+
+        let pg = EmbeddedPostgres::start(test_options(data_dir.clone()))
+            .await
+            .unwrap();
+        let no_password = format!("postgres://{SUPERUSER}@127.0.0.1:{}/kept", pg.port());
+        assert!(sqlx::PgConnection::connect(&no_password).await.is_err());
+        let conn = sqlx::PgConnection::connect(&pg.url("kept")).await.unwrap();
+        conn.close().await.unwrap();
+        pg.stop().await.unwrap();
+
+        // The password file is what opens a locked cluster: without it, a clear refusal.
+        fs::remove_file(sibling(&data_dir, "password")).unwrap();
+        let err = EmbeddedPostgres::start(test_options(data_dir)).await.unwrap_err();
+        assert!(matches!(err, EmbeddedError::PasswordMissing { .. }), "{err}");
+    }
+
+    /// As root, the server runs as `postgres`; a directory of another user's on the way to
+    /// the data directory is reported, not opened up.
+    #[tokio::test]
+    async fn leaves_the_directories_of_others_as_they_are() {
+        let Some(_) = run_as().unwrap() else {
+            return; // not root: everything runs as us and nothing is chmodded
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let theirs = tmp.path().join("theirs");
+        fs::create_dir(&theirs).unwrap();
+        let nobody = User::from_name("nobody").unwrap().expect("the nobody user");
+        std::os::unix::fs::chown(&theirs, Some(nobody.uid.as_raw()), Some(nobody.gid.as_raw())).unwrap();
+        fs::set_permissions(&theirs, fs::Permissions::from_mode(0o700)).unwrap();
+
+        let err = EmbeddedPostgres::start(test_options(theirs.join("pg")))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, EmbeddedError::NotSearchable { .. }), "{err}");
+        assert_eq!(fs::metadata(&theirs).unwrap().mode() & 0o7777, 0o700);
     }
 
     #[tokio::test]
