@@ -36,12 +36,15 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// An outcome with no call record, pause, fallback or observation.
+    /// An outcome with no call record, pause, fallback or observation. Text the provider
+    /// wrote is stored as it came, except U+0000, which no row can hold (one answer with
+    /// it must not fail the write it shares with other outcomes), and key-like tokens in
+    /// a failure's message, which the tenant reads (`sanitize`).
     pub fn new(holder: Holder, served: Option<Served>, end: End, settlement: Settlement) -> Self {
         Self {
             holder,
             served,
-            end,
+            end: end.without_nul(),
             settlement,
             call: None,
             pause: None,
@@ -109,6 +112,27 @@ impl End {
             code,
             message: message.into(),
         }
+    }
+
+    /// The same end with U+0000 replaced in its result, message and request id, and
+    /// secrets cut from its message.
+    fn without_nul(mut self) -> Self {
+        match &mut self {
+            Self::Succeeded {
+                result,
+                provider_request_id,
+                ..
+            } => {
+                crate::sanitize::replace_nul(result);
+                if let Some(id) = provider_request_id {
+                    crate::sanitize::replace_nul_in(id);
+                }
+            }
+            Self::Failed { message, .. } | Self::Retry { message, .. } => {
+                crate::sanitize::replace_nul_in(message)
+            }
+        }
+        self
     }
 
     /// The state the job is left in.

@@ -209,6 +209,13 @@ pub fn parse_line(text: &[u8], seen: &mut HashSet<String>) -> Result<LineEnvelop
     };
     let value: Value = serde_json::from_slice(text)
         .map_err(|e| reject(None, "invalid_json", format!("the line is not valid JSON: {e}")))?;
+    if let Some(at) = crate::sanitize::first_nul(&value) {
+        return Err(reject(
+            None,
+            "nul_character",
+            format!("the string at {at} holds U+0000 (NUL), which tollgate cannot store"),
+        ));
+    }
     let Value::Object(mut obj) = value else {
         return Err(reject(
             None,

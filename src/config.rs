@@ -96,6 +96,21 @@ pub struct ServerConfig {
     /// Largest total size of a request's headers (names and values); larger get 431
     /// `headers_too_large` before any handler or key lookup runs.
     pub max_header_bytes: usize,
+    /// Seconds a client has to send a request's headers, counted from when the connection
+    /// opens or its last response ended (so it also closes idle keep-alive connections).
+    pub header_timeout_secs: u64,
+    /// Longest pause, in seconds, while a request's body arrives; then 408 `request_timeout`.
+    pub body_idle_timeout_secs: u64,
+    /// Connections served at once; one more is answered 503 `server_busy` and closed.
+    pub max_connections: usize,
+    /// Requests per second one source address (an IPv4 address, an IPv6 /64) may make
+    /// without a valid key — none, a wrong one, or to an anonymous endpoint — in each
+    /// process; past it, 429 `api_rate_limited`. Key guessing and floods of anonymous
+    /// requests cost a hash each at this rate and nothing beyond it. `/healthz` and
+    /// `/readyz` are not counted (they cost nothing; see `/readyz`).
+    pub anonymous_rate_per_sec: f64,
+    /// Requests a source may make at once above `anonymous_rate_per_sec`.
+    pub anonymous_burst: f64,
 }
 
 impl Default for ServerConfig {
@@ -112,6 +127,11 @@ impl Default for ServerConfig {
             api_rate_per_sec: 10_000.0,
             api_burst: 20_000.0,
             max_header_bytes: 16 * 1024,
+            header_timeout_secs: 10,
+            body_idle_timeout_secs: 30,
+            max_connections: 4096,
+            anonymous_rate_per_sec: 20.0,
+            anonymous_burst: 200.0,
         }
     }
 }
@@ -510,10 +530,13 @@ impl Config {
 
     /// Parses and validates config text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let parse_error = |e: toml::de::Error| ConfigError::Parse {
             origin: origin.to_owned(),
             message: e.to_string().trim_end().replace('\n', " "),
-        })?;
+        };
+        let raw: toml::Value = toml::from_str(text).map_err(parse_error)?;
+        check_durations(&raw, "")?;
+        let config: Config = raw.try_into().map_err(parse_error)?;
         config.validate()?;
         Ok(config)
     }
@@ -555,6 +578,29 @@ impl Config {
         }
         if self.server.max_header_bytes < 1024 {
             return Err(invalid("server.max_header_bytes", "must be at least 1024"));
+        }
+        for (field, secs) in [
+            ("server.header_timeout_secs", self.server.header_timeout_secs),
+            (
+                "server.body_idle_timeout_secs",
+                self.server.body_idle_timeout_secs,
+            ),
+        ] {
+            if !(1..=3600).contains(&secs) {
+                return Err(invalid(field, "must be from 1 to 3600 seconds"));
+            }
+        }
+        if self.server.max_connections == 0 {
+            return Err(invalid("server.max_connections", "must be at least 1"));
+        }
+        if !(self.server.anonymous_rate_per_sec.is_finite() && self.server.anonymous_rate_per_sec > 0.0) {
+            return Err(invalid(
+                "server.anonymous_rate_per_sec",
+                "must be a positive number",
+            ));
+        }
+        if !(self.server.anonymous_burst.is_finite() && self.server.anonymous_burst >= 1.0) {
+            return Err(invalid("server.anonymous_burst", "must be at least 1"));
         }
         if self.retry.max_attempts == 0 {
             return Err(invalid("retry.max_attempts", "must be at least 1"));
@@ -654,8 +700,21 @@ impl Config {
         }
         let mut tenant_names = HashSet::new();
         for (i, t) in self.tenants.iter().enumerate() {
-            if t.name.is_empty() {
-                return Err(invalid(format!("tenants[{i}].name"), "must be non-empty"));
+            // Names are parts of bucket scopes (`tenant:<name>:…`) and of prefix filters:
+            // a `:` or `/` in one would let tenant `a` match `a:b`'s rows.
+            if t.name.is_empty()
+                || t.name.len() > MAX_TENANT_NAME
+                || !t
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            {
+                return Err(invalid(
+                    format!("tenants[{i}].name"),
+                    format!(
+                        "must be 1 to {MAX_TENANT_NAME} of A-Z a-z 0-9 - _ . (it is part of bucket scopes)"
+                    ),
+                ));
             }
             if !tenant_names.insert(t.name.as_str()) {
                 return Err(invalid(
@@ -676,6 +735,17 @@ impl Config {
             }
             t.key_sha256()
                 .map_err(|reason| invalid(format!("tenants[{i}]"), reason))?;
+            if let Some(key) = t.clear_key() {
+                self.server.check_key(&format!("tenants[{i}].api_key"), &key)?;
+            }
+        }
+        let admin_key = match (&self.server.admin_key, &self.server.admin_key_env) {
+            (Some(key), _) => Some(key.clone()),
+            (None, Some(var)) => std::env::var(var).ok().map(SecretString::from),
+            (None, None) => None,
+        };
+        if let Some(key) = admin_key {
+            self.server.check_key("server.admin_key", &key)?;
         }
         let tenant_names: Vec<&str> = self.tenants.iter().map(|t| t.name.as_str()).collect();
         batches::validate(&self.batches, &self.retention, &self.webhooks, &tenant_names)?;
@@ -721,7 +791,87 @@ impl KeyConfig {
     }
 }
 
+/// Longest tenant name.
+pub const MAX_TENANT_NAME: usize = 64;
+
+/// Longest duration any `*_secs` / `*_ms` / `*_seconds` setting may give: ten years.
+/// Beyond it, time arithmetic overflows (chrono panics), so such a value is refused when
+/// the config is read, not met by a handler or a loop later.
+pub const MAX_DURATION_SECS: u64 = 10 * 366 * 86_400;
+
+/// Every duration in the config text, checked against [`MAX_DURATION_SECS`] by the
+/// unit in its key's name, whatever table it is in (so a new duration field is covered).
+fn check_durations(value: &toml::Value, at: &str) -> Result<(), ConfigError> {
+    match value {
+        toml::Value::Table(table) => {
+            for (key, item) in table {
+                let path = if at.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{at}.{key}")
+                };
+                let per_sec = if key.ends_with("_ms") {
+                    Some(1000)
+                } else if key.ends_with("_secs") || key.ends_with("_seconds") {
+                    Some(1)
+                } else {
+                    None
+                };
+                let too_long = |n: f64, unit: u64| !(0.0..=(MAX_DURATION_SECS * unit) as f64).contains(&n);
+                match (per_sec, item) {
+                    (Some(unit), toml::Value::Integer(n)) if too_long(*n as f64, unit) => {
+                        return Err(invalid(path, "must be from 0 to ten years"));
+                    }
+                    (Some(unit), toml::Value::Float(n)) if !n.is_finite() || too_long(*n, unit) => {
+                        return Err(invalid(path, "must be from 0 to ten years"));
+                    }
+                    _ => check_durations(item, &path)?,
+                }
+            }
+            Ok(())
+        }
+        toml::Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, item)| check_durations(item, &format!("{at}[{i}]"))),
+        _ => Ok(()),
+    }
+}
+
+/// Shortest API or admin key accepted when the server listens beyond loopback: a key
+/// anybody on the network may try must not be guessable (24 random characters of base64
+/// or hex are over 96 bits).
+pub const MIN_KEY_CHARS: usize = 24;
+
+impl ServerConfig {
+    /// Refuses a short key when `listen` is reachable from other hosts; on loopback only
+    /// (the demo, the tests) a short key is allowed.
+    fn check_key(&self, field: &str, key: &SecretString) -> Result<(), ConfigError> {
+        use secrecy::ExposeSecret;
+        if self.listen.ip().is_loopback() || key.expose_secret().chars().count() >= MIN_KEY_CHARS {
+            return Ok(());
+        }
+        Err(invalid(
+            field,
+            format!(
+                "shorter than {MIN_KEY_CHARS} characters, which a client on the network could guess, and server.listen ({}) is not loopback: use a random key (e.g. `openssl rand -hex 24`)",
+                self.listen
+            ),
+        ))
+    }
+}
+
 impl TenantConfig {
+    /// The tenant's key in clear, when the config gives it (`api_key`, `api_key_env`);
+    /// `None` with `api_key_sha256` or when the variable is unset.
+    fn clear_key(&self) -> Option<SecretString> {
+        match (&self.api_key, &self.api_key_env) {
+            (Some(key), _) => Some(key.clone()),
+            (None, Some(var)) => std::env::var(var).ok().map(SecretString::from),
+            (None, None) => None,
+        }
+    }
+
     /// The SHA-256 of the tenant's API key: from `api_key_sha256`, or of the key in
     /// `api_key` / the variable `api_key_env`. Exactly one of the three is required.
     pub fn key_sha256(&self) -> Result<[u8; 32], String> {
@@ -783,6 +933,47 @@ weight = 3
             Ok(_) => panic!("config should have been rejected"),
             Err(e) => e.to_string(),
         }
+    }
+
+    #[test]
+    fn durations_beyond_ten_years_and_odd_tenant_names_are_refused() {
+        for line in [
+            "[dispatch]\nlease_secs = 9223372036854775807",
+            "[retry]\nmax_delay_ms = 400000000000000",
+            "[classes.batch]\ndefault_deadline_secs = 999999999999",
+            "[gate]\nheadroom_secs = 1e300",
+            "[server]\nmax_wait_secs = -1",
+        ] {
+            let refused = err(&format!("{line}\n{GOOD}"));
+            assert!(refused.contains("ten years"), "{line}: {refused}");
+        }
+        for name in ["a:b", "a/b", "", "tab\\t", &"x".repeat(65)] {
+            let refused = err(&GOOD.replace("name = \"acme\"", &format!("name = \"{name}\"")));
+            assert!(refused.contains("tenants[0].name"), "{name:?}: {refused}");
+        }
+    }
+
+    #[test]
+    fn short_keys_are_refused_beyond_loopback() {
+        let public = format!("[server]\nlisten = \"0.0.0.0:8080\"\n{GOOD}");
+        let refused = err(&public);
+        assert!(
+            refused.contains("tenants[0].api_key`: shorter than 24"),
+            "{refused}"
+        );
+        let admin = format!(
+            "[server]\nlisten = \"0.0.0.0:8080\"\nadmin_key = \"tk-admin\"\n{}",
+            GOOD.replace("tk-acme", "acme-0123456789abcdef01234567")
+        );
+        let refused = err(&admin);
+        assert!(
+            refused.contains("server.admin_key`: shorter than 24"),
+            "{refused}"
+        );
+        let strong = admin.replace("tk-admin", "admin-0123456789abcdef01234567");
+        assert!(Config::parse(&strong, "test.toml").is_ok());
+        // On loopback (the demo, the tests) a short key is fine.
+        assert!(Config::parse(GOOD, "test.toml").is_ok());
     }
 
     #[test]

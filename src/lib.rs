@@ -10,6 +10,8 @@
 //! - [`db`]: connecting (URL or [`embedded`] PostgreSQL) and migrating ([`MIGRATOR`]).
 //! - [`notify`]: one LISTEN connection per process, fanned out to waiters.
 //! - [`tenants`]: API key → tenant.
+//! - [`sanitize`]: outside text made safe to store and show (U+0000, secrets in provider
+//!   messages).
 //! - [`routing`]: requested model (route alias or `provider/model`) → provider targets.
 //! - [`estimate`]: token demand of a request, made at submit time.
 //! - [`buckets`]: limits as buckets, a job's path through them, their arithmetic.
@@ -53,6 +55,7 @@ pub mod provider_batches;
 pub mod ratelimit;
 pub mod retry;
 pub mod routing;
+pub mod sanitize;
 pub mod scheduler;
 pub mod store;
 pub mod tenants;

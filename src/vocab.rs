@@ -301,6 +301,9 @@ pub enum ApiErrorCode {
     UnreadableBody,
     /// 400: the body is not what the endpoint takes.
     InvalidRequest,
+    /// 400: a string in the body holds U+0000, which tollgate cannot store (`param`
+    /// points at it).
+    NulCharacter,
     /// 400: a required field is absent.
     MissingField,
     /// 400: the model is neither a route alias nor a configured `provider/model`.
@@ -382,6 +385,9 @@ pub enum ApiErrorCode {
     InternalError,
     /// 503 (+ `Retry-After`): the database is unreachable.
     DatabaseUnavailable,
+    /// 503 (+ `Retry-After`): the process serves `server.max_connections` connections
+    /// already; this one is closed after the answer.
+    ServerBusy,
 }
 
 /// Reason codes of failed jobs (`error.code` on the job) and of synchronous failures.

@@ -139,22 +139,19 @@ impl Broker {
             dispatcher: dispatcher.clone(),
             relays: relays.clone(),
             observer: crate::status::Observer::default(),
+            readiness: crate::Readiness::default(),
         };
         let mut addr = None;
         if roles.api {
             let listener = listener.context("the API role needs a listener")?;
             addr = Some(listener.local_addr()?);
             tracker.spawn(state.observer.clone().sample(pool.clone(), cancel.clone()));
+            let limits = crate::serve::ConnectionLimits::from_config(&config.server);
             let app = crate::router(state);
             let stop = cancel.clone();
             let relays = relays.clone();
             tracker.spawn(async move {
-                let served = axum::serve(listener, app)
-                    .with_graceful_shutdown(async move { stop.cancelled().await })
-                    .await;
-                if let Err(e) = served {
-                    tracing::error!(error = %e, "API server stopped");
-                }
+                crate::serve::serve(listener, app, limits, stop).await;
                 // Streams still relaying finish their attempts before the process exits.
                 relays.close();
                 relays.wait().await;

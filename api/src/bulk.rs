@@ -77,6 +77,7 @@ pub(crate) async fn submit(
             format!("the body is not valid JSON: {e}"),
         )
     })?;
+    crate::jobs::refuse_nul(&parsed, &bytes)?;
     let items = match parsed {
         Value::Object(mut o) if o.len() == 1 && o.contains_key("jobs") => match o.remove("jobs") {
             Some(Value::Array(items)) => items,

@@ -85,15 +85,27 @@ impl ApiError {
     }
 }
 
+/// SQLSTATEs that say "not now" rather than "never": the client should retry (503 with
+/// `Retry-After`), and nothing about its request is wrong.
+fn is_transient(sqlstate: &str) -> bool {
+    // 57P01..57P03: the server is shutting down, crashed or starting (a restart);
+    // 08xxx: the connection failed; 53xxx: out of connections, memory or disk;
+    // 25006: a read-only server (a replica, or a primary being failed over);
+    // 40001 / 40P01: a serialization failure or deadlock, which a retry resolves.
+    sqlstate.starts_with("57P")
+        || sqlstate.starts_with("08")
+        || sqlstate.starts_with("53")
+        || matches!(sqlstate, "25006" | "40001" | "40P01")
+}
+
 impl From<tollgate::store::StoreError> for ApiError {
     fn from(e: tollgate::store::StoreError) -> Self {
         match &e {
             tollgate::store::StoreError::Database(
                 sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed,
             ) => Self::unavailable(e),
-            // 57P01..57P03: the server is shutting down, crashed or starting (a restart).
             tollgate::store::StoreError::Database(sqlx::Error::Database(d))
-                if d.code().is_some_and(|c| c.starts_with("57P")) =>
+                if d.code().is_some_and(|c| is_transient(&c)) =>
             {
                 Self::unavailable(e)
             }
@@ -120,5 +132,18 @@ impl IntoResponse for ApiError {
             }
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_server_that_cannot_serve_now_is_a_503_not_a_500() {
+        for transient in ["57P01", "08006", "53300", "25006", "40001", "40P01"] {
+            assert!(super::is_transient(transient), "{transient}");
+        }
+        for permanent in ["23505", "22P05", "42P01", "XX000"] {
+            assert!(!super::is_transient(permanent), "{permanent}");
+        }
     }
 }

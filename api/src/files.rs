@@ -119,30 +119,76 @@ impl Counter {
     }
 }
 
-/// Streams the `file` field into chunks of `file_id`.
-async fn store_field(
-    conn: &mut PgConnection,
-    file_id: &str,
+/// Largest value of a field other than `file` (`purpose`, `expires_after[seconds]`, or
+/// one tollgate ignores): they are short words and numbers.
+const MAX_TEXT_FIELD_BYTES: usize = 1024;
+/// Most fields in one upload.
+const MAX_FIELDS: usize = 16;
+
+/// Streams the `file` field into chunks of `file.id`. The transaction that writes them is
+/// opened only when the first chunk is full (or the field ends): an upload that stalls
+/// before sending a chunk's worth holds memory for at most that chunk, and no database
+/// connection.
+async fn store_field<'p>(
+    pool: &'p sqlx::PgPool,
+    file: &FileRow,
     mut field: Field<'_>,
     counter: &mut Counter,
-) -> Result<(), ApiError> {
+) -> Result<sqlx::Transaction<'p, sqlx::Postgres>, ApiError> {
     let mut buf: Vec<u8> = Vec::with_capacity(FILE_CHUNK_BYTES);
     let mut seq = 0;
+    let mut tx = None;
     while let Some(data) = field.chunk().await.map_err(multipart_error)? {
         counter.feed(&data)?;
         buf.extend_from_slice(&data);
         if buf.len() >= FILE_CHUNK_BYTES {
-            seq = store::insert_chunks(&mut *conn, file_id, seq, &buf, FILE_CHUNK_BYTES).await?;
+            let conn = open_file(pool, file, &mut tx).await?;
+            seq = store::insert_chunks(conn, &file.id, seq, &buf, FILE_CHUNK_BYTES).await?;
             buf.clear();
         }
     }
     counter.finish()?;
-    store::insert_chunks(&mut *conn, file_id, seq, &buf, FILE_CHUNK_BYTES).await?;
-    Ok(())
+    let conn = open_file(pool, file, &mut tx).await?;
+    store::insert_chunks(conn, &file.id, seq, &buf, FILE_CHUNK_BYTES).await?;
+    tx.ok_or_else(|| ApiError::internal("the upload's transaction was not opened"))
 }
 
-async fn text_field(field: Field<'_>) -> Result<String, ApiError> {
-    field.text().await.map_err(multipart_error)
+/// The upload's transaction, begun (with the file's row written) on first use.
+async fn open_file<'t, 'p>(
+    pool: &'p sqlx::PgPool,
+    file: &FileRow,
+    tx: &'t mut Option<sqlx::Transaction<'p, sqlx::Postgres>>,
+) -> Result<&'t mut PgConnection, ApiError> {
+    if tx.is_none() {
+        let mut begun = pool.begin().await.map_err(db)?;
+        store::insert_file(&mut *begun, file).await?;
+        *tx = Some(begun);
+    }
+    match tx {
+        Some(tx) => Ok(&mut **tx),
+        None => Err(ApiError::internal("the upload's transaction was not opened")),
+    }
+}
+
+/// A short field's text, refused past [`MAX_TEXT_FIELD_BYTES`] without reading further.
+async fn text_field(mut field: Field<'_>) -> Result<String, ApiError> {
+    let name = field.name().unwrap_or_default().to_owned();
+    let mut bytes = Vec::new();
+    while let Some(data) = field.chunk().await.map_err(multipart_error)? {
+        if bytes.len() + data.len() > MAX_TEXT_FIELD_BYTES {
+            return Err(ApiError::bad_request(
+                ApiErrorCode::InvalidMultipart,
+                format!("the field {name:?} is longer than {MAX_TEXT_FIELD_BYTES} bytes"),
+            ));
+        }
+        bytes.extend_from_slice(&data);
+    }
+    String::from_utf8(bytes).map_err(|_| {
+        ApiError::bad_request(
+            ApiErrorCode::InvalidMultipart,
+            format!("the field {name:?} is not UTF-8 text"),
+        )
+    })
 }
 
 /// `POST /v1/files`.
@@ -189,9 +235,18 @@ pub(crate) async fn upload(
         max_bytes: limits.max_file_bytes,
         max_lines: limits.max_lines,
     };
-    let mut tx = state.pool.begin().await.map_err(db)?;
-    let (mut purpose, mut have_file, mut expires_secs) = (None, false, None);
+    let (mut purpose, mut tx, mut expires_secs) = (None, None, None);
+    let mut fields = 0;
     while let Some(field) = multipart.next_field().await.map_err(multipart_error)? {
+        fields += 1;
+        if fields > MAX_FIELDS {
+            return Err(ApiError::bad_request(
+                ApiErrorCode::InvalidMultipart,
+                format!(
+                    "an upload has at most {MAX_FIELDS} fields: `file`, `purpose`, `expires_after[seconds]`"
+                ),
+            ));
+        }
         match field.name().unwrap_or_default() {
             "purpose" => purpose = Some(text_field(field).await?),
             "expires_after[seconds]" => {
@@ -210,16 +265,15 @@ pub(crate) async fn upload(
                         })?,
                 );
             }
-            "file" if !have_file => {
-                have_file = true;
+            "file" if tx.is_none() => {
                 row.filename = field
                     .file_name()
                     .unwrap_or("upload.jsonl")
                     .chars()
+                    .filter(|c| *c != tollgate::sanitize::NUL)
                     .take(255)
                     .collect();
-                store::insert_file(&mut *tx, &row).await?;
-                store_field(&mut tx, &row.id, field, &mut counter).await?;
+                tx = Some(store_field(&state.pool, &row, field, &mut counter).await?);
             }
             "file" => {
                 return Err(
@@ -227,7 +281,8 @@ pub(crate) async fn upload(
                         .with_param("file"),
                 );
             }
-            _ => {}
+            // Read (bounded) and dropped: OpenAI's clients send none, others may.
+            _ => drop(text_field(field).await?),
         }
     }
     let purpose = purpose.ok_or_else(|| {
@@ -240,11 +295,11 @@ pub(crate) async fn upload(
         )
         .with_param("purpose"));
     }
-    if !have_file {
+    let Some(mut tx) = tx else {
         return Err(
             ApiError::bad_request(ApiErrorCode::MissingField, "`file` is required").with_param("file"),
         );
-    }
+    };
     row.purpose = purpose;
     row.bytes = counter.bytes as i64;
     row.lines = counter.lines as i64;

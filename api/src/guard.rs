@@ -1,19 +1,29 @@
 //! What every request passes before its handler: the size of its headers (431
-//! `headers_too_large`, `server.max_header_bytes`) and its tenant's rate on the API itself
-//! (429 `api_rate_limited` with Retry-After, `server.api_rate_per_sec` / `api_burst`), so
-//! that one client's loop or oversized headers cost the handlers and the database nothing.
+//! `headers_too_large`, `server.max_header_bytes`), then a rate (429 `api_rate_limited`
+//! with Retry-After), so that one client's loop, a key-guessing run or oversized headers
+//! cost the handlers and the database nothing:
 //!
-//! The rate is a token bucket per tenant in each process's memory: it protects the
-//! process, not a global quota (that is what the tenant's `rpm`/`tpm` buckets are).
-//! Requests without a valid key are not counted here; they are answered 401 by the
-//! handler's key check, which costs a hash and no database work.
+//! - a request with a tenant's key counts against that tenant (`server.api_rate_per_sec`
+//!   / `api_burst`);
+//! - any other request — no key, a wrong key, an anonymous endpoint — counts against its
+//!   source address (`server.anonymous_rate_per_sec` / `anonymous_burst`; an IPv6 source
+//!   is its /64), so guessing keys runs at that rate, not at line rate;
+//! - the admin key and the probes (`/healthz`, `/readyz`, which cost no database work per
+//!   request) are not counted.
+//!
+//! Each rate is a token bucket in each process's memory: it protects the process, not a
+//! global quota (that is what the tenant's `rpm`/`tpm` buckets are). The buckets by source
+//! are bounded ([`MAX_SOURCES`]): full ones are forgotten first, and a flood from more
+//! sources than that is refused until some refill.
 
 use std::collections::HashMap;
+use std::hash::Hash;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tollgate::vocab::ApiErrorCode;
 
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -22,32 +32,48 @@ use tollgate::tenants::TenantDirectory;
 use crate::AppState;
 use crate::error::ApiError;
 
-/// Requests per second per tenant, refilled continuously, up to `burst`.
+/// Sources whose buckets are kept at once (about 100 bytes each).
+pub const MAX_SOURCES: usize = 65_536;
+
+/// Requests per second per key (a tenant, a source), refilled continuously, up to `burst`.
 #[derive(Debug)]
-pub struct ApiRateLimiter {
+pub struct ApiRateLimiter<K = String> {
     rate: f64,
     burst: f64,
-    /// Tenant name → (tokens, when counted). Bounded: only configured tenants get one.
-    levels: Mutex<HashMap<String, (f64, Instant)>>,
+    /// Keys kept at most; a new key beyond them waits until a bucket is full again.
+    max_keys: usize,
+    /// Key → (tokens, when counted).
+    levels: Mutex<HashMap<K, (f64, Instant)>>,
 }
 
-impl ApiRateLimiter {
-    pub fn new(rate_per_sec: f64, burst: f64) -> Self {
+impl<K: Hash + Eq + Clone> ApiRateLimiter<K> {
+    pub fn new(rate_per_sec: f64, burst: f64, max_keys: usize) -> Self {
         Self {
             rate: rate_per_sec,
             burst,
+            max_keys,
             levels: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Takes one request from `tenant`'s bucket at `now`; `Err(wait)` when it is empty,
+    /// Takes one request from `key`'s bucket at `now`; `Err(wait)` when it is empty,
     /// with the time until one request fits.
-    pub fn take(&self, tenant: &str, now: Instant) -> Result<(), Duration> {
+    pub fn take(&self, key: &K, now: Instant) -> Result<(), Duration> {
         let mut levels = self
             .levels
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (tokens, at) = levels.entry(tenant.to_owned()).or_insert((self.burst, now));
+        if levels.len() >= self.max_keys && !levels.contains_key(key) {
+            // A full bucket holds nothing a fresh one would not: forget those.
+            let (rate, burst) = (self.rate, self.burst);
+            levels.retain(|_, (tokens, at)| {
+                *tokens + now.saturating_duration_since(*at).as_secs_f64() * rate < burst
+            });
+            if levels.len() >= self.max_keys {
+                return Err(Duration::from_secs_f64(1.0 / self.rate));
+            }
+        }
+        let (tokens, at) = levels.entry(key.clone()).or_insert((self.burst, now));
         let elapsed = now.saturating_duration_since(*at).as_secs_f64();
         *tokens = (*tokens + elapsed * self.rate).min(self.burst);
         *at = now.max(*at);
@@ -64,6 +90,7 @@ impl ApiRateLimiter {
 #[derive(Clone)]
 pub struct Guard {
     limiter: Arc<ApiRateLimiter>,
+    anonymous: Arc<ApiRateLimiter<IpAddr>>,
     tenants: Arc<TenantDirectory>,
     max_header_bytes: usize,
 }
@@ -72,7 +99,17 @@ impl Guard {
     pub fn new(state: &AppState) -> Self {
         let server = &state.config.server;
         Self {
-            limiter: Arc::new(ApiRateLimiter::new(server.api_rate_per_sec, server.api_burst)),
+            // Tenants are few and configured: no bound needed.
+            limiter: Arc::new(ApiRateLimiter::new(
+                server.api_rate_per_sec,
+                server.api_burst,
+                usize::MAX,
+            )),
+            anonymous: Arc::new(ApiRateLimiter::new(
+                server.anonymous_rate_per_sec,
+                server.anonymous_burst,
+                MAX_SOURCES,
+            )),
             tenants: state.tenants.clone(),
             max_header_bytes: server.max_header_bytes,
         }
@@ -97,16 +134,36 @@ pub async fn check(State(guard): State<Guard>, request: Request, next: Next) -> 
         )
         .into_response();
     }
-    let tenant = crate::auth::bearer(request.headers())
-        .ok()
-        .and_then(|key| guard.tenants.authenticate(key));
-    if let Some(tenant) = tenant
-        && let Err(wait) = guard.limiter.take(&tenant.name, Instant::now())
-    {
+    let key = crate::auth::bearer(request.headers()).ok();
+    let now = Instant::now();
+    let throttled = match key.and_then(|key| guard.tenants.authenticate(key)) {
+        Some(tenant) => guard.limiter.take(&tenant.name, now).err().map(|wait| {
+            (
+                wait,
+                "too many API requests from this tenant (server.api_rate_per_sec); retry after the delay given",
+            )
+        }),
+        None if key.is_some_and(|key| guard.tenants.is_admin(key)) => None,
+        None if matches!(request.uri().path(), "/healthz" | "/readyz") => None,
+        None => {
+            // Without a socket (a router driven in-process) every request is one source.
+            let source = request
+                .extensions()
+                .get::<ConnectInfo<SocketAddr>>()
+                .map_or(IpAddr::from([0, 0, 0, 0]), |ConnectInfo(peer)| crate::serve::source_of(*peer));
+            guard.anonymous.take(&source, now).err().map(|wait| {
+                (
+                    wait,
+                    "too many requests without a valid API key from this address (server.anonymous_rate_per_sec); retry after the delay given",
+                )
+            })
+        }
+    };
+    if let Some((wait, message)) = throttled {
         return ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             ApiErrorCode::ApiRateLimited,
-            "too many API requests from this tenant (server.api_rate_per_sec); retry after the delay given",
+            message,
         )
         .with_retry_after(wait)
         .into_response();
@@ -120,23 +177,38 @@ mod tests {
 
     #[test]
     fn a_tenant_gets_its_burst_then_the_rate_and_others_are_unaffected() {
-        let limiter = ApiRateLimiter::new(10.0, 3.0);
+        let limiter = ApiRateLimiter::new(10.0, 3.0, usize::MAX);
+        let (acme, globex) = ("acme".to_owned(), "globex".to_owned());
         let t0 = Instant::now();
         for _ in 0..3 {
-            assert!(limiter.take("acme", t0).is_ok());
+            assert!(limiter.take(&acme, t0).is_ok());
         }
-        let wait = limiter.take("acme", t0).unwrap_err();
+        let wait = limiter.take(&acme, t0).unwrap_err();
         assert!((wait.as_secs_f64() - 0.1).abs() < 1e-9, "{wait:?}");
-        assert!(limiter.take("globex", t0).is_ok(), "buckets are per tenant");
+        assert!(limiter.take(&globex, t0).is_ok(), "buckets are per tenant");
         // A tenth of a second refills one request, no more.
         let t1 = t0 + Duration::from_millis(100);
-        assert!(limiter.take("acme", t1).is_ok());
-        assert!(limiter.take("acme", t1).is_err());
+        assert!(limiter.take(&acme, t1).is_ok());
+        assert!(limiter.take(&acme, t1).is_err());
         // A long idle refills to the burst, never beyond it.
         let t2 = t1 + Duration::from_secs(3600);
         for _ in 0..3 {
-            assert!(limiter.take("acme", t2).is_ok());
+            assert!(limiter.take(&acme, t2).is_ok());
         }
-        assert!(limiter.take("acme", t2).is_err());
+        assert!(limiter.take(&acme, t2).is_err());
+    }
+
+    #[test]
+    fn sources_are_bounded_and_full_buckets_are_forgotten_first() {
+        let limiter = ApiRateLimiter::new(1.0, 2.0, 2);
+        let t0 = Instant::now();
+        assert!(limiter.take(&1, t0).is_ok());
+        assert!(limiter.take(&2, t0).is_ok());
+        // Both buckets are in use: a third source waits rather than growing the map.
+        assert!(limiter.take(&3, t0).is_err());
+        // Once they have refilled, they are forgotten and the newcomer gets a bucket.
+        let later = t0 + Duration::from_secs(5);
+        assert!(limiter.take(&3, later).is_ok());
+        assert_eq!(limiter.levels.lock().unwrap().len(), 1);
     }
 }

@@ -50,12 +50,30 @@ pub(crate) fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, Ap
             ApiError::bad_request(ApiErrorCode::UnreadableBody, rejection.body_text())
         }
     })?;
-    serde_json::from_slice(&bytes).map_err(|e| {
+    let value = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::bad_request(
             ApiErrorCode::InvalidJson,
             format!("the body is not valid JSON: {e}"),
         )
-    })
+    })?;
+    refuse_nul(&value, &bytes)?;
+    Ok(value)
+}
+
+/// 400 `nul_character` when a string of `value` (parsed from `raw`) holds U+0000.
+pub(crate) fn refuse_nul(value: &Value, raw: &[u8]) -> Result<(), ApiError> {
+    // JSON can only spell U+0000 as the escape `\u0000`: no such bytes, no walk.
+    if !raw.windows(6).any(|w| w.eq_ignore_ascii_case(b"\\u0000")) {
+        return Ok(());
+    }
+    match tollgate::sanitize::first_nul(value) {
+        None => Ok(()),
+        Some(at) => Err(ApiError::bad_request(
+            ApiErrorCode::NulCharacter,
+            format!("the string at {at} holds U+0000 (NUL), which tollgate cannot store: remove it"),
+        )
+        .with_param(at)),
+    }
 }
 
 /// Checks an OpenAI Chat Completions body enough that a provider will not reject its
@@ -368,8 +386,16 @@ pub(crate) async fn submit(
         .map_err(|e| ApiError::bad_request(ApiErrorCode::InvalidRequest, format!("invalid job: {e}")))?;
     let header_key = headers
         .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+        .map(|v| {
+            v.to_str().map(str::to_owned).map_err(|_| {
+                ApiError::bad_request(
+                    ApiErrorCode::InvalidRequest,
+                    "the Idempotency-Key header must be visible ASCII; put other text in the body's `idempotency_key`",
+                )
+                .with_param("idempotency_key")
+            })
+        })
+        .transpose()?;
     let inserted = enqueue(&state, &tenant, submit.into_submission(header_key)?).await?;
     Ok(match inserted {
         Inserted::New(job) => (StatusCode::ACCEPTED, Json(job_view(&job))).into_response(),

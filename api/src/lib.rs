@@ -14,6 +14,7 @@
 //! - [`error`]: `ApiError`, status + stable code + safe message.
 //! - [`guard`]: before every handler: header size, the tenant's API request rate.
 //! - `paging`: OpenAI-style cursor lists (`limit`, `after`, `has_more`).
+//! - [`serve`]: the HTTP server: header, idle and body timeouts, the connection cap.
 //! - [`broker`]: starts the roles of one process (API, dispatcher, maintenance,
 //!   notifications) and runs the shutdown sequence; `serve`, `demo` and tests use it.
 //! - [`cli`]: `tollgate status`, `jobs get`, `submit`, `batches list` against a running server.
@@ -39,6 +40,7 @@ pub mod limits;
 pub mod metrics;
 pub mod openapi;
 pub(crate) mod paging;
+pub mod serve;
 pub mod status;
 
 use std::sync::Arc;
@@ -76,7 +78,17 @@ pub struct AppState {
     /// Admission on arrival for interactive jobs, when this process runs the gate and
     /// dispatches too.
     pub arrivals: Option<arrivals::Arrivals>,
+    /// `/readyz`'s last probe, shared by the probes of the next second.
+    pub readiness: Readiness,
 }
+
+/// The last database probe `/readyz` made and when: however many probes arrive, the
+/// database sees at most one a second (and one at a time).
+#[derive(Clone, Default)]
+pub struct Readiness(Arc<tokio::sync::Mutex<Option<Probe>>>);
+
+/// When a probe ran, and what it found (why the database is unavailable).
+type Probe = (std::time::Instant, Result<(), String>);
 
 /// Every endpoint, each with its OpenAPI description (`#[utoipa::path]` on the handler):
 /// the router and `/openapi.json` are both built from this, so neither can miss a route.
@@ -128,7 +140,23 @@ pub fn router(state: AppState) -> Router {
         })
         .layer(DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::from_fn_with_state(guard, guard::check))
+        .layer(axum::middleware::map_response(protective_headers))
         .with_state(state)
+}
+
+/// On every answer: no content sniffing, no framing by other sites, no referrer to
+/// them. The dashboard page adds its own `Content-Security-Policy` (`dashboard`).
+async fn protective_headers(mut response: axum::response::Response) -> axum::response::Response {
+    use axum::http::{HeaderValue, header};
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::REFERRER_POLICY, "no-referrer"),
+    ] {
+        headers.entry(name).or_insert(HeaderValue::from_static(value));
+    }
+    response
 }
 
 /// Liveness: the process answers.
@@ -148,15 +176,34 @@ async fn healthz() -> &'static str {
     )
 )]
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    // Bounded well below the pool's acquire timeout: while the database restarts a probe
-    // must say "not ready" promptly, not hang.
-    let probe = sqlx::query("SELECT 1").execute(&state.pool);
-    match tokio::time::timeout(READY_PROBE_TIMEOUT, probe).await {
-        Ok(Ok(_)) => (StatusCode::OK, "ready").into_response(),
-        Ok(Err(e)) => ApiError::unavailable(e).into_response(),
-        Err(_) => ApiError::unavailable("no database connection within the probe timeout").into_response(),
+    let mut last = state.readiness.0.lock().await;
+    let fresh = last
+        .as_ref()
+        .filter(|(at, _)| at.elapsed() < READY_PROBE_REUSE)
+        .map(|(_, outcome)| outcome.clone());
+    let outcome = match fresh {
+        Some(outcome) => outcome,
+        None => {
+            // Bounded well below the pool's acquire timeout: while the database restarts a
+            // probe must say "not ready" promptly, not hang.
+            let probe = sqlx::query("SELECT 1").execute(&state.pool);
+            let outcome = match tokio::time::timeout(READY_PROBE_TIMEOUT, probe).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("no database connection within the probe timeout".to_owned()),
+            };
+            *last = Some((std::time::Instant::now(), outcome.clone()));
+            outcome
+        }
+    };
+    drop(last);
+    match outcome {
+        Ok(()) => (StatusCode::OK, "ready").into_response(),
+        Err(reason) => ApiError::unavailable(reason).into_response(),
     }
 }
 
+/// How long one `/readyz` probe's outcome answers the probes after it.
+const READY_PROBE_REUSE: std::time::Duration = std::time::Duration::from_secs(1);
 /// How long `/readyz` waits for the database before answering 503.
 const READY_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);

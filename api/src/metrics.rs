@@ -2,8 +2,8 @@
 //! gate and dispatchers record through `tollgate::metrics`, held by this process's
 //! recorder) and where things stand (read from the database at scrape time: queue depth
 //! and oldest age by tenant and class, every bucket's limit, level and use with its
-//! source, daily headroom, each tenant's share of the capacity in use). With
-//! `server.admin_key` set, scraping needs it (`Authorization: Bearer`).
+//! source, daily headroom, each tenant's share of the capacity in use). Scraping needs
+//! `server.admin_key` (`Authorization: Bearer`); without one configured, nobody scrapes.
 
 use std::fmt::Write as _;
 use std::sync::OnceLock;
@@ -62,8 +62,8 @@ pub fn recorder() -> &'static PrometheusHandle {
     tag = "operations",
     responses(
         (status = 200, description = "Prometheus text exposition format", content_type = "text/plain", body = String),
-        (status = 401, description = "`missing_api_key`, `invalid_api_key` (only when `server.admin_key` is set)", body = doc::ErrorBody),
-        (status = 403, description = "`admin_only`: a tenant key", body = doc::ErrorBody),
+        (status = 401, description = "`missing_api_key`, `invalid_api_key`", body = doc::ErrorBody),
+        (status = 403, description = "`admin_only`: a tenant key, or no `server.admin_key` configured", body = doc::ErrorBody),
     ),
     security((), ("bearer" = []))
 )]
@@ -71,18 +71,24 @@ pub(crate) async fn scrape(
     State(state): State<AppState>,
     parts: axum::http::request::Parts,
 ) -> Result<Response, ApiError> {
-    if state.tenants.has_admin() {
-        let mut parts = parts;
-        let viewer =
-            <Viewer as axum::extract::FromRequestParts<AppState>>::from_request_parts(&mut parts, &state)
-                .await?;
-        if !matches!(viewer, Viewer::Admin) {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                ApiErrorCode::AdminOnly,
-                "/metrics needs the admin key (server.admin_key)",
-            ));
-        }
+    // Every tenant's names, depths and spend are in here: the operators' key only, and
+    // with none configured, nobody.
+    if !state.tenants.has_admin() {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            ApiErrorCode::AdminOnly,
+            "/metrics shows every tenant and needs the admin key: set server.admin_key (or admin_key_env) and scrape with it",
+        ));
+    }
+    let mut parts = parts;
+    let viewer =
+        <Viewer as axum::extract::FromRequestParts<AppState>>::from_request_parts(&mut parts, &state).await?;
+    if !matches!(viewer, Viewer::Admin) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            ApiErrorCode::AdminOnly,
+            "/metrics needs the admin key (server.admin_key)",
+        ));
     }
     let mut text = recorder().render();
     levels(&state, &mut text).await?;

@@ -132,10 +132,15 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(config_path: PathBuf, listen: Option<std::net::SocketAddr>) -> anyhow::Result<()> {
-    let config = Config::load(&config_path)?;
+    let mut config = Config::load(&config_path)?;
+    if let Some(listen) = listen {
+        // Checked again: what is allowed depends on where the API listens (short keys).
+        config.server.listen = listen;
+        config.validate()?;
+    }
     let db = Database::open(&config.database).await?;
     tracing::info!(database = %db.display_url, "database ready");
-    let addr = listen.unwrap_or(config.server.listen);
+    let addr = config.server.listen;
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;

@@ -18,6 +18,8 @@
 //!   nothing stuck, deadlines kept, buckets full again.
 //! - [`chaos`]: ten SIGKILLs of `tollgate serve` mid-run, and a PostgreSQL restart under
 //!   it: every job finished once, every webhook event delivered.
+//! - [`edge`]: the HTTP edge against unfair clients: slow headers, idle and surplus
+//!   connections, key guessing, `/metrics` without an admin key, U+0000 in and out.
 //! - [`security`]: hostile input limits, the auth matrix over every endpoint, provider
 //!   keys never leaking, API rate limits.
 //! - [`schemathesis`]: generated requests against `/openapi.json`: no 5xx, schema-true.
@@ -36,6 +38,7 @@ mod chaos;
 mod cli;
 mod dashboard;
 mod durability;
+mod edge;
 mod faults;
 mod gate;
 mod harness;

@@ -400,6 +400,11 @@ async fn provider_keys_appear_in_no_log_metric_error_record_or_page() {
         seen.push_str(&r.text().await.unwrap());
     }
     assert!(!seen.contains(CANARY_PART), "an API answer holds a provider key");
+    // The provider's 401 quotes the key masked (`sk-****…d9aa`): even that is cut.
+    assert!(
+        !seen.contains("sk-*"),
+        "an API answer holds a provider's masked key: {seen}"
+    );
 
     // Every row of every table, as text.
     let tables: Vec<String> =
