@@ -103,8 +103,9 @@ pub async fn record_observations(pool: &sqlx::PgPool, observations: &[&Observati
 
 /// Every learned limit.
 pub async fn learned_limits(ex: impl PgExecutor<'_>) -> Result<Vec<Learned>> {
-    // `name` has no CHECK constraint: a row of a name this version does not know is
-    // skipped, as `source` could not be (the constraint allows only what `LearnedFrom` names).
+    // `source` decodes as a `LearnedFrom`: its CHECK constraint allows only the names that
+    // has. `name` has no constraint, so a row of a name this version does not know is
+    // skipped rather than failing the read.
     let rows = sqlx::query!(
         r#"SELECT scope, name, reported, remaining, observed_at, throttled_at, source AS "source: LearnedFrom",
                   ceiling, decreases, changed_at, applied_at
