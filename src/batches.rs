@@ -33,7 +33,7 @@ pub const PURPOSE_BATCH_OUTPUT: &str = "batch_output";
 pub const CHAT_COMPLETIONS: &str = "/v1/chat/completions";
 
 /// A row of `files` (without its bytes).
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct FileRow {
     pub id: String,
     pub tenant: String,
@@ -46,7 +46,7 @@ pub struct FileRow {
 }
 
 /// A row of `batches`.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct BatchRow {
     pub id: String,
     pub tenant: String,

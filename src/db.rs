@@ -105,11 +105,15 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError>
 /// `CREATE DATABASE name` unless it exists; `admin_url` points at an existing database.
 pub async fn create_database_if_missing(admin_url: &str, name: &str) -> Result<(), DbError> {
     let pool = connect(admin_url, 1).await?;
-    let exists: Option<(i32,)> = sqlx::query_as("SELECT 1 FROM pg_database WHERE datname = $1")
-        .bind(name)
-        .fetch_optional(&pool)
-        .await?;
+    let exists = sqlx::query_scalar!(
+        r#"SELECT 1 AS "exists!" FROM pg_database WHERE datname = $1"#,
+        name
+    )
+    .fetch_optional(&pool)
+    .await?;
     if exists.is_none() {
+        // A database's name is an identifier, which no statement takes as a parameter: the
+        // one statement whose text is made at run time.
         let quoted = name.replace('"', "\"\"");
         sqlx::query(&format!("CREATE DATABASE \"{quoted}\""))
             .execute(&pool)

@@ -46,8 +46,9 @@ pub struct Usage {
     pub cached_tokens: i64,
 }
 
-/// A row of `jobs`.
-#[derive(Debug, Clone, sqlx::FromRow)]
+/// A row of `jobs`, as `store`'s `query_jobs!` reads it: every column but those of a batch
+/// line (`batch_id`, `custom_id`, `batch_line`) and `saved_micro_usd`.
+#[derive(Debug, Clone)]
 pub struct Job {
     pub id: JobId,
     pub tenant: String,
@@ -89,13 +90,10 @@ pub struct Job {
     /// may not have; the gate prefers the route's other targets.
     pub failed_targets: Option<Vec<String>>,
     /// `online` or `provider_batch` (a [`Lane`]); `None`: undecided.
-    #[sqlx(default)]
     pub dispatch_via: Option<String>,
     /// Why the job goes the way it goes (`deadline_allows_batch_api`, ...).
-    #[sqlx(default)]
     pub dispatch_reason: Option<String>,
     /// The provider batch carrying (or that carried) the job.
-    #[sqlx(default)]
     pub provider_batch_id: Option<String>,
 }
 

@@ -5,7 +5,9 @@
 //!
 //! Each is an enum. Its string form exists only at the wire (serde) and in SQL (`as_str`,
 //! `parse`, one name for both, derived by `strum`), and the OpenAPI schemas of the codes are
-//! derived from these enums. A leaf module: it imports nothing of the core, so any module
+//! derived from these enums. Job states and classes are PostgreSQL enums; the others that
+//! the store keeps are `text` columns, and bind and decode as their name ([`text_in_sql`]),
+//! so a query's Rust types say which vocabulary a column holds. A leaf module: it imports nothing of the core, so any module
 //! may use it without an import cycle.
 
 use serde::{Deserialize, Serialize};
@@ -32,6 +34,55 @@ macro_rules! wire_names {
         }
     )*};
 }
+
+/// `sqlx` encoding for vocabulary kept in `text` columns: the value is its name, and a name
+/// the enum does not know is a decode error.
+macro_rules! text_in_sql {
+    ($($ty:ty),* $(,)?) => {$(
+        impl sqlx::Type<sqlx::Postgres> for $ty {
+            fn type_info() -> sqlx::postgres::PgTypeInfo {
+                <&str as sqlx::Type<sqlx::Postgres>>::type_info()
+            }
+
+            fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+                <&str as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+            }
+        }
+
+        impl sqlx::postgres::PgHasArrayType for $ty {
+            fn array_type_info() -> sqlx::postgres::PgTypeInfo {
+                <&str as sqlx::postgres::PgHasArrayType>::array_type_info()
+            }
+        }
+
+        impl sqlx::Encode<'_, sqlx::Postgres> for $ty {
+            fn encode_by_ref(
+                &self,
+                buf: &mut sqlx::postgres::PgArgumentBuffer,
+            ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+                <&str as sqlx::Encode<sqlx::Postgres>>::encode(self.as_str(), buf)
+            }
+        }
+
+        impl<'r> sqlx::Decode<'r, sqlx::Postgres> for $ty {
+            fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+                let name = <&str as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
+                Self::parse(name).ok_or_else(|| format!("not a {}: {name:?}", stringify!($ty)).into())
+            }
+        }
+    )*};
+}
+
+text_in_sql!(
+    Dimension,
+    Rule,
+    LimitName,
+    LearnedFrom,
+    Lane,
+    LaneReason,
+    BatchStatus,
+    ReasonCode
+);
 
 wire_names!(
     JobState,

@@ -9,35 +9,52 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgExecutor, Postgres};
+use sqlx::{PgConnection, PgExecutor};
 
 use super::Result;
 use super::buckets::{Settlement, reservation, settle};
 use super::jobs::notify_done;
 use crate::batches::BatchRow;
-use crate::model::{JobId, JobState};
+use crate::model::{JobClass, JobId, JobState};
 use crate::vocab::BatchStatus;
 
+/// `sqlx::query_as!` of [`BatchRow`]s: the statement is `$head`, the batch's columns, then
+/// `$tail`.
+macro_rules! query_batches {
+    ($head:expr, $tail:expr $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            BatchRow,
+            $head
+                + r#" id, tenant, endpoint, input_file_id, completion_window, status, class AS "class: JobClass",
+                      output_file_id, error_file_id, metadata, errors, total, rejected, completed, failed, usage,
+                      output_expires_secs, created_at, in_progress_at, expires_at, finalizing_at, completed_at,
+                      failed_at, expired_at, cancelling_at, cancelled_at "#
+                + $tail
+            $(, $arg)*
+        )
+    };
+}
+
 pub async fn insert_batch(ex: impl PgExecutor<'_>, b: &BatchRow) -> Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO batches (id, tenant, endpoint, input_file_id, completion_window, status, class, metadata,
                               total, rejected, output_expires_secs, created_at, in_progress_at, expires_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+        &b.id,
+        &b.tenant,
+        &b.endpoint,
+        &b.input_file_id,
+        &b.completion_window,
+        &b.status,
+        b.class as JobClass,
+        b.metadata.as_ref(),
+        b.total,
+        b.rejected,
+        b.output_expires_secs,
+        b.created_at,
+        b.in_progress_at,
+        b.expires_at,
     )
-    .bind(&b.id)
-    .bind(&b.tenant)
-    .bind(&b.endpoint)
-    .bind(&b.input_file_id)
-    .bind(&b.completion_window)
-    .bind(&b.status)
-    .bind(b.class)
-    .bind(&b.metadata)
-    .bind(b.total)
-    .bind(b.rejected)
-    .bind(b.output_expires_secs)
-    .bind(b.created_at)
-    .bind(b.in_progress_at)
-    .bind(b.expires_at)
     .execute(ex)
     .await?;
     Ok(())
@@ -77,34 +94,34 @@ pub async fn insert_batch_jobs(
     jobs: &BatchJobs,
     max_attempts: i32,
 ) -> Result<u64> {
-    Ok(sqlx::query(
+    Ok(sqlx::query!(
         "INSERT INTO jobs (id, tenant, class, priority, request, model, deadline, not_before, max_attempts,
                            estimated_input_tokens, estimated_output_tokens, created_at,
                            batch_id, custom_id, batch_line)
          SELECT t.id, $1, $2, 0, t.request, t.model, $3, $4, $5, t.ein, t.eout, $4, $6, t.custom_id, t.line
          FROM unnest($7::uuid[], $8::jsonb[], $9::text[], $10::int[], $11::int[], $12::text[], $13::int[])
              AS t(id, request, model, ein, eout, custom_id, line)",
+        &batch.tenant,
+        batch.class as JobClass,
+        batch.expires_at,
+        batch.created_at,
+        max_attempts,
+        &batch.id,
+        &jobs.ids,
+        &jobs.requests,
+        &jobs.models,
+        &jobs.estimated_input_tokens,
+        &jobs.estimated_output_tokens,
+        &jobs.custom_ids,
+        &jobs.lines,
     )
-    .bind(&batch.tenant)
-    .bind(batch.class)
-    .bind(batch.expires_at)
-    .bind(batch.created_at)
-    .bind(max_attempts)
-    .bind(&batch.id)
-    .bind(&jobs.ids)
-    .bind(&jobs.requests)
-    .bind(&jobs.models)
-    .bind(&jobs.estimated_input_tokens)
-    .bind(&jobs.estimated_output_tokens)
-    .bind(&jobs.custom_ids)
-    .bind(&jobs.lines)
     .execute(ex)
     .await?
     .rows_affected())
 }
 
 /// An input line rejected at ingest.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LineError {
     pub line: i32,
     pub custom_id: Option<String>,
@@ -116,15 +133,19 @@ pub async fn insert_line_errors(ex: impl PgExecutor<'_>, batch_id: &str, errors:
     if errors.is_empty() {
         return Ok(());
     }
-    sqlx::query(
+    let lines: Vec<i32> = errors.iter().map(|e| e.line).collect();
+    let custom_ids: Vec<Option<&str>> = errors.iter().map(|e| e.custom_id.as_deref()).collect();
+    let codes: Vec<&str> = errors.iter().map(|e| e.code.as_str()).collect();
+    let messages: Vec<&str> = errors.iter().map(|e| e.message.as_str()).collect();
+    sqlx::query!(
         "INSERT INTO batch_line_errors (batch_id, line, custom_id, code, message)
          SELECT $1, * FROM unnest($2::int[], $3::text[], $4::text[], $5::text[])",
+        batch_id,
+        &lines,
+        &custom_ids as &[Option<&str>],
+        &codes as &[&str],
+        &messages as &[&str],
     )
-    .bind(batch_id)
-    .bind(errors.iter().map(|e| e.line).collect::<Vec<_>>())
-    .bind(errors.iter().map(|e| e.custom_id.as_deref()).collect::<Vec<_>>())
-    .bind(errors.iter().map(|e| e.code.as_str()).collect::<Vec<_>>())
-    .bind(errors.iter().map(|e| e.message.as_str()).collect::<Vec<_>>())
     .execute(ex)
     .await?;
     Ok(())
@@ -132,21 +153,21 @@ pub async fn insert_line_errors(ex: impl PgExecutor<'_>, batch_id: &str, errors:
 
 /// Records the ingest's totals: every line of the input, and those rejected.
 pub async fn set_batch_totals(ex: impl PgExecutor<'_>, id: &str, total: i32, rejected: i32) -> Result<()> {
-    sqlx::query("UPDATE batches SET total = $2, rejected = $3 WHERE id = $1")
-        .bind(id)
-        .bind(total)
-        .bind(rejected)
-        .execute(ex)
-        .await?;
+    sqlx::query!(
+        "UPDATE batches SET total = $2, rejected = $3 WHERE id = $1",
+        id,
+        total,
+        rejected
+    )
+    .execute(ex)
+    .await?;
     Ok(())
 }
 
 /// A tenant's batch, or `None` (also when it belongs to another tenant).
 pub async fn get_batch(ex: impl PgExecutor<'_>, tenant: &str, id: &str) -> Result<Option<BatchRow>> {
     Ok(
-        sqlx::query_as::<Postgres, BatchRow>("SELECT * FROM batches WHERE id = $1 AND tenant = $2")
-            .bind(id)
-            .bind(tenant)
+        query_batches!("SELECT", "FROM batches WHERE id = $1 AND tenant = $2", id, tenant)
             .fetch_optional(ex)
             .await?,
     )
@@ -159,12 +180,13 @@ pub async fn list_batches(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<BatchRow>> {
-    Ok(sqlx::query_as::<Postgres, BatchRow>(
-        "SELECT * FROM batches WHERE tenant = $1 AND ($2::text IS NULL OR id < $2) ORDER BY id DESC LIMIT $3",
+    Ok(query_batches!(
+        "SELECT",
+        "FROM batches WHERE tenant = $1 AND ($2::text IS NULL OR id < $2) ORDER BY id DESC LIMIT $3",
+        tenant,
+        after,
+        limit,
     )
-    .bind(tenant)
-    .bind(after)
-    .bind(limit)
     .fetch_all(ex)
     .await?)
 }
@@ -175,13 +197,14 @@ pub async fn open_batches(
     tenant: Option<&str>,
     limit: i64,
 ) -> Result<Vec<BatchRow>> {
-    Ok(sqlx::query_as::<Postgres, BatchRow>(
-        "SELECT * FROM batches WHERE status IN ('in_progress', 'cancelling')
+    Ok(query_batches!(
+        "SELECT",
+        "FROM batches WHERE status IN ('in_progress', 'cancelling')
            AND ($1::text IS NULL OR tenant = $1)
          ORDER BY id DESC LIMIT $2",
+        tenant,
+        limit,
     )
-    .bind(tenant)
-    .bind(limit)
     .fetch_all(ex)
     .await?)
 }
@@ -191,26 +214,18 @@ pub async fn job_counts(ex: impl PgExecutor<'_>, batch_ids: &[&str]) -> Result<H
     if batch_ids.is_empty() {
         return Ok(HashMap::new());
     }
-    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
-        "SELECT batch_id, count(*) FILTER (WHERE state = 'succeeded'),
-                count(*) FILTER (WHERE state IN ('failed', 'cancelled'))
-         FROM jobs WHERE batch_id = ANY($1) GROUP BY batch_id",
+    let rows = sqlx::query!(
+        r#"SELECT batch_id AS "batch_id!", count(*) FILTER (WHERE state = 'succeeded') AS "succeeded!",
+                  count(*) FILTER (WHERE state IN ('failed', 'cancelled')) AS "failed!"
+           FROM jobs WHERE batch_id = ANY($1) GROUP BY batch_id"#,
+        batch_ids as &[&str],
     )
-    .bind(batch_ids)
     .fetch_all(ex)
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(id, ok, failed)| (id, (ok, failed)))
+        .map(|r| (r.batch_id, (r.succeeded, r.failed)))
         .collect())
-}
-
-#[derive(sqlx::FromRow)]
-struct CancelledJob {
-    id: JobId,
-    old_state: JobState,
-    old_buckets: Option<Vec<i64>>,
-    old_amounts: Option<Vec<f64>>,
 }
 
 /// Cancels every unfinished job of a batch with `code`, as cancelling one job does: a
@@ -223,8 +238,8 @@ pub async fn cancel_batch_jobs(
     message: &str,
     now: DateTime<Utc>,
 ) -> Result<u64> {
-    let rows = sqlx::query_as::<Postgres, CancelledJob>(
-        "WITH old AS (
+    let rows = sqlx::query!(
+        r#"WITH old AS (
              SELECT id, state, reserved_buckets, reserved_amounts FROM jobs
              WHERE batch_id = $1 AND state IN ('queued', 'admitted', 'running')
              ORDER BY id FOR NO KEY UPDATE)
@@ -232,13 +247,13 @@ pub async fn cancel_batch_jobs(
                            reserved_buckets = CASE WHEN old.state = 'running' THEN j.reserved_buckets END,
                            reserved_amounts = CASE WHEN old.state = 'running' THEN j.reserved_amounts END
          FROM old WHERE j.id = old.id
-         RETURNING j.id, old.state AS old_state, old.reserved_buckets AS old_buckets,
-                   old.reserved_amounts AS old_amounts",
+         RETURNING j.id AS "id: JobId", old.state AS "old_state: JobState", old.reserved_buckets AS old_buckets,
+                   old.reserved_amounts AS old_amounts"#,
+        batch_id,
+        now,
+        code,
+        message,
     )
-    .bind(batch_id)
-    .bind(now)
-    .bind(code)
-    .bind(message)
     .fetch_all(&mut *conn)
     .await?;
     let ids: Vec<JobId> = rows.iter().map(|r| r.id).collect();
@@ -270,11 +285,12 @@ pub async fn cancel_batch(
     id: &str,
     now: DateTime<Utc>,
 ) -> Result<BatchCancel> {
-    let Some(batch) = sqlx::query_as::<Postgres, BatchRow>(
-        "SELECT * FROM batches WHERE id = $1 AND tenant = $2 FOR UPDATE",
+    let Some(batch) = query_batches!(
+        "SELECT",
+        "FROM batches WHERE id = $1 AND tenant = $2 FOR UPDATE",
+        id,
+        tenant,
     )
-    .bind(id)
-    .bind(tenant)
     .fetch_optional(&mut *conn)
     .await?
     else {
@@ -285,11 +301,12 @@ pub async fn cancel_batch(
         BatchStatus::Validating | BatchStatus::InProgress => {}
         _ => return Ok(BatchCancel::Finished(batch)),
     }
-    let batch = sqlx::query_as::<Postgres, BatchRow>(
-        "UPDATE batches SET status = 'cancelling', cancelling_at = $2 WHERE id = $1 RETURNING *",
+    let batch = query_batches!(
+        "UPDATE batches SET status = 'cancelling', cancelling_at = $2 WHERE id = $1 RETURNING",
+        "",
+        id,
+        now,
     )
-    .bind(id)
-    .bind(now)
     .fetch_one(&mut *conn)
     .await?;
     cancel_batch_jobs(conn, id, "batch_cancelled", "the batch was cancelled", now).await?;
@@ -303,16 +320,16 @@ pub async fn batches_to_finalize(
     now: DateTime<Utc>,
     limit: i64,
 ) -> Result<Vec<String>> {
-    Ok(sqlx::query_scalar(
+    Ok(sqlx::query_scalar!(
         "SELECT b.id FROM batches b
          WHERE b.status IN ('in_progress', 'finalizing', 'cancelling')
            AND (b.status <> 'in_progress' OR b.expires_at <= $1
                 OR NOT EXISTS (SELECT 1 FROM jobs j WHERE j.batch_id = b.id
                                AND j.state IN ('queued', 'admitted', 'running')))
          ORDER BY b.id LIMIT $2",
+        now,
+        limit,
     )
-    .bind(now)
-    .bind(limit)
     .fetch_all(ex)
     .await?)
 }
@@ -320,27 +337,29 @@ pub async fn batches_to_finalize(
 /// Locks an open batch for finalization; `None` if another process holds it or it is
 /// no longer open.
 pub async fn lock_open_batch(conn: &mut PgConnection, id: &str) -> Result<Option<BatchRow>> {
-    Ok(sqlx::query_as::<Postgres, BatchRow>(
-        "SELECT * FROM batches WHERE id = $1 AND status IN ('in_progress', 'finalizing', 'cancelling')
+    Ok(query_batches!(
+        "SELECT",
+        "FROM batches WHERE id = $1 AND status IN ('in_progress', 'finalizing', 'cancelling')
          FOR UPDATE SKIP LOCKED",
+        id,
     )
-    .bind(id)
     .fetch_optional(conn)
     .await?)
 }
 
 /// Whether any job of the batch is unfinished.
 pub async fn batch_has_open_jobs(ex: impl PgExecutor<'_>, batch_id: &str) -> Result<bool> {
-    Ok(sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM jobs WHERE batch_id = $1 AND state IN ('queued', 'admitted', 'running'))",
+    Ok(sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM jobs WHERE batch_id = $1 AND state IN ('queued', 'admitted', 'running'))
+               AS "open!""#,
+        batch_id,
     )
-    .bind(batch_id)
     .fetch_one(ex)
     .await?)
 }
 
 /// What the output and error files say about one job.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct BatchJobResult {
     pub id: JobId,
     pub custom_id: String,
@@ -360,22 +379,26 @@ pub async fn batch_results_page(
     after_line: i32,
     limit: i64,
 ) -> Result<Vec<BatchJobResult>> {
-    Ok(sqlx::query_as::<Postgres, BatchJobResult>(
-        "SELECT id, custom_id, batch_line, state, result, usage, error_code, error_message, provider_request_id
-         FROM jobs WHERE batch_id = $1 AND batch_line > $2 ORDER BY batch_line LIMIT $3",
+    // A batch's jobs have a custom_id and line (set by `insert_batch_jobs`).
+    Ok(sqlx::query_as!(
+        BatchJobResult,
+        r#"SELECT id AS "id: JobId", custom_id AS "custom_id!", batch_line AS "batch_line!",
+                  state AS "state: JobState", result, usage, error_code, error_message, provider_request_id
+           FROM jobs WHERE batch_id = $1 AND batch_line > $2 ORDER BY batch_line LIMIT $3"#,
+        batch_id,
+        after_line,
+        limit,
     )
-    .bind(batch_id)
-    .bind(after_line)
-    .bind(limit)
     .fetch_all(ex)
     .await?)
 }
 
 pub async fn line_errors(ex: impl PgExecutor<'_>, batch_id: &str) -> Result<Vec<LineError>> {
-    Ok(sqlx::query_as::<Postgres, LineError>(
+    Ok(sqlx::query_as!(
+        LineError,
         "SELECT line, custom_id, code, message FROM batch_line_errors WHERE batch_id = $1 ORDER BY line",
+        batch_id,
     )
-    .bind(batch_id)
     .fetch_all(ex)
     .await?)
 }
@@ -399,7 +422,7 @@ pub async fn finish_batch(
     end: &BatchEnd,
     now: DateTime<Utc>,
 ) -> Result<BatchRow> {
-    Ok(sqlx::query_as::<Postgres, BatchRow>(
+    Ok(query_batches!(
         "UPDATE batches SET status = $2, output_file_id = $3, error_file_id = $4, completed = $5, failed = $6,
                             usage = $7, errors = COALESCE($8, errors),
                             finalizing_at = COALESCE(finalizing_at, $9),
@@ -407,17 +430,18 @@ pub async fn finish_batch(
                             failed_at = CASE WHEN $2 = 'failed' THEN $9 END,
                             expired_at = CASE WHEN $2 = 'expired' THEN $9 END,
                             cancelled_at = CASE WHEN $2 = 'cancelled' THEN $9 END
-         WHERE id = $1 RETURNING *",
+         WHERE id = $1 RETURNING",
+        "",
+        id,
+        end.status as BatchStatus,
+        end.output_file_id.as_deref(),
+        end.error_file_id.as_deref(),
+        end.completed,
+        end.failed,
+        &end.usage,
+        end.errors.as_ref(),
+        now,
     )
-    .bind(id)
-    .bind(end.status.as_str())
-    .bind(&end.output_file_id)
-    .bind(&end.error_file_id)
-    .bind(end.completed)
-    .bind(end.failed)
-    .bind(&end.usage)
-    .bind(&end.errors)
-    .bind(now)
     .fetch_one(conn)
     .await?)
 }
@@ -426,8 +450,8 @@ pub async fn finish_batch(
 /// batches that are still open (their output file is not written yet).
 pub async fn prune_finished_jobs(ex: impl PgExecutor<'_>, before: DateTime<Utc>, limit: i64) -> Result<u64> {
     // Attempt records go with their job (deleted here: they have no foreign key to their job).
-    let n: i64 = sqlx::query_scalar(
-        "WITH gone AS (
+    let n = sqlx::query_scalar!(
+        r#"WITH gone AS (
              DELETE FROM jobs WHERE id IN (
                  SELECT j.id FROM jobs j
                  WHERE j.state IN ('succeeded', 'failed', 'cancelled') AND j.finished_at < $1
@@ -438,10 +462,10 @@ pub async fn prune_finished_jobs(ex: impl PgExecutor<'_>, before: DateTime<Utc>,
                  LIMIT $2)
              RETURNING id),
          attempts AS (DELETE FROM job_attempts WHERE job_id IN (SELECT id FROM gone))
-         SELECT count(*) FROM gone",
+         SELECT count(*) AS "deleted!" FROM gone"#,
+        before,
+        limit,
     )
-    .bind(before)
-    .bind(limit)
     .fetch_one(ex)
     .await?;
     Ok(n.max(0) as u64)
@@ -454,17 +478,17 @@ pub async fn prune_finished_batches(
     before: DateTime<Utc>,
     limit: i64,
 ) -> Result<u64> {
-    let n: i64 = sqlx::query_scalar(
-        "WITH gone AS (
+    let n = sqlx::query_scalar!(
+        r#"WITH gone AS (
              DELETE FROM batches WHERE id IN (
                  SELECT id FROM batches WHERE status IN ('completed', 'failed', 'expired', 'cancelled')
                    AND created_at < $1 LIMIT $2)
              RETURNING id),
          endpoints AS (DELETE FROM webhook_endpoints WHERE batch_id IN (SELECT id FROM gone))
-         SELECT count(*) FROM gone",
+         SELECT count(*) AS "deleted!" FROM gone"#,
+        before,
+        limit,
     )
-    .bind(before)
-    .bind(limit)
     .fetch_one(ex)
     .await?;
     Ok(n.max(0) as u64)

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgExecutor, Postgres};
+use sqlx::{PgConnection, PgExecutor};
 
 use super::Result;
 pub use crate::buckets::Settlement;
@@ -21,43 +21,19 @@ pub struct Reservation {
     pub amounts: Vec<f64>,
 }
 
-#[derive(sqlx::FromRow)]
-struct BucketRow {
-    id: i64,
-    key: String,
-    dimension: String,
-    rule: String,
-    capacity: f64,
-    window_secs: i64,
-    level: f64,
-    updated_at: DateTime<Utc>,
-    resets_at: Option<DateTime<Utc>>,
-    ramp_step: Option<f64>,
-    configured_capacity: Option<f64>,
-    learned_at: Option<DateTime<Utc>>,
-}
-
-/// The columns a [`BucketRow`] reads.
-const BUCKET_COLUMNS: &str = "id, key, dimension, rule, capacity, window_secs, level, updated_at, resets_at, \
-                              ramp_step, configured_capacity, learned_at";
-
-impl BucketRow {
-    fn into_bucket(self) -> Option<Bucket> {
-        Some(Bucket {
-            id: self.id,
-            key: self.key,
-            dimension: Dimension::parse(&self.dimension)?,
-            rule: Rule::parse(&self.rule)?,
-            capacity: self.capacity,
-            window_secs: self.window_secs,
-            level: self.level,
-            updated_at: self.updated_at,
-            resets_at: self.resets_at,
-            ramp_step: self.ramp_step,
-            configured_capacity: self.configured_capacity,
-            learned_at: self.learned_at,
-        })
-    }
+/// `sqlx::query_as!` of [`Bucket`] rows: the statement is `$head`, the bucket's columns,
+/// then `$tail`.
+macro_rules! query_buckets {
+    ($head:expr, $tail:expr $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            Bucket,
+            $head
+                + " id, key, dimension AS \"dimension: Dimension\", rule AS \"rule: Rule\", capacity, window_secs,
+                    level, updated_at, resets_at, ramp_step, configured_capacity, learned_at "
+                + $tail
+            $(, $arg)*
+        )
+    };
 }
 
 /// Creates or updates the configured buckets. A new bucket starts full; a bucket whose
@@ -67,8 +43,9 @@ pub async fn sync_buckets(ex: impl PgExecutor<'_>, specs: &[BucketSpec], now: Da
     if specs.is_empty() {
         return Ok(());
     }
-    let col = |f: fn(&BucketSpec) -> String| specs.iter().map(f).collect::<Vec<_>>();
-    sqlx::query(
+    let columns = SpecArrays::of(specs.iter());
+    let ramp_steps: Vec<f64> = specs.iter().map(|s| s.ramp_step.unwrap_or(f64::NAN)).collect();
+    sqlx::query!(
         "INSERT INTO buckets (key, scope, dimension, rule, capacity, window_secs, level, updated_at, ramp_step,
                               configured_capacity)
          SELECT k, s, d, r, c, w, c, $7, NULLIF(rs, 'NaN'), c
@@ -83,27 +60,48 @@ pub async fn sync_buckets(ex: impl PgExecutor<'_>, specs: &[BucketSpec], now: Da
                           ELSE buckets.level + (excluded.capacity - buckets.capacity) END,
              capacity = CASE WHEN buckets.rule = 'ramp' OR buckets.source <> 'configured' THEN buckets.capacity
                              ELSE excluded.capacity END",
+        &columns.keys as &[&str],
+        &columns.scopes as &[&str],
+        &columns.dimensions as &[Dimension],
+        &columns.rules as &[Rule],
+        &columns.capacities,
+        &columns.windows,
+        now,
+        &ramp_steps,
     )
-    .bind(col(|s| s.key.clone()))
-    .bind(col(|s| s.scope.clone()))
-    .bind(col(|s| s.dimension.as_str().to_owned()))
-    .bind(col(|s| s.rule.as_str().to_owned()))
-    .bind(specs.iter().map(|s| s.capacity).collect::<Vec<_>>())
-    .bind(specs.iter().map(|s| s.window_secs).collect::<Vec<_>>())
-    .bind(now)
-    .bind(specs.iter().map(|s| s.ramp_step.unwrap_or(f64::NAN)).collect::<Vec<_>>())
     .execute(ex)
     .await?;
     Ok(())
 }
 
+/// Bucket specs, column by column, for an `INSERT … SELECT FROM unnest(…)`.
+pub(crate) struct SpecArrays<'a> {
+    pub(crate) keys: Vec<&'a str>,
+    pub(crate) scopes: Vec<&'a str>,
+    pub(crate) dimensions: Vec<Dimension>,
+    pub(crate) rules: Vec<Rule>,
+    pub(crate) capacities: Vec<f64>,
+    pub(crate) windows: Vec<i64>,
+}
+
+impl<'a> SpecArrays<'a> {
+    pub(crate) fn of(specs: impl Iterator<Item = &'a BucketSpec> + Clone) -> Self {
+        Self {
+            keys: specs.clone().map(|s| s.key.as_str()).collect(),
+            scopes: specs.clone().map(|s| s.scope.as_str()).collect(),
+            dimensions: specs.clone().map(|s| s.dimension).collect(),
+            rules: specs.clone().map(|s| s.rule).collect(),
+            capacities: specs.clone().map(|s| s.capacity).collect(),
+            windows: specs.map(|s| s.window_secs).collect(),
+        }
+    }
+}
+
 /// Every bucket, for status pages and tests.
 pub async fn all_buckets(ex: impl PgExecutor<'_>) -> Result<Vec<Bucket>> {
-    let rows =
-        sqlx::query_as::<Postgres, BucketRow>(&format!("SELECT {BUCKET_COLUMNS} FROM buckets ORDER BY key"))
-            .fetch_all(ex)
-            .await?;
-    Ok(rows.into_iter().filter_map(BucketRow::into_bucket).collect())
+    Ok(query_buckets!("SELECT", "FROM buckets ORDER BY key")
+        .fetch_all(ex)
+        .await?)
 }
 
 /// Writes levels and capacities computed while the buckets were locked (ramps grow,
@@ -112,44 +110,80 @@ pub async fn save_buckets(conn: &mut PgConnection, buckets: &[Bucket]) -> Result
     if buckets.is_empty() {
         return Ok(());
     }
-    sqlx::query_as::<Postgres, (i64,)>(&format!("{} RETURNING b.id", save_statement(1)))
-        .bind_buckets(buckets)
-        .fetch_all(conn)
+    let saved = BucketArrays::of(buckets);
+    save_buckets_query!(sqlx::query!("", "", ["$1", "$2", "$3", "$4", "$5", "$6"]; &saved))
+        .execute(conn)
         .await?;
     Ok(())
 }
 
-/// The `UPDATE` that writes buckets' new state, its six arrays bound from `$first` on by
-/// [`BindBuckets::bind_buckets`].
-pub(crate) fn save_statement(first: usize) -> String {
-    let p: Vec<String> = (first..first + 6).map(|i| format!("${i}")).collect();
-    format!(
-        "UPDATE buckets b SET level = t.level, updated_at = t.updated_at, resets_at = t.resets_at,
-                              capacity = t.capacity, learned_at = t.learned_at,
-                              source = CASE WHEN t.learned_at IS NULL THEN b.source ELSE 'learned' END
-         FROM unnest({}::bigint[], {}::float8[], {}::timestamptz[], {}::timestamptz[], {}::float8[],
-                     {}::timestamptz[])
-              AS t(id, level, updated_at, resets_at, capacity, learned_at)
-         WHERE b.id = t.id",
-        p[0], p[1], p[2], p[3], p[4], p[5]
-    )
+/// Buckets' new state, column by column, as [`save_buckets_query!`] binds it.
+pub(crate) struct BucketArrays {
+    pub(crate) ids: Vec<i64>,
+    pub(crate) levels: Vec<f64>,
+    pub(crate) updated_at: Vec<DateTime<Utc>>,
+    pub(crate) resets_at: Vec<Option<DateTime<Utc>>>,
+    pub(crate) capacities: Vec<f64>,
+    pub(crate) learned_at: Vec<Option<DateTime<Utc>>>,
 }
 
-/// Binds the arrays of [`save_statement`].
-pub(crate) trait BindBuckets {
-    fn bind_buckets(self, buckets: &[Bucket]) -> Self;
-}
-
-impl<'q, O> BindBuckets for sqlx::query::QueryAs<'q, Postgres, O, sqlx::postgres::PgArguments> {
-    fn bind_buckets(self, buckets: &[Bucket]) -> Self {
-        self.bind(buckets.iter().map(|b| b.id).collect::<Vec<_>>())
-            .bind(buckets.iter().map(|b| b.level).collect::<Vec<_>>())
-            .bind(buckets.iter().map(|b| b.updated_at).collect::<Vec<_>>())
-            .bind(buckets.iter().map(|b| b.resets_at).collect::<Vec<_>>())
-            .bind(buckets.iter().map(|b| b.capacity).collect::<Vec<_>>())
-            .bind(buckets.iter().map(|b| b.learned_at).collect::<Vec<_>>())
+impl BucketArrays {
+    pub(crate) fn of(buckets: &[Bucket]) -> Self {
+        Self {
+            ids: buckets.iter().map(|b| b.id).collect(),
+            levels: buckets.iter().map(|b| b.level).collect(),
+            updated_at: buckets.iter().map(|b| b.updated_at).collect(),
+            resets_at: buckets.iter().map(|b| b.resets_at).collect(),
+            capacities: buckets.iter().map(|b| b.capacity).collect(),
+            learned_at: buckets.iter().map(|b| b.learned_at).collect(),
+        }
     }
 }
+
+/// The `UPDATE` that writes buckets' new state, run by `$query!` (a `sqlx` query macro or
+/// one that ends in one) inside its text between `$before` and `$after`, after its own
+/// `$arg`s. The six arrays of `$buckets` ([`BucketArrays`]) bind last, at the placeholders
+/// `[$p…]`: what the statement's own parameters leave.
+macro_rules! save_buckets_query {
+    ($($query:ident)::+!(
+        $before:expr,
+        $after:expr,
+        [$p1:literal, $p2:literal, $p3:literal, $p4:literal, $p5:literal, $p6:literal]
+        $(, $arg:expr)*;
+        $buckets:expr
+    )) => {{
+        let buckets: &$crate::store::buckets::BucketArrays = $buckets;
+        $($query)::+!(
+            $before
+                + "UPDATE buckets b SET level = t.level, updated_at = t.updated_at, resets_at = t.resets_at,
+                                      capacity = t.capacity, learned_at = t.learned_at,
+                                      source = CASE WHEN t.learned_at IS NULL THEN b.source ELSE 'learned' END
+                   FROM unnest("
+                + $p1
+                + "::bigint[], "
+                + $p2
+                + "::float8[], "
+                + $p3
+                + "::timestamptz[], "
+                + $p4
+                + "::timestamptz[], "
+                + $p5
+                + "::float8[], "
+                + $p6
+                + "::timestamptz[]) AS t(id, level, updated_at, resets_at, capacity, learned_at)
+                   WHERE b.id = t.id"
+                + $after
+            $(, $arg)*,
+            &buckets.ids,
+            &buckets.levels,
+            &buckets.updated_at,
+            &buckets.resets_at as &[Option<DateTime<Utc>>],
+            &buckets.capacities,
+            &buckets.learned_at as &[Option<DateTime<Utc>>],
+        )
+    }};
+}
+pub(crate) use save_buckets_query;
 
 /// Records what the ended reservations give back (or take, when a job used more than
 /// estimated), summed per bucket. Call inside the transaction that cleared the
@@ -169,18 +203,17 @@ pub async fn settle(conn: &mut PgConnection, ended: &[(JobId, Reservation, Settl
     if ids.is_empty() {
         return Ok(());
     }
-    let dims: Vec<(i64, String, bool)> =
-        sqlx::query_as("SELECT id, dimension, rule = 'gauge' FROM buckets WHERE id = ANY($1)")
-            .bind(&ids)
-            .fetch_all(&mut *conn)
-            .await?;
+    let dims = sqlx::query!(
+        r#"SELECT id, dimension AS "dimension: Dimension", rule = 'gauge' AS "gauge!"
+           FROM buckets WHERE id = ANY($1)"#,
+        &ids,
+    )
+    .fetch_all(&mut *conn)
+    .await?;
     // A gauge is acquire/release: whatever it held goes back whole when the holder ends
     // (a concurrency slot; a provider's enqueued-token pool).
-    let gauges: std::collections::BTreeSet<i64> = dims.iter().filter(|d| d.2).map(|d| d.0).collect();
-    let dims: BTreeMap<i64, Dimension> = dims
-        .into_iter()
-        .filter_map(|(id, d, _)| Some((id, Dimension::parse(&d)?)))
-        .collect();
+    let gauges: std::collections::BTreeSet<i64> = dims.iter().filter(|d| d.gauge).map(|d| d.id).collect();
+    let dims: BTreeMap<i64, Dimension> = dims.into_iter().map(|d| (d.id, d.dimension)).collect();
     let mut sums: BTreeMap<i64, f64> = BTreeMap::new();
     for (_, reservation, s) in ended {
         for (id, amount) in reservation.bucket_ids.iter().zip(&reservation.amounts) {
@@ -203,11 +236,13 @@ pub async fn settle(conn: &mut PgConnection, ended: &[(JobId, Reservation, Settl
     if sums.is_empty() {
         return Ok(());
     }
-    sqlx::query(
+    let buckets: Vec<i64> = sums.keys().copied().collect();
+    let amounts: Vec<f64> = sums.values().copied().collect();
+    sqlx::query!(
         "INSERT INTO pending_refunds (bucket, amount) SELECT * FROM unnest($1::bigint[], $2::float8[])",
+        &buckets,
+        &amounts,
     )
-    .bind(sums.keys().copied().collect::<Vec<_>>())
-    .bind(sums.values().copied().collect::<Vec<_>>())
     .execute(conn)
     .await?;
     Ok(())
@@ -217,31 +252,31 @@ pub async fn settle(conn: &mut PgConnection, ended: &[(JobId, Reservation, Settl
 /// returns them summed per bucket id. Run in the gate's transaction, which applies them to
 /// the buckets it has locked: the delete and the new levels commit together.
 pub async fn take_pending_refunds(conn: &mut PgConnection, limit: i64) -> Result<BTreeMap<i64, f64>> {
-    let rows: Vec<(i64, f64)> = sqlx::query_as(
+    let rows = sqlx::query!(
         "DELETE FROM pending_refunds WHERE id IN (
              SELECT id FROM pending_refunds ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
          RETURNING bucket, amount",
+        limit,
     )
-    .bind(limit)
     .fetch_all(conn)
     .await?;
     let mut sums = BTreeMap::new();
-    for (bucket, amount) in rows {
-        *sums.entry(bucket).or_default() += amount;
+    for row in rows {
+        *sums.entry(row.bucket).or_default() += row.amount;
     }
     Ok(sums)
 }
 
 /// Locks buckets by key or id (in id order) for the rest of the transaction.
 pub async fn lock_buckets_by(conn: &mut PgConnection, keys: &[String], ids: &[i64]) -> Result<Vec<Bucket>> {
-    let rows = sqlx::query_as::<Postgres, BucketRow>(&format!(
-        "SELECT {BUCKET_COLUMNS} FROM buckets WHERE key = ANY($1) OR id = ANY($2) ORDER BY id FOR UPDATE"
-    ))
-    .bind(keys)
-    .bind(ids)
+    Ok(query_buckets!(
+        "SELECT",
+        "FROM buckets WHERE key = ANY($1) OR id = ANY($2) ORDER BY id FOR UPDATE",
+        keys,
+        ids,
+    )
     .fetch_all(conn)
-    .await?;
-    Ok(rows.into_iter().filter_map(BucketRow::into_bucket).collect())
+    .await?)
 }
 
 /// Reads a reservation out of the arrays a `RETURNING` produced.
@@ -255,7 +290,7 @@ pub(crate) fn reservation(ids: Option<Vec<i64>>, amounts: Option<Vec<f64>>) -> O
 }
 
 /// What was learned about a model's real token use.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Calibration {
     pub model: String,
     pub input_ratio: f64,
@@ -274,7 +309,7 @@ pub async fn calibrate(
     step: f64,
     min_samples: i64,
 ) -> Result<u64> {
-    let done = sqlx::query(
+    let done = sqlx::query!(
         "WITH recent AS (
              SELECT provider_model AS model,
                     sum(input_tokens)::float8 / NULLIF(sum(estimated_input_tokens), 0)::float8 AS measured,
@@ -282,30 +317,31 @@ pub async fn calibrate(
                     count(*) AS n
              FROM job_attempts
              WHERE outcome = 'succeeded' AND input_tokens IS NOT NULL
-               AND finished_at > $1 - make_interval(secs => $2) AND finished_at <= $1
+               AND finished_at > $1::timestamptz - make_interval(secs => $2) AND finished_at <= $1
              GROUP BY provider_model
              HAVING count(*) >= $4 AND sum(estimated_input_tokens) > 0)
          INSERT INTO estimate_calibration AS c (model, input_ratio, output_p90, samples, updated_at)
-         SELECT model, LEAST(2.0, GREATEST(0.5, 1.0 + LEAST($3, GREATEST(-$3, measured - 1.0)))), output_p90, n, $1
+         SELECT model, LEAST(2.0, GREATEST(0.5, 1.0 + LEAST($3, GREATEST(-$3::float8, measured - 1.0)))), output_p90, n, $1
          FROM recent
          ON CONFLICT ON CONSTRAINT estimate_calibration_pkey DO UPDATE SET
              input_ratio = LEAST(2.0, GREATEST(0.5,
-                 c.input_ratio + LEAST($3, GREATEST(-$3, (SELECT measured FROM recent r WHERE r.model = c.model) - c.input_ratio)))),
+                 c.input_ratio + LEAST($3, GREATEST(-$3::float8, (SELECT measured FROM recent r WHERE r.model = c.model) - c.input_ratio)))),
              output_p90 = excluded.output_p90,
              samples = c.samples + excluded.samples,
              updated_at = $1",
+        now,
+        window.as_secs_f64(),
+        step,
+        min_samples,
     )
-    .bind(now)
-    .bind(window.as_secs_f64())
-    .bind(step)
-    .bind(min_samples)
     .execute(ex)
     .await?;
     Ok(done.rows_affected())
 }
 
 pub async fn calibrations(ex: impl PgExecutor<'_>) -> Result<Vec<Calibration>> {
-    Ok(sqlx::query_as::<Postgres, Calibration>(
+    Ok(sqlx::query_as!(
+        Calibration,
         "SELECT model, input_ratio, output_p90, samples FROM estimate_calibration",
     )
     .fetch_all(ex)

@@ -1,59 +1,73 @@
 //! File rows and their bytes (in ~1 MiB chunks, so uploads and downloads stream).
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgExecutor, Postgres};
+use sqlx::{PgConnection, PgExecutor};
 
 use super::Result;
 use crate::batches::FileRow;
 
+/// `sqlx::query_as!` of [`FileRow`]s: the statement is `$head`, the file's columns, then
+/// `$tail`.
+macro_rules! query_files {
+    ($head:expr, $tail:expr $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            FileRow,
+            $head + " id, tenant, purpose, filename, bytes, lines, created_at, expires_at " + $tail
+            $(, $arg)*
+        )
+    };
+}
+
 /// Creates a file row; its chunks follow, then [`set_file_size`] (same transaction).
 pub async fn insert_file(ex: impl PgExecutor<'_>, f: &FileRow) -> Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO files (id, tenant, purpose, filename, bytes, lines, created_at, expires_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        &f.id,
+        &f.tenant,
+        &f.purpose,
+        &f.filename,
+        f.bytes,
+        f.lines,
+        f.created_at,
+        f.expires_at,
     )
-    .bind(&f.id)
-    .bind(&f.tenant)
-    .bind(&f.purpose)
-    .bind(&f.filename)
-    .bind(f.bytes)
-    .bind(f.lines)
-    .bind(f.created_at)
-    .bind(f.expires_at)
     .execute(ex)
     .await?;
     Ok(())
 }
 
 pub async fn insert_chunk(ex: impl PgExecutor<'_>, file_id: &str, seq: i32, data: &[u8]) -> Result<()> {
-    sqlx::query("INSERT INTO file_chunks (file_id, seq, data) VALUES ($1, $2, $3)")
-        .bind(file_id)
-        .bind(seq)
-        .bind(data)
-        .execute(ex)
-        .await?;
+    sqlx::query!(
+        "INSERT INTO file_chunks (file_id, seq, data) VALUES ($1, $2, $3)",
+        file_id,
+        seq,
+        data,
+    )
+    .execute(ex)
+    .await?;
     Ok(())
 }
 
 /// Records what the upload turned out to be: purpose, size, lines, expiry.
 pub async fn set_file_size(ex: impl PgExecutor<'_>, f: &FileRow) -> Result<()> {
-    sqlx::query("UPDATE files SET purpose = $2, bytes = $3, lines = $4, expires_at = $5 WHERE id = $1")
-        .bind(&f.id)
-        .bind(&f.purpose)
-        .bind(f.bytes)
-        .bind(f.lines)
-        .bind(f.expires_at)
-        .execute(ex)
-        .await?;
+    sqlx::query!(
+        "UPDATE files SET purpose = $2, bytes = $3, lines = $4, expires_at = $5 WHERE id = $1",
+        &f.id,
+        &f.purpose,
+        f.bytes,
+        f.lines,
+        f.expires_at,
+    )
+    .execute(ex)
+    .await?;
     Ok(())
 }
 
 /// A tenant's file, or `None` (also when it belongs to another tenant).
 pub async fn get_file(ex: impl PgExecutor<'_>, tenant: &str, id: &str) -> Result<Option<FileRow>> {
     Ok(
-        sqlx::query_as::<Postgres, FileRow>("SELECT * FROM files WHERE id = $1 AND tenant = $2")
-            .bind(id)
-            .bind(tenant)
+        query_files!("SELECT", "FROM files WHERE id = $1 AND tenant = $2", id, tenant)
             .fetch_optional(ex)
             .await?,
     )
@@ -69,42 +83,43 @@ pub async fn list_files(
     ascending: bool,
     limit: i64,
 ) -> Result<Vec<FileRow>> {
-    Ok(sqlx::query_as::<Postgres, FileRow>(
-        "SELECT * FROM files
+    Ok(query_files!(
+        "SELECT",
+        "FROM files
          WHERE tenant = $1 AND ($2::text IS NULL OR purpose = $2)
            AND ($3::text IS NULL OR (CASE WHEN $4 THEN id > $3 ELSE id < $3 END))
          ORDER BY CASE WHEN $4 THEN id END ASC, id DESC
          LIMIT $5",
+        tenant,
+        purpose,
+        after,
+        ascending,
+        limit,
     )
-    .bind(tenant)
-    .bind(purpose)
-    .bind(after)
-    .bind(ascending)
-    .bind(limit)
     .fetch_all(ex)
     .await?)
 }
 
 /// Deletes a tenant's file and its bytes; `false` if there was none.
 pub async fn delete_file(ex: impl PgExecutor<'_>, tenant: &str, id: &str) -> Result<bool> {
-    Ok(sqlx::query("DELETE FROM files WHERE id = $1 AND tenant = $2")
-        .bind(id)
-        .bind(tenant)
-        .execute(ex)
-        .await?
-        .rows_affected()
-        > 0)
+    Ok(
+        sqlx::query!("DELETE FROM files WHERE id = $1 AND tenant = $2", id, tenant)
+            .execute(ex)
+            .await?
+            .rows_affected()
+            > 0,
+    )
 }
 
 /// Chunk `seq` of a file (0-based), or `None` past its end.
 pub async fn file_chunk(ex: impl PgExecutor<'_>, file_id: &str, seq: i32) -> Result<Option<Vec<u8>>> {
-    Ok(
-        sqlx::query_scalar("SELECT data FROM file_chunks WHERE file_id = $1 AND seq = $2")
-            .bind(file_id)
-            .bind(seq)
-            .fetch_optional(ex)
-            .await?,
+    Ok(sqlx::query_scalar!(
+        "SELECT data FROM file_chunks WHERE file_id = $1 AND seq = $2",
+        file_id,
+        seq
     )
+    .fetch_optional(ex)
+    .await?)
 }
 
 /// Writes `data` as a new file's chunks of `chunk_bytes`, starting at chunk `first_seq`;
@@ -126,12 +141,12 @@ pub async fn insert_chunks(
 
 /// Deletes up to `limit` files whose expiry passed; returns how many.
 pub async fn prune_expired_files(ex: impl PgExecutor<'_>, now: DateTime<Utc>, limit: i64) -> Result<u64> {
-    Ok(sqlx::query(
+    Ok(sqlx::query!(
         "DELETE FROM files WHERE id IN (
              SELECT id FROM files WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2)",
+        now,
+        limit,
     )
-    .bind(now)
-    .bind(limit)
     .execute(ex)
     .await?
     .rows_affected())

@@ -2,7 +2,7 @@
 //! jobs of each, admissions, explanations and early failures.
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgExecutor, Postgres};
+use sqlx::{PgConnection, PgExecutor};
 
 use super::{CHANNEL_JOBS_READY, Result};
 use crate::model::{JobClass, JobId};
@@ -10,22 +10,23 @@ use crate::model::{JobClass, JobId};
 /// The (class, tenant) pairs with queued work: a loose index scan over `jobs_gate`, one
 /// probe per pair, however many jobs are queued.
 pub async fn active_queues(ex: impl PgExecutor<'_>) -> Result<Vec<(JobClass, String)>> {
-    Ok(sqlx::query_as(
-        "WITH RECURSIVE pairs AS (
-             (SELECT class, tenant FROM jobs WHERE state = 'queued' ORDER BY class, tenant LIMIT 1)
-             UNION ALL
-             SELECT n.class, n.tenant FROM pairs p, LATERAL (
-                 SELECT class, tenant FROM jobs
-                 WHERE state = 'queued' AND (class, tenant) > (p.class, p.tenant)
-                 ORDER BY class, tenant LIMIT 1) n)
-         SELECT class, tenant FROM pairs",
+    let pairs = sqlx::query!(
+        r#"WITH RECURSIVE pairs AS (
+               (SELECT class, tenant FROM jobs WHERE state = 'queued' ORDER BY class, tenant LIMIT 1)
+               UNION ALL
+               SELECT n.class, n.tenant FROM pairs p, LATERAL (
+                   SELECT class, tenant FROM jobs
+                   WHERE state = 'queued' AND (class, tenant) > (p.class, p.tenant)
+                   ORDER BY class, tenant LIMIT 1) n)
+           SELECT class AS "class!: JobClass", tenant AS "tenant!" FROM pairs"#,
     )
     .fetch_all(ex)
-    .await?)
+    .await?;
+    Ok(pairs.into_iter().map(|p| (p.class, p.tenant)).collect())
 }
 
 /// A queued job as the gate sees it: no request body, just what admission needs.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct Candidate {
     pub id: JobId,
     pub tenant: String,
@@ -68,8 +69,8 @@ impl Candidate {
 
 /// Whether any interactive job is queued (one probe of `jobs_gate`).
 pub async fn interactive_queued(ex: impl PgExecutor<'_>) -> Result<bool> {
-    Ok(sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'queued' AND class = 'interactive')",
+    Ok(sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'queued' AND class = 'interactive') AS "queued!""#,
     )
     .fetch_one(ex)
     .await?)
@@ -85,21 +86,29 @@ pub async fn candidates(
 ) -> Result<Vec<Candidate>> {
     let classes: Vec<JobClass> = queues.iter().map(|q| q.0).collect();
     let tenants: Vec<&str> = queues.iter().map(|q| q.1.as_str()).collect();
-    Ok(sqlx::query_as::<Postgres, Candidate>(
-        "SELECT j.* FROM unnest($1::job_class[], $2::text[]) AS q(class, tenant),
-         LATERAL (
-             SELECT id, tenant, class, priority, model, deadline, created_at,
-                    estimated_input_tokens, estimated_output_tokens, admission, failed_targets, dispatch_via,
-                    stream
-             FROM jobs
-             WHERE state = 'queued' AND class = q.class AND tenant = q.tenant AND not_before <= $4 AND deadline > $4
-             ORDER BY priority DESC, deadline, id
-             LIMIT $3) j",
+    // The lateral subquery hides the columns' table from PostgreSQL's description, so
+    // those that cannot be NULL say so (`!`).
+    Ok(sqlx::query_as!(
+        Candidate,
+        r#"SELECT j.id AS "id!: JobId", j.tenant AS "tenant!", j.class AS "class!: JobClass",
+                  j.priority AS "priority!", j.model AS "model!", j.deadline AS "deadline!",
+                  j.created_at AS "created_at!", j.estimated_input_tokens AS "estimated_input_tokens!",
+                  j.estimated_output_tokens AS "estimated_output_tokens!", j.admission, j.failed_targets,
+                  j.dispatch_via, j.stream AS "stream!"
+           FROM unnest($1::job_class[], $2::text[]) AS q(class, tenant),
+           LATERAL (
+               SELECT id, tenant, class, priority, model, deadline, created_at,
+                      estimated_input_tokens, estimated_output_tokens, admission, failed_targets, dispatch_via,
+                      stream
+               FROM jobs
+               WHERE state = 'queued' AND class = q.class AND tenant = q.tenant AND not_before <= $4 AND deadline > $4
+               ORDER BY priority DESC, deadline, id
+               LIMIT $3) j"#,
+        &classes as &[JobClass],
+        &tenants as &[&str],
+        per_queue,
+        now,
     )
-    .bind(classes)
-    .bind(tenants)
-    .bind(per_queue)
-    .bind(now)
     .fetch_all(ex)
     .await?)
 }
@@ -160,6 +169,71 @@ impl Admitted {
     }
 }
 
+/// The admission `UPDATE`, setting `$state` (the new state's columns) as well, run by
+/// `$query!` — [`query_jobs!`] for the rows, [`query_job_ids!`] for their ids — with
+/// $1–$7 bound from `$admissions` ([`AdmissionArrays`]) and `now`, then `$arg`s from $8.
+macro_rules! admit_query {
+    ($query:ident!, $state:expr, $admissions:expr, $now:expr $(, $arg:expr)* $(,)?) => {{
+        let admissions: &AdmissionArrays = $admissions;
+        $query!(
+            "UPDATE jobs j SET "
+                + $state
+                + ", admitted_at = $4, provider = t.provider, provider_model = t.model,
+                     provider_key = t.key, reserved_buckets = t.buckets::bigint[],
+                     reserved_amounts = t.amounts::float8[], admission = NULL
+                   FROM unnest($1::uuid[], $2::text[], $3::text[], $5::text[], $6::text[], $7::text[])
+                       AS t(id, provider, model, key, buckets, amounts)
+                   WHERE j.id = t.id AND j.state::text = 'queued'
+                   RETURNING",
+            "",
+            &admissions.ids,
+            &admissions.providers as &[&str],
+            &admissions.models as &[&str],
+            $now,
+            &admissions.keys as &[Option<&str>],
+            &admissions.buckets as &[Option<String>],
+            &admissions.amounts as &[Option<String>]
+            $(, $arg)*
+        )
+    }};
+}
+
+/// Admissions column by column, as [`admit_query!`] binds them.
+struct AdmissionArrays<'a> {
+    ids: Vec<uuid::Uuid>,
+    providers: Vec<&'a str>,
+    models: Vec<&'a str>,
+    keys: Vec<Option<&'a str>>,
+    buckets: Vec<Option<String>>,
+    amounts: Vec<Option<String>>,
+}
+
+impl<'a> AdmissionArrays<'a> {
+    fn of(admissions: &'a [Admission]) -> Self {
+        // Arrays of arrays must be rectangular in PostgreSQL: each job's reservation goes
+        // as array literals (`{3,7}`, `{1,850}`) cast per row. (An earlier form regrouped a
+        // flattened list in SQL; behind a large queue the planner re-ran that grouping for
+        // every admitted row: 280 ms per round at 300,000 queued.)
+        let mut buckets = Vec::with_capacity(admissions.len());
+        let mut amounts = Vec::with_capacity(admissions.len());
+        for a in admissions {
+            let (ids, held) = a.held();
+            let literal =
+                |items: Vec<String>| (!items.is_empty()).then(|| format!("{{{}}}", items.join(",")));
+            buckets.push(literal(ids.iter().map(i64::to_string).collect()));
+            amounts.push(literal(held.iter().map(|v| float_literal(*v)).collect()));
+        }
+        Self {
+            ids: admissions.iter().map(|a| a.id.0).collect(),
+            providers: admissions.iter().map(|a| a.provider.as_str()).collect(),
+            models: admissions.iter().map(|a| a.model.as_str()).collect(),
+            keys: admissions.iter().map(|a| a.key.as_deref()).collect(),
+            buckets,
+            amounts,
+        }
+    }
+}
+
 /// Marks jobs admitted with their reservations; the first `start` of them (in the order
 /// given) go straight to running for `starter`, as if its dispatcher had claimed them — one
 /// write per job instead of two. Jobs cancelled since they were read are skipped. Run in
@@ -179,74 +253,31 @@ pub async fn admit(
     };
     let mut admitted = Admitted::default();
     if let Some((starter, started)) = started {
-        admitted.started = sqlx::query_as::<Postgres, crate::model::Job>(&admit_statement(
+        let started = AdmissionArrays::of(started);
+        admitted.started = admit_query!(
+            query_jobs!,
             "state = 'running', attempt = j.attempt + 1, lease_owner = $8, lease_expires_at = $9,
              started_at = COALESCE(j.started_at, $4)",
-            "j.*",
-        ))
-        .bind_admissions(started, now)
-        .bind(starter.owner)
-        .bind(starter.lease_until)
+            &started,
+            now,
+            starter.owner,
+            starter.lease_until,
+        )
         .fetch_all(&mut *conn)
         .await?;
     }
     if !waiting.is_empty() {
-        let ids: Vec<(JobId,)> = sqlx::query_as(&admit_statement("state = 'admitted'", "j.id"))
-            .bind_admissions(waiting, now)
+        let waiting = AdmissionArrays::of(waiting);
+        admitted.waiting = admit_query!(query_job_ids!, "state = 'admitted'", &waiting, now)
             .fetch_all(&mut *conn)
             .await?;
-        admitted.waiting = ids.into_iter().map(|(id,)| id).collect();
         if !admitted.waiting.is_empty() {
-            sqlx::query("SELECT pg_notify($1, '')")
-                .bind(CHANNEL_JOBS_READY)
+            sqlx::query!("SELECT pg_notify($1, '')", CHANNEL_JOBS_READY)
                 .execute(&mut *conn)
                 .await?;
         }
     }
     Ok(admitted)
-}
-
-/// The admission `UPDATE`, with the new state's columns and what it returns.
-fn admit_statement(state: &str, returning: &str) -> String {
-    format!(
-        "UPDATE jobs j SET {state}, admitted_at = $4, provider = t.provider, provider_model = t.model,
-                           provider_key = t.key, reserved_buckets = t.buckets::bigint[],
-                           reserved_amounts = t.amounts::float8[], admission = NULL
-         FROM unnest($1::uuid[], $2::text[], $3::text[], $5::text[], $6::text[], $7::text[])
-             AS t(id, provider, model, key, buckets, amounts)
-         WHERE j.id = t.id AND j.state::text = 'queued'
-         RETURNING {returning}"
-    )
-}
-
-/// Binds $1–$7 of [`admit_statement`].
-trait BindAdmissions {
-    fn bind_admissions(self, admissions: &[Admission], now: DateTime<Utc>) -> Self;
-}
-
-impl<'q, O> BindAdmissions for sqlx::query::QueryAs<'q, Postgres, O, sqlx::postgres::PgArguments> {
-    fn bind_admissions(self, admissions: &[Admission], now: DateTime<Utc>) -> Self {
-        // Arrays of arrays must be rectangular in PostgreSQL: each job's reservation goes
-        // as array literals (`{3,7}`, `{1,850}`) cast per row. (An earlier form regrouped a
-        // flattened list in SQL; behind a large queue the planner re-ran that grouping for
-        // every admitted row: 280 ms per round at 300,000 queued.)
-        let mut buckets = Vec::with_capacity(admissions.len());
-        let mut amounts = Vec::with_capacity(admissions.len());
-        for a in admissions {
-            let (ids, held) = a.held();
-            let literal =
-                |items: Vec<String>| (!items.is_empty()).then(|| format!("{{{}}}", items.join(",")));
-            buckets.push(literal(ids.iter().map(i64::to_string).collect()));
-            amounts.push(literal(held.iter().map(|v| float_literal(*v)).collect()));
-        }
-        self.bind(admissions.iter().map(|a| a.id.0).collect::<Vec<_>>())
-            .bind(admissions.iter().map(|a| a.provider.clone()).collect::<Vec<_>>())
-            .bind(admissions.iter().map(|a| a.model.clone()).collect::<Vec<_>>())
-            .bind(now)
-            .bind(admissions.iter().map(|a| a.key.clone()).collect::<Vec<_>>())
-            .bind(buckets)
-            .bind(amounts)
-    }
 }
 
 /// An `f64` as PostgreSQL reads it in an array literal (Rust writes `inf`, it wants `Infinity`).
@@ -261,13 +292,13 @@ fn float_literal(v: f64) -> String {
 
 /// Admitted online jobs no dispatcher has claimed yet, counted up to `cap`.
 pub async fn admitted_backlog(ex: impl PgExecutor<'_>, cap: i64) -> Result<i64> {
-    Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM (
-             SELECT 1 FROM jobs
-             WHERE state = 'admitted' AND NOT stream AND dispatch_via IS DISTINCT FROM 'provider_batch'
-             LIMIT $1) t",
+    Ok(sqlx::query_scalar!(
+        r#"SELECT count(*) AS "backlog!" FROM (
+               SELECT 1 FROM jobs
+               WHERE state = 'admitted' AND NOT stream AND dispatch_via IS DISTINCT FROM 'provider_batch'
+               LIMIT $1) t"#,
+        cap,
     )
-    .bind(cap)
     .fetch_one(ex)
     .await?)
 }
@@ -277,12 +308,14 @@ pub async fn explain(ex: impl PgExecutor<'_>, notes: &[(JobId, serde_json::Value
     if notes.is_empty() {
         return Ok(());
     }
-    sqlx::query(
+    let ids: Vec<uuid::Uuid> = notes.iter().map(|n| n.0.0).collect();
+    let texts: Vec<serde_json::Value> = notes.iter().map(|n| n.1.clone()).collect();
+    sqlx::query!(
         "UPDATE jobs j SET admission = t.note
          FROM unnest($1::uuid[], $2::jsonb[]) AS t(id, note) WHERE j.id = t.id AND j.state::text = 'queued'",
+        &ids,
+        &texts,
     )
-    .bind(notes.iter().map(|n| n.0.0).collect::<Vec<_>>())
-    .bind(notes.iter().map(|n| n.1.clone()).collect::<Vec<_>>())
     .execute(ex)
     .await?;
     Ok(())
@@ -298,19 +331,22 @@ pub async fn fail_queued(
         return Ok(0);
     }
     let mut tx = pool.begin().await?;
-    let rows: Vec<(JobId,)> = sqlx::query_as(
+    let ids: Vec<uuid::Uuid> = failures.iter().map(|f| f.0.0).collect();
+    let codes: Vec<&str> = failures.iter().map(|f| f.1).collect();
+    let messages: Vec<&str> = failures.iter().map(|f| f.2.as_str()).collect();
+    let ids: Vec<JobId> = query_job_ids!(
         "UPDATE jobs j SET state = 'failed', error_code = t.code, error_message = t.message, finished_at = $4
          FROM unnest($1::uuid[], $2::text[], $3::text[]) AS t(id, code, message)
          WHERE j.id = t.id AND j.state::text = 'queued'
-         RETURNING j.id",
+         RETURNING",
+        "",
+        &ids,
+        &codes as &[&str],
+        &messages as &[&str],
+        now,
     )
-    .bind(failures.iter().map(|f| f.0.0).collect::<Vec<_>>())
-    .bind(failures.iter().map(|f| f.1).collect::<Vec<_>>())
-    .bind(failures.iter().map(|f| f.2.as_str()).collect::<Vec<_>>())
-    .bind(now)
     .fetch_all(&mut *tx)
     .await?;
-    let ids: Vec<JobId> = rows.into_iter().map(|(id,)| id).collect();
     super::jobs::notify_done(&mut tx, &ids).await?;
     tx.commit().await?;
     Ok(ids.len() as u64)

@@ -1,12 +1,12 @@
 //! Job rows: insert, read, list, cancel, claim, finish, rescue, expire.
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgExecutor, PgPool, Postgres};
+use sqlx::{PgConnection, PgExecutor, PgPool};
 
-use super::buckets::{BindBuckets, Reservation, Settlement, reservation, settle};
+use super::buckets::{BucketArrays, Reservation, Settlement, reservation, save_buckets_query, settle};
 use super::{CHANNEL_GATE, CHANNEL_JOB_DONE, Result};
 use crate::attempt::{Call, End, Holder, Outcome, Pause, Served};
-use crate::model::{Job, JobId, JobState, NewJob, Usage};
+use crate::model::{Job, JobClass, JobId, JobState, NewJob, Usage};
 use crate::vocab::ReasonCode;
 
 /// The outcome of an insert with an idempotency key.
@@ -18,22 +18,59 @@ pub enum Inserted {
     Existing(Job),
 }
 
+/// `sqlx::query_scalar!` of the `INSERT` of a new job, `$with` before it (a `WITH` clause,
+/// or nothing), with `$columns` and their `$values` added: $1–$14 are `$job`'s fields,
+/// `$arg`s bind from $15. Only the id comes back: the new row is exactly what was sent, so
+/// it is not read (and its request body not decoded) again.
+macro_rules! insert_job_query {
+    ($with:expr, $columns:expr, $values:expr, $job:expr $(, $arg:expr)* $(,)?) => {
+        sqlx::query_scalar!(
+            $with
+                + "INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
+                                     deadline, not_before, max_attempts, estimated_input_tokens,
+                                     estimated_output_tokens, created_at, stream"
+                + $columns
+                + ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $10, $14"
+                + $values
+                + ") ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+                   RETURNING id AS \"id: JobId\"",
+            $job.id.0,
+            &$job.tenant,
+            $job.class as JobClass,
+            $job.priority,
+            &$job.request,
+            &$job.model,
+            $job.idempotency_key.as_deref(),
+            $job.metadata.as_ref(),
+            $job.deadline,
+            $job.created_at,
+            $job.max_attempts,
+            $job.estimated_input_tokens,
+            $job.estimated_output_tokens,
+            $job.stream
+            $(, $arg)*
+        )
+    };
+}
+
 pub async fn insert_job(ex: impl PgExecutor<'_> + Copy, job: &NewJob) -> Result<Inserted> {
     if insert_new_job(ex, job).await? {
         return Ok(Inserted::New(Job::queued(job)));
     }
-    let existing =
-        sqlx::query_as::<Postgres, Job>("SELECT * FROM jobs WHERE tenant = $1 AND idempotency_key = $2")
-            .bind(&job.tenant)
-            .bind(&job.idempotency_key)
-            .fetch_one(ex)
-            .await?;
+    let existing = query_jobs!(
+        "SELECT",
+        "FROM jobs j WHERE j.tenant = $1 AND j.idempotency_key = $2",
+        &job.tenant,
+        job.idempotency_key.as_deref(),
+    )
+    .fetch_one(ex)
+    .await?;
     Ok(Inserted::Existing(existing))
 }
 
 /// Inserts the job, queued, unless its tenant already used its idempotency key (`false`).
 async fn insert_new_job(ex: impl PgExecutor<'_>, job: &NewJob) -> Result<bool> {
-    Ok(bind_new_job(sqlx::query_as(&insert_statement("", "")), job)
+    Ok(insert_job_query!("", "", "", job)
         .fetch_optional(ex)
         .await?
         .is_some())
@@ -58,27 +95,27 @@ pub async fn insert_started_job(
         true => (None, None),
         false => (Some(bucket_ids), Some(amounts)),
     };
-    let statement = format!(
-        "WITH saved AS ({}) {}",
-        super::buckets::save_statement(23),
-        insert_statement(
-            ", state, attempt, lease_owner, lease_expires_at, started_at, admitted_at, provider, provider_model,
-               provider_key, reserved_buckets, reserved_amounts",
-            ", 'running', 1, $15, $16, $17, $17, $18, $19, $20, $21, $22",
-        )
-    );
-    let inserted = bind_new_job(sqlx::query_as(&statement), job)
-        .bind(starter.owner)
-        .bind(starter.lease_until)
-        .bind(now)
-        .bind(&admission.provider)
-        .bind(&admission.model)
-        .bind(&admission.key)
-        .bind(&bucket_ids)
-        .bind(&amounts)
-        .bind_buckets(buckets)
-        .fetch_optional(conn)
-        .await?;
+    let saved = BucketArrays::of(buckets);
+    let inserted = save_buckets_query!(insert_job_query!(
+        "WITH saved AS (",
+        ") ",
+        ["$23", "$24", "$25", "$26", "$27", "$28"],
+        ", state, attempt, lease_owner, lease_expires_at, started_at, admitted_at, provider, provider_model,
+           provider_key, reserved_buckets, reserved_amounts",
+        ", 'running', 1, $15, $16, $17, $17, $18, $19, $20, $21, $22",
+        job,
+        starter.owner,
+        starter.lease_until,
+        now,
+        &admission.provider,
+        &admission.model,
+        admission.key.as_deref(),
+        bucket_ids.as_deref(),
+        amounts.as_deref();
+        &saved
+    ))
+    .fetch_optional(conn)
+    .await?;
     Ok(inserted.map(|_| Job {
         state: JobState::Running,
         attempt: 1,
@@ -93,41 +130,6 @@ pub async fn insert_started_job(
         reserved_amounts: amounts,
         ..Job::queued(job)
     }))
-}
-
-/// The `INSERT` of a new job ($1–$14, [`bind_new_job`]) with `columns` and their `values`
-/// added. Only the id comes back: the new row is exactly what was sent, so it is not read
-/// (and its request body not decoded) again.
-fn insert_statement(columns: &str, values: &str) -> String {
-    format!(
-        "INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
-                           deadline, not_before, max_attempts, estimated_input_tokens,
-                           estimated_output_tokens, created_at, stream{columns})
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $10, $14{values})
-         ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-         RETURNING id"
-    )
-}
-
-fn bind_new_job<'q>(
-    query: sqlx::query::QueryAs<'q, Postgres, (JobId,), sqlx::postgres::PgArguments>,
-    job: &'q NewJob,
-) -> sqlx::query::QueryAs<'q, Postgres, (JobId,), sqlx::postgres::PgArguments> {
-    query
-        .bind(job.id)
-        .bind(&job.tenant)
-        .bind(job.class)
-        .bind(job.priority)
-        .bind(&job.request)
-        .bind(&job.model)
-        .bind(&job.idempotency_key)
-        .bind(&job.metadata)
-        .bind(job.deadline)
-        .bind(job.created_at)
-        .bind(job.max_attempts)
-        .bind(job.estimated_input_tokens)
-        .bind(job.estimated_output_tokens)
-        .bind(job.stream)
 }
 
 /// What [`insert_jobs`] did with each job, in the order given.
@@ -149,8 +151,18 @@ pub async fn insert_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec
         return Ok(Vec::new());
     }
     let col = |f: fn(&NewJob) -> i32| jobs.iter().map(f).collect::<Vec<_>>();
-    let inserted: Vec<(JobId,)> = sqlx::query_as(
-        "INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
+    let ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.id.0).collect();
+    let tenants: Vec<&str> = jobs.iter().map(|j| j.tenant.as_str()).collect();
+    let classes: Vec<JobClass> = jobs.iter().map(|j| j.class).collect();
+    let requests: Vec<&serde_json::Value> = jobs.iter().map(|j| &j.request).collect();
+    let models: Vec<&str> = jobs.iter().map(|j| j.model.as_str()).collect();
+    let keys: Vec<Option<&str>> = jobs.iter().map(|j| j.idempotency_key.as_deref()).collect();
+    let metadata: Vec<Option<&serde_json::Value>> = jobs.iter().map(|j| j.metadata.as_ref()).collect();
+    let deadlines: Vec<DateTime<Utc>> = jobs.iter().map(|j| j.deadline).collect();
+    let created: Vec<DateTime<Utc>> = jobs.iter().map(|j| j.created_at).collect();
+    let streams: Vec<bool> = jobs.iter().map(|j| j.stream).collect();
+    let inserted = sqlx::query_scalar!(
+        r#"INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
                            deadline, not_before, max_attempts, estimated_input_tokens,
                            estimated_output_tokens, created_at, stream)
          SELECT id, tenant, class, priority, request, model, key, metadata, deadline, created_at, attempts, ein,
@@ -161,25 +173,25 @@ pub async fn insert_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec
              AS t(id, tenant, class, priority, request, model, key, metadata, deadline, created_at, attempts, ein,
                   eout, stream)
          ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-         RETURNING id",
+         RETURNING id AS "id: JobId""#,
+        &ids,
+        &tenants as &[&str],
+        &classes as &[JobClass],
+        &col(|j| j.priority),
+        &requests as &[&serde_json::Value],
+        &models as &[&str],
+        &keys as &[Option<&str>],
+        &metadata as &[Option<&serde_json::Value>],
+        &deadlines,
+        &created,
+        &col(|j| j.max_attempts),
+        &col(|j| j.estimated_input_tokens),
+        &col(|j| j.estimated_output_tokens),
+        &streams,
     )
-    .bind(jobs.iter().map(|j| j.id.0).collect::<Vec<_>>())
-    .bind(jobs.iter().map(|j| j.tenant.as_str()).collect::<Vec<_>>())
-    .bind(jobs.iter().map(|j| j.class).collect::<Vec<_>>())
-    .bind(col(|j| j.priority))
-    .bind(jobs.iter().map(|j| &j.request).collect::<Vec<_>>())
-    .bind(jobs.iter().map(|j| j.model.as_str()).collect::<Vec<_>>())
-    .bind(jobs.iter().map(|j| j.idempotency_key.as_deref()).collect::<Vec<_>>())
-    .bind(jobs.iter().map(|j| j.metadata.as_ref()).collect::<Vec<_>>())
-    .bind(jobs.iter().map(|j| j.deadline).collect::<Vec<_>>())
-    .bind(jobs.iter().map(|j| j.created_at).collect::<Vec<_>>())
-    .bind(col(|j| j.max_attempts))
-    .bind(col(|j| j.estimated_input_tokens))
-    .bind(col(|j| j.estimated_output_tokens))
-    .bind(jobs.iter().map(|j| j.stream).collect::<Vec<_>>())
     .fetch_all(&mut *conn)
     .await?;
-    let new: std::collections::HashSet<JobId> = inserted.into_iter().map(|(id,)| id).collect();
+    let new: std::collections::HashSet<JobId> = inserted.into_iter().collect();
     // Keys already taken: compare with what the tenant sent under them before.
     let taken: Vec<(&str, &str)> = jobs
         .iter()
@@ -188,18 +200,20 @@ pub async fn insert_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec
         .collect();
     let mut existing = std::collections::HashMap::new();
     if !taken.is_empty() {
-        let rows: Vec<(String, String, JobId, serde_json::Value)> = sqlx::query_as(
-            "SELECT j.tenant, j.idempotency_key, j.id, j.request
-             FROM unnest($1::text[], $2::text[]) AS t(tenant, key)
-             JOIN jobs j ON j.tenant = t.tenant AND j.idempotency_key = t.key",
+        let tenants: Vec<&str> = taken.iter().map(|t| t.0).collect();
+        let keys: Vec<&str> = taken.iter().map(|t| t.1).collect();
+        let rows = sqlx::query!(
+            r#"SELECT j.tenant, j.idempotency_key AS "idempotency_key!", j.id AS "id: JobId", j.request
+               FROM unnest($1::text[], $2::text[]) AS t(tenant, key)
+               JOIN jobs j ON j.tenant = t.tenant AND j.idempotency_key = t.key"#,
+            &tenants as &[&str],
+            &keys as &[&str],
         )
-        .bind(taken.iter().map(|t| t.0).collect::<Vec<_>>())
-        .bind(taken.iter().map(|t| t.1).collect::<Vec<_>>())
         .fetch_all(&mut *conn)
         .await?;
         existing = rows
             .into_iter()
-            .map(|(t, k, id, req)| ((t, k), (id, req)))
+            .map(|r| ((r.tenant, r.idempotency_key), (r.id, r.request)))
             .collect();
     }
     Ok(jobs
@@ -222,8 +236,7 @@ pub async fn insert_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec
 
 /// Tells the gate that work is waiting. Cheap; call after the insert commits.
 pub async fn notify_gate(ex: impl PgExecutor<'_>) -> Result<()> {
-    sqlx::query("SELECT pg_notify($1, '')")
-        .bind(CHANNEL_GATE)
+    sqlx::query!("SELECT pg_notify($1, '')", CHANNEL_GATE)
         .execute(ex)
         .await?;
     Ok(())
@@ -231,23 +244,21 @@ pub async fn notify_gate(ex: impl PgExecutor<'_>) -> Result<()> {
 
 /// A tenant's job, or `None` (also when it belongs to another tenant).
 pub async fn get_job(ex: impl PgExecutor<'_>, tenant: &str, id: JobId) -> Result<Option<Job>> {
-    Ok(
-        sqlx::query_as::<Postgres, Job>("SELECT * FROM jobs WHERE id = $1 AND tenant = $2")
-            .bind(id)
-            .bind(tenant)
-            .fetch_optional(ex)
-            .await?,
+    Ok(query_jobs!(
+        "SELECT",
+        "FROM jobs j WHERE j.id = $1 AND j.tenant = $2",
+        id.0,
+        tenant
     )
+    .fetch_optional(ex)
+    .await?)
 }
 
 /// Any job by id: for workers and operators, never for tenant-facing paths.
 pub async fn get_job_any_tenant(ex: impl PgExecutor<'_>, id: JobId) -> Result<Option<Job>> {
-    Ok(
-        sqlx::query_as::<Postgres, Job>("SELECT * FROM jobs WHERE id = $1")
-            .bind(id)
-            .fetch_optional(ex)
-            .await?,
-    )
+    Ok(query_jobs!("SELECT", "FROM jobs j WHERE j.id = $1", id.0)
+        .fetch_optional(ex)
+        .await?)
 }
 
 /// A tenant's jobs, newest first; `after` is the last id of the previous page.
@@ -258,15 +269,16 @@ pub async fn list_jobs(
     after: Option<JobId>,
     limit: i64,
 ) -> Result<Vec<Job>> {
-    Ok(sqlx::query_as::<Postgres, Job>(
-        "SELECT * FROM jobs
-         WHERE tenant = $1 AND ($2::job_state IS NULL OR state = $2) AND ($3::uuid IS NULL OR id < $3)
-         ORDER BY id DESC LIMIT $4",
+    Ok(query_jobs!(
+        "SELECT",
+        "FROM jobs j
+         WHERE j.tenant = $1 AND ($2::job_state IS NULL OR j.state = $2) AND ($3::uuid IS NULL OR j.id < $3)
+         ORDER BY j.id DESC LIMIT $4",
+        tenant,
+        state as Option<JobState>,
+        after.map(|a| a.0),
+        limit,
     )
-    .bind(tenant)
-    .bind(state)
-    .bind(after)
-    .bind(limit)
     .fetch_all(ex)
     .await?)
 }
@@ -282,7 +294,6 @@ pub enum Cancelled {
 }
 
 /// Old values of a row a guarded update changed.
-#[derive(sqlx::FromRow)]
 struct Previous {
     id: JobId,
     old_state: JobState,
@@ -293,20 +304,21 @@ struct Previous {
 pub async fn cancel_job(pool: &PgPool, tenant: &str, id: JobId, now: DateTime<Utc>) -> Result<Cancelled> {
     let mut tx = pool.begin().await?;
     // A running job keeps its lease fields and reservation: the call is still in flight.
-    let prev = sqlx::query_as::<Postgres, Previous>(
-        "UPDATE jobs j SET state = 'cancelled', finished_at = $3, error_code = 'cancelled',
-                           error_message = 'cancelled by the client',
-                           reserved_buckets = CASE WHEN old.state = 'running' THEN j.reserved_buckets END,
-                           reserved_amounts = CASE WHEN old.state = 'running' THEN j.reserved_amounts END
-         FROM (SELECT id, state, reserved_buckets, reserved_amounts FROM jobs
-               WHERE id = $1 AND tenant = $2 FOR UPDATE) old
-         WHERE j.id = old.id AND old.state IN ('queued', 'admitted', 'running')
-         RETURNING j.id, old.state AS old_state, old.reserved_buckets AS old_buckets,
-                   old.reserved_amounts AS old_amounts",
+    let prev = sqlx::query_as!(
+        Previous,
+        r#"UPDATE jobs j SET state = 'cancelled', finished_at = $3, error_code = 'cancelled',
+                             error_message = 'cancelled by the client',
+                             reserved_buckets = CASE WHEN old.state = 'running' THEN j.reserved_buckets END,
+                             reserved_amounts = CASE WHEN old.state = 'running' THEN j.reserved_amounts END
+           FROM (SELECT id, state, reserved_buckets, reserved_amounts FROM jobs
+                 WHERE id = $1 AND tenant = $2 FOR UPDATE) old
+           WHERE j.id = old.id AND old.state IN ('queued', 'admitted', 'running')
+           RETURNING j.id AS "id: JobId", old.state AS "old_state: JobState", old.reserved_buckets AS old_buckets,
+                     old.reserved_amounts AS old_amounts"#,
+        id.0,
+        tenant,
+        now,
     )
-    .bind(id)
-    .bind(tenant)
-    .bind(now)
     .fetch_optional(&mut *tx)
     .await?;
     let Some(prev) = prev else {
@@ -334,14 +346,15 @@ pub(crate) async fn notify_done(conn: &mut PgConnection, ids: &[JobId]) -> Resul
     if ids.is_empty() {
         return Ok(());
     }
-    sqlx::query(
+    let ids: Vec<uuid::Uuid> = ids.iter().map(|i| i.0).collect();
+    sqlx::query!(
         "SELECT pg_notify($1, string_agg(id::text, ',')) FROM (
              SELECT id, (ordinality - 1) / $3 AS chunk FROM unnest($2::uuid[]) WITH ORDINALITY AS t(id, ordinality)) c
          GROUP BY chunk",
+        CHANNEL_JOB_DONE,
+        &ids,
+        IDS_PER_NOTIFY,
     )
-    .bind(CHANNEL_JOB_DONE)
-    .bind(ids.iter().map(|i| i.0).collect::<Vec<_>>())
-    .bind(IDS_PER_NOTIFY)
     .execute(conn)
     .await?;
     Ok(())
@@ -360,7 +373,7 @@ pub async fn claim_jobs(
     lease: std::time::Duration,
 ) -> Result<Vec<Job>> {
     let lease_until = now + lease;
-    Ok(sqlx::query_as::<Postgres, Job>(
+    Ok(query_jobs!(
         "WITH picked AS (
              SELECT id FROM jobs
              WHERE state = 'admitted' AND deadline > $3 AND NOT stream
@@ -376,12 +389,13 @@ pub async fn claim_jobs(
          SET state = 'running', attempt = j.attempt + 1, lease_owner = $1,
              lease_expires_at = $4, started_at = COALESCE(j.started_at, $3)
          FROM picked WHERE j.id = picked.id
-         RETURNING j.*",
+         RETURNING",
+        "",
+        owner,
+        limit,
+        now,
+        lease_until,
     )
-    .bind(owner)
-    .bind(limit)
-    .bind(now)
-    .bind(lease_until)
     .fetch_all(ex)
     .await?)
 }
@@ -394,16 +408,17 @@ pub async fn claim_stream_job(
     now: DateTime<Utc>,
     lease: std::time::Duration,
 ) -> Result<Option<Job>> {
-    Ok(sqlx::query_as::<Postgres, Job>(
-        "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = $2, lease_expires_at = $4,
-                         started_at = COALESCE(started_at, $3)
+    Ok(query_jobs!(
+        "UPDATE jobs j SET state = 'running', attempt = attempt + 1, lease_owner = $2, lease_expires_at = $4,
+                           started_at = COALESCE(started_at, $3)
          WHERE id = $1 AND state = 'admitted' AND stream
-         RETURNING *",
+         RETURNING",
+        "",
+        id.0,
+        owner,
+        now,
+        now + lease,
     )
-    .bind(id)
-    .bind(owner)
-    .bind(now)
-    .bind(now + lease)
     .fetch_optional(ex)
     .await?)
 }
@@ -439,24 +454,46 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
     record_attempts(&mut tx, &calls).await?;
     let pauses: Vec<&Pause> = outcomes.iter().filter_map(|o| o.pause.as_ref()).collect();
     if !pauses.is_empty() {
-        sqlx::query(
+        let scopes: Vec<&str> = pauses.iter().map(|p| p.scope.as_str()).collect();
+        let until: Vec<DateTime<Utc>> = pauses.iter().map(|p| p.until).collect();
+        let reasons: Vec<&str> = pauses.iter().map(|p| p.reason).collect();
+        sqlx::query!(
             "INSERT INTO pauses (scope, until, reason, created_at)
              SELECT scope, max(until), min(reason), $4
              FROM unnest($1::text[], $2::timestamptz[], $3::text[]) AS t(scope, until, reason)
              GROUP BY scope
              ON CONFLICT ON CONSTRAINT pauses_pkey DO UPDATE SET until = GREATEST(pauses.until, excluded.until),
                                                                  reason = excluded.reason",
+            &scopes as &[&str],
+            &until,
+            &reasons as &[&str],
+            now,
         )
-        .bind(pauses.iter().map(|p| p.scope.as_str()).collect::<Vec<_>>())
-        .bind(pauses.iter().map(|p| p.until).collect::<Vec<_>>())
-        .bind(pauses.iter().map(|p| p.reason).collect::<Vec<_>>())
-        .bind(now)
         .execute(&mut *tx)
         .await?;
     }
 
-    let written = sqlx::query_as::<Postgres, Previous>(
-        "WITH t AS (
+    let ids: Vec<uuid::Uuid> = outcomes.iter().map(|o| o.holder.id.0).collect();
+    let attempts: Vec<i32> = outcomes.iter().map(|o| o.holder.attempt).collect();
+    let owners: Vec<&str> = outcomes.iter().map(|o| o.holder.owner.as_str()).collect();
+    let states: Vec<JobState> = outcomes.iter().map(|o| o.end.state()).collect();
+    let results: Vec<Option<serde_json::Value>> = rows.iter().map(|r| r.result.cloned()).collect();
+    let request_ids: Vec<Option<&str>> = rows.iter().map(|r| r.provider_request_id).collect();
+    let codes: Vec<Option<&str>> = rows.iter().map(|r| r.code).collect();
+    let messages: Vec<Option<&str>> = rows.iter().map(|r| r.message).collect();
+    let not_before: Vec<Option<DateTime<Utc>>> = rows.iter().map(|r| r.not_before).collect();
+    let providers: Vec<Option<&str>> = outcomes
+        .iter()
+        .map(|o| o.served.as_ref().map(|s| s.provider.as_str()))
+        .collect();
+    let models: Vec<Option<&str>> = outcomes
+        .iter()
+        .map(|o| o.served.as_ref().map(|s| s.model.as_str()))
+        .collect();
+    let failed: Vec<Option<&str>> = outcomes.iter().map(|o| o.failed_target.as_deref()).collect();
+    let written = sqlx::query_as!(
+        Previous,
+        r#"WITH t AS (
              SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::job_state[], $5::jsonb[], $6::jsonb[],
                                   $7::text[], $8::text[], $9::text[], $10::timestamptz[], $11::text[], $12::text[],
                                   $14::text[])
@@ -472,7 +509,7 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
                            provider_request_id = COALESCE(t.request_id, j.provider_request_id),
                            error_code = t.code, error_message = t.message,
                            not_before = COALESCE(t.not_before, j.not_before),
-                           finished_at = CASE WHEN t.state = 'queued'::job_state THEN NULL ELSE $13 END,
+                           finished_at = CASE WHEN t.state = 'queued'::job_state THEN NULL ELSE $13::timestamptz END,
                            provider = COALESCE(t.provider, j.provider), provider_model = COALESCE(t.model, j.provider_model),
                            lease_owner = NULL, lease_expires_at = NULL,
                            reserved_buckets = NULL, reserved_amounts = NULL, admission = NULL,
@@ -481,22 +518,23 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
          FROM t, jobs old
          WHERE j.id = t.id AND old.id = t.id AND j.state::text = 'running'
            AND j.attempt = t.attempt AND j.lease_owner = t.owner
-         RETURNING j.id, old.state AS old_state, old.reserved_buckets AS old_buckets, old.reserved_amounts AS old_amounts",
+         RETURNING j.id AS "id: JobId", old.state AS "old_state: JobState", old.reserved_buckets AS old_buckets,
+                   old.reserved_amounts AS old_amounts"#,
+        &ids,
+        &attempts,
+        &owners as &[&str],
+        &states as &[JobState],
+        &results as &[Option<serde_json::Value>],
+        &usage as &[Option<serde_json::Value>],
+        &request_ids as &[Option<&str>],
+        &codes as &[Option<&str>],
+        &messages as &[Option<&str>],
+        &not_before as &[Option<DateTime<Utc>>],
+        &providers as &[Option<&str>],
+        &models as &[Option<&str>],
+        now,
+        &failed as &[Option<&str>],
     )
-    .bind(outcomes.iter().map(|o| o.holder.id.0).collect::<Vec<_>>())
-    .bind(outcomes.iter().map(|o| o.holder.attempt).collect::<Vec<_>>())
-    .bind(outcomes.iter().map(|o| o.holder.owner.as_str()).collect::<Vec<_>>())
-    .bind(outcomes.iter().map(|o| o.end.state()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.result.cloned()).collect::<Vec<_>>())
-    .bind(usage)
-    .bind(rows.iter().map(|r| r.provider_request_id).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.code).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.message).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.not_before).collect::<Vec<_>>())
-    .bind(outcomes.iter().map(|o| o.served.as_ref().map(|s| s.provider.as_str())).collect::<Vec<_>>())
-    .bind(outcomes.iter().map(|o| o.served.as_ref().map(|s| s.model.as_str())).collect::<Vec<_>>())
-    .bind(now)
-    .bind(outcomes.iter().map(|o| o.failed_target.as_deref()).collect::<Vec<_>>())
     .fetch_all(&mut *tx)
     .await?;
     let written_ids: std::collections::HashSet<JobId> = written.iter().map(|w| w.id).collect();
@@ -510,8 +548,12 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
     let cancelled = if discarded.is_empty() {
         Vec::new()
     } else {
-        sqlx::query_as::<Postgres, Previous>(
-            "WITH t AS (SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[]) AS t(id, attempt, owner)),
+        let ids: Vec<uuid::Uuid> = discarded.iter().map(|o| o.id.0).collect();
+        let attempts: Vec<i32> = discarded.iter().map(|o| o.attempt).collect();
+        let owners: Vec<&str> = discarded.iter().map(|o| o.owner.as_str()).collect();
+        sqlx::query_as!(
+            Previous,
+            r#"WITH t AS (SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[]) AS t(id, attempt, owner)),
              old AS (
                  SELECT j.id, j.state, j.reserved_buckets, j.reserved_amounts FROM jobs j
                  WHERE j.id = ANY($1) ORDER BY j.id FOR UPDATE)
@@ -520,12 +562,12 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
              FROM t, old
              WHERE j.id = t.id AND old.id = t.id AND j.state::text = 'cancelled' AND j.attempt = t.attempt
                AND j.lease_owner = t.owner
-             RETURNING j.id, old.state AS old_state, old.reserved_buckets AS old_buckets,
-                       old.reserved_amounts AS old_amounts",
+             RETURNING j.id AS "id: JobId", old.state AS "old_state: JobState", old.reserved_buckets AS old_buckets,
+                       old.reserved_amounts AS old_amounts"#,
+            &ids,
+            &attempts,
+            &owners as &[&str],
         )
-        .bind(discarded.iter().map(|o| o.id.0).collect::<Vec<_>>())
-        .bind(discarded.iter().map(|o| o.attempt).collect::<Vec<_>>())
-        .bind(discarded.iter().map(|o| o.owner.as_str()).collect::<Vec<_>>())
         .fetch_all(&mut *tx)
         .await?
     };
@@ -547,7 +589,7 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
         .collect();
     notify_done(&mut tx, &done).await?;
     if done.len() < outcomes.len() {
-        notify_gate_in(&mut tx).await?;
+        notify_gate(&mut *tx).await?;
     }
     tx.commit().await?;
     Ok(outcomes
@@ -606,14 +648,6 @@ impl<'a> Row<'a> {
     }
 }
 
-async fn notify_gate_in(conn: &mut PgConnection) -> Result<()> {
-    sqlx::query("SELECT pg_notify($1, '')")
-        .bind(CHANNEL_GATE)
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
 /// The records of the provider calls, one `job_attempts` row each.
 async fn record_attempts(conn: &mut PgConnection, calls: &[(&Outcome, &Served, &Call)]) -> Result<()> {
     if calls.is_empty() {
@@ -623,10 +657,35 @@ async fn record_attempts(conn: &mut PgConnection, calls: &[(&Outcome, &Served, &
     let usage = |f: fn(&Usage) -> i64| {
         records
             .iter()
-            .map(|r| r.usage.as_ref().map(f))
+            .map(|r| r.usage.as_ref().map(|u| clamp_i32(f(u))))
             .collect::<Vec<_>>()
     };
-    sqlx::query(
+    let ids: Vec<uuid::Uuid> = calls.iter().map(|c| c.0.holder.id.0).collect();
+    let attempts: Vec<i32> = calls.iter().map(|c| c.0.holder.attempt).collect();
+    let providers: Vec<&str> = calls.iter().map(|c| c.1.provider.as_str()).collect();
+    let models: Vec<&str> = calls.iter().map(|c| c.1.model.as_str()).collect();
+    let keys: Vec<&str> = records.iter().map(|r| r.key_name.as_str()).collect();
+    let statuses: Vec<Option<i32>> = records.iter().map(|r| r.status).collect();
+    let outcomes: Vec<&str> = records
+        .iter()
+        .map(|r| {
+            if r.error_code.is_some() {
+                "failed"
+            } else {
+                "succeeded"
+            }
+        })
+        .collect();
+    let codes: Vec<Option<ReasonCode>> = records.iter().map(|r| r.error_code).collect();
+    let request_ids: Vec<Option<&str>> = records.iter().map(|r| r.provider_request_id.as_deref()).collect();
+    let estimated_input: Vec<i32> = records.iter().map(|r| r.estimated_input_tokens).collect();
+    let estimated_output: Vec<i32> = records.iter().map(|r| r.estimated_output_tokens).collect();
+    let rate_limits: Vec<Option<&serde_json::Value>> =
+        records.iter().map(|r| r.rate_limit.as_ref()).collect();
+    let started: Vec<DateTime<Utc>> = records.iter().map(|r| r.started_at).collect();
+    let finished: Vec<DateTime<Utc>> = records.iter().map(|r| r.finished_at).collect();
+    let tenants: Vec<&str> = records.iter().map(|r| r.tenant.as_str()).collect();
+    sqlx::query!(
         "INSERT INTO job_attempts (job_id, attempt, provider, provider_model, key_name, status, outcome,
                                    error_code, provider_request_id, input_tokens, output_tokens,
                                    cached_tokens, estimated_input_tokens, estimated_output_tokens,
@@ -635,30 +694,25 @@ async fn record_attempts(conn: &mut PgConnection, calls: &[(&Outcome, &Served, &
                               $8::text[], $9::text[], $10::int[], $11::int[], $12::int[], $13::int[], $14::int[],
                               $15::jsonb[], $16::timestamptz[], $17::timestamptz[], $18::text[])
          ON CONFLICT ON CONSTRAINT job_attempts_pkey DO NOTHING",
+        &ids,
+        &attempts,
+        &providers as &[&str],
+        &models as &[&str],
+        &keys as &[&str],
+        &statuses as &[Option<i32>],
+        &outcomes as &[&str],
+        &codes as &[Option<ReasonCode>],
+        &request_ids as &[Option<&str>],
+        &usage(|u| u.input_tokens) as &[Option<i32>],
+        &usage(|u| u.output_tokens) as &[Option<i32>],
+        &usage(|u| u.cached_tokens) as &[Option<i32>],
+        &estimated_input,
+        &estimated_output,
+        &rate_limits as &[Option<&serde_json::Value>],
+        &started,
+        &finished,
+        &tenants as &[&str],
     )
-    .bind(calls.iter().map(|c| c.0.holder.id.0).collect::<Vec<_>>())
-    .bind(calls.iter().map(|c| c.0.holder.attempt).collect::<Vec<_>>())
-    .bind(calls.iter().map(|c| c.1.provider.as_str()).collect::<Vec<_>>())
-    .bind(calls.iter().map(|c| c.1.model.as_str()).collect::<Vec<_>>())
-    .bind(records.iter().map(|r| r.key_name.as_str()).collect::<Vec<_>>())
-    .bind(records.iter().map(|r| r.status).collect::<Vec<_>>())
-    .bind(
-        records
-            .iter()
-            .map(|r| if r.error_code.is_some() { "failed" } else { "succeeded" })
-            .collect::<Vec<_>>(),
-    )
-    .bind(records.iter().map(|r| r.error_code.map(ReasonCode::as_str)).collect::<Vec<_>>())
-    .bind(records.iter().map(|r| r.provider_request_id.as_deref()).collect::<Vec<_>>())
-    .bind(usage(|u| u.input_tokens).into_iter().map(|v| v.map(clamp_i32)).collect::<Vec<_>>())
-    .bind(usage(|u| u.output_tokens).into_iter().map(|v| v.map(clamp_i32)).collect::<Vec<_>>())
-    .bind(usage(|u| u.cached_tokens).into_iter().map(|v| v.map(clamp_i32)).collect::<Vec<_>>())
-    .bind(records.iter().map(|r| r.estimated_input_tokens).collect::<Vec<_>>())
-    .bind(records.iter().map(|r| r.estimated_output_tokens).collect::<Vec<_>>())
-    .bind(records.iter().map(|r| r.rate_limit.clone()).collect::<Vec<_>>())
-    .bind(records.iter().map(|r| r.started_at).collect::<Vec<_>>())
-    .bind(records.iter().map(|r| r.finished_at).collect::<Vec<_>>())
-    .bind(records.iter().map(|r| r.tenant.as_str()).collect::<Vec<_>>())
     .execute(conn)
     .await?;
     Ok(())
@@ -679,7 +733,8 @@ pub async fn extend_leases(
     if ids.is_empty() {
         return Ok(0);
     }
-    let done = sqlx::query(
+    let ids: Vec<uuid::Uuid> = ids.iter().map(|id| id.0).collect();
+    let done = sqlx::query!(
         // A row another transaction holds is skipped, not waited for: that is the completer
         // finishing it (its lease is no longer needed), a cancel or the rescuer, and the next
         // beat, well within the lease, extends it if it still runs. Waiting could deadlock with
@@ -690,10 +745,10 @@ pub async fn extend_leases(
                  AND (state::text = 'running' OR (state::text = 'cancelled' AND reserved_buckets IS NOT NULL))
                FOR NO KEY UPDATE SKIP LOCKED) mine
          WHERE j.id = mine.id",
+        owner,
+        now + lease,
+        &ids,
     )
-    .bind(owner)
-    .bind(now + lease)
-    .bind(ids.iter().map(|id| id.0).collect::<Vec<_>>())
     .execute(ex)
     .await?;
     Ok(done.rows_affected())
@@ -710,25 +765,14 @@ pub struct Rescued {
     pub orphans_settled: u64,
 }
 
-/// A finished job's id and its reservation columns, as a query returns them.
-type OrphanReservation = (JobId, Option<Vec<i64>>, Option<Vec<f64>>);
-
-#[derive(sqlx::FromRow)]
-struct Released {
-    id: JobId,
-    failed: bool,
-    old_buckets: Option<Vec<i64>>,
-    old_amounts: Option<Vec<f64>>,
-}
-
 /// Takes back what `owner`'s jobs hold (shutdown after the drain timeout) or what holders
 /// whose lease expired held (they died or lost the database): the jobs return to the
 /// queue — or fail with `lease_expired` when no attempts are left — and their reservations
 /// are settled as sent with an unknown outcome.
 async fn release_running(pool: &PgPool, owner: Option<&str>, now: DateTime<Utc>) -> Result<Rescued> {
     let mut tx = pool.begin().await?;
-    let rows = sqlx::query_as::<Postgres, Released>(
-        "WITH gone AS (
+    let rows = sqlx::query!(
+        r#"WITH gone AS (
              SELECT id, reserved_buckets, reserved_amounts FROM jobs
              WHERE state = 'running' AND (lease_owner = $2 OR ($2 IS NULL AND lease_expires_at < $1))
              FOR UPDATE SKIP LOCKED)
@@ -742,11 +786,11 @@ async fn release_running(pool: &PgPool, owner: Option<&str>, now: DateTime<Utc>)
              lease_owner = NULL, lease_expires_at = NULL,
              reserved_buckets = NULL, reserved_amounts = NULL
          FROM gone WHERE j.id = gone.id
-         RETURNING j.id, j.state = 'failed' AS failed, gone.reserved_buckets AS old_buckets,
-                   gone.reserved_amounts AS old_amounts",
+         RETURNING j.id AS "id: JobId", j.state = 'failed' AS "failed!", gone.reserved_buckets AS old_buckets,
+                   gone.reserved_amounts AS old_amounts"#,
+        now,
+        owner,
     )
-    .bind(now)
-    .bind(owner)
     .fetch_all(&mut *tx)
     .await?;
     let mut rescued = Rescued::default();
@@ -765,8 +809,8 @@ async fn release_running(pool: &PgPool, owner: Option<&str>, now: DateTime<Utc>)
     }
     // Finished jobs (cancelled while running) whose holder died before settling.
     if owner.is_none() {
-        let orphans: Vec<OrphanReservation> = sqlx::query_as(
-            "WITH gone AS (
+        let orphans = sqlx::query!(
+            r#"WITH gone AS (
                  SELECT id, reserved_buckets, reserved_amounts FROM jobs
                  WHERE reserved_buckets IS NOT NULL AND state IN ('succeeded', 'failed', 'cancelled')
                    AND lease_expires_at < $1
@@ -774,22 +818,22 @@ async fn release_running(pool: &PgPool, owner: Option<&str>, now: DateTime<Utc>)
              UPDATE jobs j SET reserved_buckets = NULL, reserved_amounts = NULL,
                                lease_owner = NULL, lease_expires_at = NULL
              FROM gone WHERE j.id = gone.id
-             RETURNING j.id, gone.reserved_buckets, gone.reserved_amounts",
+             RETURNING j.id AS "id: JobId", gone.reserved_buckets, gone.reserved_amounts"#,
+            now,
         )
-        .bind(now)
         .fetch_all(&mut *tx)
         .await?;
-        for (id, ids, amounts) in orphans {
-            if let Some(r) = reservation(ids, amounts) {
+        for orphan in orphans {
+            if let Some(r) = reservation(orphan.reserved_buckets, orphan.reserved_amounts) {
                 rescued.orphans_settled += 1;
-                ended.push((id, r, Settlement::SENT_UNKNOWN));
+                ended.push((orphan.id, r, Settlement::SENT_UNKNOWN));
             }
         }
     }
     settle(&mut tx, &ended).await?;
     notify_done(&mut tx, &done).await?;
     if rescued.requeued > 0 {
-        notify_gate_in(&mut tx).await?;
+        notify_gate(&mut *tx).await?;
     }
     tx.commit().await?;
     Ok(rescued)
@@ -809,8 +853,9 @@ pub async fn rescue_expired_leases(pool: &PgPool, now: DateTime<Utc>) -> Result<
 /// dispatched late. An admitted job's reservation goes back whole (it was never sent).
 pub async fn expire_deadlines(pool: &PgPool, now: DateTime<Utc>) -> Result<u64> {
     let mut tx = pool.begin().await?;
-    let rows = sqlx::query_as::<Postgres, Previous>(
-        "WITH late AS (
+    let rows = sqlx::query_as!(
+        Previous,
+        r#"WITH late AS (
              SELECT id, state, reserved_buckets, reserved_amounts FROM jobs
              WHERE state IN ('queued', 'admitted') AND deadline <= $1
              FOR UPDATE SKIP LOCKED)
@@ -821,10 +866,10 @@ pub async fn expire_deadlines(pool: &PgPool, now: DateTime<Utc>) -> Result<u64> 
                  ELSE 'the deadline passed before the job could be sent; last error: ' || j.error_code END,
              reserved_buckets = NULL, reserved_amounts = NULL
          FROM late WHERE j.id = late.id
-         RETURNING j.id, late.state AS old_state, late.reserved_buckets AS old_buckets,
-                   late.reserved_amounts AS old_amounts",
+         RETURNING j.id AS "id: JobId", late.state AS "old_state: JobState", late.reserved_buckets AS old_buckets,
+                   late.reserved_amounts AS old_amounts"#,
+        now,
     )
-    .bind(now)
     .fetch_all(&mut *tx)
     .await?;
     let ids: Vec<JobId> = rows.iter().map(|r| r.id).collect();
@@ -843,30 +888,31 @@ pub async fn active_pauses(
     ex: impl PgExecutor<'_>,
     now: DateTime<Utc>,
 ) -> Result<Vec<(String, DateTime<Utc>)>> {
-    Ok(sqlx::query_as("SELECT scope, until FROM pauses WHERE until > $1")
-        .bind(now)
+    let pauses = sqlx::query!("SELECT scope, until FROM pauses WHERE until > $1", now)
         .fetch_all(ex)
-        .await?)
+        .await?;
+    Ok(pauses.into_iter().map(|p| (p.scope, p.until)).collect())
 }
 
 /// Forgets pauses that ended long ago.
 pub async fn prune_pauses(ex: impl PgExecutor<'_>, now: DateTime<Utc>) -> Result<u64> {
-    Ok(
-        sqlx::query("DELETE FROM pauses WHERE until < $1 - interval '1 hour'")
-            .bind(now)
-            .execute(ex)
-            .await?
-            .rows_affected(),
+    Ok(sqlx::query!(
+        "DELETE FROM pauses WHERE until < $1::timestamptz - interval '1 hour'",
+        now
     )
+    .execute(ex)
+    .await?
+    .rows_affected())
 }
 
 /// Queue depth by state, for summaries and status.
 pub async fn count_by_state(ex: impl PgExecutor<'_>) -> Result<Vec<(JobState, i64)>> {
-    Ok(
-        sqlx::query_as("SELECT state, count(*) FROM jobs GROUP BY state ORDER BY state")
-            .fetch_all(ex)
-            .await?,
+    let counts = sqlx::query!(
+        r#"SELECT state AS "state: JobState", count(*) AS "count!" FROM jobs GROUP BY state ORDER BY state"#
     )
+    .fetch_all(ex)
+    .await?;
+    Ok(counts.into_iter().map(|c| (c.state, c.count)).collect())
 }
 
 /// Jobs a tenant has waiting (queued or admitted) in a class: the submit-time cap.
@@ -875,11 +921,12 @@ pub async fn waiting_count(
     tenant: &str,
     class: crate::model::JobClass,
 ) -> Result<i64> {
-    Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM jobs WHERE tenant = $1 AND class = $2 AND state IN ('queued', 'admitted')",
+    Ok(sqlx::query_scalar!(
+        r#"SELECT count(*) AS "count!" FROM jobs
+           WHERE tenant = $1 AND class = $2 AND state IN ('queued', 'admitted')"#,
+        tenant,
+        class as crate::model::JobClass,
     )
-    .bind(tenant)
-    .bind(class)
     .fetch_one(ex)
     .await?)
 }

@@ -13,7 +13,7 @@ use crate::learning::Learned;
 pub use crate::learning::Observation;
 use crate::model::JobId;
 use crate::ratelimit::Reading;
-use crate::vocab::{LearnedFrom, LimitName};
+use crate::vocab::{Dimension, LearnedFrom, LimitName, Rule};
 
 /// Records observations (the newest per scope and limit wins). A response that says
 /// nothing still marks its scope as seen, which ends the scope's cold-start probe.
@@ -43,7 +43,12 @@ pub async fn record_observations(pool: &sqlx::PgPool, observations: &[&Observati
     }
     if !readings.is_empty() {
         let (keys, values): (Vec<_>, Vec<_>) = readings.into_iter().unzip();
-        sqlx::query(
+        let scopes: Vec<&str> = keys.iter().map(|k| k.0).collect();
+        let names: Vec<LimitName> = keys.iter().map(|k| k.1).collect();
+        let limits: Vec<Option<f64>> = values.iter().map(|v| v.0.limit).collect();
+        let remaining: Vec<Option<f64>> = values.iter().map(|v| v.0.remaining).collect();
+        let at: Vec<DateTime<Utc>> = values.iter().map(|v| v.1).collect();
+        sqlx::query!(
             "INSERT INTO learned_limits AS l (scope, name, reported, remaining, observed_at, source)
              SELECT s, n, r, rem, at, 'headers'
              FROM unnest($1::text[], $2::text[], $3::float8[], $4::float8[], $5::timestamptz[])
@@ -54,27 +59,27 @@ pub async fn record_observations(pool: &sqlx::PgPool, observations: &[&Observati
                  observed_at = excluded.observed_at,
                  source = 'headers'
              WHERE excluded.observed_at >= l.observed_at",
+            &scopes as &[&str],
+            &names as &[LimitName],
+            &limits as &[Option<f64>],
+            &remaining as &[Option<f64>],
+            &at,
         )
-        .bind(keys.iter().map(|k| k.0).collect::<Vec<_>>())
-        .bind(keys.iter().map(|k| k.1.as_str()).collect::<Vec<_>>())
-        .bind(values.iter().map(|v| v.0.limit).collect::<Vec<_>>())
-        .bind(values.iter().map(|v| v.0.remaining).collect::<Vec<_>>())
-        .bind(values.iter().map(|v| v.1).collect::<Vec<_>>())
         .execute(pool)
         .await?;
     }
     if !throttles.is_empty() {
         let (scopes, at): (Vec<&str>, Vec<DateTime<Utc>>) = throttles.into_iter().unzip();
-        sqlx::query(
+        sqlx::query!(
             "INSERT INTO learned_limits AS l (scope, name, observed_at, throttled_at, source)
              SELECT s, 'rpm', at, at, 'throttling' FROM unnest($1::text[], $2::timestamptz[]) AS t(s, at)
              ON CONFLICT ON CONSTRAINT learned_limits_pkey DO UPDATE SET
                  throttled_at = GREATEST(l.throttled_at, excluded.throttled_at),
                  -- A limit never reported is learned from the 429s.
                  source = CASE WHEN l.reported IS NULL THEN 'throttling' ELSE l.source END",
+            &scopes as &[&str],
+            &at,
         )
-        .bind(scopes)
-        .bind(at)
         .execute(pool)
         .await?;
     }
@@ -83,40 +88,28 @@ pub async fn record_observations(pool: &sqlx::PgPool, observations: &[&Observati
     }
     // Scopes seen for the first time (no row yet): a bare row ends their probe.
     let (scopes, at): (Vec<&str>, Vec<DateTime<Utc>>) = seen.into_iter().unzip();
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO learned_limits (scope, name, observed_at, source)
          SELECT s, 'rpm', at, 'headers' FROM unnest($1::text[], $2::timestamptz[]) AS t(s, at)
          WHERE NOT EXISTS (SELECT 1 FROM learned_limits l WHERE l.scope = t.s)
          ON CONFLICT ON CONSTRAINT learned_limits_pkey DO NOTHING",
+        &scopes as &[&str],
+        &at,
     )
-    .bind(scopes)
-    .bind(at)
     .execute(pool)
     .await?;
     Ok(())
 }
 
-#[derive(sqlx::FromRow)]
-struct LearnedRow {
-    scope: String,
-    name: String,
-    reported: Option<f64>,
-    remaining: Option<f64>,
-    observed_at: DateTime<Utc>,
-    throttled_at: Option<DateTime<Utc>>,
-    source: String,
-    ceiling: Option<f64>,
-    decreases: i32,
-    changed_at: Option<DateTime<Utc>>,
-    applied_at: Option<DateTime<Utc>>,
-}
-
 /// Every learned limit.
 pub async fn learned_limits(ex: impl PgExecutor<'_>) -> Result<Vec<Learned>> {
-    let rows: Vec<LearnedRow> = sqlx::query_as(
-        "SELECT scope, name, reported, remaining, observed_at, throttled_at, source, ceiling, decreases,
-                changed_at, applied_at
-         FROM learned_limits ORDER BY scope, name",
+    // `source` decodes as a `LearnedFrom`: its CHECK constraint allows only the names that
+    // has. `name` has no constraint, so a row of a name this version does not know is
+    // skipped rather than failing the read.
+    let rows = sqlx::query!(
+        r#"SELECT scope, name, reported, remaining, observed_at, throttled_at, source AS "source: LearnedFrom",
+                  ceiling, decreases, changed_at, applied_at
+           FROM learned_limits ORDER BY scope, name"#,
     )
     .fetch_all(ex)
     .await?;
@@ -125,7 +118,7 @@ pub async fn learned_limits(ex: impl PgExecutor<'_>) -> Result<Vec<Learned>> {
         .filter_map(|r| {
             Some(Learned {
                 name: LimitName::parse(&r.name)?,
-                source: LearnedFrom::parse(&r.source)?,
+                source: r.source,
                 scope: r.scope,
                 reported: r.reported,
                 remaining: r.remaining,
@@ -146,19 +139,25 @@ pub async fn save_learned(ex: impl PgExecutor<'_>, rows: &[Learned]) -> Result<(
     if rows.is_empty() {
         return Ok(());
     }
-    sqlx::query(
+    let scopes: Vec<&str> = rows.iter().map(|r| r.scope.as_str()).collect();
+    let names: Vec<LimitName> = rows.iter().map(|r| r.name).collect();
+    let applied: Vec<Option<DateTime<Utc>>> = rows.iter().map(|r| r.applied_at).collect();
+    let ceilings: Vec<Option<f64>> = rows.iter().map(|r| r.ceiling).collect();
+    let decreases: Vec<i32> = rows.iter().map(|r| r.decreases).collect();
+    let changed: Vec<Option<DateTime<Utc>>> = rows.iter().map(|r| r.changed_at).collect();
+    sqlx::query!(
         "UPDATE learned_limits l SET applied_at = t.applied_at, ceiling = t.ceiling,
                                      decreases = t.decreases, changed_at = t.changed_at
          FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::float8[], $5::int4[], $6::timestamptz[])
               AS t(scope, name, applied_at, ceiling, decreases, changed_at)
          WHERE l.scope = t.scope AND l.name = t.name",
+        &scopes as &[&str],
+        &names as &[LimitName],
+        &applied as &[Option<DateTime<Utc>>],
+        &ceilings as &[Option<f64>],
+        &decreases,
+        &changed as &[Option<DateTime<Utc>>],
     )
-    .bind(rows.iter().map(|r| r.scope.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.name.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.applied_at).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.ceiling).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.decreases).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.changed_at).collect::<Vec<_>>())
     .execute(ex)
     .await?;
     Ok(())
@@ -175,23 +174,26 @@ pub async fn create_buckets(
     if specs.is_empty() {
         return Ok(Vec::new());
     }
-    let ids: Vec<i64> = sqlx::query_scalar(
+    let columns = super::buckets::SpecArrays::of(specs.iter().map(|s| &s.0));
+    let levels: Vec<f64> = specs.iter().map(|s| s.1).collect();
+    let sources: Vec<&str> = specs.iter().map(|s| s.2).collect();
+    let ids = sqlx::query_scalar!(
         "INSERT INTO buckets (key, scope, dimension, rule, capacity, window_secs, level, updated_at, source, learned_at)
-         SELECT k, s, d, r, c, w, l, $7, src, CASE WHEN src = 'learned' THEN $7 END
+         SELECT k, s, d, r, c, w, l, $7::timestamptz, src, CASE WHEN src = 'learned' THEN $7::timestamptz END
          FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::float8[], $6::bigint[], $8::float8[], $9::text[])
               AS t(k, s, d, r, c, w, l, src)
          ON CONFLICT ON CONSTRAINT buckets_key DO NOTHING
          RETURNING id",
+        &columns.keys as &[&str],
+        &columns.scopes as &[&str],
+        &columns.dimensions as &[Dimension],
+        &columns.rules as &[Rule],
+        &columns.capacities,
+        &columns.windows,
+        now,
+        &levels,
+        &sources as &[&str],
     )
-    .bind(specs.iter().map(|s| s.0.key.as_str()).collect::<Vec<_>>())
-    .bind(specs.iter().map(|s| s.0.scope.as_str()).collect::<Vec<_>>())
-    .bind(specs.iter().map(|s| s.0.dimension.as_str()).collect::<Vec<_>>())
-    .bind(specs.iter().map(|s| s.0.rule.as_str()).collect::<Vec<_>>())
-    .bind(specs.iter().map(|s| s.0.capacity).collect::<Vec<_>>())
-    .bind(specs.iter().map(|s| s.0.window_secs).collect::<Vec<_>>())
-    .bind(now)
-    .bind(specs.iter().map(|s| s.1).collect::<Vec<_>>())
-    .bind(specs.iter().map(|s| s.2).collect::<Vec<_>>())
     .fetch_all(&mut *conn)
     .await?;
     super::lock_buckets_by(conn, &[], &ids).await
@@ -201,8 +203,7 @@ pub async fn create_buckets(
 /// name them settle against nothing.
 pub async fn drop_buckets(ex: impl PgExecutor<'_>, keys: &[String]) -> Result<()> {
     if !keys.is_empty() {
-        sqlx::query("DELETE FROM buckets WHERE key = ANY($1)")
-            .bind(keys)
+        sqlx::query!("DELETE FROM buckets WHERE key = ANY($1)", keys)
             .execute(ex)
             .await?;
     }
@@ -213,27 +214,26 @@ pub async fn drop_buckets(ex: impl PgExecutor<'_>, keys: &[String]) -> Result<()
 /// the queue, giving back what they hold: a limit learned after their admission must
 /// govern them too. Returns how many went back.
 pub async fn requeue_admitted(conn: &mut PgConnection, provider: &str, model: &str) -> Result<u64> {
-    type Held = (uuid::Uuid, Option<Vec<i64>>, Option<Vec<f64>>);
-    let rows: Vec<Held> = sqlx::query_as(
-        "WITH picked AS (
+    let rows = sqlx::query!(
+        r#"WITH picked AS (
              SELECT id, reserved_buckets, reserved_amounts FROM jobs
              WHERE state = 'admitted' AND provider = $1 AND provider_model = $2 AND NOT stream
              FOR UPDATE SKIP LOCKED)
          UPDATE jobs j SET state = 'queued', admitted_at = NULL, reserved_buckets = NULL, reserved_amounts = NULL
          FROM picked WHERE j.id = picked.id
-         RETURNING picked.id, picked.reserved_buckets, picked.reserved_amounts",
+         RETURNING picked.id AS "id!: JobId", picked.reserved_buckets, picked.reserved_amounts"#,
+        provider,
+        model,
     )
-    .bind(provider)
-    .bind(model)
     .fetch_all(&mut *conn)
     .await?;
     let n = rows.len() as u64;
     let ended: Vec<(JobId, super::Reservation, super::Settlement)> = rows
         .into_iter()
-        .filter_map(|(id, buckets, amounts)| {
+        .filter_map(|r| {
             Some((
-                JobId(id),
-                super::reservation(buckets, amounts)?,
+                r.id,
+                super::reservation(r.reserved_buckets, r.reserved_amounts)?,
                 super::Settlement::UNSENT,
             ))
         })
@@ -249,13 +249,13 @@ pub async fn requests_since(
     model: &str,
     since: DateTime<Utc>,
 ) -> Result<f64> {
-    let n: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM job_attempts
-         WHERE provider = $1 AND provider_model = $2 AND started_at >= $3 AND status IS NOT NULL",
+    let n = sqlx::query_scalar!(
+        r#"SELECT count(*) AS "requests!" FROM job_attempts
+           WHERE provider = $1 AND provider_model = $2 AND started_at >= $3 AND status IS NOT NULL"#,
+        provider,
+        model,
+        since,
     )
-    .bind(provider)
-    .bind(model)
-    .bind(since)
     .fetch_one(ex)
     .await?;
     Ok(n as f64)

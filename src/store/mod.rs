@@ -27,6 +27,47 @@
 //! 45 ms instead of 10 for 256 finished jobs. Written as text, the guard matches no
 //! partial index and the ids lead. For the same reason the id list is not repeated as
 //! `j.id = ANY($1)`.
+//!
+//! Every statement (but those of [`webhooks`], still runtime SQL) is checked against the
+//! schema when it compiles: `sqlx::query!`, `query_as!` and `query_scalar!`, whose text
+//! must be literal (pieces joined with `+`). So a statement two functions share, or the
+//! column list of a row, is a `macro_rules!` that hands its text on to them (`query_jobs!`
+//! below, `query_batches!`, `save_buckets_query!`, ...); no statement reads a table with
+//! `SELECT *`. What the checks learned from the database is kept in `.sqlx/` at the
+//! workspace root, and builds read it there (`SQLX_OFFLINE=true`, `.cargo/config.toml`),
+//! so none needs a database. After changing a statement or a migration, run `cargo sqlx
+//! prepare --workspace` with `DATABASE_URL` pointing at a database migrated with
+//! `migrations/`, and commit `.sqlx/`; CI fails when it is stale (`.ci/sqlx-check`).
+
+/// `sqlx::query_as!` of [`Job`](crate::model::Job) rows: the statement is `$head`, the
+/// job row's columns, then `$tail`; the statement calls the table `j`. The one list of the
+/// row's columns: it names each, in the struct's order, with the types PostgreSQL cannot
+/// tell (`_`: the field's).
+macro_rules! query_jobs {
+    ($head:expr, $tail:expr $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            $crate::model::Job,
+            $head
+                + " j.id AS \"id: _\", j.tenant, j.class AS \"class: _\", j.priority, j.state AS \"state: _\",
+                    j.request, j.model, j.idempotency_key, j.metadata, j.deadline, j.not_before, j.attempt,
+                    j.max_attempts, j.lease_owner, j.lease_expires_at, j.provider, j.provider_model,
+                    j.provider_request_id, j.estimated_input_tokens, j.estimated_output_tokens, j.usage,
+                    j.result, j.error_code, j.error_message, j.created_at, j.started_at, j.finished_at,
+                    j.admitted_at, j.reserved_buckets, j.reserved_amounts, j.admission, j.stream,
+                    j.provider_key, j.failed_targets, j.dispatch_via, j.dispatch_reason, j.provider_batch_id "
+                + $tail
+            $(, $arg)*
+        )
+    };
+}
+
+/// `sqlx::query_scalar!` of the job ids a statement returns, as [`query_jobs!`] is of the
+/// rows: `$head`, the id, `$tail`.
+macro_rules! query_job_ids {
+    ($head:expr, $tail:expr $(, $arg:expr)* $(,)?) => {
+        sqlx::query_scalar!($head + r#" j.id AS "id: crate::model::JobId" "# + $tail $(, $arg)*)
+    };
+}
 
 pub mod batches;
 pub mod buckets;

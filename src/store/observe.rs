@@ -8,7 +8,7 @@ use super::Result;
 use crate::model::JobClass;
 
 /// Unfinished jobs of one (tenant, class).
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct QueueDepth {
     pub tenant: String,
     pub class: JobClass,
@@ -20,11 +20,13 @@ pub struct QueueDepth {
 }
 
 pub async fn queue_depths(ex: impl PgExecutor<'_>, tenant: Option<&str>) -> Result<Vec<QueueDepth>> {
-    Ok(sqlx::query_as::<_, QueueDepth>(
+    Ok(sqlx::query_as!(
+        QueueDepth,
         // One branch per state, each matching its partial index (`jobs_gate`,
         // `jobs_admitted`, `jobs_running_lease`), so finished rows are never read.
-        "SELECT tenant, class, sum(queued)::bigint AS queued, sum(admitted)::bigint AS admitted,
-                sum(running)::bigint AS running, min(oldest) AS oldest_queued
+        r#"SELECT tenant AS "tenant!", class AS "class!: JobClass", sum(queued)::bigint AS "queued!",
+                sum(admitted)::bigint AS "admitted!", sum(running)::bigint AS "running!",
+                min(oldest) AS oldest_queued
          FROM (
              SELECT tenant, class, count(*) AS queued, 0 AS admitted, 0 AS running, min(created_at) AS oldest
              FROM jobs WHERE state = 'queued' AND ($1::text IS NULL OR tenant = $1) GROUP BY tenant, class
@@ -35,15 +37,15 @@ pub async fn queue_depths(ex: impl PgExecutor<'_>, tenant: Option<&str>) -> Resu
              SELECT tenant, class, 0, 0, count(*), NULL
              FROM jobs WHERE state = 'running' AND ($1::text IS NULL OR tenant = $1) GROUP BY tenant, class
          ) q
-         GROUP BY tenant, class ORDER BY tenant, class",
+         GROUP BY tenant, class ORDER BY tenant, class"#,
+        tenant,
     )
-    .bind(tenant)
     .fetch_all(ex)
     .await?)
 }
 
 /// Provider calls of one tenant that finished in a window.
-#[derive(Debug, Clone, Default, PartialEq, sqlx::FromRow)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Traffic {
     pub tenant: String,
     /// Attempts that succeeded (jobs done).
@@ -63,26 +65,27 @@ pub async fn traffic(
     until: DateTime<Utc>,
     tenant: Option<&str>,
 ) -> Result<Vec<Traffic>> {
-    Ok(sqlx::query_as::<_, Traffic>(
-        "SELECT tenant,
-                count(*) FILTER (WHERE outcome = 'succeeded') AS succeeded,
-                count(*) FILTER (WHERE outcome <> 'succeeded') AS failed,
-                coalesce(sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0)), 0)::bigint AS tokens,
-                count(*) FILTER (WHERE status = 429) AS status_429,
-                count(*) FILTER (WHERE status >= 500) AS status_5xx
-         FROM job_attempts
-         WHERE finished_at > $1 AND finished_at <= $2 AND ($3::text IS NULL OR tenant = $3)
-         GROUP BY tenant ORDER BY tenant",
+    Ok(sqlx::query_as!(
+        Traffic,
+        r#"SELECT tenant,
+                  count(*) FILTER (WHERE outcome = 'succeeded') AS "succeeded!",
+                  count(*) FILTER (WHERE outcome <> 'succeeded') AS "failed!",
+                  coalesce(sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0)), 0)::bigint AS "tokens!",
+                  count(*) FILTER (WHERE status = 429) AS "status_429!",
+                  count(*) FILTER (WHERE status >= 500) AS "status_5xx!"
+           FROM job_attempts
+           WHERE finished_at > $1 AND finished_at <= $2 AND ($3::text IS NULL OR tenant = $3)
+           GROUP BY tenant ORDER BY tenant"#,
+        since,
+        until,
+        tenant,
     )
-    .bind(since)
-    .bind(until)
-    .bind(tenant)
     .fetch_all(ex)
     .await?)
 }
 
 /// A failed job, for the list of recent failures.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RecentFailure {
     pub id: uuid::Uuid,
     pub tenant: String,
@@ -98,13 +101,14 @@ pub async fn recent_failures(
     tenant: Option<&str>,
     limit: i64,
 ) -> Result<Vec<RecentFailure>> {
-    Ok(sqlx::query_as::<_, RecentFailure>(
+    Ok(sqlx::query_as!(
+        RecentFailure,
         "SELECT id, tenant, model, error_code, error_message, attempt AS attempts, finished_at
          FROM jobs WHERE state = 'failed' AND ($1::text IS NULL OR tenant = $1)
          ORDER BY finished_at DESC NULLS LAST LIMIT $2",
+        tenant,
+        limit,
     )
-    .bind(tenant)
-    .bind(limit)
     .fetch_all(ex)
     .await?)
 }
@@ -112,15 +116,16 @@ pub async fn recent_failures(
 /// Estimated tokens each tenant holds in admitted and running jobs: its share of the
 /// capacity in use.
 pub async fn tenant_holdings(ex: impl PgExecutor<'_>) -> Result<Vec<(String, i64)>> {
-    Ok(sqlx::query_as(
-        "SELECT tenant, sum(tokens)::bigint FROM (
-             SELECT tenant, estimated_input_tokens + estimated_output_tokens AS tokens
-             FROM jobs WHERE state = 'admitted'
-             UNION ALL
-             SELECT tenant, estimated_input_tokens + estimated_output_tokens
-             FROM jobs WHERE state = 'running'
-         ) held GROUP BY tenant ORDER BY tenant",
+    let holdings = sqlx::query!(
+        r#"SELECT tenant AS "tenant!", sum(tokens)::bigint AS "tokens!" FROM (
+               SELECT tenant, estimated_input_tokens + estimated_output_tokens AS tokens
+               FROM jobs WHERE state = 'admitted'
+               UNION ALL
+               SELECT tenant, estimated_input_tokens + estimated_output_tokens
+               FROM jobs WHERE state = 'running'
+           ) held GROUP BY tenant ORDER BY tenant"#,
     )
     .fetch_all(ex)
-    .await?)
+    .await?;
+    Ok(holdings.into_iter().map(|h| (h.tenant, h.tokens)).collect())
 }

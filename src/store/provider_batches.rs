@@ -3,28 +3,31 @@
 //! and what it saved.
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgExecutor, PgPool, Postgres};
+use sqlx::{PgExecutor, PgPool};
 
 use super::Result;
-use crate::model::{Decision, Job, JobId};
+use crate::model::{Decision, Job, JobId, Lane, LaneReason};
 
 /// Records dispatch decisions on jobs still queued and undecided.
 pub async fn set_dispatch(ex: impl PgExecutor<'_>, decisions: &[(JobId, Decision)]) -> Result<usize> {
-    let done = sqlx::query(
+    let ids: Vec<uuid::Uuid> = decisions.iter().map(|d| d.0.0).collect();
+    let lanes: Vec<Lane> = decisions.iter().map(|d| d.1.via).collect();
+    let reasons: Vec<LaneReason> = decisions.iter().map(|d| d.1.reason).collect();
+    let done = sqlx::query!(
         "UPDATE jobs j SET dispatch_via = t.via, dispatch_reason = t.reason
          FROM unnest($1::uuid[], $2::text[], $3::text[]) AS t(id, via, reason)
          WHERE j.id = t.id AND j.state::text = 'queued' AND j.dispatch_via IS NULL",
+        &ids,
+        &lanes as &[Lane],
+        &reasons as &[LaneReason],
     )
-    .bind(decisions.iter().map(|d| d.0.0).collect::<Vec<_>>())
-    .bind(decisions.iter().map(|d| d.1.via.as_str()).collect::<Vec<_>>())
-    .bind(decisions.iter().map(|d| d.1.reason.as_str()).collect::<Vec<_>>())
     .execute(ex)
     .await?;
     Ok(done.rows_affected() as usize)
 }
 
 /// Admitted provider-batch jobs waiting to be packed, per (provider, model, key).
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct PackGroup {
     pub provider: String,
     pub model: String,
@@ -34,11 +37,13 @@ pub struct PackGroup {
 }
 
 pub async fn pack_groups(ex: impl PgExecutor<'_>) -> Result<Vec<PackGroup>> {
-    Ok(sqlx::query_as(
-        "SELECT provider, provider_model AS model, provider_key AS key, count(*) AS waiting,
-                min(admitted_at) AS oldest
-         FROM jobs WHERE state = 'admitted' AND dispatch_via = 'provider_batch'
-         GROUP BY provider, provider_model, provider_key",
+    // An admitted job has its provider, model and admission time (the gate wrote them).
+    Ok(sqlx::query_as!(
+        PackGroup,
+        r#"SELECT provider AS "provider!", provider_model AS "model!", provider_key AS key,
+                  count(*) AS "waiting!", min(admitted_at) AS "oldest!"
+           FROM jobs WHERE state = 'admitted' AND dispatch_via = 'provider_batch'
+           GROUP BY provider, provider_model, provider_key"#,
     )
     .fetch_all(ex)
     .await?)
@@ -67,7 +72,7 @@ pub struct NewPack<'a> {
 /// `submitting` later was never submitted (see [`abandon_stale_packs`]).
 pub async fn open_pack(pool: &PgPool, pack: &NewPack<'_>, now: DateTime<Utc>) -> Result<Vec<Job>> {
     let mut tx = pool.begin().await?;
-    let jobs = sqlx::query_as::<Postgres, Job>(
+    let jobs = query_jobs!(
         "WITH ordered AS (
              SELECT id, sum(octet_length(request::text) + 256) OVER (ORDER BY admitted_at, id) AS upto
              FROM jobs
@@ -82,17 +87,18 @@ pub async fn open_pack(pool: &PgPool, pack: &NewPack<'_>, now: DateTime<Utc>) ->
          UPDATE jobs j SET state = 'running', attempt = j.attempt + 1, lease_owner = $7, lease_expires_at = $8,
                            started_at = COALESCE(j.started_at, $6), provider_batch_id = $9
          FROM picked WHERE j.id = picked.id
-         RETURNING j.*",
+         RETURNING",
+        "",
+        &pack.group.provider,
+        &pack.group.model,
+        pack.group.key.as_deref(),
+        pack.max_lines,
+        pack.max_bytes,
+        now,
+        pack_owner(pack.id),
+        pack.lease_until,
+        pack.id,
     )
-    .bind(&pack.group.provider)
-    .bind(&pack.group.model)
-    .bind(&pack.group.key)
-    .bind(pack.max_lines)
-    .bind(pack.max_bytes)
-    .bind(now)
-    .bind(pack_owner(pack.id))
-    .bind(pack.lease_until)
-    .bind(pack.id)
     .fetch_all(&mut *tx)
     .await?;
     if jobs.is_empty() {
@@ -100,25 +106,42 @@ pub async fn open_pack(pool: &PgPool, pack: &NewPack<'_>, now: DateTime<Utc>) ->
         return Ok(jobs);
     }
     let bytes: i64 = jobs.iter().map(|j| j.request.to_string().len() as i64).sum();
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO provider_batches (id, provider, model, key_name, status, lines, bytes, created_at, next_poll_at)
          VALUES ($1, $2, $3, $4, 'submitting', $5, $6, $7, $7)",
+        pack.id,
+        &pack.group.provider,
+        &pack.group.model,
+        pack.group.key.as_deref(),
+        jobs.len() as i32,
+        bytes,
+        now,
     )
-    .bind(pack.id)
-    .bind(&pack.group.provider)
-    .bind(&pack.group.model)
-    .bind(&pack.group.key)
-    .bind(jobs.len() as i32)
-    .bind(bytes)
-    .bind(now)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
     Ok(jobs)
 }
 
+/// `sqlx::query_as!` of [`ProviderBatch`] rows: the statement is `$head`, the row's columns,
+/// then `$tail`; the statement calls the table `p`.
+macro_rules! query_provider_batches {
+    ($head:expr, $tail:expr $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            ProviderBatch,
+            $head
+                + " p.id, p.provider, p.model, p.key_name, p.status, p.provider_batch_id, p.input_file_id,
+                    p.provider_status, p.lines, p.bytes, p.succeeded, p.failed, p.requeued,
+                    p.online_cost_micro_usd, p.batch_cost_micro_usd, p.error, p.created_at, p.submitted_at,
+                    p.next_poll_at, p.ended_at "
+                + $tail
+            $(, $arg)*
+        )
+    };
+}
+
 /// A row of `provider_batches`.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct ProviderBatch {
     pub id: String,
     pub provider: String,
@@ -151,16 +174,16 @@ pub async fn pack_submitted(
     key_name: &str,
     now: DateTime<Utc>,
 ) -> Result<bool> {
-    let done = sqlx::query(
+    let done = sqlx::query!(
         "UPDATE provider_batches SET status = 'in_progress', provider_batch_id = $2, input_file_id = $3,
                                      submitted_at = $4, next_poll_at = $4, key_name = $5
          WHERE id = $1 AND status = 'submitting'",
+        id,
+        provider_batch_id,
+        input_file_id,
+        now,
+        key_name,
     )
-    .bind(id)
-    .bind(provider_batch_id)
-    .bind(input_file_id)
-    .bind(now)
-    .bind(key_name)
     .execute(ex)
     .await?;
     Ok(done.rows_affected() == 1)
@@ -173,29 +196,32 @@ pub async fn due_packs(
     hold: std::time::Duration,
     limit: i64,
 ) -> Result<Vec<ProviderBatch>> {
-    Ok(sqlx::query_as(
+    Ok(query_provider_batches!(
         "UPDATE provider_batches p SET next_poll_at = $2
          FROM (SELECT id FROM provider_batches
                WHERE status = 'in_progress' AND next_poll_at <= $1
                ORDER BY next_poll_at LIMIT $3 FOR UPDATE SKIP LOCKED) due
          WHERE p.id = due.id
-         RETURNING p.*",
+         RETURNING",
+        "",
+        now,
+        now + hold,
+        limit,
     )
-    .bind(now)
-    .bind(now + hold)
-    .bind(limit)
     .fetch_all(ex)
     .await?)
 }
 
 /// When a pack still running at the provider is polled next.
 pub async fn poll_later(ex: impl PgExecutor<'_>, id: &str, status: &str, at: DateTime<Utc>) -> Result<()> {
-    sqlx::query("UPDATE provider_batches SET next_poll_at = $2, provider_status = $3 WHERE id = $1")
-        .bind(id)
-        .bind(at)
-        .bind(status)
-        .execute(ex)
-        .await?;
+    sqlx::query!(
+        "UPDATE provider_batches SET next_poll_at = $2, provider_status = $3 WHERE id = $1",
+        id,
+        at,
+        status,
+    )
+    .execute(ex)
+    .await?;
     Ok(())
 }
 
@@ -206,27 +232,27 @@ pub async fn abandon_stale_packs(
     now: DateTime<Utc>,
     stale: std::time::Duration,
 ) -> Result<Vec<String>> {
-    Ok(sqlx::query_scalar(
+    Ok(sqlx::query_scalar!(
         "UPDATE provider_batches SET status = 'abandoned', ended_at = $1,
                                      error = COALESCE(error, 'not submitted in time')
          WHERE status = 'submitting' AND created_at < $2
          RETURNING id",
+        now,
+        now - stale,
     )
-    .bind(now)
-    .bind(now - stale)
     .fetch_all(ex)
     .await?)
 }
 
 /// Marks a pack the provider refused as `abandoned`, with the reason.
 pub async fn pack_refused(ex: impl PgExecutor<'_>, id: &str, error: &str, now: DateTime<Utc>) -> Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "UPDATE provider_batches SET status = 'abandoned', error = $2, ended_at = $3
          WHERE id = $1 AND status = 'submitting'",
+        id,
+        error,
+        now,
     )
-    .bind(id)
-    .bind(error)
-    .bind(now)
     .execute(ex)
     .await?;
     Ok(())
@@ -235,12 +261,13 @@ pub async fn pack_refused(ex: impl PgExecutor<'_>, id: &str, error: &str, now: D
 /// The pack's jobs it still holds: running, or cancelled meanwhile with their reservation
 /// still to settle (their outcome is discarded and the reservation settled with it).
 pub async fn pack_jobs(ex: impl PgExecutor<'_>, id: &str) -> Result<Vec<Job>> {
-    Ok(sqlx::query_as(
-        "SELECT * FROM jobs WHERE provider_batch_id = $1 AND lease_owner = $2
-           AND (state = 'running' OR (state = 'cancelled' AND reserved_buckets IS NOT NULL))",
+    Ok(query_jobs!(
+        "SELECT",
+        "FROM jobs j WHERE j.provider_batch_id = $1 AND j.lease_owner = $2
+           AND (j.state = 'running' OR (j.state = 'cancelled' AND j.reserved_buckets IS NOT NULL))",
+        id,
+        pack_owner(id),
     )
-    .bind(id)
-    .bind(pack_owner(id))
     .fetch_all(ex)
     .await?)
 }
@@ -256,13 +283,14 @@ pub async fn dispatch_online(
     if ids.is_empty() {
         return Ok(0);
     }
-    Ok(sqlx::query(
+    let ids: Vec<uuid::Uuid> = ids.iter().map(|i| i.0).collect();
+    Ok(sqlx::query!(
         "UPDATE jobs SET dispatch_via = 'online', dispatch_reason = $3
          WHERE id = ANY($1) AND state::text = 'running' AND lease_owner = $2",
+        &ids,
+        pack_owner(pack_id),
+        reason,
     )
-    .bind(ids.iter().map(|i| i.0).collect::<Vec<_>>())
-    .bind(pack_owner(pack_id))
-    .bind(reason)
     .execute(ex)
     .await?
     .rows_affected())
@@ -274,14 +302,16 @@ pub async fn record_savings(ex: impl PgExecutor<'_>, pack_id: &str, saved: &[(Jo
     if saved.is_empty() {
         return Ok(());
     }
-    sqlx::query(
+    let ids: Vec<uuid::Uuid> = saved.iter().map(|s| s.0.0).collect();
+    let amounts: Vec<f64> = saved.iter().map(|s| s.1).collect();
+    sqlx::query!(
         "UPDATE jobs j SET saved_micro_usd = t.saved
          FROM unnest($1::uuid[], $2::float8[]) AS t(id, saved)
          WHERE j.id = t.id AND j.provider_batch_id = $3 AND j.state::text = 'running'",
+        &ids,
+        &amounts,
+        pack_id,
     )
-    .bind(saved.iter().map(|s| s.0.0).collect::<Vec<_>>())
-    .bind(saved.iter().map(|s| s.1).collect::<Vec<_>>())
-    .bind(pack_id)
     .execute(ex)
     .await?;
     Ok(())
@@ -299,40 +329,43 @@ pub struct PackEnd {
 }
 
 pub async fn pack_ended(ex: impl PgExecutor<'_>, id: &str, end: &PackEnd, now: DateTime<Utc>) -> Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "UPDATE provider_batches SET status = 'ended', provider_status = $2, succeeded = $3, failed = $4,
                                      requeued = $5, online_cost_micro_usd = $6, batch_cost_micro_usd = $7,
                                      ended_at = $8, next_poll_at = NULL
          WHERE id = $1 AND status = 'in_progress'",
+        id,
+        &end.provider_status,
+        end.succeeded,
+        end.failed,
+        end.requeued,
+        end.online_cost_micro_usd,
+        end.batch_cost_micro_usd,
+        now,
     )
-    .bind(id)
-    .bind(&end.provider_status)
-    .bind(end.succeeded)
-    .bind(end.failed)
-    .bind(end.requeued)
-    .bind(end.online_cost_micro_usd)
-    .bind(end.batch_cost_micro_usd)
-    .bind(now)
     .execute(ex)
     .await?;
     Ok(())
 }
 
 pub async fn get_provider_batch(ex: impl PgExecutor<'_>, id: &str) -> Result<Option<ProviderBatch>> {
-    Ok(sqlx::query_as("SELECT * FROM provider_batches WHERE id = $1")
-        .bind(id)
-        .fetch_optional(ex)
-        .await?)
+    Ok(
+        query_provider_batches!("SELECT", "FROM provider_batches p WHERE p.id = $1", id)
+            .fetch_optional(ex)
+            .await?,
+    )
 }
 
 /// What a tollgate batch's lines saved by going through provider batch APIs, in micro-USD,
 /// and how many of them went that way.
 pub async fn batch_savings(ex: impl PgExecutor<'_>, batch_id: &str) -> Result<(f64, i64)> {
-    Ok(sqlx::query_as(
-        "SELECT COALESCE(sum(saved_micro_usd), 0)::float8, count(*) FILTER (WHERE provider_batch_id IS NOT NULL)
-         FROM jobs WHERE batch_id = $1",
+    let savings = sqlx::query!(
+        r#"SELECT COALESCE(sum(saved_micro_usd), 0)::float8 AS "saved!",
+                  count(*) FILTER (WHERE provider_batch_id IS NOT NULL) AS "jobs!"
+           FROM jobs WHERE batch_id = $1"#,
+        batch_id,
     )
-    .bind(batch_id)
     .fetch_one(ex)
-    .await?)
+    .await?;
+    Ok((savings.saved, savings.jobs))
 }

@@ -14,13 +14,6 @@ use super::Result;
 /// Advisory lock key of a running analyze ("tg-stats" in ASCII): one process at a time.
 const ANALYZE_LOCK: i64 = 0x7467_2d73_7461_7473;
 
-/// The columns the queue's statements filter and sort on: the request and result bodies
-/// (large JSON) are never in a predicate, and sampling them made each analyze ten times
-/// slower.
-const ANALYZE_JOBS: &str = "ANALYZE jobs (state, class, tenant, priority, deadline, not_before, admitted_at, \
-                            lease_expires_at, finished_at, provider, provider_model, stream, batch_id, dispatch_via, \
-                            idempotency_key)";
-
 /// Rows changed since the last analyze before another is worth it: this many, plus
 /// [`STALE_SHARE`] of the table.
 const STALE_ROWS: f64 = 1_000.0;
@@ -37,16 +30,16 @@ pub async fn refresh_job_statistics(
     analyzed_at: &std::sync::atomic::AtomicI64,
 ) -> Result<bool> {
     use std::sync::atomic::Ordering;
-    let (changed, rows): (i64, f32) = sqlx::query_as(
-        "SELECT COALESCE(s.n_mod_since_analyze, 0), c.reltuples FROM pg_class c
-         LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
-         WHERE c.oid = 'jobs'::regclass
-           AND COALESCE(greatest(s.last_analyze, s.last_autoanalyze) < now() - $1 * interval '1 second', true)",
+    let (changed, rows) = sqlx::query!(
+        r#"SELECT COALESCE(s.n_mod_since_analyze, 0) AS "changed!", c.reltuples FROM pg_class c
+           LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+           WHERE c.oid = 'jobs'::regclass
+             AND COALESCE(greatest(s.last_analyze, s.last_autoanalyze) < now() - $1 * interval '1 second', true)"#,
+        MIN_GAP_SECS,
     )
-    .bind(MIN_GAP_SECS)
     .fetch_optional(pool)
     .await?
-    .unwrap_or((0, 0.0));
+    .map_or((0, 0.0), |r| (r.changed, r.reltuples));
     let before = analyzed_at.load(Ordering::Relaxed);
     // Below the mark: a full analyze (autovacuum's) reset the count since.
     let since = if changed >= before {
@@ -58,12 +51,22 @@ pub async fn refresh_job_statistics(
         return Ok(false);
     }
     let mut tx = pool.begin().await?;
-    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
-        .bind(ANALYZE_LOCK)
-        .fetch_one(&mut *tx)
-        .await?;
+    let locked = sqlx::query_scalar!(
+        r#"SELECT pg_try_advisory_xact_lock($1) AS "locked!""#,
+        ANALYZE_LOCK
+    )
+    .fetch_one(&mut *tx)
+    .await?;
     if locked {
-        sqlx::query(ANALYZE_JOBS).execute(&mut *tx).await?;
+        // Only the columns the queue's statements filter and sort on: the request and
+        // result bodies (large JSON) are never in a predicate, and sampling them made each
+        // analyze ten times slower.
+        sqlx::query!(
+            "ANALYZE jobs (state, class, tenant, priority, deadline, not_before, admitted_at, lease_expires_at,
+                           finished_at, provider, provider_model, stream, batch_id, dispatch_via, idempotency_key)"
+        )
+        .execute(&mut *tx)
+        .await?;
         analyzed_at.store(changed, Ordering::Relaxed);
     }
     tx.commit().await?;
