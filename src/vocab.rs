@@ -357,6 +357,9 @@ pub enum ApiErrorCode {
     NulCharacter,
     /// 400: a required field is absent.
     MissingField,
+    /// 400: a request field whose cost tollgate cannot reserve (audio, file parts, web
+    /// search, a `service_tier` billed above standard rates): `param` names it.
+    UnsupportedField,
     /// 400: the model is neither a route alias nor a configured `provider/model`.
     UnknownModel,
     /// 400: the deadline is in the past.

@@ -430,9 +430,9 @@ impl LineChecker {
             ));
         };
         Ok(LineJob {
-            estimated_input_tokens: estimate::input_tokens(
+            estimated_input_tokens: estimate::route_input_tokens(
                 &request,
-                targets.first().map(|t| t.model.as_str()),
+                targets.iter().map(|t| t.model.as_str()),
             ),
             estimated_output_tokens: estimate::output_tokens(&request),
             custom_id,

@@ -77,7 +77,8 @@ pub(crate) fn refuse_nul(value: &Value, raw: &[u8]) -> Result<(), ApiError> {
 }
 
 /// Checks an OpenAI Chat Completions body enough that a provider will not reject its
-/// shape; returns the requested model.
+/// shape, and that every field it is charged for can be reserved (`estimate::check`);
+/// returns the requested model.
 pub(crate) fn validate_chat_request(request: &Value, param_prefix: &str) -> Result<String, ApiError> {
     let p = |name: &str| format!("{param_prefix}{name}");
     let obj = request.as_object().ok_or_else(|| {
@@ -156,6 +157,7 @@ pub(crate) fn validate_chat_request(request: &Value, param_prefix: &str) -> Resu
             .with_param(p(cap)));
         }
     }
+    estimate::check(request).map_err(|r| ApiError::bad_request(r.code, r.message).with_param(p(&r.param)))?;
     Ok(model)
 }
 
@@ -272,7 +274,10 @@ pub(crate) fn new_job(
         tenant: tenant.name.clone(),
         class: s.class,
         priority: s.priority,
-        estimated_input_tokens: estimate::input_tokens(&s.request, targets.first().map(|t| t.model.as_str())),
+        estimated_input_tokens: estimate::route_input_tokens(
+            &s.request,
+            targets.iter().map(|t| t.model.as_str()),
+        ),
         estimated_output_tokens: estimate::output_tokens(&s.request),
         request: s.request,
         model,

@@ -72,10 +72,14 @@ pub(super) async fn chat_completions(
     let Some(messages) = req.messages.filter(|m| m.count > 0) else {
         return reply.bad_request("'messages' is a required property and must not be empty.");
     };
-    let max_out = req.max_completion_tokens.or(req.max_tokens);
+    let max_out = req.max_out();
     if max_out == Some(0) {
         return reply.bad_request("max_tokens must be at least 1.");
     }
+    let choices = match req.choices() {
+        Ok(n) => n,
+        Err(message) => return reply.bad_request(&message),
+    };
     if !inner.model_allowed(project, &deployment) {
         super::stats::bump(&inner.totals.not_found);
         return reply.error(
@@ -104,6 +108,7 @@ pub(super) async fn chat_completions(
         model: &deployment,
         input: input_tokens(&messages, None),
         max_out,
+        choices,
         stream: req.stream == Some(true),
         include_usage: req.stream_options.and_then(|o| o.include_usage) == Some(true),
     };

@@ -253,16 +253,15 @@ fn reply(inner: &Inner, kind: ProviderKind, body: &Value) -> Value {
         .as_ref()
         .and_then(|r| Some(input_tokens(r.messages.as_ref()?, None)))
         .unwrap_or(0);
-    let max = req
-        .as_ref()
-        .and_then(|r| r.max_completion_tokens.or(r.max_tokens));
+    let max = req.as_ref().and_then(ChatRequest::max_out);
+    let choices = req.as_ref().and_then(|r| r.choices().ok()).unwrap_or(1);
     let output = inner.completion_tokens(max);
     let finish = if output < inner.output_tokens {
         "length"
     } else {
         "stop"
     };
-    let c = super::openai::completion(inner, model, input, output, finish);
+    let c = super::openai::completion(inner, model, input, output, choices, finish);
     serde_json::to_value(c).unwrap_or(Value::Null)
 }
 

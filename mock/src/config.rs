@@ -43,8 +43,8 @@ pub struct MockConfig {
     /// Extra latency per generated output token, in microseconds; a stream spends it
     /// before each token event. Default 0.
     pub latency_per_output_token_us: u64,
-    /// Completion tokens generated per request, capped by the request's
-    /// `max_tokens` / `max_completion_tokens`. Default 16.
+    /// Completion tokens generated per request (per choice, with `n`), capped by the
+    /// request's `max_tokens` / `max_completion_tokens`. Default 16.
     pub output_tokens: u64,
     /// `false` behaves like DeepSeek: no rate-limit headers and no `retry-after`
     /// headers on 429s. Default true.

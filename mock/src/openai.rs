@@ -6,6 +6,10 @@
 //!
 //! The `requests` headers report RPM, or RPD when the project has no RPM (Groq-like);
 //! the `tokens` headers report TPM. Absent limits send no headers.
+//!
+//! `n` choices (1..=128) are generated as OpenAI does: the prompt counted once, each choice
+//! up to the output cap; TPM is charged `input + n × max_tokens` and `usage.completion_tokens`
+//! is the choices' sum.
 
 use std::time::Instant;
 
@@ -43,7 +47,7 @@ pub(super) struct ChatCompletion<'a> {
     object: &'static str,
     created: i64,
     model: &'a str,
-    choices: [Choice<'a>; 1],
+    choices: Vec<Choice<'a>>,
     usage: Usage,
 }
 
@@ -136,10 +140,14 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
     if messages.count == 0 {
         return reply.bad_request("[] is too short - 'messages'");
     }
-    let max_out = req.max_completion_tokens.or(req.max_tokens);
+    let max_out = req.max_out();
     if max_out == Some(0) {
         return reply.bad_request("max_tokens must be at least 1.");
     }
+    let choices = match req.choices() {
+        Ok(n) => n,
+        Err(message) => return reply.bad_request(&message),
+    };
     if !inner.model_allowed(project, model) {
         let msg = format!("The model `{model}` does not exist or you do not have access to it.");
         return reply.error(
@@ -164,6 +172,7 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
         model,
         input,
         max_out,
+        choices,
         stream: req.stream == Some(true),
         include_usage: req.stream_options.and_then(|o| o.include_usage) == Some(true),
     };
@@ -180,6 +189,8 @@ pub(super) struct Admit<'a> {
     pub model: &'a str,
     pub input: u64,
     pub max_out: Option<u64>,
+    /// `n`: choices generated, each up to `max_out`.
+    pub choices: u64,
     pub stream: bool,
     pub include_usage: bool,
 }
@@ -195,8 +206,9 @@ pub(super) async fn complete(
     rate_limited: impl FnOnce(&Denial, &LimitsView) -> Response,
 ) -> Response {
     let inner = &*p.inner;
-    let reserved = c.max_out.unwrap_or(inner.output_tokens);
-    let output = inner.completion_tokens(c.max_out);
+    let reserved = c.max_out.unwrap_or(inner.output_tokens).saturating_mul(c.choices);
+    let per_choice = inner.completion_tokens(c.max_out);
+    let output = per_choice.saturating_mul(c.choices);
     let charge = Charge {
         tokens: c.input.saturating_add(reserved),
         input: c.input,
@@ -206,7 +218,7 @@ pub(super) async fn complete(
         Admission::Admitted(view) => view,
         Admission::Denied(denial, view) => return rate_limited(&denial, &view),
     };
-    let finish_reason = if output < inner.output_tokens {
+    let finish_reason = if per_choice < inner.output_tokens {
         "length"
     } else {
         "stop"
@@ -223,44 +235,49 @@ pub(super) async fn complete(
             finish_reason,
             include_usage: c.include_usage,
             input: c.input,
+            choices: c.choices,
         };
         return reply.stream(stream::body(guard, shape), &view);
     }
     let refund = inner.generate(c.project, &view, reserved, output).await;
-    let completion = completion(inner, c.model, c.input, output, finish_reason);
+    let completion = completion(inner, c.model, c.input, per_choice, c.choices, finish_reason);
     super::stats::bump(&inner.totals.succeeded);
     let response = reply.json(StatusCode::OK, &completion, Some(&view));
     drop(refund);
     response
 }
 
-/// The completion of an admitted request: `output` canned words.
+/// The completion of an admitted request: `choices` choices of `output` canned words each.
 pub(super) fn completion<'a>(
     inner: &'a Inner,
     model: &'a str,
     input: u64,
     output: u64,
+    choices: u64,
     finish_reason: &'static str,
 ) -> ChatCompletion<'a> {
+    let completion_tokens = output.saturating_mul(choices);
     ChatCompletion {
         id: format!("chatcmpl-{}", super::uuid_v7(inner)),
         object: "chat.completion",
         created: inner.unix_secs(),
         model,
-        choices: [Choice {
-            index: 0,
-            message: AssistantMessage {
-                role: "assistant",
-                content: inner.text.words(output),
-                refusal: None,
-            },
-            logprobs: None,
-            finish_reason,
-        }],
+        choices: (0..choices.min(super::request::MAX_CHOICES))
+            .map(|index| Choice {
+                index: index as u32,
+                message: AssistantMessage {
+                    role: "assistant",
+                    content: inner.text.words(output),
+                    refusal: None,
+                },
+                logprobs: None,
+                finish_reason,
+            })
+            .collect(),
         usage: Usage {
             prompt_tokens: input,
-            completion_tokens: output,
-            total_tokens: input + output,
+            completion_tokens,
+            total_tokens: input + completion_tokens,
         },
     }
 }

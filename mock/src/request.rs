@@ -24,10 +24,37 @@ pub(crate) struct ChatRequest {
     pub max_tokens: Option<u64>,
     #[serde(default)]
     pub max_completion_tokens: Option<u64>,
+    /// Choices to generate, each up to the output cap; the prompt is counted once.
+    #[serde(default)]
+    pub n: Option<u64>,
     #[serde(default)]
     pub stream: Option<bool>,
     #[serde(default)]
     pub stream_options: Option<StreamOptions>,
+}
+
+/// Most choices a Chat Completions request may ask for.
+pub(crate) const MAX_CHOICES: u64 = 128;
+
+impl ChatRequest {
+    /// The output cap per choice (`max_completion_tokens` wins over `max_tokens`).
+    pub(crate) fn max_out(&self) -> Option<u64> {
+        self.max_completion_tokens.or(self.max_tokens)
+    }
+
+    /// Choices asked for (`n`, default 1); `Err` with OpenAI's message when out of range.
+    pub(crate) fn choices(&self) -> Result<u64, String> {
+        match self.n.unwrap_or(1) {
+            0 => Err(
+                "Invalid 'n': integer below minimum value. Expected a value >= 1, but got 0 instead."
+                    .to_owned(),
+            ),
+            n if n > MAX_CHOICES => Err(format!(
+                "Invalid 'n': integer above maximum value. Expected a value <= {MAX_CHOICES}, but got {n} instead."
+            )),
+            n => Ok(n),
+        }
+    }
 }
 
 /// `stream_options` of a Chat Completions request.

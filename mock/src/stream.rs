@@ -5,7 +5,9 @@
 //! at once, the base latency passes before the first event, and the per-output-token
 //! latency before each token event, so the whole stream takes what the non-streaming
 //! response would. Token `i` is [`CannedText::token`]: the tokens concatenate to the
-//! non-streaming text.
+//! non-streaming text. With `n` choices, as OpenAI streams them, each choice has its own
+//! role chunk, its tokens interleaved with the others' (chunk `k` carries choice `k % n`)
+//! and its own finish chunk; the usage chunk sums them.
 //!
 //! Accounting ([`StreamGuard`]): a stream that produces its last event is settled right
 //! then (`streams_completed`, OTPM corrected to its output), before the client can read
@@ -34,6 +36,8 @@ pub(super) enum Shape {
         /// last chunk with `"choices": []` carries the usage.
         include_usage: bool,
         input: u64,
+        /// `n`: choices streamed side by side.
+        choices: u64,
     },
     /// Messages API events: `event: X` + `data: {json}`.
     Anthropic {
@@ -161,7 +165,7 @@ impl Cursor {
                 tokio::time::sleep(self.per_token).await;
             }
             self.guard.produced += 1;
-            return Some(self.shape.token_event(CannedText::token(i)));
+            return Some(self.shape.token_event(i));
         }
         let j = i - n;
         let closing = self.shape.closing();
@@ -187,7 +191,7 @@ impl Shape {
     /// Events before the first token.
     fn opening(&self) -> u64 {
         match self {
-            Shape::OpenAi { .. } => 1,
+            Shape::OpenAi { choices, .. } => *choices,
             Shape::Anthropic { .. } => 3,
         }
     }
@@ -195,13 +199,17 @@ impl Shape {
     /// Events after the last token.
     fn closing(&self) -> u64 {
         match self {
-            Shape::OpenAi { include_usage, .. } => 2 + u64::from(*include_usage),
+            Shape::OpenAi {
+                include_usage,
+                choices,
+                ..
+            } => choices + 1 + u64::from(*include_usage),
             Shape::Anthropic { .. } => 3,
         }
     }
 
-    /// A Chat Completions chunk with one choice.
-    fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> Value {
+    /// A Chat Completions chunk of choice `index`.
+    fn chunk(&self, index: u64, delta: Value, finish_reason: Option<&str>) -> Value {
         let Shape::OpenAi {
             id,
             created,
@@ -217,7 +225,7 @@ impl Shape {
             "object": "chat.completion.chunk",
             "created": created,
             "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}],
+            "choices": [{"index": index, "delta": delta, "logprobs": null, "finish_reason": finish_reason}],
         });
         if *include_usage {
             chunk["usage"] = Value::Null;
@@ -227,7 +235,9 @@ impl Shape {
 
     fn opening_event(&self, step: u64) -> Bytes {
         match self {
-            Shape::OpenAi { .. } => data(&self.chunk(json!({"role": "assistant", "content": ""}), None)),
+            Shape::OpenAi { .. } => {
+                data(&self.chunk(step, json!({"role": "assistant", "content": ""}), None))
+            }
             Shape::Anthropic { id, model, input, .. } => match step {
                 0 => event(
                     "message_start",
@@ -247,13 +257,18 @@ impl Shape {
         }
     }
 
-    fn token_event(&self, text: &str) -> Bytes {
+    /// Token event `i` of the stream.
+    fn token_event(&self, i: u64) -> Bytes {
         match self {
-            Shape::OpenAi { .. } => data(&self.chunk(json!({"content": text}), None)),
+            Shape::OpenAi { choices, .. } => data(&self.chunk(
+                i % choices,
+                json!({"content": CannedText::token(i / choices)}),
+                None,
+            )),
             Shape::Anthropic { .. } => event(
                 "content_block_delta",
                 &json!({"type": "content_block_delta", "index": 0,
-                        "delta": {"type": "text_delta", "text": text}}),
+                        "delta": {"type": "text_delta", "text": CannedText::token(i)}}),
             ),
         }
     }
@@ -267,9 +282,10 @@ impl Shape {
                 finish_reason,
                 include_usage,
                 input,
+                choices,
             } => match (j, include_usage) {
-                (0, _) => data(&self.chunk(json!({}), Some(finish_reason))),
-                (1, true) => data(&json!({
+                (j, _) if j < *choices => data(&self.chunk(j, json!({}), Some(finish_reason))),
+                (j, true) if j == *choices => data(&json!({
                     "id": id,
                     "object": "chat.completion.chunk",
                     "created": created,

@@ -194,6 +194,92 @@ async fn openai_success_shape_and_usage() {
     assert_eq!(p.output_tokens_admitted, 5 + 16 + 3);
 }
 
+/// `n` choices as OpenAI answers them: n choices of up to the cap each, the prompt
+/// counted once, completion tokens summed, TPM charged `input + n × max_tokens`.
+#[tokio::test]
+async fn openai_n_choices_are_generated_and_charged_n_times() {
+    let h = start(OPENAI).await;
+    let mut body = chat(Some(5));
+    body["n"] = json!(3);
+    let r = h.openai("sk-1", body).await;
+    assert_eq!(r.status(), 200);
+    // 1000 TPM - (10 input + 3 × 5 output).
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-tokens"), 1000 - 25);
+    let b: Value = r.json().await.unwrap();
+    let choices = b["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(c["message"]["content"], "lorem ipsum dolor sit amet");
+        assert_eq!(c["finish_reason"], "length");
+    }
+    assert_eq!(
+        b["usage"],
+        json!({"prompt_tokens": 10, "completion_tokens": 15, "total_tokens": 25})
+    );
+    // Asking for more than the remaining TPM allows is a 429, nothing charged.
+    let mut big = chat(Some(100));
+    big["n"] = json!(10);
+    assert_eq!(h.openai("sk-1", big).await.status(), 429);
+    for bad in [json!(0), json!(129)] {
+        let mut body = chat(Some(5));
+        body["n"] = bad;
+        assert_eq!(h.openai("sk-1", body).await.status(), 400);
+    }
+    let p = &h.stats().await.projects["oai"];
+    assert_eq!(
+        (
+            p.requests_admitted,
+            p.input_tokens_admitted,
+            p.output_tokens_admitted
+        ),
+        (1, 10, 15)
+    );
+}
+
+/// A stream of `n` choices: a role chunk per choice, their tokens interleaved, a finish
+/// chunk per choice, the usage summed.
+#[tokio::test]
+async fn openai_streams_n_choices_side_by_side() {
+    let h = start(OPENAI).await;
+    let mut body = chat(Some(2));
+    body["n"] = json!(2);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let events = sse_events(&h.openai("sk-1", body).await.text().await.unwrap());
+    assert_eq!(events.len(), 2 + 4 + 2 + 1 + 1);
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let chunks: Vec<Value> = events[..9]
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
+    let index = |c: &Value| c["choices"][0]["index"].as_u64().unwrap();
+    assert_eq!(
+        chunks[..8].iter().map(index).collect::<Vec<_>>(),
+        [0, 1, 0, 1, 0, 1, 0, 1]
+    );
+    for choice in 0..2 {
+        let text: String = chunks[2..6]
+            .iter()
+            .filter(|c| index(c) == choice)
+            .map(|c| c["choices"][0]["delta"]["content"].as_str().unwrap())
+            .collect();
+        assert_eq!(text, "lorem ipsum", "choice {choice}");
+    }
+    assert!(
+        chunks[6..8]
+            .iter()
+            .all(|c| c["choices"][0]["finish_reason"] == "length")
+    );
+    assert_eq!(
+        chunks[8]["usage"],
+        json!({"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14})
+    );
+    let s = stats_until(&h, "the stream to finish", |s| s.in_flight == 0).await;
+    assert_eq!(s.streams_completed, 1);
+    assert_eq!(s.projects["oai"].output_tokens_admitted, 4);
+}
+
 #[tokio::test]
 async fn anthropic_success_shape_and_usage() {
     let h = start(ANTHROPIC).await;

@@ -77,11 +77,7 @@ fn chat(model: &str) -> Value {
 }
 
 async fn run(app: &TestApp, model: &str) -> Value {
-    let (status, accepted) = app.submit(GLOBEX, &json!({"request": chat(model)})).await;
-    assert_eq!(status, 202, "{accepted}");
-    let done = app.wait_job(GLOBEX, accepted["id"].as_str().unwrap(), 30).await;
-    assert_eq!(done["state"], "succeeded", "{done}");
-    done
+    app.run_job(GLOBEX, &json!({"request": chat(model)}), 30).await
 }
 
 #[tokio::test]

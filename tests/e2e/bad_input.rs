@@ -115,6 +115,27 @@ async fn bad_requests_get_4xx_with_stable_codes() {
             "invalid_request",
         ),
         case(
+            "n out of range",
+            with(&|b| b["request"]["n"] = json!(0)),
+            400,
+            "invalid_request",
+        ),
+        case(
+            "service tier billed above standard",
+            with(&|b| b["request"]["service_tier"] = json!("priority")),
+            400,
+            "unsupported_field",
+        ),
+        case(
+            "audio input part",
+            with(&|b| {
+                b["request"]["messages"][0]["content"] =
+                    json!([{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}])
+            }),
+            400,
+            "unsupported_field",
+        ),
+        case(
             "priority wrong type",
             with(&|b| b["priority"] = json!("high")),
             400,
@@ -194,6 +215,16 @@ async fn bad_requests_get_4xx_with_stable_codes() {
                 json!({"model": "fast"}),
                 400,
                 "missing_field",
+            )
+        },
+        Case {
+            path: "/v1/chat/completions",
+            ..case(
+                "chat: audio output",
+                json!({"model": "fast", "messages": [{"role": "user", "content": "hi"}],
+                       "modalities": ["text", "audio"]}),
+                400,
+                "unsupported_field",
             )
         },
         Case {

@@ -86,7 +86,11 @@ async fn reservations_held(app: &TestApp) -> i64 {
 
 /// The mock answered all `jobs` with success, never a 429, never over a limit or over
 /// `concurrency` calls at once.
-fn assert_the_provider_saw_every_job_within_its_limits(app: &TestApp, jobs: usize, concurrency: u64) {
+pub(crate) fn assert_the_provider_saw_every_job_within_its_limits(
+    app: &TestApp,
+    jobs: usize,
+    concurrency: u64,
+) {
     let stats = app.mock.stats();
     assert_eq!(
         stats.rate_limited_429, 0,

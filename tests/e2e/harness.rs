@@ -427,6 +427,17 @@ impl TestApp {
         }
     }
 
+    /// Submits a job as `key` and waits up to `secs` for it to succeed; returns the job.
+    pub async fn run_job(&self, key: &str, body: &Value, secs: u64) -> Value {
+        let (status, accepted) = self.submit(key, body).await;
+        assert_eq!(status, 202, "{accepted}");
+        let done = self
+            .wait_job(key, accepted["id"].as_str().expect("job id"), secs)
+            .await;
+        assert_eq!(done["state"], "succeeded", "{done}");
+        done
+    }
+
     pub async fn shutdown(mut self) {
         if let Some(b) = self.broker.take() {
             b.shutdown().await;

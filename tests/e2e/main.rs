@@ -27,6 +27,8 @@
 //!   no migration adds a required column without a default.
 //! - [`adapters`]: Gemini and Azure OpenAI targets: results in OpenAI format, usage,
 //!   streaming, and a Gemini 429 body teaching a limit.
+//! - [`reservations`]: what a job reserves covers what its provider charges (`n` choices,
+//!   the output cap sent when the request sets none).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test should stop right there
 
@@ -48,6 +50,7 @@ mod migrations;
 mod observe;
 mod provider_batches;
 mod python;
+mod reservations;
 mod schemathesis;
 mod security;
 mod streaming;

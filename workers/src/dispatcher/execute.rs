@@ -83,14 +83,11 @@ impl Dispatcher {
     pub(super) fn settlement(&self, job: &Job, target: &Target, usage: Option<Usage>) -> Settlement {
         let provider = self.inner.config.provider(&target.provider);
         let price = provider.and_then(|p| p.price_for(&target.model));
-        // What the provider counted against its token limit when the request started.
+        // What the provider counted against its token limit when the request started: the
+        // cap it was sent, for every choice.
         let charged_output = provider
             .filter(|p| p.charges_max_tokens)
-            .and_then(|_| {
-                let r = &job.request;
-                r.get("max_tokens").or_else(|| r.get("max_completion_tokens"))
-            })
-            .and_then(serde_json::Value::as_f64);
+            .map(|_| f64::from(tollgate::estimate::output_tokens(&job.request)));
         Settlement {
             charged_output,
             usage,

@@ -16,13 +16,10 @@ use tollgate::retry::Failure;
 use tollgate::vocab::ReasonCode;
 
 use super::batch_api::{BatchApi, LineResult, Status, Upload, failed};
-use super::openai::{content_text, max_output, stop_sequences};
+use super::openai::{content_text, stop_sequences};
 use super::sse::SseEvent;
 use super::streaming::{self, StreamEvents, StreamOut};
 use super::{Mode, ProviderApi, Success, int};
-
-/// `max_tokens` is mandatory for Anthropic; used when the OpenAI request sets none.
-pub const DEFAULT_MAX_TOKENS: i64 = 4096;
 
 /// An Anthropic provider.
 pub struct Anthropic {
@@ -78,7 +75,8 @@ impl ProviderApi for Anthropic {
     }
 }
 
-/// OpenAI chat request → Anthropic Messages request.
+/// OpenAI chat request → Anthropic Messages request. `max_tokens`, which Anthropic
+/// requires, is the cap the gate reserved (`tollgate::estimate::output_cap`).
 pub(super) fn translate_request(model: &str, request: &Value) -> Value {
     let mut system = Vec::new();
     let mut messages = Vec::new();
@@ -96,7 +94,7 @@ pub(super) fn translate_request(model: &str, request: &Value) -> Value {
             _ => messages.push(json!({"role": "user", "content": text})),
         }
     }
-    let max_tokens = max_output(request).unwrap_or(DEFAULT_MAX_TOKENS);
+    let max_tokens = tollgate::estimate::output_cap(request);
     let mut out = Map::new();
     out.insert("model".into(), Value::String(model.to_owned()));
     out.insert("max_tokens".into(), json!(max_tokens));
@@ -449,8 +447,14 @@ mod tests {
         assert_eq!(a["messages"][0], json!({"role": "user", "content": "hi there"}));
         assert_eq!(a["messages"][1]["role"], "assistant");
         assert_eq!(a["stop_sequences"], json!(["END"]));
-        let no_cap = translate_request("c", &json!({"messages": []}));
-        assert_eq!(no_cap["max_tokens"], DEFAULT_MAX_TOKENS);
+        // No cap of its own: the one the gate reserved, for each choice the estimate counts.
+        let no_cap = json!({"messages": [], "n": 2});
+        let a = translate_request("c", &no_cap);
+        assert_eq!(a["max_tokens"], tollgate::estimate::DEFAULT_OUTPUT_TOKENS);
+        assert_eq!(
+            2 * a["max_tokens"].as_i64().unwrap(),
+            i64::from(tollgate::estimate::output_tokens(&no_cap))
+        );
     }
 
     #[test]

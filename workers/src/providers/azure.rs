@@ -8,7 +8,7 @@
 use reqwest::RequestBuilder;
 use secrecy::{ExposeSecret, SecretString};
 use serde_json::Value;
-use tollgate::config::ProviderConfig;
+use tollgate::config::{ProviderConfig, ProviderKind};
 
 use super::streaming::StreamEvents;
 use super::{Mode, ProviderApi, Success, openai};
@@ -45,7 +45,7 @@ impl ProviderApi for Azure {
     }
 
     fn body(&self, deployment: &str, request: &Value, mode: Mode) -> Value {
-        openai::body(deployment, request, mode)
+        openai::body(deployment, request, mode, openai::cap_field(ProviderKind::Azure))
     }
 
     fn parse_success(&self, body: &[u8], _model: &str) -> Result<Success, String> {

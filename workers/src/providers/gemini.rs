@@ -1,7 +1,8 @@
 //! Google Gemini `generateContent`: `POST {base_url}/v1beta/models/{model}:generateContent`
 //! with an `x-goog-api-key` header. Requests arrive in OpenAI chat format and are
 //! translated (`system` → `systemInstruction`, `assistant` → role `model`, sampling
-//! fields → `generationConfig`); the response is translated back, usage from
+//! fields → `generationConfig`, whose `maxOutputTokens` is always the cap the gate
+//! reserved: `tollgate::estimate::output_cap`); the response is translated back, usage from
 //! `usageMetadata`. Gemini sends no rate-limit headers: its 429 bodies (`QuotaFailure`,
 //! `RetryInfo`) are read by `tollgate::ratelimit` and classified by
 //! `tollgate::retry::classify_response`. Streaming (`streamGenerateContent`) is not
@@ -13,7 +14,7 @@ use serde_json::{Map, Value, json};
 use tollgate::config::ProviderConfig;
 use tollgate::model::Usage;
 
-use super::openai::{content_text, max_output, stop_sequences};
+use super::openai::{content_text, stop_sequences};
 use super::streaming::StreamEvents;
 use super::{Mode, ProviderApi, Success, int};
 
@@ -73,9 +74,10 @@ pub(super) fn translate_request(request: &Value) -> Value {
         }
     }
     let mut config = Map::new();
-    if let Some(max) = max_output(request) {
-        config.insert("maxOutputTokens".into(), json!(max));
-    }
+    config.insert(
+        "maxOutputTokens".into(),
+        json!(tollgate::estimate::output_cap(request)),
+    );
     for (from, to) in [
         ("temperature", "temperature"),
         ("top_p", "topP"),
@@ -98,9 +100,7 @@ pub(super) fn translate_request(request: &Value) -> Value {
     if !system.is_empty() {
         out.insert("systemInstruction".into(), json!({"parts": system}));
     }
-    if !config.is_empty() {
-        out.insert("generationConfig".into(), Value::Object(config));
-    }
+    out.insert("generationConfig".into(), Value::Object(config));
     Value::Object(out)
 }
 
@@ -212,7 +212,8 @@ mod tests {
         let body: Value = serde_json::from_slice(req.body().unwrap().as_bytes().unwrap()).unwrap();
         assert_eq!(
             body,
-            json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}]})
+            json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+                   "generationConfig": {"maxOutputTokens": tollgate::estimate::DEFAULT_OUTPUT_TOKENS}})
         );
         assert!(adapter().stream_events().is_none());
         assert!(adapter().batch().is_none());
@@ -281,7 +282,10 @@ mod tests {
             json!({"maxOutputTokens": 5, "stopSequences": ["Z"]})
         );
         // Not an object at all: an empty request, no panic.
-        assert_eq!(translate_request(&json!("nope")), json!({"contents": []}));
+        assert_eq!(
+            translate_request(&json!("nope")),
+            json!({"contents": [], "generationConfig": {"maxOutputTokens": 1024}})
+        );
     }
 
     #[test]

@@ -403,7 +403,8 @@ impl ProviderClient {
     }
 
     /// A success whose body has no `usage` (a provider or proxy fault) is settled with
-    /// the request's estimate — input by the tokenizer or char rule, output at its cap —
+    /// the request's estimate — input by the tokenizer or char rule, output at its cap for
+    /// each choice —
     /// so its reservation is kept whole rather than refunded as if nothing was used; the
     /// result says so in `usage.tollgate_estimated`.
     fn with_usage(&self, mut success: Success, model: &str, request: &Value) -> Success {
@@ -514,4 +515,109 @@ pub(crate) fn completion(
         obj.insert("usage".to_owned(), usage);
     }
     body
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use tollgate::estimate;
+
+    use super::*;
+
+    /// The output cap in a provider's body, where that provider's API carries it; the
+    /// larger where the body carries both (the client set both).
+    fn sent_cap(kind: ProviderKind, body: &Value) -> Option<i64> {
+        let field = |k: &str| body.get(k).and_then(Value::as_i64);
+        match kind {
+            ProviderKind::Gemini => body
+                .pointer("/generationConfig/maxOutputTokens")
+                .and_then(Value::as_i64),
+            ProviderKind::Anthropic => field("max_tokens"),
+            _ => field("max_completion_tokens").max(field("max_tokens")),
+        }
+    }
+
+    /// Every adapter sends the output cap the gate reserved for, whether the request
+    /// named one or not: never more than was reserved, so `n` choices of it are the whole
+    /// output reservation.
+    #[test]
+    fn the_cap_sent_is_the_cap_reserved() {
+        let config = Config::parse(
+            r#"
+            [[providers]]
+            name = "oai"
+            kind = "openai"
+            base_url = "https://api.openai.com/v1"
+            keys = [{ name = "k", value = "sk-1" }]
+            models = ["gpt-4o-mini"]
+            [[providers]]
+            name = "groq"
+            kind = "openai-compatible"
+            base_url = "https://api.groq.com/openai/v1"
+            keys = [{ name = "k", value = "gsk-1" }]
+            models = ["llama-3.3-70b-versatile"]
+            [[providers]]
+            name = "az"
+            kind = "azure"
+            base_url = "https://res.openai.azure.com"
+            keys = [{ name = "k", value = "az-1" }]
+            models = ["gpt-4o-deploy"]
+            [[providers]]
+            name = "ant"
+            kind = "anthropic"
+            base_url = "https://api.anthropic.com"
+            keys = [{ name = "k", value = "ak-1" }]
+            models = ["claude-3-5-haiku-latest"]
+            [[providers]]
+            name = "gem"
+            kind = "gemini"
+            base_url = "https://generativelanguage.googleapis.com"
+            keys = [{ name = "k", value = "g-1" }]
+            models = ["gemini-2.0-flash"]
+            [[tenants]]
+            name = "t"
+            api_key = "tk-test"
+            "#,
+            "cap test",
+        )
+        .unwrap();
+        let messages = json!([{"role": "user", "content": "hi"}]);
+        let requests = [
+            json!({"messages": messages}),
+            json!({"messages": messages, "n": 4}),
+            json!({"messages": messages, "max_tokens": 50}),
+            json!({"messages": messages, "max_completion_tokens": 70, "n": 2}),
+            json!({"messages": messages, "max_completion_tokens": 30, "max_tokens": 60}),
+        ];
+        for p in &config.providers {
+            let api = adapter(p);
+            for request in &requests {
+                for mode in [Mode::Whole, Mode::Stream] {
+                    let body = api.body(&p.models[0], request, mode);
+                    let sent = sent_cap(p.kind, &body);
+                    assert_eq!(sent, Some(estimate::output_cap(request)), "{}: {request}", p.name);
+                    assert_eq!(
+                        sent.map(|cap| cap * estimate::choices(request)),
+                        Some(i64::from(estimate::output_tokens(request))),
+                        "{}: {request}",
+                        p.name
+                    );
+                }
+            }
+        }
+        // With no cap of its own, each API gets the one it reads.
+        let bare = &requests[0];
+        let field_of = |name: &str| {
+            let p = config.provider(name).unwrap();
+            let body = adapter(p).body(&p.models[0], bare, Mode::Whole);
+            ["max_completion_tokens", "max_tokens"]
+                .into_iter()
+                .filter(|k| body.get(*k).is_some())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(field_of("oai"), ["max_completion_tokens"]);
+        assert_eq!(field_of("az"), ["max_completion_tokens"]);
+        assert_eq!(field_of("groq"), ["max_tokens"]);
+        assert_eq!(field_of("ant"), ["max_tokens"]);
+    }
 }

@@ -1,9 +1,10 @@
 //! OpenAI Chat Completions, and every OpenAI-compatible server (Groq, Mistral, Together,
 //! DeepSeek, vLLM, Ollama): `POST {base_url}/chat/completions` with bearer auth. The
 //! client's request is already in this format, and so are the answers and stream chunks:
-//! only the model is set, and usage read out. Also the OpenAI request readers the
-//! translating adapters share ([`content_text`], [`max_output`], [`stop_sequences`]), and
-//! OpenAI's batch API: the lines uploaded as a JSONL file (`POST {base_url}/files`), then
+//! only the model is set, an output cap added where the request has none (the one the
+//! gate reserved: `tollgate::estimate::output_cap`), and usage read out. Also the OpenAI
+//! request readers the translating adapters share ([`content_text`], [`stop_sequences`]),
+//! and OpenAI's batch API: the lines uploaded as a JSONL file (`POST {base_url}/files`), then
 //! `POST {base_url}/batches`; results in the batch's output and error files.
 
 use std::collections::HashMap;
@@ -11,7 +12,8 @@ use std::collections::HashMap;
 use reqwest::RequestBuilder;
 use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Value, json};
-use tollgate::config::ProviderConfig;
+use tollgate::config::{ProviderConfig, ProviderKind};
+use tollgate::estimate;
 use tollgate::model::Usage;
 use tollgate::retry::Failure;
 use tollgate::vocab::ReasonCode;
@@ -24,13 +26,26 @@ use super::{Mode, ProviderApi, Success, int};
 /// An OpenAI or OpenAI-compatible provider.
 pub struct OpenAi {
     base_url: String,
+    /// Where a request without an output cap gets one ([`cap_field`]).
+    cap_field: &'static str,
 }
 
 impl OpenAi {
     pub fn from_config(p: &ProviderConfig) -> Self {
         Self {
             base_url: super::base_url(p),
+            cap_field: cap_field(p.kind),
         }
+    }
+}
+
+/// The field a request without an output cap is given one in: `max_completion_tokens` on
+/// OpenAI's and Azure's APIs (`max_tokens` is deprecated there, and reasoning models refuse
+/// it), `max_tokens` on OpenAI-compatible servers (the one they all read).
+pub(super) fn cap_field(kind: ProviderKind) -> &'static str {
+    match kind {
+        ProviderKind::Openai | ProviderKind::Azure => "max_completion_tokens",
+        _ => "max_tokens",
     }
 }
 
@@ -44,7 +59,7 @@ impl ProviderApi for OpenAi {
     }
 
     fn body(&self, model: &str, request: &Value, mode: Mode) -> Value {
-        body(model, request, mode)
+        body(model, request, mode, self.cap_field)
     }
 
     fn parse_success(&self, body: &[u8], _model: &str) -> Result<Success, String> {
@@ -60,13 +75,21 @@ impl ProviderApi for OpenAi {
     }
 }
 
-/// The client's request with the target's model. A whole call has the streaming fields
-/// removed; a stream has `stream: true` and `stream_options.include_usage: true` (other
-/// stream options kept), so that usage arrives in the last chunk.
-pub(super) fn body(model: &str, request: &Value, mode: Mode) -> Value {
+/// The client's request with the target's model, and in `cap_field` the output cap the
+/// gate reserved when the request sets none, so the provider cannot generate more. A whole
+/// call has the streaming fields removed; a stream has `stream: true` and
+/// `stream_options.include_usage: true` (other stream options kept), so that usage arrives
+/// in the last chunk.
+pub(super) fn body(model: &str, request: &Value, mode: Mode, cap_field: &str) -> Value {
     let mut body = request.clone();
     if let Some(obj) = body.as_object_mut() {
         obj.insert("model".to_owned(), Value::String(model.to_owned()));
+        if !["max_completion_tokens", "max_tokens"]
+            .iter()
+            .any(|k| obj.get(*k).is_some_and(Value::is_i64))
+        {
+            obj.insert(cap_field.to_owned(), json!(estimate::output_cap(request)));
+        }
         match mode {
             Mode::Whole => {
                 obj.remove("stream");
@@ -99,13 +122,6 @@ pub(super) fn parse_success(body: &[u8]) -> Result<Success, String> {
         cached_tokens: int(&usage, &["prompt_tokens_details", "cached_tokens"]),
     };
     Ok(Success { body, usage })
-}
-
-/// The output cap of an OpenAI request (`max_completion_tokens`, else `max_tokens`).
-pub(super) fn max_output(request: &Value) -> Option<i64> {
-    ["max_completion_tokens", "max_tokens"]
-        .iter()
-        .find_map(|k| request.get(*k).and_then(Value::as_i64))
 }
 
 /// OpenAI `stop` (a string or a list) as a list of stop sequences.
@@ -195,7 +211,7 @@ impl BatchApi for OpenAi {
         let mut jsonl = Vec::new();
         for (id, r) in lines {
             let line = json!({"custom_id": id, "method": "POST", "url": "/v1/chat/completions",
-                              "body": body(model, r, Mode::Whole)});
+                              "body": body(model, r, Mode::Whole, self.cap_field)});
             jsonl.extend_from_slice(line.to_string().as_bytes());
             jsonl.push(b'\n');
         }
@@ -320,6 +336,7 @@ mod tests {
     fn adapter() -> OpenAi {
         OpenAi {
             base_url: "https://api.openai.com/v1".to_owned(),
+            cap_field: "max_completion_tokens",
         }
     }
 
@@ -359,6 +376,35 @@ mod tests {
         assert_eq!(b["stream_options"], json!({"include_usage": true, "x": 1}));
         let b = body_of(&built(Mode::Stream, &json!({"stream_options": "bad"})));
         assert_eq!(b["stream_options"], json!({"include_usage": true}));
+    }
+
+    #[test]
+    fn a_request_without_a_cap_is_sent_the_reserved_one() {
+        let r = json!({"model": "fast", "n": 3, "messages": [{"role": "user", "content": "hi"}]});
+        let b = body_of(&built(Mode::Whole, &r));
+        assert_eq!(
+            b["max_completion_tokens"],
+            tollgate::estimate::DEFAULT_OUTPUT_TOKENS
+        );
+        assert!(b.get("max_tokens").is_none());
+        assert_eq!(
+            b["n"], 3,
+            "n is forwarded; the estimate reserved 3 choices of the cap"
+        );
+        // A cap of the client's own is sent as it is, and no second one beside it.
+        let own = body_of(&built(Mode::Whole, &json!({"max_tokens": 9, "messages": []})));
+        assert_eq!(own["max_tokens"], 9);
+        assert!(own.get("max_completion_tokens").is_none());
+        let compatible = body(
+            "llama",
+            &r,
+            Mode::Whole,
+            cap_field(ProviderKind::OpenaiCompatible),
+        );
+        assert_eq!(
+            compatible["max_tokens"],
+            tollgate::estimate::DEFAULT_OUTPUT_TOKENS
+        );
     }
 
     #[test]
@@ -523,7 +569,8 @@ mod tests {
         assert_eq!(
             line,
             json!({"custom_id": "job-1", "method": "POST", "url": "/v1/chat/completions",
-                   "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}})
+                   "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}],
+                            "max_completion_tokens": 1024}})
         );
         let (url, body) = a.create("gpt-4o-mini", &lines, "pack-1", Some("file-1"));
         assert_eq!(url, "https://api.openai.com/v1/batches");

@@ -365,7 +365,10 @@ impl Providers {
             body: Box::pin(response.bytes_stream()),
             parser: SseParser::default(),
             events,
-            out: StreamOut::new(status, i64::from(tollgate::estimate::char_rule(request))),
+            out: StreamOut::new(
+                status,
+                i64::from(tollgate::estimate::input_tokens(request, Some(&target.model))),
+            ),
             ended: false,
             last_was_usage: false,
         })
