@@ -12,6 +12,10 @@ use crate::learning::Observation;
 use crate::model::{JobId, JobState, Usage};
 use crate::vocab::ReasonCode;
 
+/// The most tokens one call may be reported to have used in each of input, output and
+/// cache: ten times the largest context window sold.
+pub const MAX_USAGE_TOKENS: i64 = 20_000_000;
+
 /// An attempt's outcome, ready to be written (alone or in a batch).
 #[derive(Debug, Clone)]
 pub struct Outcome {
@@ -114,15 +118,24 @@ impl End {
         }
     }
 
-    /// The same end with U+0000 replaced in its result, message and request id, and
-    /// secrets cut from its message.
+    /// The same end with U+0000 replaced in its result, message and request id, secrets
+    /// cut from its message, and its usage within [`MAX_USAGE_TOKENS`].
     fn without_nul(mut self) -> Self {
         match &mut self {
             Self::Succeeded {
                 result,
                 provider_request_id,
-                ..
+                usage,
             } => {
+                // Usage beyond any context window is nonsense, and settling a bucket
+                // with it would leave the bucket empty for centuries.
+                for tokens in [
+                    &mut usage.input_tokens,
+                    &mut usage.output_tokens,
+                    &mut usage.cached_tokens,
+                ] {
+                    *tokens = (*tokens).clamp(0, MAX_USAGE_TOKENS);
+                }
                 crate::sanitize::replace_nul(result);
                 if let Some(id) = provider_request_id {
                     crate::sanitize::replace_nul_in(id);
@@ -173,4 +186,54 @@ pub struct Pause {
     pub until: DateTime<Utc>,
     /// `rate_limited` or `key_unusable`.
     pub reason: &'static str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn what_a_provider_wrote_is_made_storable_and_safe_to_show() {
+        let holder = Holder {
+            id: JobId(uuid::Uuid::now_v7()),
+            attempt: 1,
+            owner: "o".into(),
+        };
+        let absurd = Usage {
+            input_tokens: 9_000_000_000_000_000_000,
+            output_tokens: -5,
+            cached_tokens: 0,
+        };
+        let succeeded = End::Succeeded {
+            result: json!({"content": "a\u{0}b"}),
+            usage: absurd,
+            provider_request_id: Some("id\u{0}".into()),
+        };
+        let outcome = Outcome::new(holder.clone(), None, succeeded, Settlement::UNSENT);
+        let End::Succeeded {
+            result,
+            usage,
+            provider_request_id,
+        } = outcome.end
+        else {
+            panic!("still a success");
+        };
+        assert_eq!((usage.input_tokens, usage.output_tokens), (MAX_USAGE_TOKENS, 0));
+        assert_eq!(result, json!({"content": "a\u{FFFD}b"}));
+        assert_eq!(provider_request_id.as_deref(), Some("id\u{FFFD}"));
+
+        let failed = End::failed(
+            ReasonCode::UpstreamAuthFailed,
+            "Incorrect API key provided: sk-proj-****abcd\u{0}",
+        );
+        let outcome = Outcome::new(holder, None, failed, Settlement::UNSENT);
+        assert_eq!(
+            outcome.end,
+            End::failed(
+                ReasonCode::UpstreamAuthFailed,
+                "Incorrect API key provided: sk-…\u{FFFD}"
+            )
+        );
+    }
 }

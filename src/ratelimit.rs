@@ -18,7 +18,25 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use http::HeaderMap;
 
-use crate::vocab::{Dialect, LimitName};
+use crate::vocab::{Dialect, Dimension, LimitName};
+
+/// The smallest token limit per window a reading may report: below every tier any
+/// provider sells (the lowest are tens of thousands a minute). A smaller one is a bogus
+/// header, and taking it would fail every job to that model `exceeds_limit`.
+pub const MIN_TOKEN_LIMIT: f64 = 1_000.0;
+/// The largest limit or remaining count a reading may report (requests or tokens per
+/// window); beyond it, a value is nonsense and arithmetic on it would overflow.
+pub const MAX_LIMIT: f64 = 1e12;
+
+/// Whether `limit` is a capacity some provider could really have for `name`.
+pub fn plausible(name: LimitName, limit: f64) -> bool {
+    let least = if name.dimension() == Dimension::Requests {
+        1.0
+    } else {
+        MIN_TOKEN_LIMIT
+    };
+    limit.is_finite() && (least..=MAX_LIMIT).contains(&limit)
+}
 
 /// One limit as a response reported it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -47,6 +65,33 @@ impl Signals {
     }
 }
 
+/// A reading with what is implausible in it dropped: a limit outside [`plausible`] takes
+/// its `remaining` with it (one bogus header says nothing reliable); a `remaining` is kept
+/// within 0 and [`MAX_LIMIT`] (and never above the limit). `None` if nothing is left.
+fn sane(reading: Reading) -> Option<Reading> {
+    let Reading {
+        name,
+        limit,
+        remaining,
+        reset,
+    } = reading;
+    if let Some(limit) = limit
+        && !plausible(name, limit)
+    {
+        tracing::warn!(limit = %name.as_str(), value = limit, "ignored an implausible rate-limit reading");
+        return None;
+    }
+    let remaining = remaining
+        .filter(|r| r.is_finite())
+        .map(|r| r.clamp(0.0, limit.unwrap_or(MAX_LIMIT)));
+    (limit.is_some() || remaining.is_some()).then_some(Reading {
+        name,
+        limit,
+        remaining,
+        reset,
+    })
+}
+
 /// Reads every signal of one response.
 pub fn read(dialect: Dialect, headers: &HeaderMap, body: &[u8], now: DateTime<Utc>) -> Signals {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
@@ -57,16 +102,13 @@ pub fn read(dialect: Dialect, headers: &HeaderMap, body: &[u8], now: DateTime<Ut
     };
     let mut readings = Vec::new();
     let mut add = |name, limit: Option<f64>, remaining: Option<f64>, reset: Option<Duration>| {
-        // Finite again after scaling (Together's per-second values × 60 can overflow).
-        let limit = limit.filter(|l| l.is_finite() && *l > 0.0);
-        let remaining = remaining.filter(|r| r.is_finite());
-        if limit.is_some() || remaining.is_some() {
-            readings.push(Reading {
-                name,
-                limit,
-                remaining: remaining.map(|r| r.max(0.0)),
-                reset,
-            });
+        if let Some(r) = sane(Reading {
+            name,
+            limit,
+            remaining,
+            reset,
+        }) {
+            readings.push(r);
         }
     };
     let go = |name: &str| text(name).and_then(parse_go_duration);
@@ -140,9 +182,9 @@ pub fn read(dialect: Dialect, headers: &HeaderMap, body: &[u8], now: DateTime<Ut
     };
     let error = parsed.as_ref().and_then(|v| v.get("error"));
     if let Some(error) = error {
-        readings.extend(quota_failures(error));
+        readings.extend(quota_failures(error).into_iter().filter_map(sane));
         let message = error.get("message").and_then(|m| m.as_str()).unwrap_or_default();
-        if let Some(r) = limit_in_message(message)
+        if let Some(r) = limit_in_message(message).and_then(sane)
             && !readings.iter().any(|x| x.name == r.name && x.limit.is_some())
         {
             readings.push(r);
@@ -359,6 +401,33 @@ mod tests {
             d <= Duration::from_secs(60) && d >= Duration::from_secs(59),
             "{d:?}"
         );
+    }
+
+    #[test]
+    fn implausible_readings_are_ignored_and_remaining_is_bounded() {
+        // A bogus token limit (and the remaining that came with it) teaches nothing.
+        let bogus = headers(&[
+            ("x-ratelimit-limit-tokens", "10"),
+            ("x-ratelimit-remaining-tokens", "3"),
+            ("x-ratelimit-limit-requests", "1e18"),
+            ("x-ratelimit-remaining-requests", "5"),
+        ]);
+        let s = read(Dialect::Openai, &bogus, b"", Utc::now());
+        assert!(s.readings.is_empty(), "{:?}", s.readings);
+        // A remaining beyond its limit, or absurd on its own, is bounded.
+        let high = headers(&[
+            ("x-ratelimit-limit-tokens", "30000"),
+            ("x-ratelimit-remaining-tokens", "9000000000000000000"),
+            ("x-ratelimit-remaining-requests", "9000000000000000000"),
+        ]);
+        let s = read(Dialect::Openai, &high, b"", Utc::now());
+        assert_eq!(reading(&s, LimitName::Tpm).remaining, Some(30_000.0));
+        assert_eq!(reading(&s, LimitName::Rpm).remaining, Some(MAX_LIMIT));
+        // A 429 body naming a tiny limit is as bogus as the header.
+        let body = br#"{"error":{"message":"Rate limit reached for m in organization org-x on tokens per min (TPM): Limit 10, Used 9, Requested 5.","type":"tokens","code":"rate_limit_exceeded"}}"#;
+        let s = read(Dialect::Openai, &HeaderMap::new(), body, Utc::now());
+        assert!(s.readings.is_empty(), "{:?}", s.readings);
+        assert!(plausible(LimitName::Rpm, 3.0) && plausible(LimitName::Tpm, 1_000.0));
     }
 
     #[test]
