@@ -50,34 +50,62 @@ pub struct Usage {
 /// line (`batch_id`, `custom_id`, `batch_line`) and `saved_micro_usd`.
 #[derive(Debug, Clone)]
 pub struct Job {
+    /// A UUIDv7: time-ordered, so ids sort as jobs arrived and pages by id are stable.
     pub id: JobId,
+    /// Whose job: every read and write is scoped by it (isolation), and fair sharing is
+    /// per tenant.
     pub tenant: String,
+    /// Precedence at admission (interactive before standard before background before
+    /// batch) and the default deadline.
     pub class: JobClass,
+    /// Order within a tenant's class (higher first), from -1000 to 1000.
     pub priority: i32,
     pub state: JobState,
+    /// The Chat Completions body as the client sent it; adapters translate it per provider.
     pub request: serde_json::Value,
+    /// What the client asked for: a route alias or `provider/model`.
     pub model: String,
+    /// Per tenant: a replay of the same submission returns this job instead of a second.
     pub idempotency_key: Option<String>,
+    /// The client's own labels, returned as given (at most 16 KiB).
     pub metadata: Option<serde_json::Value>,
+    /// After it the job is not started: a queued one expires, a retry that would start
+    /// later fails `deadline_exceeded`.
     pub deadline: DateTime<Utc>,
+    /// Not admitted before: the backoff of a retry, or a pause of its target.
     pub not_before: DateTime<Utc>,
+    /// Attempts started so far; with the lease owner it guards every write of an attempt.
     pub attempt: i32,
+    /// Attempts allowed before the job fails `attempts_exhausted`.
     pub max_attempts: i32,
+    /// The dispatcher holding the running attempt; `None` unless running.
     pub lease_owner: Option<String>,
+    /// When the holder's lease ends unless renewed; past it, maintenance rescues the job.
     pub lease_expires_at: Option<DateTime<Utc>>,
+    /// The provider and model the gate chose (a route target), kept after the job ends.
     pub provider: Option<String>,
     pub provider_model: Option<String>,
+    /// The provider's id for the call that succeeded, for support tickets with it.
     pub provider_request_id: Option<String>,
+    /// What the gate reserves for the job: input from the request, output from its cap
+    /// times its choices.
     pub estimated_input_tokens: i32,
     pub estimated_output_tokens: i32,
+    /// What the provider reported using (or the estimate, marked, when it reported none).
     pub usage: Option<serde_json::Value>,
+    /// The provider's answer in OpenAI's shape, once succeeded.
     pub result: Option<serde_json::Value>,
+    /// Why the job failed (a [`crate::vocab::ReasonCode`]) and in words.
     pub error_code: Option<String>,
     pub error_message: Option<String>,
     pub created_at: DateTime<Utc>,
+    /// When its current attempt was claimed.
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// When the gate last admitted it (queue wait ends here).
     pub admitted_at: Option<DateTime<Utc>>,
+    /// The buckets the gate reserved in and how much in each (same order): what is settled
+    /// or given back when the attempt ends, or by maintenance if its holder died.
     pub reserved_buckets: Option<Vec<i64>>,
     pub reserved_amounts: Option<Vec<f64>>,
     /// The gate's explanation of why a queued job still waits.
@@ -145,9 +173,15 @@ impl Job {
 /// What the API inserts.
 #[derive(Debug, Clone)]
 pub struct NewJob {
+    /// A UUIDv7: time-ordered, so ids sort as jobs arrived and pages by id are stable.
     pub id: JobId,
+    /// Whose job: every read and write is scoped by it (isolation), and fair sharing is
+    /// per tenant.
     pub tenant: String,
+    /// Precedence at admission (interactive before standard before background before
+    /// batch) and the default deadline.
     pub class: JobClass,
+    /// Order within a tenant's class (higher first), from -1000 to 1000.
     pub priority: i32,
     pub request: serde_json::Value,
     pub model: String,
