@@ -142,7 +142,8 @@ impl End {
                 }
             }
             Self::Failed { message, .. } | Self::Retry { message, .. } => {
-                crate::sanitize::replace_nul_in(message)
+                *message = crate::sanitize::redact_secrets(message);
+                crate::sanitize::replace_nul_in(message);
             }
         }
         self

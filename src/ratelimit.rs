@@ -75,6 +75,8 @@ fn sane(reading: Reading) -> Option<Reading> {
         remaining,
         reset,
     } = reading;
+    // Azure sends `-1` for a limit it does not state: no limit, not a bogus one.
+    let limit = limit.filter(|l| *l > 0.0);
     if let Some(limit) = limit
         && !plausible(name, limit)
     {

@@ -80,7 +80,8 @@ const SECRET_TOKEN_CHARS: usize = 32;
 
 /// `message` with every key-like token cut to its prefix and `…`: a token starting with a
 /// [`SECRET_PREFIXES`] entry (`sk-proj-****abcd` → `sk-…`), or a run of at least
-/// [`SECRET_TOKEN_CHARS`] key characters (letters, digits, `-`, `_`, `*`, `.`).
+/// [`SECRET_TOKEN_CHARS`] key characters (letters, digits, `-`, `_`, `*`, `.`) that is not
+/// a UUID.
 pub fn redact_secrets(message: &str) -> String {
     let is_key_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '*' | '.' | '…');
     let mut out = String::with_capacity(message.len());
@@ -104,7 +105,13 @@ pub fn redact_secrets(message: &str) -> String {
                 out.push_str(prefix);
                 out.push('…');
             }
-            None if token.chars().count() >= SECRET_TOKEN_CHARS && !token.contains("..") => out.push('…'),
+            // Ids (UUIDs) are long too, and say which job or batch: kept.
+            None if token.chars().count() >= SECRET_TOKEN_CHARS
+                && !token.contains("..")
+                && uuid::Uuid::parse_str(token).is_err() =>
+            {
+                out.push('…')
+            }
             None => out.push_str(token),
         }
         rest = &rest[start + token.len()..];
