@@ -8,6 +8,10 @@ FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/tollgate /usr/local/bin/tollgate
 COPY tollgate.example.toml /etc/tollgate/tollgate.toml
+# The working directory holds `.tollgate/` (the webhook secret key file, by default):
+# mount a volume there, or set `webhooks.secret_key_env`, to keep the key.
+RUN mkdir -p /var/lib/tollgate && chown nobody /var/lib/tollgate
+WORKDIR /var/lib/tollgate
 USER nobody
 EXPOSE 8080
 ENTRYPOINT ["tollgate"]
