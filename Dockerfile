@@ -16,6 +16,10 @@ RUN sed -e 's/^admin_key = .*/admin_key_env = "TOLLGATE_ADMIN_KEY"/' \
         -e 's/^api_key = "tk-globex".*/api_key_env = "TOLLGATE_GLOBEX_KEY"/' \
         /etc/tollgate/example.toml > /etc/tollgate/tollgate.toml \
     && ! grep -q '"tk-' /etc/tollgate/tollgate.toml
+# The working directory holds `.tollgate/` (the webhook secret key file, by default):
+# mount a volume there, or set `webhooks.secret_key_env`, to keep the key.
+RUN mkdir -p /var/lib/tollgate && chown nobody /var/lib/tollgate
+WORKDIR /var/lib/tollgate
 USER nobody
 EXPOSE 8080
 ENTRYPOINT ["tollgate"]

@@ -24,6 +24,7 @@
 //! - [`batches`]: files and batches (OpenAI's Files and Batch APIs): ids, statuses, rows,
 //!   and the JSONL input's line splitter and envelope check.
 //! - [`webhook_signing`]: Standard Webhooks secrets and signatures.
+//! - [`webhook_secrets`]: webhook secrets at rest, sealed under the server's webhook key.
 //! - [`ratelimit`]: what providers say about their limits (headers, 429 bodies), parsed.
 //! - [`learning`]: learned limits — readings and 429s turned into bucket capacities.
 //! - [`metrics`]: metric names, and the one-line helpers the gate and dispatchers call.
@@ -60,6 +61,7 @@ pub mod scheduler;
 pub mod store;
 pub mod tenants;
 pub mod vocab;
+pub mod webhook_secrets;
 pub mod webhook_signing;
 
 /// The schema's migrations; every crate's database code and tests use this one.

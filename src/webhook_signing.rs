@@ -25,7 +25,7 @@ pub const HEADER_SIGNATURE: &str = "webhook-signature";
 
 const PREFIX: &str = "whsec_";
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum SecretError {
     #[error("a webhook secret must start with `whsec_`")]
     Prefix,

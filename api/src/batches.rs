@@ -23,6 +23,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use chrono::{DateTime, SubsecRound, Utc};
+use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sqlx::PgConnection;
@@ -59,7 +60,7 @@ struct ExpiresAfter {
 #[derive(Debug, Deserialize)]
 struct WebhookSpec {
     url: String,
-    secret: String,
+    secret: SecretString,
     #[serde(default)]
     events: Vec<String>,
 }
@@ -209,12 +210,14 @@ pub(crate) async fn create(
         } else {
             hook.events.clone()
         };
+        let key = state.config.webhooks.sealing_key().map_err(ApiError::internal)?;
+        let secret = key.seal(&tenant.name, hook.secret.expose_secret());
         store::add_batch_endpoint(
             &mut *tx,
             &tenant.name,
             &batch.id,
             &hook.url,
-            &hook.secret,
+            &secret,
             &events,
             now,
         )
@@ -246,7 +249,8 @@ pub(crate) async fn create(
 async fn check_webhook(state: &AppState, hook: &WebhookSpec) -> Result<(), ApiError> {
     let bad =
         |code: ApiErrorCode, message: String| ApiError::bad_request(code, message).with_param("webhook");
-    Secret::parse(&hook.secret).map_err(|e| bad(ApiErrorCode::InvalidWebhookSecret, e.to_string()))?;
+    Secret::parse(hook.secret.expose_secret())
+        .map_err(|e| bad(ApiErrorCode::InvalidWebhookSecret, e.to_string()))?;
     if let Some(unknown) = hook.events.iter().find(|e| !EVENT_TYPES.contains(&e.as_str())) {
         return Err(bad(
             ApiErrorCode::InvalidRequest,

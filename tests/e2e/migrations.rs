@@ -70,16 +70,39 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
         .await
         .unwrap();
     assert!(pack.is_some());
-    let due = tollgate::store::claim_deliveries(
+    let limits = tollgate::store::ClaimLimits {
+        slots: 10,
+        per_endpoint: 4,
+        per_tenant: 4,
+    };
+    let mut due = tollgate::store::claim_deliveries(
         &db.pool,
         chrono::Utc::now() + chrono::Duration::hours(2),
-        10,
+        limits,
         std::time::Duration::from_secs(30),
     )
     .await
     .unwrap();
-    assert_eq!(due.len(), 1);
-    assert_eq!(due[0].url, "https://hooks.example/acme");
+    due.sort_by(|a, b| a.id.cmp(&b.id));
+    let due: Vec<(&str, &str)> = due.iter().map(|d| (d.id.as_str(), d.url.as_str())).collect();
+    assert_eq!(
+        due,
+        [
+            ("msg_fixture", "https://hooks.example/acme"),
+            ("msg_fixture_in_flight", "https://hooks.example/globex"),
+            ("msg_fixture_retired", "https://hooks.example/globex"),
+        ],
+        "a retired endpoint's deliveries are still sent; a lease long over is no lease"
+    );
+    let disabled = tollgate::store::disabled_endpoints(&db.pool, true).await.unwrap();
+    let disabled: Vec<_> = disabled
+        .iter()
+        .map(|e| (e.url.as_str(), e.disabled_reason.as_deref()))
+        .collect();
+    assert_eq!(
+        disabled,
+        [("https://hooks.example/acme-old", Some("failing since then"))]
+    );
 }
 
 #[test]

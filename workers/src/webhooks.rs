@@ -1,95 +1,147 @@
-//! Webhook delivery: the sender loop that drains the outbox (`webhook_deliveries`).
+//! Webhook delivery: the sender that drains the outbox (`webhook_deliveries`), and the sync
+//! of the config's tenant endpoints at start.
 //!
-//! At-least-once: a delivery is claimed with a lease (its `next_attempt_at` pushed ahead),
-//! sent, and its outcome written guarded by its attempt number; a sender that dies
-//! mid-attempt has the delivery sent again after the lease. Every attempt is signed per
-//! Standard Webhooks (`webhook-id` constant across retries, `webhook-timestamp` of this
-//! attempt, `webhook-signature: v1,<base64 HMAC-SHA256>`). Any 2xx is success; 410 Gone
-//! disables the endpoint; everything else (redirects included — they are never followed)
-//! is retried on the configured schedule with jitter, never before the receiver's
-//! `Retry-After`, and fails after the last retry. URLs that resolve to private,
-//! loopback, link-local or metadata addresses are refused (at connect time, so DNS
-//! rebinding cannot sneak past) unless `webhooks.allow_private_addresses` is set.
+//! At least once, one lease per attempt: the sender claims only as many deliveries as it
+//! has free slots (`webhooks.concurrency`), each leased for its own timeout plus a margin,
+//! starts each at once, cuts it at its timeout and writes its outcome as soon as it ends,
+//! guarded by its attempt number; a sender that dies mid-attempt has the delivery sent
+//! again after the lease. The claim keeps at most `webhooks.endpoint_concurrency`
+//! deliveries in flight per endpoint and `webhooks.tenant_concurrency` per tenant, over
+//! every process, and hands out turns round-robin, so a slow or dead receiver holds its
+//! own few slots and every other tenant's deliveries go on (see
+//! [`store::claim_deliveries`]).
+//!
+//! Every attempt is signed per Standard Webhooks (`webhook-id` constant across retries,
+//! `webhook-timestamp` of this attempt, `webhook-signature: v1,<base64 HMAC-SHA256>`) with
+//! the endpoint's secret, opened from its sealed form with the server's webhook key
+//! ([`tollgate::webhook_secrets`]). Any 2xx is success; 410 Gone disables the endpoint;
+//! everything else (redirects included — they are never followed) is retried on the
+//! configured schedule with jitter, never before the receiver's `Retry-After`, and fails
+//! after the last retry. An endpoint whose attempts fail for `webhooks.disable_after_secs`
+//! and `disable_after_failures` in a row is disabled, the reason recorded.
+//!
+//! URLs that resolve to internal addresses ([`is_internal`]) are refused — at connect time
+//! by the client's resolver, so DNS rebinding cannot sneak past, and no proxy from the
+//! environment is used, since a proxy would resolve the host itself — unless
+//! `webhooks.allow_private_addresses` is set.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+mod addresses;
+
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use futures::StreamExt;
+use chrono::Utc;
 use rand::Rng;
 use secrecy::ExposeSecret;
 use sqlx::PgPool;
+use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tollgate::config::{Config, WebhooksConfig};
-use tollgate::store::{self, Attempted, Delivery, EndpointSpec, StoreError};
+use tollgate::store::{
+    self, Attempted, ClaimLimits, Delivery, DisableRule, EndpointSpec, Recorded, StoreError,
+};
+use tollgate::webhook_secrets::{KeyError, OpenError, SealingKey};
 use tollgate::webhook_signing::{HEADER_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP, Secret};
+
+pub use addresses::is_internal;
 
 /// Longest `Retry-After` honoured: a receiver cannot park a delivery for longer.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
 
-/// Writes the config's tenant endpoints to the database (at start).
-pub async fn sync_config_endpoints(pool: &PgPool, config: &Config) -> Result<(), StoreError> {
+/// What a delivery's lease adds to its attempt's timeout: time to write the outcome.
+const LEASE_MARGIN: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum WebhooksError {
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the webhook HTTP client: {0}")]
+    Http(#[from] reqwest::Error),
+}
+
+impl From<sqlx::Error> for WebhooksError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Store(e.into())
+    }
+}
+
+/// Writes the config's tenant endpoints to the database (at start), their secrets sealed;
+/// seals secrets stored before sealing existed; and says — in the log — which endpoints
+/// are disabled and whether the database holds secrets sealed with another key.
+///
+/// Additive: an endpoint this config does not name is left as it is, with its pending
+/// deliveries (another process may run a config that names it); one it marks `retired`
+/// gets nothing more queued, and what is pending for it is still delivered.
+pub async fn sync_config_endpoints(pool: &PgPool, config: &Config) -> Result<(), WebhooksError> {
+    let key = config.webhooks.sealing_key()?;
     let mut specs = Vec::new();
     for e in &config.webhooks.endpoints {
         // Validated at load; an unreadable secret here means the environment changed.
-        let Ok(secret) = e.resolve_secret() else { continue };
+        let Ok(secret) = e.resolve_secret() else {
+            tracing::warn!(tenant = %e.tenant, url = %e.url, "webhook endpoint's secret is unreadable; not synced");
+            continue;
+        };
         specs.push(EndpointSpec {
             tenant: e.tenant.clone(),
             url: e.url.clone(),
-            secret: secret.expose_secret().to_owned(),
+            secret: key.seal(&e.tenant, secret.expose_secret()),
             events: e.event_types(),
+            retired: e.retired,
+            reenable: e.reenable,
         });
     }
     let mut tx = pool.begin().await?;
-    store::sync_endpoints(&mut tx, &specs, Utc::now()).await?;
+    let synced = store::sync_endpoints(&mut tx, &specs, Utc::now()).await?;
     tx.commit().await?;
-    Ok(())
-}
-
-/// Whether an address is one a tenant's webhook must not reach: loopback, private,
-/// link-local (cloud metadata services live there), shared, unspecified, multicast,
-/// reserved, or an IPv6 form of one of those.
-pub fn is_internal(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => internal_v4(v4),
-        IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return internal_v4(v4);
-            }
-            let s = v6.segments();
-            v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                || (s[0] & 0xfe00) == 0xfc00 // unique local (fd00:ec2::254 is a metadata address)
-                || (s[0] & 0xffc0) == 0xfe80 // link-local
-                || (s[0] & 0xffc0) == 0xfec0 // site-local (deprecated)
-                || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
-                || (s[0] == 0x64 && s[1] == 0xff9b && internal_v4(embedded_v4(v6))) // NAT64
-                || (s[..6] == [0; 6] && internal_v4(embedded_v4(v6))) // IPv4-compatible
-        }
+    if synced.reenabled > 0 {
+        tracing::info!(
+            endpoints = synced.reenabled,
+            "disabled webhook endpoints enabled again (`reenable`)"
+        );
     }
-}
-
-fn embedded_v4(v6: Ipv6Addr) -> Ipv4Addr {
-    let o = v6.octets();
-    Ipv4Addr::new(o[12], o[13], o[14], o[15])
-}
-
-fn internal_v4(v4: Ipv4Addr) -> bool {
-    let o = v4.octets();
-    v4.is_private()
-        || v4.is_loopback()
-        || v4.is_link_local()
-        || v4.is_unspecified()
-        || v4.is_broadcast()
-        || v4.is_multicast()
-        || v4.is_documentation()
-        || o[0] == 0
-        || (o[0] == 100 && (o[1] & 0xc0) == 64) // shared address space (carrier NAT, some metadata)
-        || (o[0] == 192 && o[1] == 0 && o[2] == 0) // IETF protocol assignments
-        || (o[0] == 198 && (o[1] & 0xfe) == 18) // benchmarking
-        || o[0] >= 240 // reserved
+    let mut sealed = 0;
+    for row in store::unsealed_secrets(pool).await? {
+        let sealed_now = key.seal(&row.tenant, row.secret.as_str());
+        sealed += u64::from(store::seal_secret(pool, row.id, &row.secret, &sealed_now).await?);
+    }
+    if sealed > 0 {
+        tracing::info!(
+            endpoints = sealed,
+            key = key.id(),
+            "sealed webhook secrets stored as they were"
+        );
+    }
+    let others: Vec<String> = store::sealing_key_ids(pool)
+        .await?
+        .into_iter()
+        .filter(|(id, _)| id != key.id())
+        .map(|(id, n)| format!("{n} with key {id}"))
+        .collect();
+    if !others.is_empty() {
+        tracing::error!(
+            key = key.id(),
+            others = others.join(", "),
+            "webhook secrets in the database are sealed with another key than this process's: \
+             its deliveries to those endpoints fail; give every process the same \
+             `webhooks.secret_key_file` contents or `secret_key_env`"
+        );
+    }
+    for e in store::disabled_endpoints(pool, true).await? {
+        tracing::warn!(
+            endpoint = e.id,
+            tenant = %e.tenant,
+            url = %e.url,
+            since = %e.disabled_at,
+            reason = e.disabled_reason.as_deref().unwrap_or("not recorded"),
+            "webhook endpoint disabled: nothing is sent to it; `reenable = true` on its \
+             [[webhooks.endpoints]] entry enables it again at the next start"
+        );
+    }
+    Ok(())
 }
 
 /// Why a webhook URL is refused.
@@ -146,28 +198,23 @@ impl reqwest::dns::Resolve for PublicOnly {
     }
 }
 
-/// What one pass did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct SendPass {
-    pub delivered: u64,
-    pub retried: u64,
-    pub failed: u64,
-    /// Endpoints disabled after a 410.
-    pub disabled: u64,
-}
-
 #[derive(Clone)]
 pub struct WebhookSender {
     pool: PgPool,
     config: Arc<WebhooksConfig>,
+    key: SealingKey,
     http: reqwest::Client,
 }
 
 impl WebhookSender {
-    pub fn new(pool: PgPool, config: &WebhooksConfig) -> Result<Self, reqwest::Error> {
+    pub fn new(pool: PgPool, config: &WebhooksConfig) -> Result<Self, WebhooksError> {
+        let timeout = Duration::from_secs(config.timeout_secs);
         let mut builder = reqwest::Client::builder()
-            .timeout(Duration::from_secs(config.timeout_secs))
-            .connect_timeout(Duration::from_secs(config.timeout_secs.min(10)))
+            // A proxy from the environment would resolve the URL's host itself, past the
+            // resolver below.
+            .no_proxy()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(10)))
             .redirect(reqwest::redirect::Policy::none())
             .user_agent("tollgate-webhooks");
         if !config.allow_private_addresses {
@@ -175,72 +222,147 @@ impl WebhookSender {
         }
         Ok(Self {
             pool,
+            key: config.sealing_key()?.clone(),
             config: Arc::new(config.clone()),
             http: builder.build()?,
         })
     }
 
-    /// Lease of a claimed delivery: the attempt's timeout plus a margin.
-    fn lease(&self) -> Duration {
-        Duration::from_secs(self.config.timeout_secs + 30)
+    fn attempt_timeout(&self) -> Duration {
+        Duration::from_secs(self.config.timeout_secs)
     }
 
-    /// Sends every delivery due at `now` (up to a few rounds of `concurrency`).
-    pub async fn run_once(&self, now: DateTime<Utc>) -> Result<SendPass, StoreError> {
-        let limit = (self.config.concurrency * 4) as i64;
-        let claimed = store::claim_deliveries(&self.pool, now, limit, self.lease()).await?;
-        let outcomes: Vec<(Delivery, Attempted)> = futures::stream::iter(claimed)
-            .map(|d| async move {
-                let outcome = self.attempt(&d).await;
-                (d, outcome)
-            })
-            .buffer_unordered(self.config.concurrency)
-            .collect()
-            .await;
-        let mut pass = SendPass::default();
-        for (d, outcome) in outcomes {
-            let mut tx = self.pool.begin().await?;
-            let written = store::record_attempt(&mut tx, &d, &outcome, Utc::now()).await?;
-            tx.commit().await?;
-            if !written {
-                continue;
+    /// A claimed delivery's lease: its attempt's timeout and the time to write the outcome.
+    /// An attempt starts as soon as it is claimed (a claim takes no more deliveries than
+    /// there are free slots) and is cut at its timeout, so it cannot outlive its lease.
+    fn lease(&self) -> Duration {
+        self.attempt_timeout() + LEASE_MARGIN
+    }
+
+    fn limits(&self, slots: usize) -> ClaimLimits {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        ClaimLimits {
+            slots: count(slots),
+            per_endpoint: count(self.config.endpoint_concurrency),
+            per_tenant: count(self.config.tenant_concurrency),
+        }
+    }
+
+    fn disable_rule(&self) -> DisableRule {
+        DisableRule {
+            failures: self.config.disable_after_failures,
+            after: chrono::Duration::seconds(
+                i64::try_from(self.config.disable_after_secs).unwrap_or(i64::MAX),
+            ),
+        }
+    }
+
+    /// Claims due deliveries into the free slots whenever one frees (or every
+    /// `poll_interval_ms`), each sent and recorded on its own. On cancel, attempts in
+    /// flight are given back untried and the sender returns.
+    pub async fn run(self, cancel: CancellationToken) {
+        let slots = Arc::new(Semaphore::new(self.config.concurrency));
+        let finished = Arc::new(Notify::new());
+        let deliveries = TaskTracker::new();
+        let idle = Duration::from_millis(self.config.poll_interval_ms);
+        while !cancel.is_cancelled() {
+            let free = slots.available_permits();
+            if free > 0
+                && let Ok(mut held) = slots
+                    .clone()
+                    .try_acquire_many_owned(free.try_into().unwrap_or(u32::MAX))
+            {
+                match store::claim_deliveries(&self.pool, Utc::now(), self.limits(free), self.lease()).await {
+                    Ok(claimed) => {
+                        for d in claimed {
+                            let Some(slot) = held.split(1) else {
+                                // Never: the claim took no more than the slots held.
+                                let _ = store::release_delivery(&self.pool, &d, Utc::now()).await;
+                                continue;
+                            };
+                            let (sender, finished, cancel) = (self.clone(), finished.clone(), cancel.clone());
+                            deliveries.spawn(async move {
+                                sender.deliver(d, &cancel).await;
+                                drop(slot);
+                                finished.notify_one();
+                            });
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "claiming webhook deliveries failed"),
+                }
             }
-            match &outcome {
-                Attempted::Delivered { .. } => pass.delivered += 1,
-                Attempted::Retry { error, .. } => {
-                    tracing::info!(delivery = %d.id, attempt = d.attempts, error = %error, "webhook attempt failed; will retry");
-                    pass.retried += 1;
-                }
-                Attempted::Failed { error, .. } => {
-                    tracing::warn!(delivery = %d.id, attempts = d.attempts, error = %error, "webhook delivery failed");
-                    pass.failed += 1;
-                }
-                Attempted::Gone => {
-                    tracing::warn!(
-                        endpoint = d.endpoint_id,
-                        "webhook endpoint answered 410; disabled"
-                    );
-                    pass.disabled += 1;
-                }
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                () = finished.notified() => {}
+                () = tokio::time::sleep(idle) => {}
             }
         }
-        Ok(pass)
+        deliveries.close();
+        deliveries.wait().await;
+    }
+
+    /// One delivery's attempt, its outcome written as soon as it is known.
+    async fn deliver(&self, d: Delivery, cancel: &CancellationToken) {
+        let outcome = tokio::select! {
+            outcome = self.attempt(&d) => outcome,
+            () = cancel.cancelled() => {
+                if let Err(e) = store::release_delivery(&self.pool, &d, Utc::now()).await {
+                    tracing::info!(delivery = %d.id, error = %e, "webhook delivery not given back; it is sent again after its lease");
+                }
+                return;
+            }
+        };
+        let recorded = async {
+            let mut tx = self.pool.begin().await?;
+            let recorded =
+                store::record_attempt(&mut tx, &d, &outcome, self.disable_rule(), Utc::now()).await?;
+            tx.commit().await?;
+            Ok::<_, StoreError>(recorded)
+        }
+        .await;
+        match recorded {
+            Ok(recorded) => log_outcome(&d, &outcome, &recorded),
+            Err(e) => tracing::warn!(
+                delivery = %d.id,
+                error = %e,
+                "writing a webhook attempt failed; the delivery is sent again after its lease"
+            ),
+        }
     }
 
     /// One signed POST and what it means for the delivery.
     async fn attempt(&self, d: &Delivery) -> Attempted {
-        let secret = match Secret::parse(&d.secret) {
-            Ok(s) => s,
+        if let Some(reason) = &d.disabled_reason {
+            return Attempted::Failed {
+                status: None,
+                error: format!("the endpoint was disabled: {reason}"),
+                receiver: false,
+            };
+        }
+        let secret = match self.key.open(&d.tenant, &d.secret) {
+            Ok(secret) => secret,
+            // Another process, holding the key that sealed it, may still deliver it.
+            Err(e @ OpenError::OtherKey { .. }) => {
+                return self.retry_or_fail(d, None, e.to_string(), None, false);
+            }
             Err(e) => {
                 return Attempted::Failed {
                     status: None,
-                    error: format!("the endpoint's secret is unusable: {e}"),
+                    error: e.to_string(),
+                    receiver: false,
                 };
             }
         };
         if let Err(refused) = self.check_literal_host(&d.url) {
-            return self.retry_or_fail(d, None, refused.to_string(), None);
+            return self.retry_or_fail(d, None, refused.to_string(), None, true);
         }
+        match tokio::time::timeout(self.attempt_timeout(), self.post(d, &secret)).await {
+            Ok(outcome) => outcome,
+            Err(_) => self.retry_or_fail(d, None, "the attempt timed out".to_owned(), None, true),
+        }
+    }
+
+    async fn post(&self, d: &Delivery, secret: &Secret) -> Attempted {
         let ts = Utc::now().timestamp();
         let sent = self
             .http
@@ -266,9 +388,10 @@ impl WebhookSender {
                     Some(i32::from(status)),
                     format!("the receiver answered {status}"),
                     after,
+                    true,
                 )
             }
-            Err(e) => self.retry_or_fail(d, None, format!("the request failed: {e}"), None),
+            Err(e) => self.retry_or_fail(d, None, format!("the request failed: {e}"), None, true),
         }
     }
 
@@ -293,38 +416,45 @@ impl WebhookSender {
         status: Option<i32>,
         error: String,
         retry_after: Option<Duration>,
+        receiver: bool,
     ) -> Attempted {
         match next_delay(&self.config, d.attempts, retry_after) {
             Some(delay) => Attempted::Retry {
                 at: Utc::now() + delay,
                 status,
                 error,
+                receiver,
             },
-            None => Attempted::Failed { status, error },
+            None => Attempted::Failed {
+                status,
+                error,
+                receiver,
+            },
         }
     }
+}
 
-    pub async fn run(self, cancel: CancellationToken) {
-        let idle = Duration::from_millis(self.config.poll_interval_ms);
-        loop {
-            let busy = match self.run_once(Utc::now()).await {
-                Ok(p) => p.delivered + p.retried + p.failed + p.disabled > 0,
-                Err(e) => {
-                    tracing::warn!(error = %e, "webhook pass failed");
-                    false
-                }
-            };
-            if busy {
-                if cancel.is_cancelled() {
-                    return;
-                }
-                continue;
-            }
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(idle) => {}
-            }
+fn log_outcome(d: &Delivery, outcome: &Attempted, recorded: &Recorded) {
+    if !recorded.written {
+        return;
+    }
+    match outcome {
+        Attempted::Delivered { .. } => {}
+        Attempted::Retry { error, .. } => {
+            tracing::info!(delivery = %d.id, attempt = d.attempts, error = %error, "webhook attempt failed; will retry");
         }
+        Attempted::Failed { error, .. } => {
+            tracing::warn!(delivery = %d.id, attempts = d.attempts, error = %error, "webhook delivery failed");
+        }
+        Attempted::Gone => {}
+    }
+    if let Some(reason) = &recorded.disabled {
+        tracing::warn!(
+            endpoint = d.endpoint_id,
+            tenant = %d.tenant,
+            reason = %reason,
+            "webhook endpoint disabled: its pending deliveries failed and nothing more is queued for it"
+        );
     }
 }
 
@@ -372,10 +502,8 @@ mod tests {
 
     #[test]
     fn schedule_then_give_up() {
-        let config = WebhooksConfig {
-            jitter: 0.0,
-            ..WebhooksConfig::default()
-        };
+        let mut config = WebhooksConfig::default();
+        config.jitter = 0.0;
         let secs = |n, after| next_delay(&config, n, after).map(|d| d.num_seconds());
         assert_eq!(secs(1, None), Some(5));
         assert_eq!(secs(2, None), Some(300));
@@ -460,18 +588,28 @@ mod tests {
         }
     }
 
+    /// A config whose sealing key lives in a temporary directory.
+    fn keyed_config(dir: &tempfile::TempDir) -> WebhooksConfig {
+        let mut config = WebhooksConfig::default();
+        config.secret_key_file = dir.path().join("webhook-secret.key");
+        config
+    }
+
+    fn no_database() -> PgPool {
+        sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .unwrap()
+    }
+
     #[tokio::test]
     async fn redirects_are_not_followed_and_names_resolving_inside_are_refused() {
         use futures::FutureExt;
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
-            .unwrap();
-        let allowing = WebhooksConfig {
-            allow_private_addresses: true,
-            ..WebhooksConfig::default()
-        };
+        let dir = tempfile::tempdir().unwrap();
+        let pool = no_database();
+        let mut allowing = keyed_config(&dir);
+        allowing.allow_private_addresses = true;
         let sender = WebhookSender::new(pool.clone(), &allowing).unwrap();
         let first = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let second = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -499,7 +637,7 @@ mod tests {
         );
 
         // Guarded (the default): a name resolving to loopback never gets a connection.
-        let guarded = WebhookSender::new(pool, &WebhooksConfig::default()).unwrap();
+        let guarded = WebhookSender::new(pool, &keyed_config(&dir)).unwrap();
         let refused = guarded
             .http
             .post(format!("http://localhost:{}/hook", elsewhere.port()))
@@ -510,6 +648,81 @@ mod tests {
         assert!(
             second.accept().now_or_never().is_none(),
             "the guard let a connection through"
+        );
+    }
+
+    /// Set in the child of [`a_proxy_in_the_environment_is_not_used`]: the address of the
+    /// proxy its environment names.
+    const PROXY_PROBE: &str = "TOLLGATE_TEST_WEBHOOK_PROXY_PROBE";
+
+    /// The sender ignores `HTTP_PROXY`, `HTTPS_PROXY` and `ALL_PROXY`: a proxy would resolve
+    /// the host itself, past the resolver that refuses internal addresses. The environment
+    /// is set for a child (this test binary, running only this test), as a process's own
+    /// environment cannot be changed safely while other tests run: the child sends to its
+    /// receiver and must get the receiver's answer, and the proxy must see no connection.
+    #[tokio::test]
+    async fn a_proxy_in_the_environment_is_not_used() {
+        use futures::FutureExt;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        if std::env::var(PROXY_PROBE).is_ok() {
+            let receiver = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!("http://{}/hook", receiver.local_addr().unwrap());
+            let serve = async {
+                let (mut conn, _) = receiver.accept().await.unwrap();
+                let mut buf = vec![0u8; 8192];
+                let _ = conn.read(&mut buf).await.unwrap();
+                conn.write_all(b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n")
+                    .await
+                    .unwrap();
+            };
+            let dir = tempfile::tempdir().unwrap();
+            let mut config = keyed_config(&dir);
+            config.allow_private_addresses = true;
+            config.timeout_secs = 5;
+            let sender = WebhookSender::new(no_database(), &config).unwrap();
+            let answered = tokio::select! {
+                answered = sender.http.post(&url).body("{}").send() => answered,
+                () = async { serve.await; std::future::pending().await } => unreachable!(),
+            };
+            assert_eq!(
+                answered.unwrap().status().as_u16(),
+                204,
+                "the receiver answered, not a proxy"
+            );
+            return;
+        }
+        let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy_url = format!("http://{}", proxy.local_addr().unwrap());
+        let mut child = tokio::process::Command::new(std::env::current_exe().unwrap());
+        child
+            .args([
+                "--exact",
+                "webhooks::tests::a_proxy_in_the_environment_is_not_used",
+            ])
+            .env(PROXY_PROBE, &proxy_url)
+            .env_remove("NO_PROXY")
+            .env_remove("no_proxy");
+        for var in [
+            "HTTP_PROXY",
+            "http_proxy",
+            "HTTPS_PROXY",
+            "https_proxy",
+            "ALL_PROXY",
+            "all_proxy",
+        ] {
+            child.env(var, &proxy_url);
+        }
+        let out = child.output().await.unwrap();
+        let printed = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && printed.contains("1 passed"),
+            "the child: {printed}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            proxy.accept().now_or_never().is_none(),
+            "the request went through the proxy"
         );
     }
 }
