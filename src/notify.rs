@@ -191,7 +191,7 @@ impl Notifications {
 async fn connect(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
     listener
-        .listen_all([CHANNEL_JOB_DONE, CHANNEL_JOBS_READY])
+        .listen_all([CHANNEL_JOB_DONE, CHANNEL_JOBS_READY, CHANNEL_GATE])
         .await?;
     Ok(listener)
 }

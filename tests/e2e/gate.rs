@@ -1021,3 +1021,30 @@ async fn limits_are_visible_to_tenants_but_not_each_others_budgets() {
     assert_eq!(status, 401);
     app.shutdown().await;
 }
+
+/// Work queued, retried or rescued by a process that is not the gate is announced on
+/// `tollgate_gate`; the gate's process must hear it, not wait for its fallback poll.
+#[tokio::test]
+async fn a_notify_on_the_gate_channel_wakes_the_gate_of_another_process() {
+    use std::time::Duration;
+    let db = crate::harness::fresh_db_with(2).await;
+    let hub = tollgate::notify::Notifications::default();
+    let (tracker, cancel) = (
+        tokio_util::task::TaskTracker::new(),
+        tokio_util::sync::CancellationToken::new(),
+    );
+    hub.spawn_listener(db.pool.clone(), &tracker, cancel.clone());
+    // Once connected, the listener wakes everyone to re-check: take that wake-up, and the
+    // permit it may leave, first.
+    tokio::time::timeout(Duration::from_secs(30), hub.gate_ready())
+        .await
+        .expect("the listener connects and wakes the gate once");
+    let _ = tokio::time::timeout(Duration::ZERO, hub.gate_ready()).await;
+    tollgate::store::notify_gate(&db.pool).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), hub.gate_ready())
+        .await
+        .expect("a NOTIFY on tollgate_gate woke the gate");
+    cancel.cancel();
+    tracker.close();
+    tracker.wait().await;
+}
