@@ -146,6 +146,15 @@ pub(crate) async fn create(
     if let Some(hook) = &req.webhook {
         check_webhook(&state, hook).await?;
     }
+    let class = req.class.unwrap_or(JobClass::Batch);
+    if class == JobClass::Interactive {
+        // Interactive precedence (and its reserve) is for callers waiting on an answer.
+        return Err(ApiError::bad_request(
+            ApiErrorCode::InvalidRequest,
+            "a batch runs as `standard`, `background` or `batch`; `interactive` is for synchronous calls",
+        )
+        .with_param("class"));
+    }
     let file = store::get_file(&state.pool, &tenant.name, &req.input_file_id)
         .await?
         .ok_or_else(|| ApiError::not_found("file").with_param("input_file_id"))?;
@@ -172,6 +181,8 @@ pub(crate) async fn create(
                 .with_param("input_file_id"),
         );
     }
+    // Every line may become a job: the tenant's queue of the class must hold them all.
+    crate::jobs::check_queue_room(&state, &tenant, class, file.lines as u64).await?;
     let now = Utc::now().trunc_subsecs(6);
     let expires_at = now + chrono::Duration::from_std(window).unwrap_or(chrono::Duration::days(1));
     let mut batch = BatchRow {
@@ -181,7 +192,7 @@ pub(crate) async fn create(
         input_file_id: file.id.clone(),
         completion_window: req.completion_window,
         status: BatchStatus::InProgress.as_str().to_owned(),
-        class: req.class.unwrap_or(JobClass::Batch),
+        class,
         output_file_id: None,
         error_file_id: None,
         metadata: req.metadata.map(|m| json!(m)),

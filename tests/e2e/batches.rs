@@ -715,3 +715,48 @@ async fn ten_thousand_lines_complete_once_across_a_sigkill_of_the_server() {
     assert!(second.child.wait().unwrap().success());
     local_mock.shutdown().await;
 }
+
+/// A batch is work queued like any other: it may not take the interactive class, and its
+/// lines count against the tenant's queue of its class.
+#[tokio::test]
+async fn a_batch_keeps_to_its_class_and_the_tenant_s_queue_cap() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        extra_config: "[classes.batch]\ndefault_deadline_secs = 86400\nmax_queued_per_tenant = 5\n".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let text: String = (0..6)
+        .map(|i| line(&format!("c{i}"), "fast", "hi") + "\n")
+        .collect();
+    let (status, file) = upload(&app.http, &app.api, ACME, text.as_bytes()).await;
+    assert_eq!(status, 200, "{file}");
+    let id = file["id"].as_str().unwrap();
+
+    let mut interactive = batch_body(id);
+    interactive["class"] = json!("interactive");
+    let (status, body) = create_batch(&app.http, &app.api, ACME, &interactive).await;
+    assert_eq!(
+        (status, body["error"]["param"].as_str()),
+        (400, Some("class")),
+        "{body}"
+    );
+
+    let (status, body) = create_batch(&app.http, &app.api, ACME, &batch_body(id)).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (429, Some("queue_full")),
+        "{body}"
+    );
+    let queued: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs")
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(queued, 0, "a refused batch left jobs");
+
+    // Within the cap (another class has none), it is taken.
+    let mut background = batch_body(id);
+    background["class"] = json!("background");
+    let (status, body) = create_batch(&app.http, &app.api, ACME, &background).await;
+    assert_eq!(status, 200, "{body}");
+}
