@@ -143,7 +143,8 @@ pub enum BulkInserted {
 }
 
 /// Inserts many jobs in one statement (`INSERT … SELECT FROM unnest(…)`), never one per
-/// job. A job whose idempotency key its tenant already used is not inserted: it comes back
+/// job, in idempotency-key order: two bulks sharing keys then take their key locks in the
+/// same order and wait for each other instead of deadlocking. A job whose idempotency key its tenant already used is not inserted: it comes back
 /// as [`BulkInserted::Existing`] (same request) or [`BulkInserted::Conflict`]. Run it in a
 /// transaction so that a caller refusing a conflict can roll the whole lot back.
 pub async fn insert_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec<BulkInserted>> {
@@ -172,6 +173,7 @@ pub async fn insert_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec
                      $14::bool[])
              AS t(id, tenant, class, priority, request, model, key, metadata, deadline, created_at, attempts, ein,
                   eout, stream)
+         ORDER BY tenant, key
          ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
          RETURNING id AS "id: JobId""#,
         &ids,

@@ -231,3 +231,49 @@ async fn the_gate_starts_what_its_dispatcher_has_room_for_and_the_rest_is_claime
     assert_eq!(app.mock.stats().requests, 300, "one provider call per job");
     app.shutdown().await;
 }
+
+/// Two bulks sharing idempotency keys, sent at once in opposite orders, once took each
+/// other's key locks in opposite orders and deadlocked (40P01). Both must be answered, and
+/// each key must name one job.
+#[tokio::test(flavor = "multi_thread")]
+async fn bulks_sharing_keys_in_opposite_orders_do_not_deadlock() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: tollgate_api::broker::Roles::API_ONLY,
+        ..TestOptions::default()
+    })
+    .await;
+    const KEYS: usize = 300;
+    for round in 0..4 {
+        let items = |reverse: bool| {
+            let mut items: Vec<Value> = (0..KEYS)
+                .map(|i| {
+                    let mut j = job("fast", &format!("shared {round} {i}"));
+                    j["idempotency_key"] = json!(format!("r{round}-k{i:04}"));
+                    j
+                })
+                .collect();
+            if reverse {
+                items.reverse();
+            }
+            json!({ "jobs": items })
+        };
+        let (forward, backward) = (items(false), items(true));
+        let ((a, body_a), (b, body_b)) = tokio::join!(
+            app.post(ACME, "/v1/jobs/bulk", &forward),
+            app.post(ACME, "/v1/jobs/bulk", &backward),
+        );
+        // One inserts (202), the other finds every key taken (200) or some of each (202).
+        for (status, body) in [(a, &body_a), (b, &body_b)] {
+            assert!(
+                matches!(status, 200 | 202),
+                "round {round}: {status} {}",
+                body["error"]
+            );
+        }
+        assert_eq!(
+            body_a["created"].as_u64().unwrap() + body_b["created"].as_u64().unwrap(),
+            KEYS as u64
+        );
+    }
+    assert_eq!(count_jobs(&app, "acme").await, 4 * KEYS as i64);
+}
