@@ -70,7 +70,7 @@ pub async fn traffic(
         r#"SELECT tenant,
                   count(*) FILTER (WHERE outcome = 'succeeded') AS "succeeded!",
                   count(*) FILTER (WHERE outcome <> 'succeeded') AS "failed!",
-                  coalesce(sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0)), 0)::bigint AS "tokens!",
+                  coalesce(sum(coalesce(input_tokens, 0)::bigint + coalesce(output_tokens, 0)), 0)::bigint AS "tokens!",
                   count(*) FILTER (WHERE status = 429) AS "status_429!",
                   count(*) FILTER (WHERE status >= 500) AS "status_5xx!"
            FROM job_attempts
@@ -118,10 +118,10 @@ pub async fn recent_failures(
 pub async fn tenant_holdings(ex: impl PgExecutor<'_>) -> Result<Vec<(String, i64)>> {
     let holdings = sqlx::query!(
         r#"SELECT tenant AS "tenant!", sum(tokens)::bigint AS "tokens!" FROM (
-               SELECT tenant, estimated_input_tokens + estimated_output_tokens AS tokens
+               SELECT tenant, estimated_input_tokens::bigint + estimated_output_tokens AS tokens
                FROM jobs WHERE state = 'admitted'
                UNION ALL
-               SELECT tenant, estimated_input_tokens + estimated_output_tokens
+               SELECT tenant, estimated_input_tokens::bigint + estimated_output_tokens
                FROM jobs WHERE state = 'running'
            ) held GROUP BY tenant ORDER BY tenant"#,
     )

@@ -221,6 +221,41 @@ async fn stalled_uploads_hold_no_database_connection_and_fields_are_bounded() {
     assert_eq!(body["error"]["code"], "invalid_multipart", "{body}");
 }
 
+/// Token counts are int4 columns; their sums and per-row totals must not overflow into a
+/// 500 however large one job's estimate is.
+#[tokio::test]
+async fn metrics_survive_the_largest_estimates() {
+    const ADMIN: &str = "tk-admin-edge-0123456789abcdef";
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        server_config: format!("admin_key = \"{ADMIN}\""),
+        ..TestOptions::default()
+    })
+    .await;
+    sqlx::query(
+        "INSERT INTO jobs (id, tenant, class, priority, state, request, model, deadline, not_before, max_attempts,
+                           estimated_input_tokens, estimated_output_tokens, created_at, admitted_at)
+         SELECT gen_random_uuid(), 'acme', 'standard', 0, 'admitted', '{}'::jsonb, 'fast',
+                now() + interval '1 hour', now(), 4, 2147483647, 2147483647, now(), now()
+         FROM generate_series(1, 2)",
+    )
+    .execute(&app.db.pool)
+    .await
+    .unwrap();
+    let r = app
+        .http
+        .get(app.url("/metrics"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let text = r.text().await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    let (status, body) = app.get(ADMIN, "/v1/status").await;
+    assert_eq!(status, 200, "{body}");
+}
+
 #[tokio::test]
 async fn metrics_are_nobody_s_without_an_admin_key() {
     let app = TestApp::spawn_with(TestOptions {
