@@ -12,6 +12,9 @@
 //! provider's SSE as it arrives in OpenAI chunk format (Anthropic's events translated).
 //! The job is settled from the final usage; if the client disconnects, the upstream call
 //! is cancelled and the job settled with what was produced.
+//!
+//! A caller who hangs up before its answer (plain or before its stream starts) has its job
+//! cancelled: it is not sent if it has not been, and its reservation is given back.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -79,12 +82,16 @@ pub(crate) async fn completions(
         ..e
     })?;
     let (Inserted::New(job) | Inserted::Existing(job)) = inserted;
+    let mut abandoned = CancelIfAbandoned::new(&state, &tenant.name, job.id);
     if stream {
-        return stream_response(&state, &tenant.name, job.id, timeout).await;
+        let answer = stream_response(&state, &tenant.name, job.id, timeout).await;
+        // From here the relay owns the job: a client leaving mid-stream cancels its call.
+        abandoned.disarm();
+        return answer;
     }
-    let finished = wait_terminal(&state, &tenant.name, job.id, timeout + Duration::from_secs(1))
-        .await?
-        .ok_or_else(|| ApiError::internal("a job vanished while its caller waited"))?;
+    let finished = wait_terminal(&state, &tenant.name, job.id, timeout + Duration::from_secs(1)).await;
+    abandoned.disarm();
+    let finished = finished?.ok_or_else(|| ApiError::internal("a job vanished while its caller waited"))?;
     let job_id = HeaderValue::from_str(&finished.id.to_string()).ok();
     let with_id = |mut r: Response| {
         if let Some(v) = job_id.clone() {
@@ -108,6 +115,42 @@ pub(crate) async fn completions(
             let code = finished.error_code.unwrap_or_else(|| "failed".to_owned());
             let message = finished.error_message.unwrap_or_default();
             Err(failure_response(&code, message))
+        }
+    }
+}
+
+/// Cancels the caller's job if the handler is dropped before it answers — the client hung
+/// up (the server drops the request's future when its connection closes). A queued or
+/// admitted job is then never sent and gives its reservation back at once, instead of
+/// being sent, billed and held for a caller who is gone until its deadline.
+struct CancelIfAbandoned {
+    armed: Option<(AppState, String, JobId)>,
+}
+
+impl CancelIfAbandoned {
+    fn new(state: &AppState, tenant: &str, id: JobId) -> Self {
+        Self {
+            armed: Some((state.clone(), tenant.to_owned(), id)),
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.armed = None;
+    }
+}
+
+impl Drop for CancelIfAbandoned {
+    fn drop(&mut self) {
+        if let Some((state, tenant, id)) = self.armed.take() {
+            let relays = state.relays.clone();
+            relays.spawn(async move {
+                match store::cancel_job(&state.pool, &tenant, id, Utc::now()).await {
+                    Ok(_) => tracing::debug!(job = %id, "the caller hung up; its job is cancelled"),
+                    Err(e) => {
+                        tracing::warn!(job = %id, error = %e, "could not cancel an abandoned synchronous job")
+                    }
+                }
+            });
         }
     }
 }

@@ -420,3 +420,47 @@ async fn a_provider_answer_with_nul_is_stored_scrubbed_and_fails_nobody_else() {
         }
     }
 }
+
+/// A synchronous caller who hangs up before its answer leaves nothing behind: its job is
+/// cancelled (never sent, its reservation given back), not kept until its deadline.
+#[tokio::test]
+async fn a_synchronous_caller_who_hangs_up_has_its_job_cancelled() {
+    // No gate or dispatcher: the job can only wait, so the caller gives up first.
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        ..TestOptions::default()
+    })
+    .await;
+    for stream in [false, true] {
+        let impatient = reqwest::Client::builder()
+            .timeout(Duration::from_millis(500))
+            .build()
+            .unwrap();
+        let gave_up = impatient
+            .post(app.url("/v1/chat/completions"))
+            .bearer_auth(ACME)
+            .json(&json!({"model": "fast", "stream": stream, "max_tokens": 8,
+                          "messages": [{"role": "user", "content": format!("gone {stream}")}]}))
+            .send()
+            .await;
+        assert!(gave_up.is_err(), "the call cannot have been answered");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let states: Vec<String> = sqlx::query_scalar(
+                "SELECT state::text FROM jobs WHERE request->'messages'->0->>'content' = $1",
+            )
+            .bind(format!("gone {stream}"))
+            .fetch_all(&app.db.pool)
+            .await
+            .unwrap();
+            if states == ["cancelled"] {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "stream {stream}: the abandoned job is {states:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
