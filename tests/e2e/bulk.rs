@@ -208,8 +208,10 @@ async fn the_gate_starts_what_its_dispatcher_has_room_for_and_the_rest_is_claime
     })
     .await;
     // Started by the gate: its admission wrote `started_at` with the same timestamp.
+    // Claimed: any other `started_at` — the claim stamps its dispatcher's `now`, which may
+    // have been taken just before the gate's round stamped `admitted_at`.
     let (started, claimed): (i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE started_at = admitted_at), count(*) FILTER (WHERE started_at > admitted_at)
+        "SELECT count(*) FILTER (WHERE started_at = admitted_at), count(*) FILTER (WHERE started_at <> admitted_at)
          FROM jobs",
     )
     .fetch_one(&app.db.pool)
