@@ -739,12 +739,8 @@ impl Config {
                 self.server.check_key(&format!("tenants[{i}].api_key"), &key)?;
             }
         }
-        let admin_key = match (&self.server.admin_key, &self.server.admin_key_env) {
-            (Some(key), _) => Some(key.clone()),
-            (None, Some(var)) => std::env::var(var).ok().map(SecretString::from),
-            (None, None) => None,
-        };
-        if let Some(key) = admin_key {
+        // A missing variable or both fields set is the tenant directory's error to give.
+        if let Ok(Some(key)) = self.server.admin_key() {
             self.server.check_key("server.admin_key", &key)?;
         }
         let tenant_names: Vec<&str> = self.tenants.iter().map(|t| t.name.as_str()).collect();
@@ -844,6 +840,21 @@ fn check_durations(value: &toml::Value, at: &str) -> Result<(), ConfigError> {
 pub const MIN_KEY_CHARS: usize = 24;
 
 impl ServerConfig {
+    /// The admin key: `admin_key`, or the variable `admin_key_env` names; `None` when
+    /// neither is given.
+    pub fn admin_key(&self) -> Result<Option<SecretString>, String> {
+        match (&self.admin_key, &self.admin_key_env) {
+            (Some(key), None) => Ok(Some(key.clone())),
+            (None, Some(var)) => std::env::var(var)
+                .map(|k| Some(SecretString::from(k)))
+                .map_err(|_| {
+                    format!("environment variable {var} (named by `server.admin_key_env`) is not set")
+                }),
+            (Some(_), Some(_)) => Err("give `server.admin_key` or `server.admin_key_env`, not both".into()),
+            (None, None) => Ok(None),
+        }
+    }
+
     /// Refuses a short key when `listen` is reachable from other hosts; on loopback only
     /// (the demo, the tests) a short key is allowed.
     fn check_key(&self, field: &str, key: &SecretString) -> Result<(), ConfigError> {

@@ -85,11 +85,9 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError>
     // dearer. Batch statements pass their rows as arrays, and a generic plan assumes ten;
     // that is safe because each by-id statement reaches the jobs only through their ids
     // (`store`'s module doc): a nested loop over the ids with a primary-key probe each,
-    // right at any count. (Session 3 forced custom plans when the admission also filtered
-    // on `j.id = ANY($1)`, whose generic plan went quadratic. Planning every statement
-    // every time cost 6-7 % of PostgreSQL's CPU, and the finishing statement's custom
-    // plans chose worse joins than its generic one: BENCHMARKS.md, session 6.) Cached
-    // plans are rebuilt when `jobs` is analyzed, which maintenance does as soon as a fifth
+    // right at any count. Forcing custom plans instead costs PostgreSQL CPU on every
+    // statement and gives the finishing statement worse joins than its generic plan
+    // (measured in BENCHMARKS.md). Cached plans are rebuilt when `jobs` is analyzed, which maintenance does as soon as a fifth
     // of it changed (`store::refresh_job_statistics`).
     PgPoolOptions::new()
         .max_connections(max_connections)

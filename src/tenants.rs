@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::ExposeSecret;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -46,16 +46,7 @@ impl TenantDirectory {
                 ));
             }
         }
-        let admin_key = match (&config.server.admin_key, &config.server.admin_key_env) {
-            (Some(v), None) => Some(v.clone()),
-            (None, Some(var)) => Some(std::env::var(var).map(SecretString::from).map_err(|_| {
-                format!("environment variable {var} (named by `server.admin_key_env`) is not set")
-            })?),
-            (Some(_), Some(_)) => {
-                return Err("give `server.admin_key` or `server.admin_key_env`, not both".into());
-            }
-            (None, None) => None,
-        };
+        let admin_key = config.server.admin_key()?;
         let admin_digest = admin_key.map(|k| digest(k.expose_secret()));
         if admin_digest.is_some_and(|d| by_key_digest.contains_key(&d)) {
             return Err("`server.admin_key` is also a tenant's API key".to_owned());

@@ -6,7 +6,7 @@
 //!
 //! The key is 32 random bytes, base64, read from the environment variable that
 //! `webhooks.secret_key_env` names or from `webhooks.secret_key_file` (which is created,
-//! mode 0600, with a fresh key when it does not exist); [`crate::config::WebhooksConfig`]
+//! mode 0600, with a fresh key when it does not exist); the webhooks configuration
 //! loads it once per configuration. Every process that accepts or sends webhooks must hold
 //! the same key. The key id in each sealed value (derived from the key, revealing nothing
 //! of it) names the key that sealed it, so a process holding another key says so instead
