@@ -11,6 +11,13 @@
 //!   saturated and no 429 comes, the capacity climbs back quickly towards 90 % of the
 //!   ceiling, then slowly, more slowly after each cut — so 429s taper off.
 //!
+//! - A learned capacity is trusted to refuse a job larger than itself only while it is
+//!   fresh ([`TRUSTED_FOR`] since the last reading or cut). After that it may be stale or
+//!   a bogus reading that nothing sent can correct (every job it refuses brings no new
+//!   headers): such a job is asked for the whole bucket instead ([`demand`]), so it goes
+//!   alone once the bucket is full, and its answer renews or corrects the reading — a
+//!   re-probe. A configured capacity is never overruled this way.
+//!
 //! Everything here is arithmetic on a [`Learned`] row and its [`Bucket`]; the gate applies
 //! it inside its round, while it holds the bucket locks.
 
@@ -20,7 +27,7 @@ use chrono::{DateTime, Utc};
 
 use crate::buckets::Bucket;
 use crate::ratelimit::Reading;
-use crate::vocab::{Authority, LearnedFrom, LimitName};
+use crate::vocab::{Authority, LearnedFrom, LimitName, Rule};
 
 /// What a 429 leaves of the capacity.
 pub const DECREASE: f64 = 0.7;
@@ -28,6 +35,8 @@ pub const DECREASE: f64 = 0.7;
 pub const DECREASE_GAP: Duration = Duration::from_secs(3);
 /// How long a bucket must be saturated without a 429 before its capacity grows.
 pub const INCREASE_EVERY: Duration = Duration::from_secs(4);
+/// How long a learned capacity may refuse jobs larger than itself without being renewed.
+pub const TRUSTED_FOR: Duration = Duration::from_secs(300);
 /// Growth per step below 90 % of the ceiling (recovery).
 const RECOVER: f64 = 1.25;
 /// Growth per step above it, divided by 1 + the number of cuts so far (probing).
@@ -153,6 +162,21 @@ pub fn increase(row: &mut Learned, bucket: &mut Bucket, saturated: bool, now: Da
     true
 }
 
+/// What a job that needs `amount` of `bucket` is asked of it at `now`: `amount`, or the
+/// whole capacity when that was learned more than [`TRUSTED_FOR`] ago, is smaller than
+/// `amount`, and no configured capacity refuses `amount` (see the module's re-probe).
+pub fn demand(bucket: &Bucket, amount: f64, now: DateTime<Utc>) -> f64 {
+    let stale = bucket
+        .learned_at
+        .is_some_and(|at| (now - at).to_std().unwrap_or_default() >= TRUSTED_FOR);
+    let configured_holds = bucket.configured_capacity.is_none_or(|c| amount <= c + 1e-9);
+    if stale && configured_holds && bucket.rule != Rule::Ramp {
+        amount.min(bucket.capacity)
+    } else {
+        amount
+    }
+}
+
 /// The first capacity of a bucket learned from a 429: what was sent in the last window
 /// (it was too much), cut once.
 pub fn first_capacity(sent_last_window: f64) -> (f64, f64) {
@@ -174,7 +198,7 @@ pub struct Observation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vocab::{Dimension, Rule};
+    use crate::vocab::Dimension;
 
     fn bucket(capacity: f64, level: f64, at: DateTime<Utc>) -> Bucket {
         Bucket {

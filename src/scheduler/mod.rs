@@ -27,7 +27,9 @@
 //! jobs are still considered (they may need other buckets — another route or provider),
 //! and the job is told why (its note: the bucket, its limit, what remains, when it should
 //! fit). A job that can never fit, or not before its deadline, fails now
-//! (`exceeds_limit`, `deadline_unmeetable`) instead of being dispatched late; one whose
+//! (`exceeds_limit`, `deadline_unmeetable`) instead of being dispatched late — unless
+//! what refuses it is a learned capacity gone stale, which it then probes
+//! ([`learning::demand`]); one whose
 //! every key was rejected fails `upstream_credentials_exhausted`.
 //!
 //! An admission leaves the job `admitted`, or — when [`Admission::startable`] and its
@@ -51,6 +53,7 @@ pub use plan::{Known, Plan, Planner, Route};
 
 use crate::buckets::{self, Bucket};
 use crate::config::GateConfig;
+use crate::learning;
 use crate::model::{JobClass, JobId};
 use crate::provider_batches;
 use crate::routing::Target;
@@ -355,7 +358,16 @@ impl Scheduler {
         // Queues of this round, in tenant order of service.
         let mut queue_of: HashMap<(JobClass, String), usize> = HashMap::new();
         let mut queues: Vec<VecDeque<Plan>> = Vec::new();
-        for p in plans {
+        for mut p in plans {
+            // A job larger than a learned capacity nothing renewed lately asks for the whole
+            // bucket: it goes alone when the bucket is full, as a re-probe.
+            for route in &mut p.routes {
+                for (key, amount) in &mut route.path {
+                    if let Some(b) = buckets.get(key.as_str()) {
+                        *amount = learning::demand(b, *amount, now);
+                    }
+                }
+            }
             let key = (p.class, p.job.tenant.clone());
             let i = *queue_of.entry(key).or_insert_with(|| {
                 queues.push(VecDeque::new());

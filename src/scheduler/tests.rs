@@ -358,6 +358,47 @@ fn deadline_unmeetable_when_capacity_comes_too_late() {
 }
 
 #[test]
+fn a_stale_learned_capacity_is_probed_by_a_job_larger_than_it() {
+    let key = "provider:p:m:tpm";
+    // A provider reported 2,000 TPM (a bogus or outdated reading); nothing is configured.
+    let learned = |learned_at: DateTime<Utc>, level: f64| {
+        let mut b = bucket(1, key, Rule::Rolling, 2_000.0, level);
+        b.configured_capacity = None;
+        b.learned_at = Some(learned_at);
+        map(vec![b])
+    };
+    let job = || plan(1, "acme", 1.0, JobClass::Standard, 5_000.0, &[(key, 5_000.0)]);
+
+    // Fresh: trusted, the job can never fit.
+    let mut b = learned(t0(), 2_000.0);
+    let d = scheduler().schedule(vec![job()], &mut b, &no_pauses(), usize::MAX, t0());
+    assert_eq!(d.failed.len(), 1);
+    assert_eq!(d.failed[0].verdict, Verdict::ExceedsLimit);
+
+    // Stale and not full: it waits for the whole bucket, and says so.
+    let stale = t0() - Duration::seconds(learning::TRUSTED_FOR.as_secs() as i64);
+    let mut b = learned(stale, 1_500.0);
+    let d = scheduler().schedule(vec![job()], &mut b, &no_pauses(), usize::MAX, t0());
+    assert!(d.failed.is_empty() && d.admitted.is_empty());
+    assert_eq!(d.waiting[0].note["needs"], 2_000.0);
+    assert_eq!(d.next_ready, Some(t0() + Duration::seconds(15)));
+
+    // Stale and full: it goes, alone, taking the whole bucket (the probe).
+    let mut b = learned(stale, 2_000.0);
+    let second = plan(2, "acme", 1.0, JobClass::Standard, 10.0, &[(key, 10.0)]);
+    let d = scheduler().schedule(vec![job(), second], &mut b, &no_pauses(), usize::MAX, t0());
+    assert_eq!(admitted_ids(&d), vec![1]);
+    assert_eq!(d.admitted[0].admission.amounts, vec![2_000.0]);
+    assert_eq!(b[key].level, 0.0);
+
+    // A configured capacity that cannot hold the job still refuses it, stale or not.
+    let mut b = learned(stale, 2_000.0);
+    b.get_mut(key).unwrap().configured_capacity = Some(3_000.0);
+    let d = scheduler().schedule(vec![job()], &mut b, &no_pauses(), usize::MAX, t0());
+    assert_eq!(d.failed[0].verdict, Verdict::ExceedsLimit);
+}
+
+#[test]
 fn exceeds_limit_only_when_no_route_can_ever_hold_it() {
     let small = "route:small:tokens";
     let big = "route:big:tokens";

@@ -369,3 +369,74 @@ targets = ["oai/gpt-4o-mini", "ant/claude-3-5-haiku-latest"]
     );
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_learned_limit_that_nothing_renews_is_probed_instead_of_refusing_forever() {
+    // The provider reports 3,000 TPM, then raises it without notice; no job larger than
+    // 3,000 tokens is sent, so no header would ever say so.
+    let app = TestApp::spawn_with(TestOptions {
+        mock: MockConfig::from_toml_str(
+            r#"
+output_tokens = 12
+send_rate_limit_headers = true
+[[projects]]
+name = "oai-test"
+kind = "openai"
+keys = ["sk-test-1"]
+rpm = 1000
+tpm = 3000
+"#,
+        )
+        .expect("mock config"),
+        learn_limits: true,
+        ..TestOptions::default()
+    })
+    .await;
+    let tpm = "provider:oai:gpt-4o-mini:tpm";
+    let small = json!({"request": {"model": "oai/gpt-4o-mini",
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}});
+    app.run_job(ACME, &small, 30).await;
+    eventually(30, "the limit to be learned", || async {
+        (bucket(&app, tpm).await?["capacity"] == 3000.0).then_some(())
+    })
+    .await;
+    assert!(app.mock.set_limits(
+        "oai-test",
+        ProjectLimits {
+            rpm: 1000,
+            tpm: 100_000,
+            ..ProjectLimits::default()
+        }
+    ));
+    let mut large = small.clone();
+    large["request"]["max_tokens"] = json!(5000);
+
+    // While the reading is fresh it is trusted: the job can never fit.
+    let (status, first) = app.submit(ACME, &large).await;
+    assert_eq!(status, 202, "{first}");
+    let first = app.wait_job(ACME, first["id"].as_str().expect("id"), 30).await;
+    assert_eq!(first["error"]["code"], "exceeds_limit", "{first}");
+
+    // The reading ages past its trust without renewal: the next one goes alone, as a
+    // probe, and its answer teaches the new limit.
+    sqlx::query("UPDATE buckets SET learned_at = learned_at - $1::interval WHERE key = $2")
+        .bind(format!("{} seconds", tollgate::learning::TRUSTED_FOR.as_secs()))
+        .bind(tpm)
+        .execute(&app.db.pool)
+        .await
+        .expect("age the reading");
+    let probe = app.run_job(ACME, &large, 30).await;
+    assert_eq!(probe["state"], "succeeded", "{probe}");
+    eventually(30, "the raised limit to be learned", || async {
+        let b = bucket(&app, tpm).await?;
+        (b["capacity"] == 100_000.0).then_some(())
+    })
+    .await;
+    // The mock refills a raised limit at its new rate from the level it had: a probe sent
+    // within a second or two of the raise may meet one 429 (and is retried). The
+    // provider's limit is never exceeded.
+    let stats = app.mock.stats();
+    assert!(stats.rate_limited_429 <= 1, "{stats:?}");
+    assert_eq!(stats.limit_violations, 0, "{stats:?}");
+    app.shutdown().await;
+}
