@@ -1,16 +1,19 @@
 //! One LISTEN connection per process, fanned out to whoever waits: long-polls wait for a
 //! job to finish, idle dispatchers wait for admitted work, the gate waits for queued work
-//! or freed capacity. Notifications are hints; every
+//! or freed capacity. A finished job wakes only the long-polls of that job ([`JobWatch`],
+//! kept by job id), so a burst of completions — a 50,000-line batch cancelled at once —
+//! costs a lookup per job, not a re-read by every poller. Notifications are hints; every
 //! waiter re-reads the database after waking, so a lost notification (the listener
 //! reconnecting) costs latency, never correctness — and after a reconnect everyone is
 //! woken to re-check.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -20,19 +23,71 @@ use crate::store::{CHANNEL_GATE, CHANNEL_JOB_DONE, CHANNEL_JOBS_READY};
 /// Most one NOTIFY per this period announces local inserts to the gate.
 const ANNOUNCE_EVERY: Duration = Duration::from_millis(2);
 
-/// A wake-up for job waiters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JobDone {
-    /// This job reached a terminal state.
-    Job(JobId),
-    /// Notifications may have been missed: every waiter re-checks.
-    All,
+/// Each job's watches: (the watch's token, its wake-up).
+type ByJob = HashMap<JobId, Vec<(u64, Arc<Notify>)>>;
+
+/// The long-polls of this process, by the job each waits for.
+#[derive(Default)]
+struct JobWaiters {
+    next: std::sync::atomic::AtomicU64,
+    by_job: Mutex<ByJob>,
+}
+
+impl JobWaiters {
+    fn lock(&self) -> MutexGuard<'_, ByJob> {
+        // A panic elsewhere cannot leave the map half-changed: every change is one call.
+        self.by_job
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn wake(&self, id: &JobId) {
+        if let Some(waiters) = self.lock().get(id) {
+            for (_, notify) in waiters {
+                notify.notify_one();
+            }
+        }
+    }
+
+    fn wake_all(&self) {
+        for (_, notify) in self.lock().values().flatten() {
+            notify.notify_one();
+        }
+    }
+}
+
+/// One long-poll's interest in one job, until dropped: [`JobWatch::changed`] resolves
+/// when the job may have finished (its notification, or a listener reconnect after which
+/// anything may have been missed). A wake-up between registering and waiting is kept.
+pub struct JobWatch {
+    waiters: Arc<JobWaiters>,
+    id: JobId,
+    token: u64,
+    notify: Arc<Notify>,
+}
+
+impl JobWatch {
+    pub async fn changed(&self) {
+        self.notify.notified().await;
+    }
+}
+
+impl Drop for JobWatch {
+    fn drop(&mut self) {
+        let mut by_job = self.waiters.lock();
+        if let Some(waiters) = by_job.get_mut(&self.id) {
+            waiters.retain(|(token, _)| *token != self.token);
+            if waiters.is_empty() {
+                by_job.remove(&self.id);
+            }
+        }
+    }
 }
 
 /// The process's notification hub. Cheap to clone.
 #[derive(Clone)]
 pub struct Notifications {
-    job_done: broadcast::Sender<JobDone>,
+    job_waiters: Arc<JobWaiters>,
     /// Admitted work for dispatchers.
     jobs_ready: Arc<Notify>,
     /// Queued work or freed capacity for the gate.
@@ -47,7 +102,7 @@ pub struct Notifications {
 impl Default for Notifications {
     fn default() -> Self {
         Self {
-            job_done: broadcast::channel(8192).0,
+            job_waiters: Arc::default(),
             jobs_ready: Arc::new(Notify::new()),
             gate: Arc::new(Notify::new()),
             gate_notify_pending: Arc::new(Notify::new()),
@@ -57,9 +112,33 @@ impl Default for Notifications {
 }
 
 impl Notifications {
-    /// Subscribe before reading the job's state, so no completion falls in between.
-    pub fn subscribe_job_done(&self) -> broadcast::Receiver<JobDone> {
-        self.job_done.subscribe()
+    /// Watch `id` before reading the job's state, so no completion falls in between.
+    pub fn watch_job(&self, id: JobId) -> JobWatch {
+        let token = self
+            .job_waiters
+            .next
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let notify = Arc::new(Notify::new());
+        self.job_waiters
+            .lock()
+            .entry(id)
+            .or_default()
+            .push((token, notify.clone()));
+        JobWatch {
+            waiters: self.job_waiters.clone(),
+            id,
+            token,
+            notify,
+        }
+    }
+
+    /// A `tollgate_job_done` payload (job ids, comma-separated): wakes the watches of
+    /// those jobs, and the gate (a finished job may have freed capacity).
+    fn jobs_done(&self, payload: &str) {
+        for id in payload.split(',').filter_map(|id| id.parse::<JobId>().ok()) {
+            self.job_waiters.wake(&id);
+        }
+        self.wake_gate();
     }
 
     /// Resolves when new work may be claimable (or at once if a wake-up is pending).
@@ -107,7 +186,7 @@ impl Notifications {
     }
 
     fn wake_all(&self) {
-        let _ = self.job_done.send(JobDone::All);
+        self.job_waiters.wake_all();
         self.wake_dispatchers();
         self.wake_gate();
     }
@@ -164,13 +243,7 @@ impl Notifications {
                         n = listener.try_recv() => n,
                     };
                     match next {
-                        Ok(Some(n)) if n.channel() == CHANNEL_JOB_DONE => {
-                            for id in n.payload().split(',').filter_map(|id| id.parse::<JobId>().ok()) {
-                                let _ = hub.job_done.send(JobDone::Job(id));
-                            }
-                            // A finished job may have freed capacity.
-                            hub.wake_gate();
-                        }
+                        Ok(Some(n)) if n.channel() == CHANNEL_JOB_DONE => hub.jobs_done(n.payload()),
                         Ok(Some(n)) if n.channel() == CHANNEL_GATE => hub.wake_gate(),
                         Ok(Some(_)) => hub.wake_dispatchers(),
                         Ok(None) => {
@@ -194,4 +267,50 @@ async fn connect(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
         .listen_all([CHANNEL_JOB_DONE, CHANNEL_JOBS_READY, CHANNEL_GATE])
         .await?;
     Ok(listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt;
+
+    use super::*;
+
+    fn job(n: u128) -> JobId {
+        JobId(uuid::Uuid::from_u128(n))
+    }
+
+    fn payload(ids: impl Iterator<Item = u128>) -> String {
+        ids.map(|n| job(n).0.to_string()).collect::<Vec<_>>().join(",")
+    }
+
+    #[tokio::test]
+    async fn a_burst_of_completions_wakes_only_the_watches_of_those_jobs() {
+        let hub = Notifications::default();
+        let watches: Vec<JobWatch> = (1..=100).map(|n| hub.watch_job(job(n))).collect();
+        let twice = hub.watch_job(job(7));
+        // A cancelled 50,000-line batch: none of them is watched.
+        for chunk in (1_000..51_000).collect::<Vec<u128>>().chunks(200) {
+            hub.jobs_done(&payload(chunk.iter().copied()));
+        }
+        assert!(watches.iter().all(|w| w.changed().now_or_never().is_none()));
+        // One of them finishes: its two watches wake (even though they wait only now).
+        hub.jobs_done(&payload([7].into_iter()));
+        assert!(watches[6].changed().now_or_never().is_some());
+        assert!(twice.changed().now_or_never().is_some());
+        assert!(watches[5].changed().now_or_never().is_none());
+        // After a reconnect anything may have been missed: everyone re-checks.
+        hub.wake_all();
+        assert!(watches.iter().all(|w| w.changed().now_or_never().is_some()));
+    }
+
+    #[test]
+    fn a_dropped_watch_is_forgotten() {
+        let hub = Notifications::default();
+        let a = hub.watch_job(job(1));
+        let b = hub.watch_job(job(1));
+        drop(a);
+        assert_eq!(hub.job_waiters.lock()[&job(1)].len(), 1);
+        drop(b);
+        assert!(hub.job_waiters.lock().is_empty());
+    }
 }

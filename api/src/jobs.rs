@@ -16,10 +16,8 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, SubsecRound, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio::sync::broadcast::error::RecvError;
 use tollgate::estimate;
 use tollgate::model::{Job, JobClass, JobId, JobState, NewJob};
-use tollgate::notify::JobDone;
 use tollgate::routing;
 use tollgate::store::{self, Cancelled, Inserted};
 use tollgate::tenants::Tenant;
@@ -465,8 +463,8 @@ pub(crate) async fn wait_terminal(
     id: JobId,
     wait: Duration,
 ) -> Result<Option<Job>, ApiError> {
-    // Subscribe before the first read so a completion in between is not missed.
-    let mut done = state.notifications.subscribe_job_done();
+    // Watch before the first read so a completion in between is not missed.
+    let watch = state.notifications.watch_job(id);
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         let job = store::get_job(&state.pool, tenant, id).await?;
@@ -474,16 +472,7 @@ pub(crate) async fn wait_terminal(
             Some(j) if !j.state.is_terminal() && tokio::time::Instant::now() < deadline => {}
             _ => return Ok(job),
         }
-        // Wait for this job's notification (or a resync), then read again.
-        loop {
-            match tokio::time::timeout_at(deadline, done.recv()).await {
-                Err(_) => break, // timed out: the final read above decides
-                Ok(Ok(JobDone::Job(done_id))) if done_id != id => continue,
-                Ok(Ok(_)) | Ok(Err(RecvError::Lagged(_))) => break,
-                Ok(Err(RecvError::Closed)) => return Ok(job),
-            }
-        }
-        if tokio::time::Instant::now() >= deadline {
+        if tokio::time::timeout_at(deadline, watch.changed()).await.is_err() {
             return Ok(store::get_job(&state.pool, tenant, id).await?);
         }
     }

@@ -23,13 +23,18 @@ pub async fn queue_depths(ex: impl PgExecutor<'_>, tenant: Option<&str>) -> Resu
     Ok(sqlx::query_as!(
         QueueDepth,
         // One branch per state, each matching its partial index (`jobs_gate`,
-        // `jobs_admitted`, `jobs_running_lease`), so finished rows are never read.
+        // `jobs_admitted`, `jobs_running_lease`), so finished rows are never read. Every
+        // class is named so that one tenant's queued jobs are found in `jobs_gate` (class,
+        // tenant, …) without passing other tenants' (admitted and running jobs are few:
+        // the gate's batch and the dispatchers' room bound them).
         r#"SELECT tenant AS "tenant!", class AS "class!: JobClass", sum(queued)::bigint AS "queued!",
                 sum(admitted)::bigint AS "admitted!", sum(running)::bigint AS "running!",
                 min(oldest) AS oldest_queued
          FROM (
              SELECT tenant, class, count(*) AS queued, 0 AS admitted, 0 AS running, min(created_at) AS oldest
-             FROM jobs WHERE state = 'queued' AND ($1::text IS NULL OR tenant = $1) GROUP BY tenant, class
+             FROM jobs WHERE state = 'queued' AND class = ANY(enum_range(NULL::job_class))
+                         AND ($1::text IS NULL OR tenant = $1)
+             GROUP BY tenant, class
              UNION ALL
              SELECT tenant, class, 0, count(*), 0, NULL
              FROM jobs WHERE state = 'admitted' AND ($1::text IS NULL OR tenant = $1) GROUP BY tenant, class

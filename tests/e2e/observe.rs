@@ -526,3 +526,82 @@ async fn traffic_by_tenant_counts_each_tenants_attempts() {
     assert_eq!(globex.len(), 1);
     assert_eq!(globex[0].tenant, "globex");
 }
+
+/// Rows of `jobs` and `job_attempts` the transaction has read so far (index entries and
+/// heap tuples, by any scan).
+async fn rows_read(tx: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar(
+        "SELECT sum(pg_stat_get_xact_tuples_returned(rel))::bigint FROM (
+             SELECT unnest(ARRAY['jobs'::regclass, 'job_attempts'::regclass])::oid AS rel
+             UNION ALL
+             SELECT indexrelid FROM pg_index WHERE indrelid IN ('jobs'::regclass, 'job_attempts'::regclass)
+         ) r",
+    )
+    .fetch_one(tx)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_tenant_s_status_reads_its_own_rows_not_everyone_s() {
+    let db = crate::harness::fresh_db_with(0).await;
+    // globex: 5,000 queued jobs, 2,000 failed ones with an attempt each in the last minute;
+    // acme: one of each.
+    for (tenant, n) in [("globex", 5_000), ("acme", 1)] {
+        sqlx::query(
+            "INSERT INTO jobs (id, tenant, class, state, request, model, deadline, not_before, attempt,
+                               max_attempts, estimated_input_tokens, estimated_output_tokens,
+                               error_code, created_at, started_at, finished_at)
+             SELECT gen_random_uuid(), $1, 'standard', s.state, '{}', 'fast', now() + interval '1 day',
+                    now(), 1, 1, 10, 10, CASE WHEN s.state = 'failed' THEN 'x' END, now(), now(),
+                    CASE WHEN s.state = 'failed' THEN now() END
+             FROM generate_series(1, $2) i,
+                  LATERAL (SELECT CASE WHEN i % 5 < 2 THEN 'failed' ELSE 'queued' END::job_state AS state) s",
+        )
+        .bind(tenant)
+        .bind(n.max(2))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO job_attempts (job_id, attempt, tenant, provider, provider_model, key_name, status,
+                                       outcome, estimated_input_tokens, estimated_output_tokens,
+                                       started_at, finished_at)
+             SELECT id, 1, tenant, 'oai', 'm', 'k', 400, 'failed', 10, 10, now(), now()
+             FROM jobs WHERE tenant = $1 AND state = 'failed'",
+        )
+        .bind(tenant)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    sqlx::query("ANALYZE jobs, job_attempts")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let before = rows_read(&mut tx).await;
+    let now = chrono::Utc::now();
+    let queues = tollgate::store::queue_depths(&mut *tx, Some("acme"))
+        .await
+        .unwrap();
+    let traffic = tollgate::store::traffic(&mut *tx, now - chrono::Duration::seconds(60), now, Some("acme"))
+        .await
+        .unwrap();
+    let failures = tollgate::store::recent_failures(&mut *tx, Some("acme"), 10)
+        .await
+        .unwrap();
+    let read = rows_read(&mut tx).await - before;
+    assert_eq!(queues.iter().map(|q| q.queued).sum::<i64>(), 1, "{queues:?}");
+    assert_eq!(traffic.iter().map(|t| t.failed).sum::<i64>(), 1, "{traffic:?}");
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    // Its own three rows and an index entry or two at each scan's edge: nothing of globex's
+    // 7,000.
+    assert!(read <= 20, "acme's status read {read} rows");
+    tx.rollback().await.unwrap();
+
+    // The operator's view still sees everyone.
+    let all = tollgate::store::queue_depths(&db.pool, None).await.unwrap();
+    assert_eq!(all.iter().map(|q| q.queued).sum::<i64>(), 3_001, "{all:?}");
+}
