@@ -239,7 +239,10 @@ impl MockProvider {
             )
             .route("/v1/files", post(openai_batch::upload_file))
             .route("/v1/files/{id}/content", get(openai_batch::file_content))
-            .route("/v1/batches", post(openai_batch::create_batch))
+            .route(
+                "/v1/batches",
+                post(openai_batch::create_batch).get(openai_batch::list_batches),
+            )
             .route(
                 "/v1/batches/{id}",
                 get(batch_state::get_batch::<openai_batch::OpenAi>),

@@ -1,10 +1,12 @@
 //! OpenAI's Files and Batch APIs (`docs/PROVIDERS.md` §1.5–1.6): `POST /v1/files` (multipart,
 //! `purpose=batch`), `GET /v1/files/{id}/content`, `POST /v1/batches`,
-//! `GET /v1/batches/{id}`, `POST /v1/batches/{id}/cancel`. Bearer keys as on the online
+//! `GET /v1/batches` (the list), `GET /v1/batches/{id}`, `POST /v1/batches/{id}/cancel`. Bearer keys as on the online
 //! endpoint; a project sees only its own files and batches.
 
+use std::collections::HashMap;
+
 use axum::Json;
-use axum::extract::{Multipart, Path, State};
+use axum::extract::{Multipart, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
@@ -199,6 +201,52 @@ pub(super) async fn create_batch(
     state.batches.insert(id.clone(), batch);
     state.advance(inner, &id);
     Json(batch_object(inner, &id, &state.batches[&id])).into_response()
+}
+
+/// `GET /v1/batches`: the project's batches, newest first, `limit` (1–100, default 20)
+/// at a time after the batch `after`, as OpenAI lists them.
+pub(super) async fn list_batches(
+    State(p): State<MockProvider>,
+    headers: HeaderMap,
+    Query(page): Query<HashMap<String, String>>,
+) -> Response {
+    let inner = &*p.inner;
+    let project = match project(inner, &headers) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let limit = match page.get("limit").map(|l| l.parse::<usize>()) {
+        None => 20,
+        Some(Ok(l)) if (1..=100).contains(&l) => l,
+        Some(_) => return error(StatusCode::BAD_REQUEST, "limit must be between 1 and 100.", None),
+    };
+    let mut state = inner.batch_state();
+    // Ids are UUIDv7: newest first is descending order.
+    let mut ids: Vec<String> = state
+        .batches
+        .iter()
+        .filter(|(_, b)| b.project == project && b.kind == ProviderKind::Openai)
+        .map(|(id, _)| id.clone())
+        .collect();
+    ids.sort_unstable_by(|a, b| b.cmp(a));
+    let start = page
+        .get("after")
+        .and_then(|after| ids.iter().position(|id| id == after).map(|i| i + 1))
+        .unwrap_or(0);
+    let page_ids: Vec<String> = ids.iter().skip(start).take(limit).cloned().collect();
+    let mut data = Vec::with_capacity(page_ids.len());
+    for id in &page_ids {
+        state.advance(inner, id);
+        data.push(batch_object(inner, id, &state.batches[id]));
+    }
+    Json(json!({
+        "object": "list",
+        "data": data,
+        "first_id": page_ids.first(),
+        "last_id": page_ids.last(),
+        "has_more": start + page_ids.len() < ids.len(),
+    }))
+    .into_response()
 }
 
 /// This API's batch routes (`batch_state::get_batch`, `batch_state::cancel_batch`).

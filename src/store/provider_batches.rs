@@ -64,12 +64,17 @@ pub struct NewPack<'a> {
     /// Lease of the pack's jobs: the provider's window and a margin; whoever polls the
     /// pack holds them, not a process.
     pub lease_until: DateTime<Utc>,
+    /// Until when the submitter holds the pack `submitting` unless it renews the hold
+    /// ([`extend_submission`]); after that the pack is anyone's to resolve
+    /// ([`take_stale_packs`]).
+    pub submit_until: DateTime<Utc>,
 }
 
 /// Opens a pack: in one transaction, claims up to `max_lines` admitted jobs of the group
 /// (their request bodies within `max_bytes`) as `running` under the pack's lease and
-/// records the pack as `submitting`. Nothing is sent yet; a pack found still
-/// `submitting` later was never submitted (see [`abandon_stale_packs`]).
+/// records the pack as `submitting`, held by its submitter until `submit_until`. Nothing
+/// is sent yet; a pack found still `submitting` after its hold may or may not have reached
+/// the provider (see [`take_stale_packs`]).
 pub async fn open_pack(pool: &PgPool, pack: &NewPack<'_>, now: DateTime<Utc>) -> Result<Vec<Job>> {
     let mut tx = pool.begin().await?;
     let jobs = query_jobs!(
@@ -108,7 +113,7 @@ pub async fn open_pack(pool: &PgPool, pack: &NewPack<'_>, now: DateTime<Utc>) ->
     let bytes: i64 = jobs.iter().map(|j| j.request.to_string().len() as i64).sum();
     sqlx::query!(
         "INSERT INTO provider_batches (id, provider, model, key_name, status, lines, bytes, created_at, next_poll_at)
-         VALUES ($1, $2, $3, $4, 'submitting', $5, $6, $7, $7)",
+         VALUES ($1, $2, $3, $4, 'submitting', $5, $6, $7, $8)",
         pack.id,
         &pack.group.provider,
         &pack.group.model,
@@ -116,6 +121,7 @@ pub async fn open_pack(pool: &PgPool, pack: &NewPack<'_>, now: DateTime<Utc>) ->
         jobs.len() as i32,
         bytes,
         now,
+        pack.submit_until,
     )
     .execute(&mut *tx)
     .await?;
@@ -225,23 +231,55 @@ pub async fn poll_later(ex: impl PgExecutor<'_>, id: &str, status: &str, at: Dat
     Ok(())
 }
 
-/// Packs left `submitting` for longer than `stale` (their submitter died or the provider
-/// refused them): marked `abandoned` and returned, so their jobs go back to the queue.
-pub async fn abandon_stale_packs(
+/// The submitter still works on the pack (a large upload): it holds it `submitting`
+/// until `until`. False when the pack is no longer its own to submit.
+pub async fn extend_submission(ex: impl PgExecutor<'_>, id: &str, until: DateTime<Utc>) -> Result<bool> {
+    let done = sqlx::query!(
+        "UPDATE provider_batches SET next_poll_at = $2 WHERE id = $1 AND status = 'submitting'",
+        id,
+        until,
+    )
+    .execute(ex)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Packs still `submitting` whose submitter's hold ended (it died, or lost the database
+/// before recording the provider's answer), taken for `hold` by the caller, who finds out
+/// whether the provider has the batch ([`pack_submitted`]) or not ([`abandon_pack`]).
+pub async fn take_stale_packs(
     ex: impl PgExecutor<'_>,
     now: DateTime<Utc>,
-    stale: std::time::Duration,
-) -> Result<Vec<String>> {
-    Ok(sqlx::query_scalar!(
-        "UPDATE provider_batches SET status = 'abandoned', ended_at = $1,
-                                     error = COALESCE(error, 'not submitted in time')
-         WHERE status = 'submitting' AND created_at < $2
-         RETURNING id",
+    hold: std::time::Duration,
+) -> Result<Vec<ProviderBatch>> {
+    Ok(query_provider_batches!(
+        "UPDATE provider_batches p SET next_poll_at = $2
+         FROM (SELECT id FROM provider_batches
+               WHERE status = 'submitting' AND next_poll_at < $1
+               FOR UPDATE SKIP LOCKED) stale
+         WHERE p.id = stale.id
+         RETURNING",
+        "",
         now,
-        now - stale,
+        now + hold,
     )
     .fetch_all(ex)
     .await?)
+}
+
+/// Marks a pack that never reached the provider `abandoned`; its jobs go back to the
+/// queue. False when it was resolved meanwhile (its submitter recorded it after all).
+pub async fn abandon_pack(ex: impl PgExecutor<'_>, id: &str, now: DateTime<Utc>) -> Result<bool> {
+    let done = sqlx::query!(
+        "UPDATE provider_batches SET status = 'abandoned', ended_at = $2,
+                                     error = COALESCE(error, 'not submitted in time')
+         WHERE id = $1 AND status = 'submitting'",
+        id,
+        now,
+    )
+    .execute(ex)
+    .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 /// Marks a pack the provider refused as `abandoned`, with the reason.

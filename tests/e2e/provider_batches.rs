@@ -369,3 +369,146 @@ async fn a_line_cancelled_while_at_the_provider_releases_what_it_held() {
     assert_eq!(saved, None, "a cancelled line saved nothing");
     app.shutdown().await;
 }
+
+/// Queues `n` batch-class jobs and admits them through the gate: each is admitted for a
+/// provider batch. Returns the pack group they form.
+async fn admitted_for_a_pack(app: &TestApp, n: usize) -> tollgate::store::PackGroup {
+    for i in 0..n {
+        let body = json!({"request": {"model": "oai/gpt-4o-mini", "max_tokens": 16,
+                                      "messages": [{"role": "user", "content": format!("item {i}")}]},
+                          "class": "batch"});
+        let (status, job) = app.submit(ACME, &body).await;
+        assert_eq!(status, 202, "{job}");
+    }
+    let gate = tollgate_workers::gate::Gate::new(
+        app.db.pool.clone(),
+        app.config.clone(),
+        tollgate::notify::Notifications::default(),
+    );
+    assert_eq!(gate.run_once(Utc::now()).await.unwrap().admitted, n);
+    let groups = tollgate::store::pack_groups(&app.db.pool).await.unwrap();
+    assert_eq!(groups.len(), 1, "{groups:?}");
+    groups.into_iter().next().unwrap()
+}
+
+/// Opens pack `id` of `group` as a submitter does, holding it for a minute from `now`.
+async fn open(
+    app: &TestApp,
+    id: &str,
+    group: &tollgate::store::PackGroup,
+    now: chrono::DateTime<Utc>,
+) -> Vec<tollgate::model::Job> {
+    let pack = tollgate::store::NewPack {
+        id,
+        group,
+        max_lines: 100,
+        max_bytes: 1 << 20,
+        lease_until: now + chrono::Duration::hours(2),
+        submit_until: now + chrono::Duration::seconds(60),
+    };
+    tollgate::store::open_pack(&app.db.pool, &pack, now)
+        .await
+        .unwrap()
+}
+
+async fn pack_row(app: &TestApp, id: &str) -> (String, Option<String>) {
+    sqlx::query_as("SELECT status, provider_batch_id FROM provider_batches WHERE id = $1")
+        .bind(id)
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_submission_never_recorded_is_found_by_its_tag_and_adopted_not_sent_twice() {
+    let app = TestApp::spawn_with(TestOptions {
+        mock: mock(0, 0),
+        roles: tollgate_api::broker::Roles::API_ONLY,
+        extra_config: batch_api("") + &prices("gpt-4o-mini"),
+        ..TestOptions::default()
+    })
+    .await;
+    let providers = tollgate_workers::providers::Providers::from_config(&app.config).unwrap();
+    let batcher = tollgate_workers::provider_batches::ProviderBatcher::new(
+        app.db.pool.clone(),
+        app.config.clone(),
+        providers.clone(),
+    );
+    let now = Utc::now();
+    let after_the_hold = now + chrono::Duration::seconds(61);
+
+    // A submitter that died before the provider had its pack: abandoned, lines requeued.
+    let group = admitted_for_a_pack(&app, 2).await;
+    assert_eq!(open(&app, "pb_never_sent", &group, now).await.len(), 2);
+    // Within its hold the pack is its submitter's.
+    let step = batcher
+        .run_once(now + chrono::Duration::seconds(30))
+        .await
+        .unwrap();
+    assert_eq!((step.adopted, step.abandoned), (0, 0), "{step:?}");
+    let step = batcher.run_once(after_the_hold).await.unwrap();
+    assert_eq!(
+        (step.adopted, step.abandoned, step.requeued),
+        (0, 1, 2),
+        "{step:?}"
+    );
+    assert_eq!(
+        pack_row(&app, "pb_never_sent").await,
+        ("abandoned".to_owned(), None)
+    );
+
+    // A submitter the provider answered, that died (or lost the database) before recording
+    // the answer: the batch is found by its tag and adopted; its lines are not sent again.
+    let group = admitted_for_a_pack(&app, 2).await;
+    let jobs = open(&app, "pb_unrecorded", &group, now).await;
+    let lines: Vec<(String, &Value)> = jobs.iter().map(|j| (j.id.to_string(), &j.request)).collect();
+    let client = providers
+        .batch_client(&group.provider, &group.model, group.key.as_deref())
+        .unwrap();
+    let sent = client
+        .submit(&group.model, &lines, "pb_unrecorded")
+        .await
+        .unwrap();
+    let step = batcher.run_once(after_the_hold).await.unwrap();
+    assert_eq!(
+        (step.adopted, step.abandoned, step.requeued),
+        (1, 0, 0),
+        "{step:?}"
+    );
+    // Polled from then on (the same step may find it done already).
+    let (status, provider_batch) = pack_row(&app, "pb_unrecorded").await;
+    assert_eq!(provider_batch, Some(sent.batch_id.clone()));
+    assert!(status == "in_progress" || status == "ended", "{status}");
+    crate::harness::eventually(30, "the adopted pack to end", || async {
+        batcher
+            .run_once(Utc::now() + chrono::Duration::seconds(61))
+            .await
+            .ok()?;
+        (pack_row(&app, "pb_unrecorded").await.0 == "ended").then_some(())
+    })
+    .await;
+    let states: Vec<(String, Option<String>)> =
+        sqlx::query_as("SELECT state::text, provider_batch_id FROM jobs WHERE id = ANY($1) ORDER BY id")
+            .bind(jobs.iter().map(|j| j.id.0).collect::<Vec<_>>())
+            .fetch_all(&app.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        states,
+        vec![("succeeded".to_owned(), Some("pb_unrecorded".to_owned())); 2]
+    );
+    // The provider holds that one batch only, and no online call was made.
+    let listing: Value = app
+        .http
+        .get(format!("http://{}/v1/batches", app.mock_addr))
+        .bearer_auth("sk-test-1")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listing["data"].as_array().map(Vec::len), Some(1), "{listing}");
+    assert_eq!(app.mock.stats().requests, 0);
+    app.shutdown().await;
+}

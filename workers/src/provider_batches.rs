@@ -6,12 +6,18 @@
 //! jobs when their deadline allows (`provider_batch_failed_retry_online`), else fail.
 //!
 //! Crash safety: a pack's row and its jobs' claim commit together (`submitting`) before
-//! the provider is called; the provider's batch id is recorded as soon as it answers. The
-//! jobs' lease belongs to the pack (`provider_batch:<id>`) and lasts the provider's window
-//! plus a margin, so whichever process polls next picks the pack up. A pack left
-//! `submitting` (its submitter died, or the provider refused it) is abandoned and its
-//! jobs requeued; only a crash between the provider's answer and recording it could
-//! send lines twice.
+//! the provider is called; the provider's batch id is recorded as soon as it answers
+//! (tried again for a while if the database cannot take it). The jobs' lease belongs to
+//! the pack (`provider_batch:<id>`) and lasts the provider's window plus a margin, so
+//! whichever process polls next picks the pack up. The submitter holds the pack
+//! `submitting` for [`SUBMIT_HOLD`], renewed while an upload takes long; a pack whose
+//! hold ended (its submitter died, or never recorded the provider's answer) is resolved
+//! by whoever finds it: where the API finds batches by the tag they carry (OpenAI's
+//! metadata) a batch the provider has is adopted and polled — no line is sent twice;
+//! where none is found, or the API has no metadata (Anthropic), the pack is abandoned and
+//! its jobs requeued. There, only a submitter killed between the provider's answer and
+//! recording it can send lines twice (one that merely could not record it cancels the
+//! provider's batch first).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,10 +34,16 @@ use tollgate::store::{self, NewPack, PackEnd, PackGroup, ProviderBatch, Settleme
 use tollgate::vocab::{LaneReason, ReasonCode};
 
 use crate::providers::Providers;
-use crate::providers::batch_api::{LineResult, Status};
+use crate::providers::batch_api::{LineResult, Status, Submitted};
 
-/// A pack still `submitting` after this was never submitted.
-const STALE_SUBMIT: Duration = Duration::from_secs(600);
+/// How long a submitter holds its pack `submitting` without renewing the hold.
+const SUBMIT_HOLD: Duration = Duration::from_secs(60);
+/// How often a submitter renews its hold while the provider takes the pack.
+const SUBMIT_RENEW: Duration = Duration::from_secs(20);
+/// Attempts to record the provider's answer before giving up (1, 2, 4, 8 s apart).
+const RECORD_TRIES: u32 = 5;
+/// A stale pack whose provider cannot be asked is abandoned after this, found or not.
+const ORPHAN_SEARCH_FOR: Duration = Duration::from_secs(3600);
 /// While one process polls a pack, others leave it alone this long.
 const POLL_HOLD: Duration = Duration::from_secs(300);
 /// Most packs polled per step.
@@ -50,6 +62,8 @@ pub struct Step {
     pub requeued: usize,
     /// Packs abandoned before submission.
     pub abandoned: usize,
+    /// Stale packs whose batch was found at the provider and is polled from now on.
+    pub adopted: usize,
 }
 
 #[derive(Clone)]
@@ -94,23 +108,11 @@ impl ProviderBatcher {
         }
     }
 
-    /// One step: abandon stale packs, pack and submit what is ready, poll what is due.
+    /// One step: resolve stale packs, pack and submit what is ready, poll what is due.
     pub async fn run_once(&self, now: DateTime<Utc>) -> Result<Step, StoreError> {
         let mut step = Step::default();
-        for id in store::abandon_stale_packs(&self.pool, now, STALE_SUBMIT).await? {
-            step.abandoned += 1;
-            let jobs = store::pack_jobs(&self.pool, &id).await?;
-            let failed = jobs
-                .into_iter()
-                .map(|j| {
-                    (
-                        j,
-                        ReasonCode::ProviderBatchNotSubmitted,
-                        "the pack was never submitted".to_owned(),
-                    )
-                })
-                .collect();
-            step.requeued += self.back_online(&id, failed, now).await?;
+        for pack in store::take_stale_packs(&self.pool, now, SUBMIT_HOLD).await? {
+            self.resolve_stale(&pack, now, &mut step).await?;
         }
         for group in store::pack_groups(&self.pool).await? {
             self.pack(&group, now, &mut step).await?;
@@ -119,6 +121,70 @@ impl ProviderBatcher {
             self.poll(&pack, now, &mut step).await?;
         }
         Ok(step)
+    }
+
+    /// A pack left `submitting` past its hold: the provider may have it. A batch found by
+    /// its tag is adopted; else the pack is abandoned and its jobs go back to the queue.
+    /// When the provider cannot be asked now, the pack waits for the next hold (for up to
+    /// [`ORPHAN_SEARCH_FOR`]) rather than risk sending its lines twice.
+    async fn resolve_stale(
+        &self,
+        pack: &ProviderBatch,
+        now: DateTime<Utc>,
+        step: &mut Step,
+    ) -> Result<(), StoreError> {
+        let clients = self.providers.batch_clients(&pack.provider);
+        let searchable = clients
+            .iter()
+            .filter(|c| c.finds_tagged() && pack.key_name.as_deref().is_none_or(|k| k == c.key_name()));
+        let give_up =
+            now - pack.created_at >= chrono::Duration::from_std(ORPHAN_SEARCH_FOR).unwrap_or_default();
+        for client in searchable {
+            match client.find_tagged(&pack.id).await {
+                Ok(Some(found)) => {
+                    if store::pack_submitted(
+                        &self.pool,
+                        &pack.id,
+                        &found.batch_id,
+                        None,
+                        &found.key_name,
+                        now,
+                    )
+                    .await?
+                    {
+                        tracing::warn!(pack = %pack.id, provider_batch = %found.batch_id,
+                            "adopted a provider batch whose submission was never recorded");
+                        step.adopted += 1;
+                    }
+                    return Ok(());
+                }
+                Ok(None) => {}
+                Err(e) if !give_up => {
+                    tracing::warn!(pack = %pack.id, error = %e, "could not ask the provider for a stale pack; asking again later");
+                    return Ok(());
+                }
+                Err(e) => {
+                    tracing::warn!(pack = %pack.id, error = %e, "the provider could not be asked for a stale pack; abandoning it")
+                }
+            }
+        }
+        if !store::abandon_pack(&self.pool, &pack.id, now).await? {
+            return Ok(());
+        }
+        step.abandoned += 1;
+        let jobs = store::pack_jobs(&self.pool, &pack.id).await?;
+        let failed = jobs
+            .into_iter()
+            .map(|j| {
+                (
+                    j,
+                    ReasonCode::ProviderBatchNotSubmitted,
+                    "the pack was never submitted".to_owned(),
+                )
+            })
+            .collect();
+        step.requeued += self.back_online(&pack.id, failed, now).await?;
+        Ok(())
     }
 
     fn provider(&self, name: &str) -> Option<&ProviderConfig> {
@@ -145,6 +211,7 @@ impl ProviderBatcher {
                 max_lines: max_lines as i64,
                 max_bytes: max_bytes as i64,
                 lease_until: now + lease,
+                submit_until: now + SUBMIT_HOLD,
             };
             let jobs = store::open_pack(&self.pool, &pack, now).await?;
             if jobs.is_empty() {
@@ -171,29 +238,33 @@ impl ProviderBatcher {
             .batch_client(&group.provider, &group.model, group.key.as_deref());
         let lines: Vec<(String, &serde_json::Value)> =
             jobs.iter().map(|j| (j.id.to_string(), &j.request)).collect();
-        let submitted = match &client {
-            Some(c) => c.submit(&group.model, &lines, id).await,
-            None => Err(format!("provider {:?} is not configured", group.provider)),
+        let submitting = async {
+            match &client {
+                Some(c) => c.submit(&group.model, &lines, id).await,
+                None => Err(format!("provider {:?} is not configured", group.provider)),
+            }
         };
-        match submitted {
-            Ok(s) => {
-                let recorded = store::pack_submitted(
-                    &self.pool,
-                    id,
-                    &s.batch_id,
-                    s.input_file_id.as_deref(),
-                    &s.key_name,
-                    now,
-                )
-                .await?;
-                if recorded {
+        match self.holding(id, now, submitting).await {
+            Ok(s) => match self.record(id, &s, now).await {
+                Ok(true) => {
                     tracing::info!(pack = id, provider_batch = %s.batch_id, lines = jobs.len(), "provider batch submitted");
                     step.submitted += 1;
-                } else if let Some(c) = &client {
-                    // Abandoned meanwhile: its jobs went back to the queue; stop the provider's copy.
-                    let _ = c.cancel(&s.batch_id).await;
                 }
-            }
+                Ok(false) => {
+                    // Abandoned meanwhile: its jobs went back to the queue; stop the provider's copy.
+                    if let Some(c) = &client {
+                        let _ = c.cancel(&s.batch_id).await;
+                    }
+                }
+                Err(e) => {
+                    // Whoever resolves the stale pack finds the batch by its tag, if the API
+                    // can; if it cannot, the pack will be abandoned: stop the provider's copy.
+                    if let Some(c) = client.as_ref().filter(|c| !c.finds_tagged()) {
+                        let _ = c.cancel(&s.batch_id).await;
+                    }
+                    return Err(e);
+                }
+            },
             Err(reason) => {
                 tracing::warn!(pack = id, %reason, "the provider refused the batch; its lines go online");
                 store::pack_refused(&self.pool, id, &reason, now).await?;
@@ -352,6 +423,56 @@ impl ProviderBatcher {
         step.ended += 1;
         step.requeued += requeued;
         Ok(())
+    }
+
+    /// Runs `submit`, renewing the pack's hold every [`SUBMIT_RENEW`] until it returns.
+    async fn holding<T>(
+        &self,
+        id: &str,
+        now: DateTime<Utc>,
+        submit: impl std::future::Future<Output = T>,
+    ) -> T {
+        let started = tokio::time::Instant::now();
+        tokio::pin!(submit);
+        let mut renew = tokio::time::interval_at(started + SUBMIT_RENEW, SUBMIT_RENEW);
+        loop {
+            tokio::select! {
+                out = &mut submit => return out,
+                _ = renew.tick() => {
+                    let until = now + started.elapsed() + SUBMIT_HOLD;
+                    if let Err(e) = store::extend_submission(&self.pool, id, until).await {
+                        tracing::warn!(pack = id, error = %e, "could not renew the pack's hold");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records the provider's answer, trying again while the database cannot take it.
+    /// False when the pack was abandoned meanwhile.
+    async fn record(&self, id: &str, s: &Submitted, now: DateTime<Utc>) -> Result<bool, StoreError> {
+        let mut wait = Duration::from_secs(1);
+        let mut tries = 1;
+        loop {
+            let recorded = store::pack_submitted(
+                &self.pool,
+                id,
+                &s.batch_id,
+                s.input_file_id.as_deref(),
+                &s.key_name,
+                now,
+            )
+            .await;
+            match recorded {
+                Err(e) if tries < RECORD_TRIES => {
+                    tracing::warn!(pack = id, provider_batch = %s.batch_id, error = %e, "could not record the provider's batch; trying again");
+                }
+                done => return done,
+            }
+            tokio::time::sleep(wait).await;
+            wait *= 2;
+            tries += 1;
+        }
     }
 
     /// Lines the provider did not answer: back to the queue as online jobs when their

@@ -41,6 +41,17 @@ pub trait BatchApi: Send + Sync {
 
     /// Reads the lines of one results body into `out`, by `custom_id`.
     fn parse_results(&self, lines: &mut dyn Iterator<Item = Value>, out: &mut HashMap<String, LineResult>);
+
+    /// Where the key's newest batches are listed, where a batch can be found by its tag
+    /// (its metadata); `None` where the API keeps no metadata (Anthropic).
+    fn list_url(&self) -> Option<String> {
+        None
+    }
+
+    /// The id of the batch of a listing ([`BatchApi::list_url`]) tagged `tag`.
+    fn tagged(&self, _listing: &Value, _tag: &str) -> Option<String> {
+        None
+    }
 }
 
 /// A file to upload: a ready multipart body.
@@ -91,6 +102,24 @@ pub struct BatchClient<'a> {
 }
 
 impl Providers {
+    /// `provider`'s batch API with each of its keys (a batch is visible only to the keys
+    /// of its project).
+    pub fn batch_clients(&self, provider: &str) -> Vec<BatchClient<'_>> {
+        let Some((client, api)) = self.get(provider).and_then(|c| Some((c, c.api.batch()?))) else {
+            return Vec::new();
+        };
+        client
+            .keys
+            .iter()
+            .map(|key| BatchClient {
+                http: &self.http,
+                client,
+                api,
+                key,
+            })
+            .collect()
+    }
+
     /// `provider`'s batch API with key `key` (else the next key serving `model`); `None`
     /// when the provider is not configured or has no batch API tollgate drives.
     pub fn batch_client(&self, provider: &str, model: &str, key: Option<&str>) -> Option<BatchClient<'_>> {
@@ -180,6 +209,32 @@ impl BatchClient<'_> {
             .map_err(http_error)?;
         let b: Value = serde_json::from_slice(&body_of(resp).await?).map_err(|e| e.to_string())?;
         Ok(self.api.parse_status(&b))
+    }
+
+    /// The name of the key this client uses.
+    pub fn key_name(&self) -> &str {
+        &self.key.name
+    }
+
+    /// Whether a batch of this API can be found by its tag ([`BatchClient::find_tagged`]).
+    pub fn finds_tagged(&self) -> bool {
+        self.api.list_url().is_some()
+    }
+
+    /// The batch of this key's project tagged `tag`, among the newest the provider lists:
+    /// a submission whose answer was never recorded (its submitter died, or the write
+    /// failed) is found this way instead of being sent again.
+    pub async fn find_tagged(&self, tag: &str) -> Result<Option<Submitted>, String> {
+        let Some(url) = self.api.list_url() else {
+            return Ok(None);
+        };
+        let resp = self.get(url).send().await.map_err(http_error)?;
+        let listing: Value = serde_json::from_slice(&body_of(resp).await?).map_err(|e| e.to_string())?;
+        Ok(self.api.tagged(&listing, tag).map(|batch_id| Submitted {
+            batch_id,
+            input_file_id: None,
+            key_name: self.key.name.clone(),
+        }))
     }
 
     /// Best effort: asks the provider to stop a batch tollgate no longer tracks.

@@ -270,6 +270,19 @@ impl BatchApi for OpenAi {
         format!("{}/batches/{batch_id}/cancel", self.base_url)
     }
 
+    fn list_url(&self) -> Option<String> {
+        Some(format!("{}/batches?limit=100", self.base_url))
+    }
+
+    fn tagged(&self, listing: &Value, tag: &str) -> Option<String> {
+        listing["data"]
+            .as_array()?
+            .iter()
+            .find(|b| b["metadata"]["tollgate_pack"] == tag)
+            .and_then(|b| b["id"].as_str())
+            .map(str::to_owned)
+    }
+
     /// The output file (successes) and the error file (failures), where the batch has them.
     fn result_urls(&self, _batch_id: &str, status: &Status) -> Vec<String> {
         status
