@@ -56,6 +56,9 @@ pub struct Config {
     #[serde(default)]
     pub routes: Vec<RouteConfig>,
     pub tenants: Vec<TenantConfig>,
+    /// What a tenant may keep stored, unless its `[[tenants]]` entry says otherwise.
+    #[serde(default)]
+    pub quotas: Quotas,
     /// Bulk JSONL (Files and Batch APIs) limits.
     #[serde(default)]
     pub batches: BatchesConfig,
@@ -512,10 +515,51 @@ pub struct TenantConfig {
     /// Spend per UTC day, in USD, priced with `providers[].prices`.
     #[serde(default)]
     pub daily_spend_usd: Option<f64>,
+    /// This tenant's `quotas.max_files`.
+    #[serde(default)]
+    pub max_files: Option<u64>,
+    /// This tenant's `quotas.max_stored_file_bytes`.
+    #[serde(default)]
+    pub max_stored_file_bytes: Option<u64>,
+}
+
+impl TenantConfig {
+    /// The tenant's quotas: its own where it sets them, else `defaults` (`[quotas]`).
+    pub fn quotas(&self, defaults: &Quotas) -> Quotas {
+        Quotas {
+            max_files: self.max_files.unwrap_or(defaults.max_files),
+            max_stored_file_bytes: self
+                .max_stored_file_bytes
+                .unwrap_or(defaults.max_stored_file_bytes),
+        }
+    }
 }
 
 fn default_weight() -> u32 {
     1
+}
+
+/// `[quotas]`: what one tenant may keep stored, so that one tenant cannot fill the
+/// database's disk or its file listings. Each `[[tenants]]` entry may set its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Quotas {
+    /// Files a tenant may keep: its uploads and its batches' output and error files. An
+    /// upload beyond it gets 429 `quota_exceeded`; output files are never refused (they
+    /// count, so a tenant at its quota deletes files before uploading more).
+    pub max_files: u64,
+    /// Bytes all of a tenant's files may hold together. An upload that would cross it is
+    /// refused (429 `quota_exceeded`) as soon as it does, and nothing of it is kept.
+    pub max_stored_file_bytes: u64,
+}
+
+impl Default for Quotas {
+    fn default() -> Self {
+        Self {
+            max_files: 10_000,
+            max_stored_file_bytes: 10 * 1024 * 1024 * 1024,
+        }
+    }
 }
 
 impl Config {
@@ -996,6 +1040,30 @@ weight = 3
         let (p, m) = c.provider_target("oai/gpt-4o-mini").unwrap();
         assert_eq!((p.name.as_str(), m), ("oai", "gpt-4o-mini"));
         assert!(c.provider_target("oai/gpt-5").is_none());
+    }
+
+    #[test]
+    fn quotas_have_defaults_and_a_tenant_may_set_its_own() {
+        let c = Config::parse(GOOD, "test.toml").unwrap();
+        let defaults = Quotas::default();
+        assert_eq!(c.quotas, defaults);
+        assert_eq!(
+            (defaults.max_files, defaults.max_stored_file_bytes),
+            (10_000, 10 << 30)
+        );
+        assert_eq!(c.tenants[0].quotas(&c.quotas), defaults);
+        let own = format!(
+            "{GOOD}max_files = 5\n[[tenants]]\nname = \"globex\"\napi_key = \"tk-globex\"\n\
+             [quotas]\nmax_stored_file_bytes = 1000\n"
+        );
+        let c = Config::parse(&own, "test.toml").unwrap();
+        let quotas = |i: usize| c.tenants[i].quotas(&c.quotas);
+        assert_eq!((quotas(0).max_files, quotas(0).max_stored_file_bytes), (5, 1000));
+        assert_eq!(
+            (quotas(1).max_files, quotas(1).max_stored_file_bytes),
+            (10_000, 1000)
+        );
+        assert!(err(&format!("{GOOD}[quotas]\nmax_bytes = 1\n")).contains("max_bytes"));
     }
 
     #[test]

@@ -170,9 +170,11 @@ impl Job {
     }
 }
 
-/// What the API inserts.
+/// What the API inserts. `R` is how the request body is held: parsed (`Value`), or, for
+/// a bulk insert, the client's JSON text (`Box<RawValue>`), so a large bulk is not held
+/// as a tree of values (10-16 times its size) while it is written.
 #[derive(Debug, Clone)]
-pub struct NewJob {
+pub struct NewJob<R = serde_json::Value> {
     /// A UUIDv7: time-ordered, so ids sort as jobs arrived and pages by id are stable.
     pub id: JobId,
     /// Whose job: every read and write is scoped by it (isolation), and fair sharing is
@@ -183,7 +185,7 @@ pub struct NewJob {
     pub class: JobClass,
     /// Order within a tenant's class (higher first), from -1000 to 1000.
     pub priority: i32,
-    pub request: serde_json::Value,
+    pub request: R,
     pub model: String,
     pub idempotency_key: Option<String>,
     pub metadata: Option<serde_json::Value>,
@@ -194,6 +196,28 @@ pub struct NewJob {
     pub created_at: DateTime<Utc>,
     /// A streaming chat completion (see [`Job::stream`]).
     pub stream: bool,
+}
+
+impl<R> NewJob<R> {
+    /// The same job with its request held as `f` makes it.
+    pub fn map_request<S>(self, f: impl FnOnce(R) -> S) -> NewJob<S> {
+        NewJob {
+            id: self.id,
+            tenant: self.tenant,
+            class: self.class,
+            priority: self.priority,
+            request: f(self.request),
+            model: self.model,
+            idempotency_key: self.idempotency_key,
+            metadata: self.metadata,
+            deadline: self.deadline,
+            max_attempts: self.max_attempts,
+            estimated_input_tokens: self.estimated_input_tokens,
+            estimated_output_tokens: self.estimated_output_tokens,
+            created_at: self.created_at,
+            stream: self.stream,
+        }
+    }
 }
 
 /// How a job is sent, and why (`jobs.dispatch_via`, `jobs.dispatch_reason`).

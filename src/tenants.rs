@@ -10,12 +10,14 @@ use secrecy::ExposeSecret;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::config::Config;
+use crate::config::{Config, Quotas};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tenant {
     pub name: String,
     pub weight: u32,
+    /// What the tenant may keep stored (its own, or `[quotas]`).
+    pub quotas: Quotas,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -38,6 +40,7 @@ impl TenantDirectory {
             let tenant = Tenant {
                 name: t.name.clone(),
                 weight: t.weight,
+                quotas: t.quotas(&config.quotas),
             };
             if by_key_digest.insert(key_digest, tenant).is_some() {
                 return Err(format!(

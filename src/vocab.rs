@@ -418,6 +418,12 @@ pub enum ApiErrorCode {
     BatchAlreadyFinished,
     /// 413: an upload larger than `batches.max_file_bytes`.
     FileTooLarge,
+    /// 413: an item of `POST /v1/jobs/bulk` larger than one job's body may be
+    /// (`server.max_body_bytes`); `param` names the item.
+    ItemTooLarge,
+    /// 429: an upload would take the tenant past one of its storage quotas; `param` names
+    /// the quota (`max_files`, `max_stored_file_bytes`).
+    QuotaExceeded,
     /// 429 (+ `Retry-After`): the tenant's requests to the API are over
     /// `server.api_rate_per_sec`.
     ApiRateLimited,

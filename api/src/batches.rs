@@ -181,8 +181,6 @@ pub(crate) async fn create(
                 .with_param("input_file_id"),
         );
     }
-    // Every line may become a job: the tenant's queue of the class must hold them all.
-    crate::jobs::check_queue_room(&state, &tenant, class, file.lines as u64).await?;
     let now = Utc::now().trunc_subsecs(6);
     let expires_at = now + chrono::Duration::from_std(window).unwrap_or(chrono::Duration::days(1));
     let mut batch = BatchRow {
@@ -214,6 +212,11 @@ pub(crate) async fn create(
         cancelled_at: None,
     };
     let mut tx = state.pool.begin().await.map_err(db)?;
+    // Every line may become a job: the tenant's queue of the class must hold them all.
+    // Checked under the queue's lock, held until the lines are in, as every submission
+    // to a capped queue is (`jobs::reserve_queue_room`).
+    let lines = u64::try_from(file.lines).unwrap_or(0);
+    crate::jobs::reserve_queue_room(&state.config, &mut tx, &tenant.name, class, lines).await?;
     store::insert_batch(&mut *tx, &batch).await?;
     if let Some(hook) = &req.webhook {
         let events = if hook.events.is_empty() {

@@ -2,8 +2,17 @@
 //! transaction — all of them or none. Each item is what `POST /v1/jobs` takes and is
 //! checked the same way; the first bad item fails the whole request with its index in
 //! `param` (`jobs[17].request.model`), so nothing is ever half-written.
+//!
+//! A bulk body may be `server.max_bulk_body_bytes` (64 MiB), so it is never parsed into
+//! one tree of values (10-16 times its size on the heap): the envelope is read with each
+//! item left as its JSON text, borrowed from the body ([`BulkBody`]); each item must fit
+//! in what one job's body may be (`server.max_body_bytes`, else `413 item_too_large`);
+//! items are then parsed one at a time, checked and estimated, and keep only their
+//! request's text, which PostgreSQL parses into `jsonb` at the insert. That work —
+//! parsing, and the BPE counts of the estimates — runs on a blocking thread
+//! ([`prepare`]), so a large bulk does not stall the requests sharing the runtime.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use tollgate::vocab::ApiErrorCode;
 
 use axum::Json;
@@ -11,16 +20,19 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use chrono::{SubsecRound, Utc};
-use serde::Serialize;
+use chrono::{DateTime, SubsecRound, Utc};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
+use tollgate::config::Config;
 use tollgate::model::NewJob;
 use tollgate::store::{self, BulkInserted};
+use tollgate::tenants::Tenant;
 
 use crate::AppState;
 use crate::auth::AuthTenant;
 use crate::error::ApiError;
-use crate::jobs::{SubmitJob, check_queue_room, idempotency_key_reused, new_job};
+use crate::jobs::{SubmitJob, idempotency_key_reused, may_hold_nul, new_job, refuse_nul, reserve_queue_room};
 use crate::openapi as doc;
 
 /// One submitted job's fate, in the order sent.
@@ -31,6 +43,24 @@ struct Accepted {
     existing: bool,
 }
 
+/// The body as parsed first: each item is a slice of the body's text, not yet read.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BulkBody<'a> {
+    #[serde(borrow)]
+    jobs: Vec<&'a RawValue>,
+}
+
+/// The part of an item kept as sent: its request's JSON text.
+#[derive(Debug, Deserialize)]
+struct RequestText<'a> {
+    #[serde(borrow)]
+    request: &'a RawValue,
+}
+
+/// A checked item, ready to insert: its request is the client's JSON text.
+pub type BulkJob = NewJob<Box<RawValue>>;
+
 /// Puts the item's index in front of an error's `param`.
 fn at_item(i: usize, mut e: ApiError) -> ApiError {
     e.param = Some(match e.param {
@@ -38,6 +68,96 @@ fn at_item(i: usize, mut e: ApiError) -> ApiError {
         None => format!("jobs[{i}]"),
     });
     e
+}
+
+/// Reads a bulk body into the jobs it asks for, each checked as `POST /v1/jobs` checks
+/// one, or the first item's error (its index in `param`). CPU work, proportional to the
+/// body: call it off the async runtime. What it holds at its peak is the body, the
+/// requests' text and one item's parsed values, never the body as values.
+pub fn prepare(
+    config: &Config,
+    tenant: &Tenant,
+    body: &[u8],
+    now: DateTime<Utc>,
+) -> Result<Vec<BulkJob>, ApiError> {
+    let parsed: BulkBody = serde_json::from_slice(body).map_err(|e| {
+        if e.is_data() {
+            ApiError::bad_request(
+                ApiErrorCode::InvalidRequest,
+                format!("the body must be an object with one field, `jobs`: an array of jobs as POST /v1/jobs takes them ({e})"),
+            )
+        } else {
+            ApiError::bad_request(
+                ApiErrorCode::InvalidJson,
+                format!("the body is not valid JSON: {e}"),
+            )
+        }
+    })?;
+    let items = parsed.jobs;
+    let max = config.server.max_bulk_jobs;
+    if items.is_empty() || items.len() > max {
+        return Err(ApiError::bad_request(
+            ApiErrorCode::TooManyJobs,
+            format!(
+                "`jobs` must hold 1 to {max} jobs (server.max_bulk_jobs); it holds {}",
+                items.len()
+            ),
+        )
+        .with_param("jobs"));
+    }
+    // Every item within one job's limit before any is read.
+    let item_limit = config.server.max_body_bytes;
+    if let Some(i) = items.iter().position(|item| item.get().len() > item_limit) {
+        return Err(at_item(
+            i,
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                ApiErrorCode::ItemTooLarge,
+                format!(
+                    "the item is {} bytes; one job may be at most {item_limit} (server.max_body_bytes)",
+                    items[i].get().len()
+                ),
+            ),
+        ));
+    }
+    let mut keys = HashSet::new();
+    let mut jobs: Vec<BulkJob> = Vec::with_capacity(items.len());
+    for (i, item) in items.into_iter().enumerate() {
+        let text = item.get();
+        let submit: SubmitJob = serde_json::from_str(text).map_err(|e| {
+            at_item(
+                i,
+                ApiError::bad_request(ApiErrorCode::InvalidRequest, format!("invalid job: {e}")),
+            )
+        })?;
+        if may_hold_nul(text.as_bytes()) {
+            let value: Value = serde_json::from_str(text).map_err(ApiError::internal)?;
+            refuse_nul(&value, text.as_bytes()).map_err(|mut e| {
+                e.param = e.param.map(|p| format!("/jobs/{i}{p}"));
+                e
+            })?;
+        }
+        let raw: RequestText = serde_json::from_str(text).map_err(ApiError::internal)?;
+        let job = submit
+            .into_submission(None)
+            .and_then(|s| new_job(config, tenant, s, now))
+            .map_err(|e| at_item(i, e))?;
+        if let Some(key) = &job.idempotency_key
+            && !keys.insert(key.clone())
+        {
+            return Err(at_item(
+                i,
+                ApiError::bad_request(
+                    ApiErrorCode::DuplicateIdempotencyKey,
+                    "two jobs in this request share an idempotency key",
+                )
+                .with_param("idempotency_key"),
+            ));
+        }
+        // The parsed request is dropped here; its text is what is kept and inserted.
+        jobs.push(job.map_request(|_| raw.request.to_owned()));
+    }
+    Ok(jobs)
 }
 
 /// Enqueue many jobs at once: `202` once all are committed (`200` when every one was an
@@ -53,7 +173,7 @@ fn at_item(i: usize, mut e: ApiError) -> ApiError {
         (status = 200, description = "Every item was an idempotent replay", body = doc::BulkAcceptedSchema),
         (status = 400, description = "`invalid_json`, `invalid_request`, `missing_field`, `unknown_model`, `invalid_deadline`, `stream_not_supported`, `too_many_jobs`, `duplicate_idempotency_key` — `param` names the item", body = doc::ErrorBody),
         (status = 409, description = "`idempotency_key_reused` — `param` names the item", body = doc::ErrorBody),
-        (status = 413, description = "`body_too_large` (`server.max_bulk_body_bytes`)", body = doc::ErrorBody),
+        (status = 413, description = "`body_too_large` (`server.max_bulk_body_bytes`); `item_too_large`: an item larger than one job may be (`server.max_body_bytes`), `param` names it", body = doc::ErrorBody),
         (status = 429, description = "`queue_full` (+ `Retry-After`)", body = doc::ErrorBody),
     ),
     security(("bearer" = []))
@@ -71,78 +191,21 @@ pub(crate) async fn submit(
             format!("the body is larger than {limit} bytes (server.max_bulk_body_bytes), or was cut off"),
         )
     })?;
-    let parsed: Value = serde_json::from_slice(&bytes).map_err(|e| {
-        ApiError::bad_request(
-            ApiErrorCode::InvalidJson,
-            format!("the body is not valid JSON: {e}"),
-        )
-    })?;
-    crate::jobs::refuse_nul(&parsed, &bytes)?;
-    let items = match parsed {
-        Value::Object(mut o) if o.len() == 1 && o.contains_key("jobs") => match o.remove("jobs") {
-            Some(Value::Array(items)) => items,
-            _ => {
-                return Err(
-                    ApiError::bad_request(ApiErrorCode::InvalidRequest, "`jobs` must be an array")
-                        .with_param("jobs"),
-                );
-            }
-        },
-        _ => {
-            return Err(ApiError::bad_request(
-                ApiErrorCode::InvalidRequest,
-                "the body must be an object with one field, `jobs`: an array of jobs as POST /v1/jobs takes them",
-            ));
-        }
-    };
-    let max = state.config.server.max_bulk_jobs;
-    if items.is_empty() || items.len() > max {
-        return Err(ApiError::bad_request(
-            ApiErrorCode::TooManyJobs,
-            format!(
-                "`jobs` must hold 1 to {max} jobs (server.max_bulk_jobs); it holds {}",
-                items.len()
-            ),
-        )
-        .with_param("jobs"));
-    }
     let now = Utc::now().trunc_subsecs(6);
-    let mut keys = HashSet::new();
-    let mut jobs: Vec<NewJob> = Vec::with_capacity(items.len());
-    for (i, item) in items.into_iter().enumerate() {
-        let submit: SubmitJob = serde_json::from_value(item).map_err(|e| {
-            at_item(
-                i,
-                ApiError::bad_request(ApiErrorCode::InvalidRequest, format!("invalid job: {e}")),
-            )
-        })?;
-        let job = submit
-            .into_submission(None)
-            .and_then(|s| new_job(&state, &tenant, s, now))
-            .map_err(|e| at_item(i, e))?;
-        if let Some(key) = &job.idempotency_key
-            && !keys.insert(key.clone())
-        {
-            return Err(at_item(
-                i,
-                ApiError::bad_request(
-                    ApiErrorCode::DuplicateIdempotencyKey,
-                    "two jobs in this request share an idempotency key",
-                )
-                .with_param("idempotency_key"),
-            ));
-        }
-        jobs.push(job);
-    }
-    let mut per_class = std::collections::BTreeMap::new();
+    let (config, owner) = (state.config.clone(), tenant.clone());
+    let jobs = tokio::task::spawn_blocking(move || prepare(&config, &owner, &bytes, now))
+        .await
+        .map_err(ApiError::internal)??;
+    let mut per_class = BTreeMap::new();
     for j in &jobs {
         *per_class.entry(j.class).or_insert(0u64) += 1;
     }
-    for (class, n) in per_class {
-        check_queue_room(&state, &tenant, class, n).await?;
-    }
 
     let mut tx = state.pool.begin().await.map_err(store::StoreError::from)?;
+    // Classes in one order, so bulks of several classes take their queues' locks in it.
+    for (class, n) in per_class {
+        reserve_queue_room(&state.config, &mut tx, &tenant.name, class, n).await?;
+    }
     let outcome = store::insert_jobs(&mut tx, &jobs).await?;
     if let Some(i) = outcome.iter().position(|o| *o == BulkInserted::Conflict) {
         // Dropping the transaction rolls every insert back.

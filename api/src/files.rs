@@ -4,6 +4,11 @@
 //! counting bytes and lines as they arrive, so a file over `batches.max_file_bytes` or
 //! `batches.max_lines` is refused as soon as it crosses the limit without being held in
 //! memory; downloads stream chunk by chunk.
+//!
+//! Each tenant's storage is bounded by its quotas (`quotas.max_files`,
+//! `quotas.max_stored_file_bytes`, or its own): checked before an upload is read, as its
+//! bytes arrive, and once more under the tenant's quota lock just before it commits, so
+//! uploads racing for the last room cannot both get it.
 
 use axum::Json;
 use axum::body::Body;
@@ -16,7 +21,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 use tollgate::batches::{FileRow, PURPOSE_BATCH, new_file_id};
-use tollgate::store::{self, StoreError};
+use tollgate::config::Quotas;
+use tollgate::store::{self, StoreError, StoredFiles};
 use tollgate::vocab::ApiErrorCode;
 use tollgate_workers::batches::FILE_CHUNK_BYTES;
 
@@ -73,6 +79,42 @@ fn too_large_error() -> ApiError {
     .with_param("file")
 }
 
+/// 429 `quota_exceeded`, `param` naming the quota.
+fn quota_exceeded(quota: &'static str, message: String) -> ApiError {
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        ApiErrorCode::QuotaExceeded,
+        message,
+    )
+    .with_param(quota)
+}
+
+/// Refuses an upload of `bytes` that would take the tenant, keeping `stored` besides it,
+/// past one of its quotas.
+fn check_quotas(quotas: &Quotas, stored: StoredFiles, bytes: u64) -> Result<(), ApiError> {
+    let files = u64::try_from(stored.files).unwrap_or(0);
+    if files >= quotas.max_files {
+        return Err(quota_exceeded(
+            "max_files",
+            format!(
+                "the tenant keeps {files} files, its quota (quotas.max_files is {}): delete files, or wait for them to expire, before uploading more",
+                quotas.max_files
+            ),
+        ));
+    }
+    let kept = u64::try_from(stored.bytes).unwrap_or(0);
+    if kept.saturating_add(bytes) > quotas.max_stored_file_bytes {
+        return Err(quota_exceeded(
+            "max_stored_file_bytes",
+            format!(
+                "the tenant's files hold {kept} bytes; with this upload they would pass its quota of {} (quotas.max_stored_file_bytes): delete files before uploading more",
+                quotas.max_stored_file_bytes
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Counts bytes and non-blank lines of a stream, enforcing the limits as it goes.
 struct Counter {
     bytes: u64,
@@ -80,6 +122,10 @@ struct Counter {
     line_has_content: bool,
     max_bytes: u64,
     max_lines: u64,
+    /// The tenant's quotas, and what it kept stored when the upload began: an upload
+    /// crossing them is refused as it does, not after it was all read.
+    quotas: Quotas,
+    stored: StoredFiles,
 }
 
 impl Counter {
@@ -88,6 +134,7 @@ impl Counter {
         if self.bytes > self.max_bytes {
             return Err(too_large_error());
         }
+        check_quotas(&self.quotas, self.stored, self.bytes)?;
         for &b in data {
             if b == b'\n' {
                 self.lines += u64::from(self.line_has_content);
@@ -202,6 +249,7 @@ async fn text_field(mut field: Field<'_>) -> Result<String, ApiError> {
         (status = 200, description = "OpenAI's file object", body = Object),
         (status = 400, description = "`invalid_request`, `invalid_file_purpose`, `empty_file`, `too_many_lines`", body = doc::ErrorBody),
         (status = 413, description = "`file_too_large`", body = doc::ErrorBody),
+        (status = 429, description = "`quota_exceeded`: `param` names the quota (`max_files`, `max_stored_file_bytes`)", body = doc::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -228,12 +276,17 @@ pub(crate) async fn upload(
         created_at: now,
         expires_at: None,
     };
+    // Refused before a byte is read when the tenant is at its quotas already.
+    let stored = store::stored_files(&state.pool, &tenant.name, None).await?;
+    check_quotas(&tenant.quotas, stored, 0)?;
     let mut counter = Counter {
         bytes: 0,
         lines: 0,
         line_has_content: false,
         max_bytes: limits.max_file_bytes,
         max_lines: limits.max_lines,
+        quotas: tenant.quotas,
+        stored,
     };
     let (mut purpose, mut tx, mut expires_secs) = (None, None, None);
     let mut fields = 0;
@@ -305,6 +358,12 @@ pub(crate) async fn upload(
     row.lines = counter.lines as i64;
     let keep = expires_secs.unwrap_or(limits.file_expires_secs.min(i64::MAX as u64) as i64);
     row.expires_at = Some(now + chrono::Duration::seconds(keep));
+    // Checked again with the quota lock held until the commit: what others stored while
+    // this upload streamed counts too. Refused, the transaction rolls back: no row, no
+    // chunk is kept.
+    store::lock_file_quota(&mut tx, &tenant.name).await?;
+    let stored = store::stored_files(&mut *tx, &tenant.name, Some(&row.id)).await?;
+    check_quotas(&tenant.quotas, stored, counter.bytes)?;
     store::set_file_size(&mut *tx, &row).await?;
     tx.commit().await.map_err(db)?;
     Ok(Json(file_view(&row)))

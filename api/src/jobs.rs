@@ -16,6 +16,8 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, SubsecRound, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use sqlx::PgConnection;
+use tollgate::config::Config;
 use tollgate::estimate;
 use tollgate::model::{Job, JobClass, JobId, JobState, NewJob};
 use tollgate::routing;
@@ -58,10 +60,15 @@ pub(crate) fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, Ap
     Ok(value)
 }
 
+/// Whether JSON text `raw` may hold U+0000: JSON can only spell it as the escape
+/// `\u0000`, so text without one holds none.
+pub(crate) fn may_hold_nul(raw: &[u8]) -> bool {
+    raw.windows(6).any(|w| w.eq_ignore_ascii_case(b"\\u0000"))
+}
+
 /// 400 `nul_character` when a string of `value` (parsed from `raw`) holds U+0000.
 pub(crate) fn refuse_nul(value: &Value, raw: &[u8]) -> Result<(), ApiError> {
-    // JSON can only spell U+0000 as the escape `\u0000`: no such bytes, no walk.
-    if !raw.windows(6).any(|w| w.eq_ignore_ascii_case(b"\\u0000")) {
+    if !may_hold_nul(raw) {
         return Ok(());
     }
     match tollgate::sanitize::first_nul(value) {
@@ -244,20 +251,20 @@ pub(crate) struct Submission {
 /// The row a submission becomes: its request checked against the routes, its deadline
 /// defaulted by class, its tokens estimated. `now` is the acceptance time.
 pub(crate) fn new_job(
-    state: &AppState,
+    config: &Config,
     tenant: &Tenant,
     s: Submission,
     now: DateTime<Utc>,
 ) -> Result<NewJob, ApiError> {
     let model = validate_chat_request(&s.request, "request.")?;
-    let Some(targets) = routing::resolve(&state.config, &model) else {
+    let Some(targets) = routing::resolve(config, &model) else {
         return Err(ApiError::bad_request(
             ApiErrorCode::UnknownModel,
             format!("model {model:?} is neither a route alias nor a configured provider/model"),
         )
         .with_param("request.model"));
     };
-    let default_deadline = state.config.classes.get(s.class).default_deadline_secs;
+    let default_deadline = config.classes.get(s.class).default_deadline_secs;
     let deadline = s
         .deadline
         .unwrap_or(now + chrono::Duration::seconds(default_deadline.min(i64::MAX as u64) as i64));
@@ -282,30 +289,39 @@ pub(crate) fn new_job(
         idempotency_key: s.idempotency_key,
         metadata: s.metadata,
         deadline,
-        max_attempts: state.config.retry.max_attempts.min(i32::MAX as u32) as i32,
+        max_attempts: config.retry.max_attempts.min(i32::MAX as u32) as i32,
         created_at: now,
         stream: s.stream,
     })
 }
 
-/// Refuses `adding` more jobs of `class` when the tenant's queue of that class is full
-/// (`classes.*.max_queued_per_tenant`).
-pub(crate) async fn check_queue_room(
-    state: &AppState,
-    tenant: &Tenant,
+/// Makes room for `adding` more jobs of `class` in the tenant's queue, or refuses them
+/// with `429 queue_full` when it would pass `classes.*.max_queued_per_tenant`. Run it in
+/// the transaction that then inserts them: it holds the queue's lock until that commits
+/// (`store::lock_queue_and_count`), so concurrent submitters, in this process or
+/// another, are counted one after the other and the cap holds exactly. Without a cap it
+/// does nothing and takes no lock.
+pub(crate) async fn reserve_queue_room(
+    config: &Config,
+    conn: &mut PgConnection,
+    tenant: &str,
     class: JobClass,
     adding: u64,
 ) -> Result<(), ApiError> {
-    let Some(cap) = state.config.classes.get(class).max_queued_per_tenant else {
+    let Some(cap) = config.classes.get(class).max_queued_per_tenant else {
         return Ok(());
     };
-    let waiting = store::waiting_count(&state.pool, &tenant.name, class).await? as u64;
-    if waiting + adding > cap {
+    // Counting past `cap - adding` changes nothing: the answer is no either way.
+    let up_to = i64::try_from(cap.saturating_sub(adding).saturating_add(1)).unwrap_or(i64::MAX);
+    let waiting = store::lock_queue_and_count(conn, tenant, class, up_to).await?;
+    if u64::try_from(waiting).unwrap_or(0).saturating_add(adding) > cap {
         return Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             ApiErrorCode::QueueFull,
             format!(
-                "{waiting} jobs of class {class:?} are already waiting for this tenant (limit {cap}); retry later"
+                "the tenant's queue of class {} is full: at most {cap} jobs may wait in it (classes.{}.max_queued_per_tenant), and {adding} more do not fit now; retry later",
+                class.as_str(),
+                class.as_str(),
             ),
         )
         .with_retry_after(Duration::from_secs(5)));
@@ -326,8 +342,8 @@ pub(crate) fn idempotency_key_reused() -> ApiError {
 /// Validates and inserts; the row is committed when this returns.
 pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) -> Result<Inserted, ApiError> {
     // PostgreSQL keeps microseconds: so does the 202, to match every later read.
-    let job = Arc::new(new_job(state, tenant, s, Utc::now().trunc_subsecs(6))?);
-    check_queue_room(state, tenant, job.class, 1).await?;
+    let job = Arc::new(new_job(&state.config, tenant, s, Utc::now().trunc_subsecs(6))?);
+    // A job started on arrival does not wait: it takes no room in the queue.
     let started = match &state.arrivals {
         Some(arrivals) if job.class == JobClass::Interactive && !job.stream => {
             arrivals.admit(job.clone()).await?
@@ -337,7 +353,22 @@ pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) ->
     if let Some(started) = started {
         return Ok(Inserted::New(started));
     }
-    let inserted = store::insert_job(&state.pool, &job).await?;
+    let inserted = if state
+        .config
+        .classes
+        .get(job.class)
+        .max_queued_per_tenant
+        .is_some()
+    {
+        let mut tx = state.pool.begin().await.map_err(store::StoreError::from)?;
+        reserve_queue_room(&state.config, &mut tx, &tenant.name, job.class, 1).await?;
+        let inserted = store::insert_job(&mut tx, &job).await?;
+        tx.commit().await.map_err(store::StoreError::from)?;
+        inserted
+    } else {
+        let mut conn = state.pool.acquire().await.map_err(store::StoreError::from)?;
+        store::insert_job(&mut conn, &job).await?
+    };
     if let Inserted::New(_) = inserted {
         if job.class == JobClass::Interactive {
             state.notifications.interactive_queued();

@@ -4,6 +4,7 @@
 //!   a socket; [`routes`] declares each endpoint once, with its OpenAPI description.
 //! - [`openapi`]: `GET /openapi.json`, the document's frame and hand-built bodies' schemas.
 //! - [`jobs`]: submit, read/long-poll, list, cancel; shared validation and enqueueing.
+//! - [`bulk`]: `POST /v1/jobs/bulk`, read item by item off the runtime, inserted at once.
 //! - [`chat`]: `POST /v1/chat/completions`, queued as an interactive job and awaited.
 //! - [`limits`]: the buckets that apply to the caller, and what is left in them.
 //! - [`files`]: OpenAI's Files API (JSONL uploads, output and error files).
@@ -28,7 +29,7 @@ pub mod arrivals;
 pub mod auth;
 pub mod batches;
 pub mod broker;
-pub(crate) mod bulk;
+pub mod bulk;
 pub mod chat;
 pub mod cli;
 pub mod dashboard;

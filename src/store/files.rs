@@ -49,6 +49,53 @@ pub async fn insert_chunk(ex: impl PgExecutor<'_>, file_id: &str, seq: i32, data
     Ok(())
 }
 
+/// What a tenant keeps stored: its files and their bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredFiles {
+    pub files: i64,
+    pub bytes: i64,
+}
+
+/// First key of the advisory locks that make a tenant's file quotas exact: "tgfq". The
+/// second is the hash of the tenant.
+const FILE_QUOTA_LOCKS: i32 = 0x7467_6671;
+
+/// What `tenant` keeps stored, leaving out file `except` (an upload being checked, whose
+/// row is written before its size is known).
+pub async fn stored_files(
+    ex: impl PgExecutor<'_>,
+    tenant: &str,
+    except: Option<&str>,
+) -> Result<StoredFiles> {
+    let row = sqlx::query!(
+        r#"SELECT count(*) AS "files!", coalesce(sum(bytes), 0)::bigint AS "bytes!" FROM files
+           WHERE tenant = $1 AND ($2::text IS NULL OR id <> $2)"#,
+        tenant,
+        except,
+    )
+    .fetch_one(ex)
+    .await?;
+    Ok(StoredFiles {
+        files: row.files,
+        bytes: row.bytes,
+    })
+}
+
+/// Takes the lock of `tenant`'s file quotas for the rest of the transaction on `conn`.
+/// An upload takes it just before it commits, then reads [`stored_files`]: two uploads
+/// finishing at once are checked one after the other, so they cannot both take the last
+/// room. Taken at the end, not the start, so a slow upload holds up no other.
+pub async fn lock_file_quota(conn: &mut PgConnection, tenant: &str) -> Result<()> {
+    sqlx::query!(
+        "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+        FILE_QUOTA_LOCKS,
+        tenant
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// Records what the upload turned out to be: purpose, size, lines, expiry.
 pub async fn set_file_size(ex: impl PgExecutor<'_>, f: &FileRow) -> Result<()> {
     sqlx::query!(

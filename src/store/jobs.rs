@@ -1,6 +1,7 @@
 //! Job rows: insert, read, list, cancel, claim, finish, rescue, expire.
 
 use chrono::{DateTime, Utc};
+use serde_json::value::RawValue;
 use sqlx::{PgConnection, PgExecutor, PgPool};
 
 use super::buckets::{BucketArrays, Reservation, Settlement, reservation, save_buckets_query, settle};
@@ -53,8 +54,11 @@ macro_rules! insert_job_query {
     };
 }
 
-pub async fn insert_job(ex: impl PgExecutor<'_> + Copy, job: &NewJob) -> Result<Inserted> {
-    if insert_new_job(ex, job).await? {
+/// Inserts the job, queued, or finds the one its idempotency key already made. On a
+/// connection, so that it can run in the transaction holding its queue's lock
+/// ([`lock_queue_and_count`]).
+pub async fn insert_job(conn: &mut PgConnection, job: &NewJob) -> Result<Inserted> {
+    if insert_new_job(&mut *conn, job).await? {
         return Ok(Inserted::New(Job::queued(job)));
     }
     let existing = query_jobs!(
@@ -63,7 +67,7 @@ pub async fn insert_job(ex: impl PgExecutor<'_> + Copy, job: &NewJob) -> Result<
         &job.tenant,
         job.idempotency_key.as_deref(),
     )
-    .fetch_one(ex)
+    .fetch_one(conn)
     .await?;
     Ok(Inserted::Existing(existing))
 }
@@ -147,15 +151,21 @@ pub enum BulkInserted {
 /// same order and wait for each other instead of deadlocking. A job whose idempotency key its tenant already used is not inserted: it comes back
 /// as [`BulkInserted::Existing`] (same request) or [`BulkInserted::Conflict`]. Run it in a
 /// transaction so that a caller refusing a conflict can roll the whole lot back.
-pub async fn insert_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec<BulkInserted>> {
+///
+/// Requests are sent as the clients' JSON text, which PostgreSQL parses into `jsonb`: a
+/// bulk is never held as a tree of values.
+pub async fn insert_jobs(
+    conn: &mut PgConnection,
+    jobs: &[NewJob<Box<RawValue>>],
+) -> Result<Vec<BulkInserted>> {
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
-    let col = |f: fn(&NewJob) -> i32| jobs.iter().map(f).collect::<Vec<_>>();
+    let col = |f: fn(&NewJob<Box<RawValue>>) -> i32| jobs.iter().map(f).collect::<Vec<_>>();
     let ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.id.0).collect();
     let tenants: Vec<&str> = jobs.iter().map(|j| j.tenant.as_str()).collect();
     let classes: Vec<JobClass> = jobs.iter().map(|j| j.class).collect();
-    let requests: Vec<&serde_json::Value> = jobs.iter().map(|j| &j.request).collect();
+    let requests: Vec<&str> = jobs.iter().map(|j| j.request.get()).collect();
     let models: Vec<&str> = jobs.iter().map(|j| j.model.as_str()).collect();
     let keys: Vec<Option<&str>> = jobs.iter().map(|j| j.idempotency_key.as_deref()).collect();
     let metadata: Vec<Option<&serde_json::Value>> = jobs.iter().map(|j| j.metadata.as_ref()).collect();
@@ -166,9 +176,9 @@ pub async fn insert_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec
         r#"INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
                            deadline, not_before, max_attempts, estimated_input_tokens,
                            estimated_output_tokens, created_at, stream)
-         SELECT id, tenant, class, priority, request, model, key, metadata, deadline, created_at, attempts, ein,
-                eout, created_at, stream
-         FROM unnest($1::uuid[], $2::text[], $3::job_class[], $4::int[], $5::jsonb[], $6::text[], $7::text[],
+         SELECT id, tenant, class, priority, request::jsonb, model, key, metadata, deadline, created_at, attempts,
+                ein, eout, created_at, stream
+         FROM unnest($1::uuid[], $2::text[], $3::job_class[], $4::int[], $5::text[], $6::text[], $7::text[],
                      $8::jsonb[], $9::timestamptz[], $10::timestamptz[], $11::int[], $12::int[], $13::int[],
                      $14::bool[])
              AS t(id, tenant, class, priority, request, model, key, metadata, deadline, created_at, attempts, ein,
@@ -180,7 +190,7 @@ pub async fn insert_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec
         &tenants as &[&str],
         &classes as &[JobClass],
         &col(|j| j.priority),
-        &requests as &[&serde_json::Value],
+        &requests as &[&str],
         &models as &[&str],
         &keys as &[Option<&str>],
         &metadata as &[Option<&serde_json::Value>],
@@ -228,12 +238,56 @@ pub async fn insert_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec
                 .idempotency_key
                 .as_ref()
                 .and_then(|k| existing.get(&(j.tenant.clone(), k.clone())));
+            // Read as values, as the stored one is: the same request in other spacing or
+            // key order is the same request.
+            let same = |stored: &serde_json::Value| {
+                serde_json::from_str::<serde_json::Value>(j.request.get()).is_ok_and(|sent| sent == *stored)
+            };
             match found {
-                Some((id, request)) if *request == j.request => BulkInserted::Existing(*id),
+                Some((id, request)) if same(request) => BulkInserted::Existing(*id),
                 _ => BulkInserted::Conflict,
             }
         })
         .collect())
+}
+
+/// First key of the advisory locks that make a tenant's queue cap exact: "tgqc". The
+/// second is the hash of the tenant and the class.
+const QUEUE_CAP_LOCKS: i32 = 0x7467_7163;
+
+/// Takes the lock of `tenant`'s queue of `class` for the rest of the transaction on
+/// `conn`, then counts the jobs waiting in it (queued or admitted), stopping at `up_to`:
+/// past the room a caller asks about, the exact number changes nothing, and a long queue
+/// is not read to the end on every submission.
+///
+/// The queue cap is exact across submitters and processes because each takes this lock
+/// before it counts and holds it until its insert commits: the count, a statement of its
+/// own after the lock is held, sees every job inserted under the lock before it. Two
+/// submitters can never both take the last room.
+pub async fn lock_queue_and_count(
+    conn: &mut PgConnection,
+    tenant: &str,
+    class: JobClass,
+    up_to: i64,
+) -> Result<i64> {
+    sqlx::query!(
+        "SELECT pg_advisory_xact_lock($1, hashtext($2 || '/' || $3::job_class::text))",
+        QUEUE_CAP_LOCKS,
+        tenant,
+        class as JobClass,
+    )
+    .execute(&mut *conn)
+    .await?;
+    Ok(sqlx::query_scalar!(
+        r#"SELECT count(*) AS "count!" FROM (
+               SELECT 1 FROM jobs WHERE tenant = $1 AND class = $2 AND state IN ('queued', 'admitted') LIMIT $3
+           ) waiting"#,
+        tenant,
+        class as JobClass,
+        up_to,
+    )
+    .fetch_one(&mut *conn)
+    .await?)
 }
 
 /// Tells the gate that work is waiting. Cheap; call after the insert commits.
@@ -915,20 +969,4 @@ pub async fn count_by_state(ex: impl PgExecutor<'_>) -> Result<Vec<(JobState, i6
     .fetch_all(ex)
     .await?;
     Ok(counts.into_iter().map(|c| (c.state, c.count)).collect())
-}
-
-/// Jobs a tenant has waiting (queued or admitted) in a class: the submit-time cap.
-pub async fn waiting_count(
-    ex: impl PgExecutor<'_>,
-    tenant: &str,
-    class: crate::model::JobClass,
-) -> Result<i64> {
-    Ok(sqlx::query_scalar!(
-        r#"SELECT count(*) AS "count!" FROM jobs
-           WHERE tenant = $1 AND class = $2 AND state IN ('queued', 'admitted')"#,
-        tenant,
-        class as crate::model::JobClass,
-    )
-    .fetch_one(ex)
-    .await?)
 }

@@ -134,6 +134,36 @@ async fn bulk_limits_on_count_and_size_are_clear() {
     app.shutdown().await;
 }
 
+/// Each item is one job, and may be no larger than one job's body (`server.max_body_bytes`,
+/// 64 KiB here): a bulk once let a single item be as large as the whole bulk limit.
+#[tokio::test]
+async fn an_item_larger_than_one_job_may_be_is_refused_by_its_index() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: tollgate_api::broker::Roles::API_ONLY,
+        ..TestOptions::default()
+    })
+    .await;
+    let mut items = jobs(5, None);
+    items[3] = job("fast", &"x".repeat(70_000));
+    let (status, body) = app.post(ACME, "/v1/jobs/bulk", &json!({"jobs": items})).await;
+    assert_eq!(
+        (
+            status,
+            body["error"]["code"].as_str(),
+            body["error"]["param"].as_str()
+        ),
+        (413, Some("item_too_large"), Some("jobs[3]")),
+        "{body}"
+    );
+    assert_eq!(count_jobs(&app, "acme").await, 0, "nothing may be written");
+    // Just under the limit, the same item is taken.
+    items[3] = job("fast", &"x".repeat(60_000));
+    let (status, body) = app.post(ACME, "/v1/jobs/bulk", &json!({"jobs": items})).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(count_jobs(&app, "acme").await, 5);
+    app.shutdown().await;
+}
+
 #[tokio::test]
 async fn idempotency_keys_replay_and_a_reused_key_rolls_back_everything() {
     let app = TestApp::spawn_with(TestOptions {

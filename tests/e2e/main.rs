@@ -29,6 +29,8 @@
 //!   streaming, and a Gemini 429 body teaching a limit.
 //! - [`reservations`]: what a job reserves covers what its provider charges (`n` choices,
 //!   the output cap sent when the request sets none).
+//! - [`quotas`]: a tenant's queue caps and file quotas hold exactly under racing clients
+//!   on two processes.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test should stop right there
 
@@ -50,6 +52,7 @@ mod migrations;
 mod observe;
 mod provider_batches;
 mod python;
+mod quotas;
 mod reservations;
 mod schemathesis;
 mod security;
