@@ -106,6 +106,10 @@ pub struct ServerConfig {
     pub body_idle_timeout_secs: u64,
     /// Connections served at once; one more is answered 503 `server_busy` and closed.
     pub max_connections: usize,
+    /// Connections one source (an IPv4 address, an IPv6 /64) may hold at once; one more is
+    /// answered 503 `server_busy` and closed. Behind a load balancer or proxy every
+    /// connection comes from its address: raise this to `max_connections` there.
+    pub max_connections_per_source: usize,
     /// Requests per second one source address (an IPv4 address, an IPv6 /64) may make
     /// without a valid key — none, a wrong one, or to an anonymous endpoint — in each
     /// process; past it, 429 `api_rate_limited`. Key guessing and floods of anonymous
@@ -133,6 +137,7 @@ impl Default for ServerConfig {
             header_timeout_secs: 10,
             body_idle_timeout_secs: 30,
             max_connections: 4096,
+            max_connections_per_source: 512,
             anonymous_rate_per_sec: 20.0,
             anonymous_burst: 200.0,
         }
@@ -286,6 +291,13 @@ impl Default for ClassesConfig {
 }
 
 impl ClassesConfig {
+    /// Whether any class caps what a tenant may have waiting in it.
+    pub fn any_capped(&self) -> bool {
+        [&self.interactive, &self.standard, &self.background, &self.batch]
+            .iter()
+            .any(|c| c.max_queued_per_tenant.is_some())
+    }
+
     pub fn get(&self, class: JobClass) -> &ClassConfig {
         match class {
             JobClass::Interactive => &self.interactive,
@@ -636,6 +648,9 @@ impl Config {
         }
         if self.server.max_connections == 0 {
             return Err(invalid("server.max_connections", "must be at least 1"));
+        }
+        if self.server.max_connections_per_source == 0 {
+            return Err(invalid("server.max_connections_per_source", "must be at least 1"));
         }
         if !(self.server.anonymous_rate_per_sec.is_finite() && self.server.anonymous_rate_per_sec > 0.0) {
             return Err(invalid(

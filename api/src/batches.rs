@@ -216,7 +216,7 @@ pub(crate) async fn create(
     // Checked under the queue's lock, held until the lines are in, as every submission
     // to a capped queue is (`jobs::reserve_queue_room`).
     let lines = u64::try_from(file.lines).unwrap_or(0);
-    crate::jobs::reserve_queue_room(&state.config, &mut tx, &tenant.name, class, lines).await?;
+    crate::jobs::reserve_queue_room(&state, &mut tx, &tenant.name, class, lines).await?;
     store::insert_batch(&mut *tx, &batch).await?;
     if let Some(hook) = &req.webhook {
         let events = if hook.events.is_empty() {

@@ -26,6 +26,7 @@ use tollgate_workers::providers::Providers;
 use tollgate_workers::webhooks::WebhookSender;
 
 use crate::AppState;
+use crate::supervise::{spawn_supervised, supervise};
 
 /// Which roles this process runs. `serve` runs all of them.
 #[derive(Debug, Clone, Copy)]
@@ -140,12 +141,19 @@ impl Broker {
             relays: relays.clone(),
             observer: crate::status::Observer::default(),
             readiness: crate::Readiness::default(),
+            queue_room: crate::jobs::QueueRoom::default(),
         };
         let mut addr = None;
         if roles.api {
             let listener = listener.context("the API role needs a listener")?;
             addr = Some(listener.local_addr()?);
-            tracker.spawn(state.observer.clone().sample(pool.clone(), cancel.clone()));
+            spawn_supervised(
+                &tracker,
+                "status sampler",
+                &cancel,
+                (state.observer.clone(), pool.clone()),
+                |(observer, pool), cancel| observer.sample(pool, cancel),
+            );
             let limits = crate::serve::ConnectionLimits::from_config(&config.server);
             let app = crate::router(state);
             let stop = cancel.clone();
@@ -158,21 +166,31 @@ impl Broker {
             });
         }
         if roles.dispatch {
-            tracker.spawn(dispatcher.clone().run(cancel.clone()));
+            spawn_supervised(
+                &tracker,
+                "dispatcher",
+                &cancel,
+                dispatcher.clone(),
+                Dispatcher::run,
+            );
         } else if roles.api {
             // Streams run here: their leases need the heartbeat the dispatch loop would give.
-            tracker.spawn(dispatcher.clone().keep_leases(cancel.clone()));
+            spawn_supervised(
+                &tracker,
+                "heartbeat",
+                &cancel,
+                dispatcher.clone(),
+                Dispatcher::keep_leases,
+            );
         }
         if let Some(gate) = gate {
-            let gate = run_on_own_thread("tollgate-gate", {
-                let cancel = cancel.clone();
-                move || async move { gate.run(cancel).await }
-            })?;
-            tracker.spawn(async move {
-                if let Err(e) = gate.await {
-                    tracing::error!(error = %e, "the gate stopped");
+            let stop = cancel.clone();
+            tracker.spawn(supervise("gate", cancel.clone(), move || {
+                let (gate, stop) = (gate.clone(), stop.clone());
+                async move {
+                    run_on_own_thread("tollgate-gate", move || async move { gate.run(stop).await })?.await
                 }
-            });
+            }));
         }
         if roles.maintenance {
             let m = Maintenance::new(
@@ -180,12 +198,18 @@ impl Broker {
                 Duration::from_millis(config.dispatch.maintenance_interval_ms),
             )
             .with_retention(config.retention.clone());
-            tracker.spawn(m.run(cancel.clone()));
+            spawn_supervised(&tracker, "maintenance", &cancel, m, Maintenance::run);
             let sender = WebhookSender::new(role_pool(2), &config.webhooks)?;
-            tracker.spawn(sender.run(cancel.clone()));
+            spawn_supervised(&tracker, "webhook sender", &cancel, sender, WebhookSender::run);
             if tollgate::provider_batches::any_enabled(&config) {
                 let batcher = ProviderBatcher::new(role_pool(2), config.clone(), providers.clone());
-                tracker.spawn(batcher.run(cancel.clone()));
+                spawn_supervised(
+                    &tracker,
+                    "provider batches",
+                    &cancel,
+                    batcher,
+                    ProviderBatcher::run,
+                );
             }
         }
         tracker.close();

@@ -28,11 +28,14 @@ use tollgate::config::Config;
 use tollgate::model::NewJob;
 use tollgate::store::{self, BulkInserted};
 use tollgate::tenants::Tenant;
+use tollgate::vocab::JobClass;
 
 use crate::AppState;
 use crate::auth::AuthTenant;
 use crate::error::ApiError;
-use crate::jobs::{SubmitJob, idempotency_key_reused, may_hold_nul, new_job, refuse_nul, reserve_queue_room};
+use crate::jobs::{
+    SubmitJob, idempotency_key_reused, may_hold_nul, new_job, queue_has_room, refuse_nul, reserve_queue_room,
+};
 use crate::openapi as doc;
 
 /// One submitted job's fate, in the order sent.
@@ -56,6 +59,27 @@ struct BulkBody<'a> {
 struct RequestText<'a> {
     #[serde(borrow)]
     request: &'a RawValue,
+}
+
+/// An item as read for [`classes_asked`]: its class alone, the rest skipped.
+#[derive(Debug, Deserialize)]
+struct ItemClass {
+    class: Option<JobClass>,
+}
+
+/// The jobs a bulk body asks for, by class, read without reading the requests (a lexer's
+/// pass over the body): for refusing a bulk to a full queue before the work of
+/// [`prepare`]. None when the body or an item does not parse; `prepare` says why.
+fn classes_asked(body: &[u8]) -> Option<BTreeMap<JobClass, u64>> {
+    let parsed: BulkBody = serde_json::from_slice(body).ok()?;
+    let mut asked = BTreeMap::new();
+    for item in parsed.jobs {
+        let item: ItemClass = serde_json::from_str(item.get()).ok()?;
+        *asked
+            .entry(item.class.unwrap_or(JobClass::Standard))
+            .or_insert(0u64) += 1;
+    }
+    Some(asked)
 }
 
 /// A checked item, ready to insert: its request is the client's JSON text.
@@ -191,6 +215,17 @@ pub(crate) async fn submit(
             format!("the body is larger than {limit} bytes (server.max_bulk_body_bytes), or was cut off"),
         )
     })?;
+    // A tenant at its queue's cap is refused before its items are read: a flood of bulks
+    // to a full queue costs a count each, not a parse and an estimate of every item.
+    if state.config.classes.any_capped() {
+        let body = bytes.clone();
+        let asked = tokio::task::spawn_blocking(move || classes_asked(&body))
+            .await
+            .map_err(ApiError::internal)?;
+        for (class, n) in asked.unwrap_or_default() {
+            queue_has_room(&state, &tenant.name, class, n).await?;
+        }
+    }
     let now = Utc::now().trunc_subsecs(6);
     let (config, owner) = (state.config.clone(), tenant.clone());
     let jobs = tokio::task::spawn_blocking(move || prepare(&config, &owner, &bytes, now))
@@ -204,7 +239,7 @@ pub(crate) async fn submit(
     let mut tx = state.pool.begin().await.map_err(store::StoreError::from)?;
     // Classes in one order, so bulks of several classes take their queues' locks in it.
     for (class, n) in per_class {
-        reserve_queue_room(&state.config, &mut tx, &tenant.name, class, n).await?;
+        reserve_queue_room(&state, &mut tx, &tenant.name, class, n).await?;
     }
     let outcome = store::insert_jobs(&mut tx, &jobs).await?;
     if let Some(i) = outcome.iter().position(|o| *o == BulkInserted::Conflict) {

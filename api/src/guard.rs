@@ -11,6 +11,12 @@
 //! - the admin key and the probes (`/healthz`, `/readyz`, which cost no database work per
 //!   request) are not counted.
 //!
+//! A request refused for its source is answered after [`ANONYMOUS_REFUSAL_HOLD`], not at
+//! once: a guessing loop that waits for its answers then makes a request a second per
+//! connection, and the connections a source may hold are capped
+//! (`server.max_connections_per_source`), so key guessing costs the process a few hundred
+//! cheap answers a second per source instead of tens of thousands.
+//!
 //! Each rate is a token bucket in each process's memory: it protects the process, not a
 //! global quota (that is what the tenant's `rpm`/`tpm` buckets are). The buckets by source
 //! are bounded ([`MAX_SOURCES`]): full ones are forgotten first, and a flood from more
@@ -31,6 +37,9 @@ use tollgate::tenants::TenantDirectory;
 
 use crate::AppState;
 use crate::error::ApiError;
+
+/// How long the answer to a request refused for its source is held.
+pub const ANONYMOUS_REFUSAL_HOLD: Duration = Duration::from_secs(1);
 
 /// Sources whose buckets are kept at once (about 100 bytes each).
 pub const MAX_SOURCES: usize = 65_536;
@@ -141,6 +150,7 @@ pub async fn check(State(guard): State<Guard>, request: Request, next: Next) -> 
             (
                 wait,
                 "too many API requests from this tenant (server.api_rate_per_sec); retry after the delay given",
+                Duration::ZERO,
             )
         }),
         None if key.is_some_and(|key| guard.tenants.is_admin(key)) => None,
@@ -155,11 +165,13 @@ pub async fn check(State(guard): State<Guard>, request: Request, next: Next) -> 
                 (
                     wait,
                     "too many requests without a valid API key from this address (server.anonymous_rate_per_sec); retry after the delay given",
+                    ANONYMOUS_REFUSAL_HOLD,
                 )
             })
         }
     };
-    if let Some((wait, message)) = throttled {
+    if let Some((wait, message, hold)) = throttled {
+        tokio::time::sleep(hold).await;
         return ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             ApiErrorCode::ApiRateLimited,

@@ -3,8 +3,9 @@
 //! (`POST /v1/jobs/{id}/cancel`). Also the pieces the OpenAI-compatible endpoint shares:
 //! validating a chat request, enqueueing it, waiting for a job to finish.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tollgate::vocab::ApiErrorCode;
 
 use axum::Json;
@@ -302,31 +303,123 @@ pub(crate) fn new_job(
 /// another, are counted one after the other and the cap holds exactly. Without a cap it
 /// does nothing and takes no lock.
 pub(crate) async fn reserve_queue_room(
-    config: &Config,
+    state: &AppState,
     conn: &mut PgConnection,
     tenant: &str,
     class: JobClass,
     adding: u64,
 ) -> Result<(), ApiError> {
-    let Some(cap) = config.classes.get(class).max_queued_per_tenant else {
+    count_queue_room(state, Some(conn), tenant, class, adding).await
+}
+
+/// [`reserve_queue_room`]'s answer without its lock, for refusing a submission to a queue
+/// that is already full before the work of reading it (a bulk's items). A yes here is
+/// not a promise: the insert's transaction asks again under the lock.
+pub(crate) async fn queue_has_room(
+    state: &AppState,
+    tenant: &str,
+    class: JobClass,
+    adding: u64,
+) -> Result<(), ApiError> {
+    count_queue_room(state, None, tenant, class, adding).await
+}
+
+/// Counts under the queue's lock in `locked` (the insert's transaction), or on the pool
+/// without it when None.
+async fn count_queue_room(
+    state: &AppState,
+    locked: Option<&mut PgConnection>,
+    tenant: &str,
+    class: JobClass,
+    adding: u64,
+) -> Result<(), ApiError> {
+    let Some(cap) = state.config.classes.get(class).max_queued_per_tenant else {
         return Ok(());
     };
-    // Counting past `cap - adding` changes nothing: the answer is no either way.
-    let up_to = i64::try_from(cap.saturating_sub(adding).saturating_add(1)).unwrap_or(i64::MAX);
-    let waiting = store::lock_queue_and_count(conn, tenant, class, up_to).await?;
-    if u64::try_from(waiting).unwrap_or(0).saturating_add(adding) > cap {
-        return Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            ApiErrorCode::QueueFull,
-            format!(
-                "the tenant's queue of class {} is full: at most {cap} jobs may wait in it (classes.{}.max_queued_per_tenant), and {adding} more do not fit now; retry later",
-                class.as_str(),
-                class.as_str(),
-            ),
-        )
-        .with_retry_after(Duration::from_secs(5)));
+    state
+        .queue_room
+        .refuse_if_known_full(tenant, class, cap, adding)?;
+    let up_to = count_up_to(cap, adding);
+    let waiting = match locked {
+        Some(conn) => store::lock_queue_and_count(conn, tenant, class, up_to).await?,
+        None => store::count_waiting(&state.pool, tenant, class, up_to).await?,
+    };
+    state.queue_room.judge(tenant, class, cap, waiting, adding)
+}
+
+/// Counting past `cap - adding` changes nothing: the answer is no either way.
+fn count_up_to(cap: u64, adding: u64) -> i64 {
+    i64::try_from(cap.saturating_sub(adding).saturating_add(1)).unwrap_or(i64::MAX)
+}
+
+/// How long the room counted in a queue found too full is believed.
+const QUEUE_ROOM_MEMORY: Duration = Duration::from_secs(1);
+
+/// The room last counted in capped queues that were found too full, by (tenant, class),
+/// believed for [`QUEUE_ROOM_MEMORY`]: a flood of submissions to a full queue costs one
+/// count a second, not one each (a count of a full queue reads up to its cap's rows,
+/// under its lock). It only ever refuses what would not have fit a second ago; what it
+/// lets through is counted. Keys are configured tenants × four classes.
+#[derive(Clone, Default)]
+pub struct QueueRoom(Arc<Mutex<RoomCounted>>);
+
+/// By (tenant, class): when its queue was counted too full, and the room it had.
+type RoomCounted = HashMap<(String, JobClass), (Instant, u64)>;
+
+impl QueueRoom {
+    fn counted(&self) -> std::sync::MutexGuard<'_, RoomCounted> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-    Ok(())
+
+    /// `429 queue_full` when the queue was counted too full for `adding` within the memory.
+    fn refuse_if_known_full(
+        &self,
+        tenant: &str,
+        class: JobClass,
+        cap: u64,
+        adding: u64,
+    ) -> Result<(), ApiError> {
+        let known = self.counted().get(&(tenant.to_owned(), class)).copied();
+        match known {
+            Some((at, room)) if at.elapsed() < QUEUE_ROOM_MEMORY && adding > room => {
+                Err(queue_full(class, cap, adding))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether `adding` fits beside `waiting`; a queue too full is remembered with its room.
+    fn judge(
+        &self,
+        tenant: &str,
+        class: JobClass,
+        cap: u64,
+        waiting: i64,
+        adding: u64,
+    ) -> Result<(), ApiError> {
+        let waiting = u64::try_from(waiting).unwrap_or(0);
+        if waiting.saturating_add(adding) <= cap {
+            return Ok(());
+        }
+        self.counted().insert(
+            (tenant.to_owned(), class),
+            (Instant::now(), cap.saturating_sub(waiting)),
+        );
+        Err(queue_full(class, cap, adding))
+    }
+}
+
+fn queue_full(class: JobClass, cap: u64, adding: u64) -> ApiError {
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        ApiErrorCode::QueueFull,
+        format!(
+            "the tenant's queue of class {} is full: at most {cap} jobs may wait in it (classes.{}.max_queued_per_tenant), and {adding} more do not fit now; retry later",
+            class.as_str(),
+            class.as_str(),
+        ),
+    )
+    .with_retry_after(Duration::from_secs(5))
 }
 
 /// The error for an idempotency key already used for another request.
@@ -361,7 +454,7 @@ pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) ->
         .is_some()
     {
         let mut tx = state.pool.begin().await.map_err(store::StoreError::from)?;
-        reserve_queue_room(&state.config, &mut tx, &tenant.name, job.class, 1).await?;
+        reserve_queue_room(state, &mut tx, &tenant.name, job.class, 1).await?;
         let inserted = store::insert_job(&mut tx, &job).await?;
         tx.commit().await.map_err(store::StoreError::from)?;
         inserted

@@ -43,6 +43,7 @@ pub mod openapi;
 pub(crate) mod paging;
 pub mod serve;
 pub mod status;
+pub mod supervise;
 
 use std::sync::Arc;
 use tollgate::vocab::ApiErrorCode;
@@ -81,6 +82,8 @@ pub struct AppState {
     pub arrivals: Option<arrivals::Arrivals>,
     /// `/readyz`'s last probe, shared by the probes of the next second.
     pub readiness: Readiness,
+    /// Capped queues recently counted full, so that a flood to one is refused uncounted.
+    pub queue_room: jobs::QueueRoom,
 }
 
 /// The last database probe `/readyz` made and when: however many probes arrive, the

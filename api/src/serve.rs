@@ -13,14 +13,18 @@
 //! - `server.max_connections`: connections served at once; one more is answered
 //!   `503` with `Retry-After` and closed, so the process's descriptors and memory stay
 //!   bounded whoever connects;
+//! - `server.max_connections_per_source`: connections one source (an IPv4 address, an
+//!   IPv6 /64: [`source_of`]) may hold at once, answered the same way past it, so one
+//!   host cannot take every connection from the others;
 //! - the peer's address on every request ([`axum::extract::ConnectInfo`]), for the guard's
 //!   per-source throttle.
 //!
 //! Shutdown: stop accepting, let each connection finish its request in flight (idle ones
 //! close at once), then return.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -43,6 +47,7 @@ pub struct ConnectionLimits {
     pub header_timeout: Duration,
     pub body_idle_timeout: Duration,
     pub max_connections: usize,
+    pub max_connections_per_source: usize,
 }
 
 impl ConnectionLimits {
@@ -51,6 +56,7 @@ impl ConnectionLimits {
             header_timeout: Duration::from_secs(server.header_timeout_secs),
             body_idle_timeout: Duration::from_secs(server.body_idle_timeout_secs),
             max_connections: server.max_connections,
+            max_connections_per_source: server.max_connections_per_source,
         }
     }
 }
@@ -70,6 +76,7 @@ fn busy_response() -> String {
 pub async fn serve(listener: TcpListener, app: Router, limits: ConnectionLimits, stop: CancellationToken) {
     let app = app.layer(RequestBodyTimeoutLayer::new(limits.body_idle_timeout));
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let sources = SourceSlots::new(limits.max_connections_per_source);
     let graceful = GracefulShutdown::new();
     let connections = TaskTracker::new();
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -93,6 +100,10 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ConnectionLimits,
             connections.spawn(refuse_busy(stream));
             continue;
         };
+        let Some(source_slot) = sources.take(source_of(peer)) else {
+            connections.spawn(refuse_busy(stream));
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let service = app
             .clone()
@@ -106,7 +117,7 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ConnectionLimits,
             if let Err(e) = connection.await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
-            drop(slot);
+            drop((slot, source_slot));
         });
     }
     drop(listener);
@@ -121,6 +132,60 @@ async fn refuse_busy(mut stream: TcpStream) {
         let _ = stream.shutdown().await;
     })
     .await;
+}
+
+/// The connections each source holds, up to a limit per source.
+#[derive(Clone)]
+struct SourceSlots {
+    held: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    per_source: usize,
+}
+
+/// One connection's place in its source's count, given back when dropped.
+struct SourceSlot {
+    slots: SourceSlots,
+    source: IpAddr,
+}
+
+impl SourceSlots {
+    fn new(per_source: usize) -> Self {
+        Self {
+            held: Arc::default(),
+            per_source,
+        }
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A slot for one more connection from `source`, or None when it holds its limit.
+    fn take(&self, source: IpAddr) -> Option<SourceSlot> {
+        let mut held = self.held();
+        let count = held.entry(source).or_insert(0);
+        if *count >= self.per_source {
+            return None;
+        }
+        *count += 1;
+        Some(SourceSlot {
+            slots: self.clone(),
+            source,
+        })
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut held = self.slots.held();
+        if let Some(count) = held.get_mut(&self.source) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.source);
+            }
+        }
+    }
 }
 
 /// The source a request came from, as the guard throttles it: the peer's IPv4 address,
@@ -155,6 +220,21 @@ mod tests {
         assert_eq!(length, body.len());
         let body: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(body["error"]["code"], "server_busy");
+    }
+
+    #[test]
+    fn a_source_holds_its_limit_of_connections_and_gets_them_back() {
+        let slots = SourceSlots::new(2);
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let first = slots.take(a).unwrap();
+        let _second = slots.take(a).unwrap();
+        assert!(slots.take(a).is_none(), "a third connection from one source");
+        assert!(
+            slots.take(b).is_some(),
+            "another source is not limited by the first"
+        );
+        drop(first);
+        assert!(slots.take(a).is_some(), "a closed connection gives its slot back");
     }
 
     #[test]

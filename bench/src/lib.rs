@@ -25,7 +25,10 @@
 //! - `limits` ([`limits`]): limits tollgate was never told — learned from headers, from
 //!   429s, halved mid-run, through an outage — beside 8 clients retrying as the OpenAI SDK
 //!   does.
+//! - `attack` ([`attack`]): a well-behaved tenant's API latency while another tenant and
+//!   an anonymous client attack the process, beside the same load alone.
 
+mod attack;
 pub mod demo;
 mod ingest;
 mod limits;
@@ -55,6 +58,8 @@ pub enum Case {
     Scale,
     /// A batch input file into the queue (not in `all`).
     Ingest,
+    /// A well-behaved tenant's latency under attack, beside it alone (not in `all`).
+    Attack,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -74,7 +79,7 @@ pub struct BenchArgs {
     /// Steady case: jobs per second.
     #[arg(long, default_value_t = 1000)]
     pub rate: u64,
-    /// Steady case: seconds of load.
+    /// Steady and attack cases: seconds of load.
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
     /// Limits case: jobs per scenario.
@@ -99,6 +104,9 @@ pub struct BenchArgs {
     /// throughput case on the same PostgreSQL when given.
     #[arg(long)]
     pub apalis: Option<std::path::PathBuf>,
+    /// Attack case: which attackers run beside the well-behaved tenant (all by default).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = attack::Attacker::ALL)]
+    pub attackers: Vec<attack::Attacker>,
     /// Where the embedded PostgreSQL keeps its data (ignored with DATABASE_URL).
     #[arg(long, default_value = ".tollgate/pg")]
     pub data_dir: std::path::PathBuf,
@@ -198,6 +206,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if matches!(args.case, Case::Ingest) {
         ingest::run(&args).await?;
+    }
+    if matches!(args.case, Case::Attack) {
+        attack::run(&args).await?;
     }
     Ok(())
 }

@@ -278,6 +278,16 @@ pub async fn lock_queue_and_count(
     )
     .execute(&mut *conn)
     .await?;
+    count_waiting(&mut *conn, tenant, class, up_to).await
+}
+
+/// The tenant's jobs waiting in `class` (queued or admitted), counted up to `up_to`.
+pub async fn count_waiting(
+    ex: impl PgExecutor<'_>,
+    tenant: &str,
+    class: JobClass,
+    up_to: i64,
+) -> Result<i64> {
     Ok(sqlx::query_scalar!(
         r#"SELECT count(*) AS "count!" FROM (
                SELECT 1 FROM jobs WHERE tenant = $1 AND class = $2 AND state IN ('queued', 'admitted') LIMIT $3
@@ -286,7 +296,7 @@ pub async fn lock_queue_and_count(
         class as JobClass,
         up_to,
     )
-    .fetch_one(&mut *conn)
+    .fetch_one(ex)
     .await?)
 }
 

@@ -4,9 +4,10 @@
 //! - a client that sends half its headers, or sits on an idle keep-alive connection, is
 //!   disconnected after `server.header_timeout_secs`;
 //! - connections beyond `server.max_connections` get 503 `server_busy`, and the slots come
-//!   back when their holders are cut off;
-//! - requests without a valid key are throttled per source (key guessing), while a
-//!   tenant with its key and the probes go on;
+//!   back when their holders are cut off; one source holds at most
+//!   `server.max_connections_per_source` of them;
+//! - requests without a valid key are throttled per source (key guessing), refusals held
+//!   a second, while a tenant with its key and the probes go on;
 //! - stalled uploads hold no database connection, and their short fields are bounded;
 //! - `/metrics` is nobody's without an admin key;
 //! - U+0000 is refused at the edge in job bodies, bulk bodies and batch lines (one error
@@ -119,6 +120,57 @@ async fn connections_beyond_the_cap_are_refused_and_slots_come_back() {
 }
 
 #[tokio::test]
+async fn one_source_cannot_take_every_connection() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        server_config: "max_connections_per_source = 3".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let target: std::net::SocketAddr = addr(&app).parse().unwrap();
+    let from_neighbour = || async move {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        socket.connect(target).await.unwrap()
+    };
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(from_neighbour().await);
+    }
+    let mut extra = from_neighbour().await;
+    let answer = read_until_closed(&mut extra, Duration::from_secs(10))
+        .await
+        .expect("the connection over the source's limit was neither answered nor closed");
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("server_busy"), "{answer}");
+    // Every other source is served while the neighbour holds its connections.
+    let (status, body) = app.submit(ACME, &job("fast", "beside a greedy neighbour")).await;
+    assert_eq!(status, 202, "{body}");
+    // A connection the neighbour closes is its to use again.
+    drop(held.pop());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut again = from_neighbour().await;
+        again
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_until_closed(&mut again, Duration::from_secs(10))
+            .await
+            .unwrap_or_default();
+        if answer.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the closed connection's slot never came back: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(held);
+}
+
+#[tokio::test]
 async fn key_guessing_is_throttled_per_source_and_tenants_go_on() {
     let app = TestApp::spawn_with(TestOptions {
         roles: Roles::API_ONLY,
@@ -135,8 +187,15 @@ async fn key_guessing_is_throttled_per_source_and_tenants_go_on() {
     for n in 0..5 {
         assert_eq!(guess(n).await.unwrap().status(), 401, "guess {n}");
     }
+    let asked = Instant::now();
     let throttled = guess(5).await.unwrap();
     assert_eq!(throttled.status(), 429);
+    // The refusal is held, so a loop waiting for its answers guesses once a second.
+    assert!(
+        asked.elapsed() >= tollgate_api::guard::ANONYMOUS_REFUSAL_HOLD,
+        "answered after {:?}",
+        asked.elapsed()
+    );
     assert!(throttled.headers().contains_key("retry-after"));
     let body: Value = throttled.json().await.unwrap();
     assert_eq!(body["error"]["code"], "api_rate_limited", "{body}");

@@ -115,6 +115,43 @@ async fn racing_submitters_on_two_processes_fill_a_capped_queue_exactly() {
     app.shutdown().await;
 }
 
+/// A bulk to a queue already at its cap is refused before its items are read: a flood of
+/// bulks to a full queue costs a count each, not the parsing and estimating of every
+/// item. The item here names a model nobody serves — read, it would be a 400
+/// `unknown_model`; refused first, it is a 429 `queue_full`.
+#[tokio::test]
+async fn a_bulk_to_a_full_queue_is_refused_before_its_items_are_read() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        extra_config: "[classes.standard]\ndefault_deadline_secs = 3600\nmax_queued_per_tenant = 2\n".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let unreadable = json!({"jobs": [{"request": {"model": "nobody/serves-this", "messages": [{"role": "user", "content": "hi"}]}}]});
+    let post = |body: &Value| {
+        let (http, url, body) = (app.http.clone(), app.url("/v1/jobs/bulk"), body.clone());
+        async move {
+            let r = http.post(url).bearer_auth(ACME).json(&body).send().await.unwrap();
+            (
+                r.status().as_u16(),
+                r.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }
+    };
+    // With room, the bulk is read and its bad item named.
+    let (status, body) = post(&unreadable).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["param"], "jobs[0].request.model", "{body}");
+    for i in 0..2 {
+        let (status, body) = app.submit(ACME, &job("fast", &format!("fill {i}"))).await;
+        assert_eq!(status, 202, "{body}");
+    }
+    let (status, body) = post(&unreadable).await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["code"], "queue_full", "{body}");
+    app.shutdown().await;
+}
+
 /// A JSONL body of about `bytes` bytes, one batch line per ~110 bytes.
 fn jsonl(bytes: usize) -> Vec<u8> {
     let one = line("x", "fast", "quota") + "\n";
