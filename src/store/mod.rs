@@ -107,3 +107,11 @@ pub enum StoreError {
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// The database server's time at this moment (`clock_timestamp()`, not the transaction's
+/// start): what [`crate::clock::Clock`] samples.
+pub async fn database_time(ex: impl sqlx::PgExecutor<'_>) -> Result<chrono::DateTime<chrono::Utc>> {
+    Ok(sqlx::query_scalar!(r#"SELECT clock_timestamp() AS "now!""#)
+        .fetch_one(ex)
+        .await?)
+}
