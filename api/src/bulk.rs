@@ -191,7 +191,7 @@ pub(crate) async fn submit(
             format!("the body is larger than {limit} bytes (server.max_bulk_body_bytes), or was cut off"),
         )
     })?;
-    let now = Utc::now().trunc_subsecs(6);
+    let now = state.clock.now().trunc_subsecs(6);
     let (config, owner) = (state.config.clone(), tenant.clone());
     let jobs = tokio::task::spawn_blocking(move || prepare(&config, &owner, &bytes, now))
         .await

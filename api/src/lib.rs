@@ -81,6 +81,8 @@ pub struct AppState {
     pub arrivals: Option<arrivals::Arrivals>,
     /// `/readyz`'s last probe, shared by the probes of the next second.
     pub readiness: Readiness,
+    /// The time jobs' creation and deadlines are reckoned in: the database's.
+    pub clock: tollgate::clock::Clock,
 }
 
 /// The last database probe `/readyz` made and when: however many probes arrive, the
