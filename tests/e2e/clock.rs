@@ -184,9 +184,17 @@ async fn a_stream_whose_lease_is_gone_is_stopped_and_writes_nothing() {
         (app.mock.stats().in_flight == 0).then_some(())
     })
     .await;
-    // The client's stream ends, unfinished.
-    let relayed = tokio::time::timeout(Duration::from_secs(10), stream.join_next()).await;
-    assert!(relayed.is_ok(), "the client's stream did not end");
+    // The client's stream ends, unfinished, with the reason.
+    let relayed = tokio::time::timeout(Duration::from_secs(10), stream.join_next())
+        .await
+        .expect("the client's stream ended")
+        .expect("the stream's task")
+        .unwrap()
+        .unwrap();
+    assert!(
+        relayed.contains("lease_expired") && !relayed.contains("[DONE]"),
+        "{relayed}"
+    );
     untouched_by_the_old_holder(&app, &id).await;
     app.shutdown().await;
 }

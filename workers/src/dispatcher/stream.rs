@@ -99,6 +99,10 @@ impl Dispatcher {
                     _ = stop.cancelled() => {
                         // Not ours any more: the client's stream ends here, unfinished.
                         drop(upstream);
+                        let error = serde_json::json!({"error": {
+                            "message": "the job was taken from this process (rescued or cancelled)",
+                            "type": "server_error", "param": null, "code": ReasonCode::LeaseExpired.as_str()}});
+                        let _ = tx.try_send(error.to_string());
                         let settlement = this.settlement(&job, &target, None);
                         let served = Served::new(&target.provider, &target.model);
                         this.abandon(&job, Some(served), settlement).await;
