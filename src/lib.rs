@@ -2,6 +2,8 @@
 //!
 //! - [`vocab`]: the vocabulary — states, classes, dimensions, limit names, lanes, error and
 //!   reason codes — as enums; strings only at the wire and in SQL. Imports nothing else.
+//! - [`clock`]: the time leases, deadlines, holds and retries are reckoned in: the
+//!   database's, sampled and advanced by the monotonic clock.
 //! - [`config`]: the TOML configuration, its defaults and validation.
 //! - [`model`]: jobs, their ids, states and classes.
 //! - [`attempt`]: how one attempt of a job ends — the outcome a dispatcher builds from a
@@ -42,6 +44,7 @@
 pub mod attempt;
 pub mod batches;
 pub mod buckets;
+pub mod clock;
 pub mod config;
 pub mod db;
 pub mod embedded;

@@ -181,7 +181,7 @@ pub(crate) async fn create(
                 .with_param("input_file_id"),
         );
     }
-    let now = Utc::now().trunc_subsecs(6);
+    let now = state.clock.now().trunc_subsecs(6);
     let expires_at = now + chrono::Duration::from_std(window).unwrap_or(chrono::Duration::days(1));
     let mut batch = BatchRow {
         id: new_batch_id(),
@@ -572,7 +572,7 @@ pub(crate) async fn cancel(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let mut tx = state.pool.begin().await.map_err(db)?;
-    let outcome = store::cancel_batch(&mut tx, &tenant.name, &id, Utc::now()).await?;
+    let outcome = store::cancel_batch(&mut tx, &tenant.name, &id, state.clock.now()).await?;
     tx.commit().await.map_err(db)?;
     match outcome {
         BatchCancel::Cancelling(batch) => one_view(&state, batch).await,

@@ -3,7 +3,8 @@
 //! on one database. [`Broker::start`] brings them up; [`Broker::shutdown`] runs
 //! the written shutdown sequence: stop accepting and claiming → drain in-flight provider
 //! calls up to `dispatch.drain_timeout_secs` → release the leases of what did not finish
-//! → exit.
+//! → exit. Every role reckons time by one [`Clock`]: the database's, so processes on
+//! hosts whose clocks disagree agree on leases, deadlines and holds.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use sqlx::postgres::PgPoolOptions;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tollgate::clock::Clock;
 use tollgate::config::Config;
 use tollgate::notify::Notifications;
 use tollgate::tenants::TenantDirectory;
@@ -84,16 +86,32 @@ impl Broker {
         listener: Option<TcpListener>,
         roles: Roles,
     ) -> anyhow::Result<Self> {
+        let clock = Clock::database(&pool)
+            .await
+            .context("reading the database's time")?;
+        Self::start_with_clock(config, pool, listener, roles, clock).await
+    }
+
+    /// [`Broker::start`] with the roles reckoning time by `clock`. For tests: a clock
+    /// [`Clock::offset_by`] some seconds stands for a process whose clock is wrong.
+    pub async fn start_with_clock(
+        config: Arc<Config>,
+        pool: PgPool,
+        listener: Option<TcpListener>,
+        roles: Roles,
+        clock: Clock,
+    ) -> anyhow::Result<Self> {
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
         let notifications = Notifications::default();
-        tollgate::store::sync_buckets(&pool, &tollgate::buckets::configured(&config), chrono::Utc::now())
+        tollgate::store::sync_buckets(&pool, &tollgate::buckets::configured(&config), clock.now())
             .await
             .context("syncing the configured buckets")?;
         tollgate_workers::webhooks::sync_config_endpoints(&pool, &config)
             .await
             .context("syncing the configured webhook endpoints")?;
         notifications.spawn_listener(pool.clone(), &tracker, cancel.clone());
+        tracker.spawn(clock.clone().keep_sampling(cancel.clone()));
         // Load the tokenizers now, not on some client's first request.
         tokio::task::spawn_blocking(tollgate::estimate::warm_up).await?;
         // Each role gets its own connections, so a burst of completions cannot starve the
@@ -110,15 +128,16 @@ impl Broker {
         let maintenance_pool = role_pool(MAINTENANCE_CONNECTIONS);
         let tenants = TenantDirectory::from_config(&config).map_err(anyhow::Error::msg)?;
         let providers = Providers::from_config(&config)?;
-        let dispatcher = Dispatcher::new(
+        let dispatcher = Dispatcher::with_clock(
             dispatch_pool,
             config.clone(),
             providers.clone(),
             notifications.clone(),
+            clock.clone(),
         );
         let relays = TaskTracker::new();
         let gate = roles.gate.then(|| {
-            let gate = Gate::new(gate_pool, config.clone(), notifications.clone());
+            let gate = Gate::new(gate_pool, config.clone(), notifications.clone()).with_clock(clock.clone());
             Arc::new(if roles.dispatch {
                 gate.with_handoff(dispatcher.handoff())
             } else {
@@ -142,6 +161,7 @@ impl Broker {
             observer: crate::status::Observer::default(),
             readiness: crate::Readiness::default(),
             queue_room: crate::jobs::QueueRoom::default(),
+            clock: clock.clone(),
         };
         let mut addr = None;
         if roles.api {
@@ -197,12 +217,14 @@ impl Broker {
                 maintenance_pool,
                 Duration::from_millis(config.dispatch.maintenance_interval_ms),
             )
-            .with_retention(config.retention.clone());
+            .with_retention(config.retention.clone())
+            .with_clock(clock.clone());
             spawn_supervised(&tracker, "maintenance", &cancel, m, Maintenance::run);
-            let sender = WebhookSender::new(role_pool(2), &config.webhooks)?;
+            let sender = WebhookSender::new(role_pool(2), &config.webhooks)?.with_clock(clock.clone());
             spawn_supervised(&tracker, "webhook sender", &cancel, sender, WebhookSender::run);
             if tollgate::provider_batches::any_enabled(&config) {
-                let batcher = ProviderBatcher::new(role_pool(2), config.clone(), providers.clone());
+                let batcher = ProviderBatcher::new(role_pool(2), config.clone(), providers.clone())
+                    .with_clock(clock.clone());
                 spawn_supervised(
                     &tracker,
                     "provider batches",

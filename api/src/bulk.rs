@@ -226,7 +226,7 @@ pub(crate) async fn submit(
             queue_has_room(&state, &tenant.name, class, n).await?;
         }
     }
-    let now = Utc::now().trunc_subsecs(6);
+    let now = state.clock.now().trunc_subsecs(6);
     let (config, owner) = (state.config.clone(), tenant.clone());
     let jobs = tokio::task::spawn_blocking(move || prepare(&config, &owner, &bytes, now))
         .await

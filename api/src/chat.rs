@@ -70,7 +70,7 @@ pub(crate) async fn completions(
             stream,
             request,
             class: JobClass::Interactive,
-            deadline: Some(Utc::now() + timeout),
+            deadline: Some(state.clock.now() + timeout),
             priority: 0,
             idempotency_key: None,
             metadata: None,
@@ -106,7 +106,8 @@ pub(crate) async fn completions(
         }
         JobState::Queued | JobState::Admitted | JobState::Running => {
             // Out of time: give the slot back and tell the caller when to try again.
-            if let Err(e) = store::cancel_job(&state.pool, &tenant.name, finished.id, Utc::now()).await {
+            if let Err(e) = store::cancel_job(&state.pool, &tenant.name, finished.id, state.clock.now()).await
+            {
                 tracing::warn!(error = %e, "could not cancel a timed-out synchronous job");
             }
             Err(queue_timeout(finished.admission.as_ref()))
@@ -144,7 +145,7 @@ impl Drop for CancelIfAbandoned {
         if let Some((state, tenant, id)) = self.armed.take() {
             let relays = state.relays.clone();
             relays.spawn(async move {
-                match store::cancel_job(&state.pool, &tenant, id, Utc::now()).await {
+                match store::cancel_job(&state.pool, &tenant, id, state.clock.now()).await {
                     Ok(_) => tracing::debug!(job = %id, "the caller hung up; its job is cancelled"),
                     Err(e) => {
                         tracing::warn!(job = %id, error = %e, "could not cancel an abandoned synchronous job")
@@ -232,7 +233,7 @@ async fn stream_response(
             _ = &mut admitted => {}
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
             _ = tokio::time::sleep_until(give_up) => {
-                if let Err(e) = store::cancel_job(&state.pool, tenant, id, Utc::now()).await {
+                if let Err(e) = store::cancel_job(&state.pool, tenant, id, state.clock.now()).await {
                     tracing::warn!(error = %e, "could not cancel a timed-out streaming job");
                 }
                 let admission = store::get_job(&state.pool, tenant, id).await?.and_then(|j| j.admission);

@@ -435,7 +435,12 @@ pub(crate) fn idempotency_key_reused() -> ApiError {
 /// Validates and inserts; the row is committed when this returns.
 pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) -> Result<Inserted, ApiError> {
     // PostgreSQL keeps microseconds: so does the 202, to match every later read.
-    let job = Arc::new(new_job(&state.config, tenant, s, Utc::now().trunc_subsecs(6))?);
+    let job = Arc::new(new_job(
+        &state.config,
+        tenant,
+        s,
+        state.clock.now().trunc_subsecs(6),
+    )?);
     // A job started on arrival does not wait: it takes no room in the queue.
     let started = match &state.arrivals {
         Some(arrivals) if job.class == JobClass::Interactive && !job.stream => {
@@ -668,7 +673,7 @@ pub(crate) async fn cancel(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let id = parse_id(&id)?;
-    match store::cancel_job(&state.pool, &tenant.name, id, Utc::now()).await? {
+    match store::cancel_job(&state.pool, &tenant.name, id, state.clock.now()).await? {
         Cancelled::Now(job) => Ok(Json(job_view(&job))),
         Cancelled::AlreadyFinished(job) => Err(ApiError::new(
             StatusCode::CONFLICT,

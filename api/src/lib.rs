@@ -84,6 +84,8 @@ pub struct AppState {
     pub readiness: Readiness,
     /// Capped queues recently counted full, so that a flood to one is refused uncounted.
     pub queue_room: jobs::QueueRoom,
+    /// The time jobs' creation and deadlines are reckoned in: the database's.
+    pub clock: tollgate::clock::Clock,
 }
 
 /// The last database probe `/readyz` made and when: however many probes arrive, the

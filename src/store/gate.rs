@@ -147,7 +147,8 @@ impl Admission {
 pub struct Starter<'a> {
     /// The dispatcher's `lease_owner`.
     pub owner: &'a str,
-    pub lease_until: DateTime<Utc>,
+    /// How long its lease runs from the database's `now()`.
+    pub lease: std::time::Duration,
 }
 
 /// What [`admit`] wrote.
@@ -256,12 +257,12 @@ pub async fn admit(
         let started = AdmissionArrays::of(started);
         admitted.started = admit_query!(
             query_jobs!,
-            "state = 'running', attempt = j.attempt + 1, lease_owner = $8, lease_expires_at = $9,
-             started_at = COALESCE(j.started_at, $4)",
+            "state = 'running', attempt = j.attempt + 1, lease_owner = $8,
+             lease_expires_at = now() + make_interval(secs => $9), started_at = COALESCE(j.started_at, $4)",
             &started,
             now,
             starter.owner,
-            starter.lease_until,
+            starter.lease.as_secs_f64(),
         )
         .fetch_all(&mut *conn)
         .await?;

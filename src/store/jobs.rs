@@ -106,10 +106,10 @@ pub async fn insert_started_job(
         ["$23", "$24", "$25", "$26", "$27", "$28"],
         ", state, attempt, lease_owner, lease_expires_at, started_at, admitted_at, provider, provider_model,
            provider_key, reserved_buckets, reserved_amounts",
-        ", 'running', 1, $15, $16, $17, $17, $18, $19, $20, $21, $22",
+        ", 'running', 1, $15, now() + make_interval(secs => $16), $17, $17, $18, $19, $20, $21, $22",
         job,
         starter.owner,
-        starter.lease_until,
+        starter.lease.as_secs_f64(),
         now,
         &admission.provider,
         &admission.model,
@@ -124,7 +124,8 @@ pub async fn insert_started_job(
         state: JobState::Running,
         attempt: 1,
         lease_owner: Some(starter.owner.to_owned()),
-        lease_expires_at: Some(starter.lease_until),
+        // Written as the database's `now()` plus the lease; this is the caller's reckoning.
+        lease_expires_at: chrono::Duration::from_std(starter.lease).ok().map(|l| now + l),
         started_at: Some(now),
         admitted_at: Some(now),
         provider: Some(admission.provider.clone()),
@@ -430,7 +431,8 @@ pub(crate) async fn notify_done(conn: &mut PgConnection, ids: &[JobId]) -> Resul
 pub const IDS_PER_NOTIFY: i64 = 200;
 
 /// Claims up to `limit` admitted jobs for `owner` in one short statement and commits:
-/// the provider is called only after this returns, with no lock held.
+/// the provider is called only after this returns, with no lock held. The lease runs
+/// from the database's `now()`, whatever `now` (deadlines, pauses, `started_at`) says.
 pub async fn claim_jobs(
     ex: impl PgExecutor<'_>,
     owner: &str,
@@ -438,7 +440,6 @@ pub async fn claim_jobs(
     now: DateTime<Utc>,
     lease: std::time::Duration,
 ) -> Result<Vec<Job>> {
-    let lease_until = now + lease;
     Ok(query_jobs!(
         "WITH picked AS (
              SELECT id FROM jobs
@@ -453,14 +454,14 @@ pub async fn claim_jobs(
              FOR UPDATE SKIP LOCKED)
          UPDATE jobs j
          SET state = 'running', attempt = j.attempt + 1, lease_owner = $1,
-             lease_expires_at = $4, started_at = COALESCE(j.started_at, $3)
+             lease_expires_at = now() + make_interval(secs => $4), started_at = COALESCE(j.started_at, $3)
          FROM picked WHERE j.id = picked.id
          RETURNING",
         "",
         owner,
         limit,
         now,
-        lease_until,
+        lease.as_secs_f64(),
     )
     .fetch_all(ex)
     .await?)
@@ -475,7 +476,8 @@ pub async fn claim_stream_job(
     lease: std::time::Duration,
 ) -> Result<Option<Job>> {
     Ok(query_jobs!(
-        "UPDATE jobs j SET state = 'running', attempt = attempt + 1, lease_owner = $2, lease_expires_at = $4,
+        "UPDATE jobs j SET state = 'running', attempt = attempt + 1, lease_owner = $2,
+                           lease_expires_at = now() + make_interval(secs => $4),
                            started_at = COALESCE(started_at, $3)
          WHERE id = $1 AND state = 'admitted' AND stream
          RETURNING",
@@ -483,7 +485,7 @@ pub async fn claim_stream_job(
         id.0,
         owner,
         now,
-        now + lease,
+        lease.as_secs_f64(),
     )
     .fetch_optional(ex)
     .await?)
@@ -788,36 +790,66 @@ fn clamp_i32(v: i64) -> i32 {
     v.clamp(0, i64::from(i32::MAX)) as i32
 }
 
-/// The heartbeat: extends the leases of every job `owner` still runs.
+/// One of a holder's jobs as its heartbeat found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub id: JobId,
+    pub attempt: i32,
+    pub state: JobState,
+}
+
+/// The heartbeat: extends, to the database's `now()` plus `lease`, the leases of the jobs
+/// of `ids` that `owner` still runs, and returns those of `ids` still leased to `owner`
+/// with their attempt and state. A job missing from the answer, or back with another
+/// attempt, was taken from `owner` (rescued, then perhaps claimed again); a `cancelled` one
+/// runs for nobody. Either way its call is not worth finishing.
 pub async fn extend_leases(
     ex: impl PgExecutor<'_>,
     owner: &str,
     ids: &[JobId],
-    now: DateTime<Utc>,
     lease: std::time::Duration,
-) -> Result<u64> {
+) -> Result<Vec<Held>> {
     if ids.is_empty() {
-        return Ok(0);
+        return Ok(Vec::new());
     }
     let ids: Vec<uuid::Uuid> = ids.iter().map(|id| id.0).collect();
-    let done = sqlx::query!(
+    Ok(sqlx::query_as!(
+        Held,
         // A row another transaction holds is skipped, not waited for: that is the completer
         // finishing it (its lease is no longer needed), a cancel or the rescuer, and the next
         // beat, well within the lease, extends it if it still runs. Waiting could deadlock with
         // the completer, which locks the same owner's rows in whatever order its plan meets them.
-        "UPDATE jobs j SET lease_expires_at = $2
-         FROM (SELECT id FROM jobs
-               WHERE lease_owner = $1 AND id = ANY($3)
-                 AND (state::text = 'running' OR (state::text = 'cancelled' AND reserved_buckets IS NOT NULL))
-               FOR NO KEY UPDATE SKIP LOCKED) mine
-         WHERE j.id = mine.id",
+        // The final read sees the rows as the statement began, locked or not.
+        r#"WITH mine AS (
+             SELECT id FROM jobs
+             WHERE lease_owner = $1 AND id = ANY($3)
+               AND (state::text = 'running' OR (state::text = 'cancelled' AND reserved_buckets IS NOT NULL))
+             FOR NO KEY UPDATE SKIP LOCKED),
+         extended AS (
+             UPDATE jobs j SET lease_expires_at = now() + make_interval(secs => $2)
+             FROM mine WHERE j.id = mine.id)
+         SELECT id AS "id: JobId", attempt, state AS "state: JobState" FROM jobs
+         WHERE id = ANY($3) AND lease_owner = $1"#,
         owner,
-        now + lease,
+        lease.as_secs_f64(),
         &ids,
     )
-    .execute(ex)
-    .await?;
-    Ok(done.rows_affected())
+    .fetch_all(ex)
+    .await?)
+}
+
+/// Whether `owner` still holds attempt `attempt` of job `id`, running: checked just before
+/// a call that waited (a job handed over waits for a slot, and may be cancelled meanwhile).
+pub async fn holds_running(ex: impl PgExecutor<'_>, id: JobId, attempt: i32, owner: &str) -> Result<bool> {
+    Ok(sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM jobs WHERE id = $1 AND state::text = 'running' AND attempt = $2
+                                             AND lease_owner = $3) AS "held!""#,
+        id.0,
+        attempt,
+        owner,
+    )
+    .fetch_one(ex)
+    .await?)
 }
 
 /// Counts of what one maintenance pass changed.
@@ -834,13 +866,15 @@ pub struct Rescued {
 /// Takes back what `owner`'s jobs hold (shutdown after the drain timeout) or what holders
 /// whose lease expired held (they died or lost the database): the jobs return to the
 /// queue — or fail with `lease_expired` when no attempts are left — and their reservations
-/// are settled as sent with an unknown outcome.
+/// are settled as sent with an unknown outcome. A lease has expired when the database's
+/// `now()` says so: a rescuer whose own clock runs ahead never takes a live job. `now` is
+/// the time written as `finished_at`.
 async fn release_running(pool: &PgPool, owner: Option<&str>, now: DateTime<Utc>) -> Result<Rescued> {
     let mut tx = pool.begin().await?;
     let rows = sqlx::query!(
         r#"WITH gone AS (
              SELECT id, reserved_buckets, reserved_amounts FROM jobs
-             WHERE state = 'running' AND (lease_owner = $2 OR ($2 IS NULL AND lease_expires_at < $1))
+             WHERE state = 'running' AND (lease_owner = $2 OR ($2 IS NULL AND lease_expires_at < now()))
              FOR UPDATE SKIP LOCKED)
          UPDATE jobs j SET
              state = CASE WHEN j.attempt >= j.max_attempts THEN 'failed'::job_state ELSE 'queued' END,
@@ -848,7 +882,7 @@ async fn release_running(pool: &PgPool, owner: Option<&str>, now: DateTime<Utc>)
              error_message = CASE WHEN j.attempt >= j.max_attempts
                  THEN 'the dispatcher holding the job stopped and no attempts are left'
                  ELSE j.error_message END,
-             finished_at = CASE WHEN j.attempt >= j.max_attempts THEN $1 END,
+             finished_at = CASE WHEN j.attempt >= j.max_attempts THEN $1::timestamptz END,
              lease_owner = NULL, lease_expires_at = NULL,
              reserved_buckets = NULL, reserved_amounts = NULL
          FROM gone WHERE j.id = gone.id
@@ -879,13 +913,12 @@ async fn release_running(pool: &PgPool, owner: Option<&str>, now: DateTime<Utc>)
             r#"WITH gone AS (
                  SELECT id, reserved_buckets, reserved_amounts FROM jobs
                  WHERE reserved_buckets IS NOT NULL AND state IN ('succeeded', 'failed', 'cancelled')
-                   AND lease_expires_at < $1
+                   AND lease_expires_at < now()
                  FOR UPDATE SKIP LOCKED)
              UPDATE jobs j SET reserved_buckets = NULL, reserved_amounts = NULL,
                                lease_owner = NULL, lease_expires_at = NULL
              FROM gone WHERE j.id = gone.id
              RETURNING j.id AS "id: JobId", gone.reserved_buckets, gone.reserved_amounts"#,
-            now,
         )
         .fetch_all(&mut *tx)
         .await?;

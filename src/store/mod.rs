@@ -1,6 +1,9 @@
 //! All SQL. Small functions over `impl PgExecutor` (or a connection inside a transaction
 //! where several statements must commit together), so each runs on a pool or inside a
-//! transaction. Time is a parameter (`now`) so tests pin the clock instead of sleeping.
+//! transaction. Time is a parameter (`now`) so tests pin the clock instead of sleeping —
+//! but for leases: a lease is written as the database's `now()` plus its length and is
+//! expired when the database's `now()` passes it, so no process's clock decides whether
+//! another's job is still alive (a test moves a lease by writing it).
 //!
 //! - [`jobs`]: the job rows, from insert to terminal state.
 //! - [`buckets`]: bucket rows and the reservations jobs hold against them.
@@ -107,3 +110,11 @@ pub enum StoreError {
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// The database server's time at this moment (`clock_timestamp()`, not the transaction's
+/// start): what [`crate::clock::Clock`] samples.
+pub async fn database_time(ex: impl sqlx::PgExecutor<'_>) -> Result<chrono::DateTime<chrono::Utc>> {
+    Ok(sqlx::query_scalar!(r#"SELECT clock_timestamp() AS "now!""#)
+        .fetch_one(ex)
+        .await?)
+}

@@ -244,9 +244,10 @@ pub struct ClaimLimits {
 /// the tenant's name): "tgwh".
 const TENANT_CLAIM_LOCKS: i32 = 0x7467_7768;
 
-/// Claims due deliveries for one attempt each: bumps the attempt and leases the delivery
-/// until `now + lease` (`leased_until`, and `next_attempt_at`, so a sender that dies has it
-/// claimed again once the lease is over).
+/// Claims deliveries due at `now` for one attempt each: bumps the attempt and leases the
+/// delivery for `lease` from the database's `now()` (`leased_until`, and `next_attempt_at`,
+/// so a sender that dies has it claimed again once the lease is over). Leases in flight are
+/// counted by the database's `now()` too: no sender's clock decides another's are over.
 ///
 /// At most `per_endpoint` deliveries of an endpoint and `per_tenant` of a tenant are in
 /// flight, counting every process's leases; the turns go round-robin — every endpoint's
@@ -297,12 +298,12 @@ pub async fn claim_deliveries(
              SELECT e.id, e.tenant,
                     $3 - (SELECT count(*) FROM webhook_deliveries d
                           WHERE d.endpoint_id = e.id AND d.leased_until IS NOT NULL
-                            AND d.leased_until > $1 AND d.state = 'pending') AS free
+                            AND d.leased_until > now() AND d.state = 'pending') AS free
              FROM webhook_endpoints e WHERE e.id = ANY ($2)),
          busy AS (
              SELECT e.tenant, count(*) AS n
              FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
-             WHERE d.leased_until IS NOT NULL AND d.leased_until > $1 AND d.state = 'pending'
+             WHERE d.leased_until IS NOT NULL AND d.leased_until > now() AND d.state = 'pending'
              GROUP BY e.tenant),
          candidates AS (
              SELECT c.id, ep.tenant, c.next_attempt_at,
@@ -320,7 +321,8 @@ pub async fn claim_deliveries(
              SELECT id FROM ranked WHERE load <= $4
              ORDER BY load, next_attempt_at, id LIMIT $5)
          UPDATE webhook_deliveries d
-         SET attempts = d.attempts + 1, next_attempt_at = $6, leased_until = $6
+         SET attempts = d.attempts + 1, next_attempt_at = now() + make_interval(secs => $6),
+             leased_until = now() + make_interval(secs => $6)
          FROM picked, webhook_endpoints e
          WHERE d.id = picked.id AND d.state = 'pending' AND e.id = d.endpoint_id
          RETURNING d.id, d.endpoint_id, e.tenant, e.url, e.secret, d.event_type, d.body, d.attempts,
@@ -331,7 +333,7 @@ pub async fn claim_deliveries(
     .bind(limits.per_endpoint)
     .bind(limits.per_tenant)
     .bind(limits.slots)
-    .bind(now + lease)
+    .bind(lease.as_secs_f64())
     .fetch_all(&mut *tx)
     .await?;
     tx.commit().await?;

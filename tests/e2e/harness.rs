@@ -236,6 +236,29 @@ learn_limits = false # harness
     .replace("MOCK_ADDR", &mock_addr.to_string())
 }
 
+/// `config` with `lines` (`key = value`, one a line) set in the table whose header is
+/// `header`: a key the harness sets there already takes the new value, others are added.
+fn set_in_table(config: &str, header: &str, lines: &str) -> String {
+    let Some(start) = config.find(header).map(|i| i + header.len()) else {
+        return config.to_owned();
+    };
+    let end = config[start..]
+        .find("\n[")
+        .map_or(config.len(), |i| start + i + 1);
+    let mut table: Vec<String> = config[start..end].lines().map(str::to_owned).collect();
+    for line in lines.lines().filter(|l| !l.trim().is_empty()) {
+        let key = line.split('=').next().unwrap_or_default().trim();
+        let set = table
+            .iter_mut()
+            .find(|l| l.split('=').next().unwrap_or_default().trim() == key);
+        match set {
+            Some(old) => *old = line.to_owned(),
+            None => table.insert(0, line.to_owned()),
+        }
+    }
+    format!("{}{}\n{}", &config[..start], table.join("\n"), &config[end..])
+}
+
 const RETRY_TABLE: &str = "[retry]\nmax_attempts = 4\nbase_delay_ms = 50\nmax_delay_ms = 1000\n";
 
 fn retry_table(config: String, lines: &str) -> String {
@@ -308,9 +331,14 @@ impl TestApp {
             .await
             .expect("mock provider");
         let (mock, mock_addr) = (local_mock.provider.clone(), local_mock.addr);
+        let text = set_in_table(
+            &config_text(mock_addr, &opts.extra_config),
+            "[dispatch]\n",
+            &opts.dispatch_config,
+        );
         let config = Arc::new(
             Config::parse(
-                &retry_table(config_text(mock_addr, &opts.extra_config), &opts.retry_config)
+                &retry_table(text, &opts.retry_config)
                     .replace(
                         "learn_limits = false # harness",
                         if opts.learn_limits {
@@ -320,12 +348,7 @@ impl TestApp {
                         },
                     )
                     .replacen("[server]\n", &format!("[server]\n{}\n", opts.server_config), 1)
-                    .replacen("[gate]\n", &format!("[gate]\n{}\n", opts.gate_config), 1)
-                    .replacen(
-                        "[dispatch]\n",
-                        &format!("[dispatch]\n{}\n", opts.dispatch_config),
-                        1,
-                    ),
+                    .replacen("[gate]\n", &format!("[gate]\n{}\n", opts.gate_config), 1),
                 "test config",
             )
             .expect("valid test config"),
@@ -355,6 +378,12 @@ impl TestApp {
     /// Another broker process on the same database (own pool, own notifications, own
     /// gate candidate, own dispatcher): what a second `tollgate serve` would be.
     pub async fn spawn_peer(&self, roles: Roles) -> Broker {
+        self.spawn_peer_on_clock(roles, chrono::Duration::zero()).await
+    }
+
+    /// [`TestApp::spawn_peer`] whose clock reads `offset` off the database's time: a
+    /// process on a host whose clock is wrong.
+    pub async fn spawn_peer_on_clock(&self, roles: Roles, offset: chrono::Duration) -> Broker {
         let started = self.peers.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         assert!(
             started < self.peers.0,
@@ -366,7 +395,11 @@ impl TestApp {
             .await
             .expect("peer pool");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind peer api");
-        Broker::start(self.config.clone(), pool, Some(listener), roles)
+        let clock = tollgate::clock::Clock::database(&pool)
+            .await
+            .expect("the database's time")
+            .offset_by(offset);
+        Broker::start_with_clock(self.config.clone(), pool, Some(listener), roles, clock)
             .await
             .expect("peer broker starts")
     }

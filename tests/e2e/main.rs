@@ -29,6 +29,9 @@
 //!   streaming, and a Gemini 429 body teaching a limit.
 //! - [`reservations`]: what a job reserves covers what its provider charges (`n` choices,
 //!   the output cap sent when the request sets none).
+//! - [`clock`]: processes whose clocks are off rescue no live job; a lost lease stops its
+//!   call (plain or streamed); a handed-over job cancelled while waiting is not sent; a gate
+//!   whose lock connection died admits nothing.
 //! - [`quotas`]: a tenant's queue caps and file quotas hold exactly under racing clients
 //!   on two processes.
 
@@ -40,6 +43,7 @@ mod batches;
 mod bulk;
 mod chaos;
 mod cli;
+mod clock;
 mod dashboard;
 mod durability;
 mod edge;

@@ -5,7 +5,10 @@
 //! the reservations of the whole round — all or nothing per job — then writes failures
 //! and explanations and records the decisions in the metrics. Correctness rests on the
 //! bucket row locks; one gate is active at a time (a PostgreSQL advisory lock elects it)
-//! only so that one process keeps the fairness bookkeeping.
+//! only so that one process keeps the fairness bookkeeping. The active gate's rounds run
+//! their transaction on the session holding that lock: a round commits only while its
+//! gate leads, and a gate whose lock connection died admits nothing more — its next round
+//! fails at once and it stands for election again.
 //!
 //! Every way a job reaches `running`, and why each exists:
 //! - **A dispatcher's claim** (`store::claim_jobs`): admitted online jobs, claimed by any
@@ -32,9 +35,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgPool};
+use sqlx::{Connection, PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 use tollgate::buckets::{self, Bucket, BucketSpec};
+use tollgate::clock::Clock;
 use tollgate::config::Config;
 use tollgate::learning::{self, Learned};
 use tollgate::metrics;
@@ -49,7 +53,7 @@ use tollgate::vocab::{Dimension, LearnedFrom, Rule};
 use crate::dispatcher::Handoff;
 
 /// Advisory lock key of the active gate ("tollgate" in ASCII, as a number).
-const GATE_LOCK: i64 = 0x746f_6c6c_6761_7465;
+pub const GATE_LOCK: i64 = 0x746f_6c6c_6761_7465;
 /// Shortest pause between two rounds that did not fill a batch: arrivals and releases in
 /// that time are handled by one round instead of one round each.
 const MIN_PAUSE: Duration = Duration::from_millis(2);
@@ -100,6 +104,13 @@ pub struct Gate {
     /// This process's dispatcher, when it has one: jobs it has room for start in the
     /// admission's own write.
     handoff: Option<Handoff>,
+    /// The time rounds are run at (a broker's: the database's).
+    clock: Clock,
+}
+
+/// Whether the gate's lock connection still answers (its session, and so its lock, lives).
+async fn leads(leader: &mut PgConnection) -> bool {
+    leader.ping().await.is_ok()
 }
 
 /// A mutex's value, also after a panic while it was held (what it guards stays usable).
@@ -137,7 +148,14 @@ impl Gate {
             key_turn: AtomicUsize::new(0),
             calibration: Mutex::new((None, HashMap::new())),
             handoff: None,
+            clock: Clock::system(),
         }
+    }
+
+    /// Reckons time by `clock` (a broker's: the database's).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Starts admitted jobs on this process's dispatcher when it has room ([`Handoff`]).
@@ -175,7 +193,7 @@ impl Gate {
         if permits.is_empty() {
             return Ok(None);
         }
-        let now = Utc::now();
+        let now = self.clock.now();
         // The transaction begins while the reads run, on its own connection.
         let (mut tx, queued, learned, paused, calibration) = tokio::try_join!(
             async { Ok::<_, StoreError>(pool.begin().await?) },
@@ -202,7 +220,7 @@ impl Gate {
         keys.sort();
         keys.dedup();
 
-        let now = Utc::now();
+        let now = self.clock.now();
         let mut buckets: HashMap<String, Bucket> = store::lock_buckets_by(&mut tx, &keys, &[])
             .await?
             .into_iter()
@@ -226,7 +244,7 @@ impl Gate {
         metrics::admitted(&plan.job, &plan.routes[route].target, &plan.routes[0].target, now);
         let starter = store::Starter {
             owner: &handoff.owner,
-            lease_until: now + handoff.lease,
+            lease: handoff.lease,
         };
         let taken: Vec<Bucket> = buckets
             .into_values()
@@ -355,6 +373,17 @@ impl Gate {
 
     /// One round at time `now`: read candidates, admit what fits, explain what waits.
     pub async fn run_once(&self, now: DateTime<Utc>) -> Result<Round, StoreError> {
+        self.round(None, now).await
+    }
+
+    /// A round whose transaction runs on `leader` — the session holding the gate's lock —
+    /// when given, so that it commits only while that session (and its lock) lives; on a
+    /// pooled connection otherwise (tests driving rounds by hand).
+    async fn round(
+        &self,
+        leader: Option<&mut PgConnection>,
+        now: DateTime<Utc>,
+    ) -> Result<Round, StoreError> {
         let batch = self.config.gate.batch;
         let queues = store::active_queues(&self.pool).await?;
         let mut candidates = if queues.is_empty() {
@@ -393,7 +422,10 @@ impl Gate {
         let news = learned.iter().any(Learned::pending);
         let (mut permits, limit) = self.room(plans.len()).await?;
 
-        let mut tx = self.pool.begin().await?;
+        let mut tx = match leader {
+            Some(conn) => conn.begin().await?,
+            None => self.pool.begin().await?,
+        };
         // Settlements of finished jobs first: what they did not use is available again.
         let refunds = store::take_pending_refunds(&mut tx, REFUNDS_PER_ROUND).await?;
         // Read after the refunds: a 429's pause commits with its refund, so a slot given
@@ -462,7 +494,7 @@ impl Gate {
         let starter = self.handoff.as_ref().map(|h| {
             let starter = store::Starter {
                 owner: &h.owner,
-                lease_until: now + h.lease,
+                lease: h.lease,
             };
             (starter, permits.len())
         });
@@ -561,10 +593,15 @@ impl Gate {
                 let wake = self.notifications.gate_ready();
                 tokio::pin!(wake);
                 wake.as_mut().enable();
-                let round = match self.run_once(Utc::now()).await {
+                let round = match self.round(Some(&mut leader), self.clock.now()).await {
                     Ok(r) => r,
                     Err(e) => {
                         tracing::warn!(error = %e, "gate round failed");
+                        // A round that failed on a lost lock connection must not be retried on it.
+                        if !leads(&mut leader).await {
+                            tracing::warn!("lost the gate's lock connection; electing again");
+                            continue 'lead;
+                        }
                         Round::default()
                     }
                 };
@@ -573,7 +610,7 @@ impl Gate {
                 }
                 let until_ready = round
                     .next_ready
-                    .and_then(|at| (at - Utc::now()).to_std().ok())
+                    .and_then(|at| (at - self.clock.now()).to_std().ok())
                     .unwrap_or(poll)
                     .clamp(MIN_PAUSE, poll);
                 tokio::select! {
@@ -588,7 +625,7 @@ impl Gate {
                 // Still the leader? A broken lock connection means another gate may run.
                 if checked.elapsed() >= LEADER_CHECK {
                     checked = tokio::time::Instant::now();
-                    if sqlx::query("SELECT 1").execute(&mut leader).await.is_err() {
+                    if !leads(&mut leader).await {
                         tracing::warn!("lost the gate's lock connection; electing again");
                         continue 'lead;
                     }

@@ -3,13 +3,16 @@
 //! whose deadline passed; then ends due batches (`batches`) and, when configured, prunes
 //! what retention no longer keeps (`retention`), and analyzes the queue table when its
 //! planner statistics went stale (`store::statistics`). Safe to run in every process at
-//! once: each statement locks with SKIP LOCKED and changes a row only once.
+//! once: each statement locks with SKIP LOCKED and changes a row only once. A lease has
+//! expired when the database's `now()` says so (`store::rescue_expired_leases`), never by
+//! this process's clock; the rest of a pass runs at its [`Clock`]'s `now`.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
+use tollgate::clock::Clock;
 use tollgate::config::RetentionConfig;
 use tollgate::store::{self, Rescued, StoreError};
 
@@ -41,6 +44,7 @@ const CALIBRATION_MIN_SAMPLES: i64 = 20;
 pub struct Maintenance {
     pool: PgPool,
     interval: Duration,
+    clock: Clock,
     last_calibrated: std::sync::Arc<std::sync::Mutex<Option<DateTime<Utc>>>>,
     batches: BatchFinalizer,
     retention: Option<Retention>,
@@ -54,10 +58,17 @@ impl Maintenance {
             batches: BatchFinalizer::new(pool.clone()),
             pool,
             interval,
+            clock: Clock::system(),
             last_calibrated: Default::default(),
             retention: None,
             analyzed_at: Default::default(),
         }
+    }
+
+    /// Reckons time by `clock` (a broker's: the database's).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Also prune finished work older than `config` keeps it.
@@ -93,7 +104,8 @@ impl Maintenance {
         Ok(n)
     }
 
-    /// One pass at time `now` (tests pass a future `now` instead of waiting for leases).
+    /// One pass at time `now` (tests pass a future `now` instead of waiting for deadlines;
+    /// a lease is expired by the database's time, which a test moves by writing the lease).
     pub async fn run_once(&self, now: DateTime<Utc>) -> Result<Pass, StoreError> {
         let rescued = store::rescue_expired_leases(&self.pool, now).await?;
         let deadlines_expired = store::expire_deadlines(&self.pool, now).await?;
@@ -124,7 +136,7 @@ impl Maintenance {
 
     pub async fn run(self, cancel: CancellationToken) {
         loop {
-            if let Err(e) = self.run_once(Utc::now()).await {
+            if let Err(e) = self.run_once(self.clock.now()).await {
                 tracing::warn!(error = %e, "maintenance pass failed");
             }
             tokio::select! {

@@ -28,6 +28,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use tollgate::attempt::{Call, End, Holder, Outcome, Served};
 use tollgate::buckets;
+use tollgate::clock::Clock;
 use tollgate::config::{Config, ProviderConfig};
 use tollgate::model::{Job, JobId};
 use tollgate::store::{self, NewPack, PackEnd, PackGroup, ProviderBatch, Settlement, StoreError};
@@ -71,6 +72,8 @@ pub struct ProviderBatcher {
     pool: PgPool,
     config: Arc<Config>,
     providers: Providers,
+    /// The time holds and leases are reckoned in (a broker's: the database's).
+    clock: Clock,
 }
 
 impl ProviderBatcher {
@@ -79,7 +82,14 @@ impl ProviderBatcher {
             pool,
             config,
             providers,
+            clock: Clock::system(),
         }
+    }
+
+    /// Reckons time by `clock` (a broker's: the database's).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// How often the loop wakes: the shortest pack wait or poll interval configured.
@@ -98,7 +108,7 @@ impl ProviderBatcher {
     pub async fn run(self, cancel: CancellationToken) {
         let tick = self.tick();
         loop {
-            if let Err(e) = self.run_once(Utc::now()).await {
+            if let Err(e) = self.run_once(self.clock.now()).await {
                 tracing::warn!(error = %e, "provider batch step failed");
             }
             tokio::select! {

@@ -38,6 +38,7 @@ use sqlx::PgPool;
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tollgate::clock::Clock;
 use tollgate::config::{Config, WebhooksConfig};
 use tollgate::store::{
     self, Attempted, ClaimLimits, Delivery, DisableRule, EndpointSpec, Recorded, StoreError,
@@ -201,6 +202,8 @@ impl reqwest::dns::Resolve for PublicOnly {
 #[derive(Clone)]
 pub struct WebhookSender {
     pool: PgPool,
+    /// The time delivery leases and retries are reckoned in (a broker's: the database's).
+    clock: Clock,
     config: Arc<WebhooksConfig>,
     key: SealingKey,
     http: reqwest::Client,
@@ -222,10 +225,17 @@ impl WebhookSender {
         }
         Ok(Self {
             pool,
+            clock: Clock::system(),
             key: config.sealing_key()?.clone(),
             config: Arc::new(config.clone()),
             http: builder.build()?,
         })
+    }
+
+    /// Reckons time by `clock` (a broker's: the database's).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     fn attempt_timeout(&self) -> Duration {
@@ -272,12 +282,14 @@ impl WebhookSender {
                     .clone()
                     .try_acquire_many_owned(free.try_into().unwrap_or(u32::MAX))
             {
-                match store::claim_deliveries(&self.pool, Utc::now(), self.limits(free), self.lease()).await {
+                match store::claim_deliveries(&self.pool, self.clock.now(), self.limits(free), self.lease())
+                    .await
+                {
                     Ok(claimed) => {
                         for d in claimed {
                             let Some(slot) = held.split(1) else {
                                 // Never: the claim took no more than the slots held.
-                                let _ = store::release_delivery(&self.pool, &d, Utc::now()).await;
+                                let _ = store::release_delivery(&self.pool, &d, self.clock.now()).await;
                                 continue;
                             };
                             let (sender, finished, cancel) = (self.clone(), finished.clone(), cancel.clone());
@@ -306,7 +318,7 @@ impl WebhookSender {
         let outcome = tokio::select! {
             outcome = self.attempt(&d) => outcome,
             () = cancel.cancelled() => {
-                if let Err(e) = store::release_delivery(&self.pool, &d, Utc::now()).await {
+                if let Err(e) = store::release_delivery(&self.pool, &d, self.clock.now()).await {
                     tracing::info!(delivery = %d.id, error = %e, "webhook delivery not given back; it is sent again after its lease");
                 }
                 return;
@@ -315,7 +327,7 @@ impl WebhookSender {
         let recorded = async {
             let mut tx = self.pool.begin().await?;
             let recorded =
-                store::record_attempt(&mut tx, &d, &outcome, self.disable_rule(), Utc::now()).await?;
+                store::record_attempt(&mut tx, &d, &outcome, self.disable_rule(), self.clock.now()).await?;
             tx.commit().await?;
             Ok::<_, StoreError>(recorded)
         }
@@ -420,7 +432,7 @@ impl WebhookSender {
     ) -> Attempted {
         match next_delay(&self.config, d.attempts, retry_after) {
             Some(delay) => Attempted::Retry {
-                at: Utc::now() + delay,
+                at: self.clock.now() + delay,
                 status,
                 error,
                 receiver,

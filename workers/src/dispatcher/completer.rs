@@ -139,7 +139,7 @@ impl Dispatcher {
             let give_up = tokio::time::Instant::now() + self.inner.config.dispatch.lease();
             let mut backoff = Duration::from_millis(50);
             let written = loop {
-                match store::finish_attempts(pool, &items, Utc::now()).await {
+                match store::finish_attempts(pool, &items, self.inner.clock.now()).await {
                     Err(e) if tokio::time::Instant::now() + backoff < give_up => {
                         tracing::warn!(error = %e, batch = items.len(), "writing outcomes failed; retrying");
                         tokio::time::sleep(with_jitter(backoff)).await;

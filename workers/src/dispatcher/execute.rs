@@ -1,13 +1,17 @@
 //! One attempt of one job, claimed or handed over: the target the gate admitted it for,
 //! the checks before the call (the deadline; a key or target this process just saw
 //! rejected or rate-limited), the provider call, and the [`Outcome`] built from its
-//! [`CallOutcome`]. After a failure, [`retry::decide`] says what follows — retry, fall
-//! back, rotate the key, pause a scope, or fail — and this writes exactly that.
+//! [`CallOutcome`]. A handed-over job, which may have waited for its slot, is checked to
+//! be still running here just before its call; a call whose job the heartbeat finds no
+//! longer held here is stopped ([`Dispatcher::abandon`]). After a failure,
+//! [`retry::decide`] says what follows — retry, fall back, rotate the key, pause a scope,
+//! or fail — and this writes exactly that.
 
 use std::time::Duration;
 
 use chrono::Utc;
 use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tollgate::attempt::{Call, End, Holder, Outcome, Served};
 use tollgate::buckets::{self, Settlement};
@@ -17,7 +21,7 @@ use tollgate::retry::{self, FailedCall, Failure, FailureClass, Next};
 use tollgate::routing::{self, Target};
 use tracing::Instrument;
 
-use super::{Dispatcher, lock, log_write};
+use super::{Dispatcher, Via, lock, log_write};
 use crate::providers::CallOutcome;
 use tollgate::vocab::ReasonCode;
 
@@ -37,17 +41,18 @@ impl Dispatcher {
         &self,
         in_flight: &TaskTracker,
         job: Job,
+        via: Via,
         permits: Vec<OwnedSemaphorePermit>,
     ) {
         let this = self.clone();
         in_flight.spawn(SLOT.scope(std::cell::RefCell::new(permits), async move {
-            this.execute(job).await;
+            this.execute(job, via).await;
         }));
     }
 
     /// One attempt of one job, from target choice to the guarded write of its outcome.
-    pub(super) async fn execute(&self, job: Job) {
-        let _tracked = self.track(job.id);
+    pub(super) async fn execute(&self, job: Job, via: Via) {
+        let tracked = self.track(&job);
         let span = tracing::info_span!(
             "attempt",
             job_id = %job.id,
@@ -55,7 +60,28 @@ impl Dispatcher {
             route = %job.model,
             attempt = job.attempt
         );
-        self.execute_in_span(job).instrument(span).await;
+        self.execute_in_span(job, via, tracked.stop.clone())
+            .instrument(span)
+            .await;
+    }
+
+    /// Ends an attempt whose job is no longer this process's to run — its lease was lost
+    /// (rescued) or it was cancelled — without its call, or with its call stopped. Nothing
+    /// of it is written: the outcome's write is guarded by (running, attempt, owner) and
+    /// carries no call record. Only a job cancelled meanwhile, still leased here, has its
+    /// reservation settled, as `settlement` says.
+    pub(super) async fn abandon(&self, job: &Job, served: Option<Served>, settlement: Settlement) {
+        let end = End::retry(
+            self.inner.clock.now(),
+            ReasonCode::LeaseExpired,
+            "the job was no longer held by this dispatcher; its call was not finished",
+        );
+        let outcome = Outcome::new(self.holder(job), served, end, settlement);
+        match self.write(outcome, self.inner.clock.now()).await {
+            Ok(true) => tracing::warn!("an abandoned attempt was written: the job was still held here"),
+            Ok(false) => tracing::info!("attempt abandoned: the job was rescued or cancelled meanwhile"),
+            Err(e) => tracing::warn!(error = %e, "could not settle an abandoned attempt; the rescuer will"),
+        }
     }
 
     /// This process as the holder of `job`'s current attempt: the guard of its writes.
@@ -103,7 +129,7 @@ impl Dispatcher {
         }
     }
 
-    async fn execute_in_span(&self, job: Job) {
+    async fn execute_in_span(&self, job: Job, via: Via, stop: CancellationToken) {
         let inner = &self.inner;
         let holder = self.holder(&job);
         let target = self
@@ -113,7 +139,7 @@ impl Dispatcher {
             let message = format!("model {:?} is no longer configured", job.model);
             let end = End::failed(ReasonCode::UnknownModel, message);
             let outcome = Outcome::new(holder, None, end, Settlement::UNSENT);
-            log_write(self.write(outcome, Utc::now()).await);
+            log_write(self.write(outcome, inner.clock.now()).await);
             return;
         };
         let served = Served::new(&target.provider, &target.model);
@@ -122,22 +148,22 @@ impl Dispatcher {
                 .is_some()
         }) {
             let message = format!("key {key} was rejected by the provider; another key will be used");
-            let end = End::retry(Utc::now(), ReasonCode::UpstreamKeyRotated, message);
+            let end = End::retry(inner.clock.now(), ReasonCode::UpstreamKeyRotated, message);
             let outcome = Outcome::new(holder, Some(served), end, Settlement::UNSENT);
-            log_write(self.write(outcome, Utc::now()).await);
+            log_write(self.write(outcome, inner.clock.now()).await);
             return;
         }
         if let Some(wait) = self.paused_here(&buckets::target_scope(&target.provider, &target.model)) {
             let end = End::retry(
-                Utc::now() + wait,
+                inner.clock.now() + wait,
                 ReasonCode::TargetPaused,
                 "the provider answered 429 for this model: back to the queue until the pause ends",
             );
             let outcome = Outcome::new(holder, Some(served), end, Settlement::UNSENT);
-            log_write(self.write(outcome, Utc::now()).await);
+            log_write(self.write(outcome, inner.clock.now()).await);
             return;
         }
-        let started_at = Utc::now();
+        let started_at = inner.clock.now();
         // The claim checked the deadline, but a busy process may reach the call later.
         if started_at >= job.deadline {
             tollgate::metrics::job_finished(
@@ -155,11 +181,26 @@ impl Dispatcher {
             log_write(self.write(outcome, started_at).await);
             return;
         }
-        let called = inner.providers.call(&target, &job.request).await;
+        // A job handed over waited for its slot: it may have been cancelled meanwhile.
+        if via == Via::Handover {
+            match tollgate::store::holds_running(&inner.pool, job.id, job.attempt, &inner.owner).await {
+                Ok(true) => {}
+                Ok(false) => return self.abandon(&job, Some(served), Settlement::UNSENT).await,
+                Err(e) => tracing::warn!(error = %e, "could not check the job before its call; calling"),
+            }
+        }
+        let called = tokio::select! {
+            called = inner.providers.call(&target, &job.request) => called,
+            _ = stop.cancelled() => {
+                // The request may have reached the provider: settled as sent.
+                let settlement = self.settlement(&job, &target, None);
+                return self.abandon(&job, Some(served), settlement).await;
+            }
+        };
         if called.result.is_ok() {
             inner.served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        let finished_at = Utc::now();
+        let finished_at = inner.clock.now();
         crate::observe::provider_call(&job, &target, &called);
         let observation = self.observation(&target, &called, finished_at);
         let call = Self::call_record(&job, &called, started_at, finished_at);
@@ -176,7 +217,7 @@ impl Dispatcher {
                     observation,
                     ..Outcome::new(holder, Some(served), end, settlement)
                 };
-                self.write(outcome, Utc::now()).await
+                self.write(outcome, inner.clock.now()).await
             }
             Err(failure) => {
                 // A provider that answered with an overload (5xx, 529) did not serve the
@@ -189,7 +230,7 @@ impl Dispatcher {
                     Settlement::UNSENT
                 };
                 let key = Some(called.key_name.as_str()).filter(|k| !k.is_empty());
-                let now = Utc::now();
+                let now = inner.clock.now();
                 let outcome = Outcome {
                     call: Some(call),
                     observation,

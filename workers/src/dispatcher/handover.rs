@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tollgate::model::Job;
 
-use super::{Dispatcher, lock};
+use super::{Dispatcher, Via, lock};
 
 /// The gate's way to this process's dispatcher. A job the gate admits while that
 /// dispatcher has room is written as running, leased to it, in the admission's own write,
@@ -142,7 +142,7 @@ impl Dispatcher {
                         job = handed.recv() => match job {
                             Some((job, room)) => {
                                 // Its lease is kept from now on, while it waits for a slot.
-                                lock(&this.inner.in_flight).insert(job.id);
+                                this.track_from_now(&job);
                                 order += 1;
                                 waiting.push(Waiting { job, room, order });
                             }
@@ -150,7 +150,7 @@ impl Dispatcher {
                         },
                         slot = this.inner.slots.clone().acquire_owned(), if !waiting.is_empty() => {
                             let (Ok(slot), Some(next)) = (slot, waiting.pop()) else { break };
-                            this.spawn_execute(&in_flight, next.job, vec![slot, next.room]);
+                            this.spawn_execute(&in_flight, next.job, Via::Handover, vec![slot, next.room]);
                         }
                     }
                 }

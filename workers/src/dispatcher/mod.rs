@@ -26,11 +26,11 @@ pub use handover::Handoff;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
 use sqlx::PgPool;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tollgate::clock::Clock;
 use tollgate::config::Config;
 use tollgate::model::{Job, JobId};
 use tollgate::notify::Notifications;
@@ -51,6 +51,9 @@ struct Inner {
     providers: Providers,
     notifications: Notifications,
     policy: RetryPolicy,
+    /// The time outcomes, retries and deadline checks are reckoned in (leases are the
+    /// database's `now()`).
+    clock: Clock,
     /// Identity written as `lease_owner`; unique per process start.
     owner: String,
     /// One permit per provider call this process may have in flight.
@@ -58,8 +61,9 @@ struct Inner {
     /// While `run` runs: the completer, which writes outcomes in batches.
     completer: std::sync::Mutex<Option<mpsc::Sender<completer::Pending>>>,
     /// Jobs whose attempt runs in this process now: the heartbeat extends only their
-    /// leases, so a job whose outcome could not be written is rescued, not held forever.
-    in_flight: std::sync::Mutex<std::collections::HashSet<JobId>>,
+    /// leases, so a job whose outcome could not be written is rescued, not held forever,
+    /// and stops the call of one it no longer holds ([`heartbeat`]).
+    in_flight: std::sync::Mutex<std::collections::HashMap<JobId, heartbeat::InFlight>>,
     /// Pauses this process wrote itself, by scope (a rejected key, a rate-limited target),
     /// until when: jobs admitted or handed over before the gate saw them go back to the
     /// queue instead of meeting the same 401 or 429 (claims skip paused targets already).
@@ -87,6 +91,17 @@ impl Dispatcher {
         providers: Providers,
         notifications: Notifications,
     ) -> Self {
+        Self::with_clock(pool, config, providers, notifications, Clock::system())
+    }
+
+    /// [`Dispatcher::new`] reckoning time by `clock` (a broker's: the database's).
+    pub fn with_clock(
+        pool: PgPool,
+        config: Arc<Config>,
+        providers: Providers,
+        notifications: Notifications,
+        clock: Clock,
+    ) -> Self {
         let owner = format!(
             "dispatch-{}-{}",
             std::process::id(),
@@ -99,6 +114,7 @@ impl Dispatcher {
                 room: Arc::new(Semaphore::new(handover::start_room(config.dispatch.concurrency))),
                 served: std::sync::atomic::AtomicU64::new(0),
                 policy: RetryPolicy::from(config.as_ref()),
+                clock,
                 pool,
                 config,
                 providers,
@@ -106,7 +122,7 @@ impl Dispatcher {
                 owner,
                 completer: std::sync::Mutex::new(None),
                 paused_here: std::sync::Mutex::new(std::collections::HashMap::new()),
-                in_flight: std::sync::Mutex::new(std::collections::HashSet::new()),
+                in_flight: std::sync::Mutex::new(std::collections::HashMap::new()),
                 handed: std::sync::Mutex::new(Some(handed)),
                 handed_tx,
             }),
@@ -123,7 +139,7 @@ impl Dispatcher {
         let free = self.inner.slots.available_permits();
         let jobs = self.claim(free).await?;
         let claimed = jobs.len();
-        futures::future::join_all(jobs.into_iter().map(|job| self.execute(job))).await;
+        futures::future::join_all(jobs.into_iter().map(|job| self.execute(job, Via::Claim))).await;
         Ok(Step { claimed })
     }
 
@@ -135,7 +151,7 @@ impl Dispatcher {
             &self.inner.pool,
             &self.inner.owner,
             n as i64,
-            Utc::now(),
+            self.inner.clock.now(),
             self.inner.config.dispatch.lease(),
         )
         .await
@@ -189,7 +205,7 @@ impl Dispatcher {
             let full = jobs.len() == free;
             // Slots left over go back when `permits` drops.
             for (job, permit) in jobs.into_iter().zip(permits.drain(..)) {
-                self.spawn_execute(&in_flight, job, vec![permit]);
+                self.spawn_execute(&in_flight, job, Via::Claim, vec![permit]);
             }
             drop(permits);
             if full {
@@ -205,6 +221,15 @@ impl Dispatcher {
         handed.wait().await;
         self.shutdown(in_flight, heartbeat, completer).await;
     }
+}
+
+/// How a job came to run here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Via {
+    /// Claimed just before its call.
+    Claim,
+    /// Started by this process's gate and handed over; it may have waited for a slot.
+    Handover,
 }
 
 /// A backoff plus a little at random, so processes that met the same error do not all

@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tollgate::store;
@@ -29,7 +28,7 @@ impl Dispatcher {
         completer.wait().await;
         heartbeat.0.cancel();
         heartbeat.1.wait().await;
-        match store::release_leases(&self.inner.pool, &self.inner.owner, Utc::now()).await {
+        match store::release_leases(&self.inner.pool, &self.inner.owner, self.inner.clock.now()).await {
             Ok(released) => tracing::info!(
                 in_flight = in_flight_tasks,
                 drained,

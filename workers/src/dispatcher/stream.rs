@@ -1,7 +1,8 @@
 //! Streaming jobs, run for the API process whose client is connected: claimed by id,
 //! relayed chunk by chunk as OpenAI-style SSE payloads, and finished — succeeded, failed,
 //! or `client_disconnected` — with the answer put back together and the usage produced so
-//! far. No retries: the client is waiting.
+//! far. No retries: the client is waiting. A stream whose job the heartbeat finds no
+//! longer held here (rescued, cancelled) is cut off, and nothing of it is written.
 
 use chrono::Utc;
 use tokio::sync::mpsc;
@@ -25,7 +26,7 @@ impl Dispatcher {
             &self.inner.pool,
             id,
             &self.inner.owner,
-            Utc::now(),
+            self.inner.clock.now(),
             self.inner.config.dispatch.lease(),
         )
         .await
@@ -45,9 +46,19 @@ impl Dispatcher {
             status: None,
             retry_after: None,
         })?;
-        let tracked = self.track(job.id);
-        let started_at = Utc::now();
-        let mut upstream = match self.inner.providers.call_stream(&target, &job.request).await {
+        let tracked = self.track(&job);
+        let stop = tracked.stop.clone();
+        let started_at = self.inner.clock.now();
+        let opened = tokio::select! {
+            opened = self.inner.providers.call_stream(&target, &job.request) => opened,
+            _ = stop.cancelled() => {
+                let settlement = self.settlement(&job, &target, None);
+                let served = Served::new(&target.provider, &target.model);
+                self.abandon(&job, Some(served), settlement).await;
+                return Err(Failure::network("the job was no longer held by this process"));
+            }
+        };
+        let mut upstream = match opened {
             Ok(s) => s,
             Err(called) => {
                 let failure = match &called.result {
@@ -62,10 +73,15 @@ impl Dispatcher {
                 let served = Served::new(&target.provider, &target.model);
                 let end = End::failed(failure.code, failure.message.clone());
                 let outcome = Outcome {
-                    call: Some(Self::call_record(&job, &called, started_at, Utc::now())),
+                    call: Some(Self::call_record(
+                        &job,
+                        &called,
+                        started_at,
+                        self.inner.clock.now(),
+                    )),
                     ..Outcome::new(self.holder(&job), Some(served), end, settlement)
                 };
-                log_write(self.write(outcome, Utc::now()).await);
+                log_write(self.write(outcome, self.inner.clock.now()).await);
                 return Err(failure);
             }
         };
@@ -77,7 +93,23 @@ impl Dispatcher {
             let mut assembled = Assembled::default();
             let mut ended: Result<(), Failure> = Ok(());
             let mut client_gone = false;
-            while let Some(next) = upstream.next_chunk().await {
+            loop {
+                let next = tokio::select! {
+                    next = upstream.next_chunk() => next,
+                    _ = stop.cancelled() => {
+                        // Not ours any more: the client's stream ends here, unfinished.
+                        drop(upstream);
+                        let error = serde_json::json!({"error": {
+                            "message": "the job was taken from this process (rescued or cancelled)",
+                            "type": "server_error", "param": null, "code": ReasonCode::LeaseExpired.as_str()}});
+                        let _ = tx.try_send(error.to_string());
+                        let settlement = this.settlement(&job, &target, None);
+                        let served = Served::new(&target.provider, &target.model);
+                        this.abandon(&job, Some(served), settlement).await;
+                        return;
+                    }
+                };
+                let Some(next) = next else { break };
                 match next {
                     Ok(chunk) => {
                         assembled.add(&chunk);
@@ -129,7 +161,7 @@ impl Dispatcher {
         client_gone: bool,
         started_at: chrono::DateTime<Utc>,
     ) {
-        let call = Self::call_record(&job, &called, started_at, Utc::now());
+        let call = Self::call_record(&job, &called, started_at, self.inner.clock.now());
         crate::observe::provider_call(&job, &target, &called);
         let usage = match &called.result {
             Ok(s) => s.usage,
@@ -153,7 +185,7 @@ impl Dispatcher {
             call: Some(call),
             ..Outcome::new(self.holder(&job), Some(served), end, settlement)
         };
-        log_write(self.write(outcome, Utc::now()).await);
+        log_write(self.write(outcome, self.inner.clock.now()).await);
     }
 }
 
@@ -188,7 +220,7 @@ impl Assembled {
         serde_json::json!({
             "id": self.id,
             "object": "chat.completion",
-            "created": Utc::now().timestamp(),
+            "created": Utc::now().timestamp(), // shown to the client only
             "model": self.model,
             "choices": [{
                 "index": 0,
