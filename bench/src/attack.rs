@@ -166,6 +166,8 @@ struct RunResult {
     attack: Option<Arc<AttackCounts>>,
     /// The good tenant's jobs: enqueue → provider request, p50 / p99 ms.
     dispatch: (f64, f64),
+    /// CPU the attacking clients used (their thread's user + system time).
+    attackers_cpu: Option<Duration>,
 }
 
 #[allow(clippy::print_stdout)] // the report is the command's output
@@ -197,6 +199,16 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         "\nThe good tenant's jobs, enqueue → provider request p50 / p99 ms: alone {:.1} / {:.1}, under attack {:.1} / {:.1}",
         quiet.dispatch.0, quiet.dispatch.1, attacked.dispatch.0, attacked.dispatch.1
     );
+    if let Some(cpu) = attacked.attackers_cpu {
+        println!(
+            "\nThe attacking clients used {:.1} s of CPU over the {:.0} s they ran ({}), on this machine's {} cores.",
+            cpu.as_secs_f64(),
+            (WARM_UP + Duration::from_secs(args.seconds)).as_secs_f64(),
+            args.attacker_nice
+                .map_or_else(|| "at normal priority".to_owned(), |n| format!("at niceness {n}")),
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+        );
+    }
     if let Some(a) = &attacked.attack {
         println!("\n| attacker | did | got |");
         println!("|---|---|---|");
@@ -270,17 +282,21 @@ async fn one_run(args: &BenchArgs, attackers: &[Attacker]) -> anyhow::Result<Run
     let target: SocketAddr = stack.api.trim_start_matches("http://").parse()?;
     let stop = CancellationToken::new();
     let counts = Arc::new(AttackCounts::default());
-    let seconds = args.seconds;
+    let (seconds, nice) = (args.seconds, args.attacker_nice);
     // The attackers and the well-behaved tenant each run on a thread and runtime of their
     // own: they share the machine with the broker, as clients on the same host would, but
     // not its task queue, and the tenant's latencies are not the attackers' queueing.
     let attack_run = (!attackers.is_empty()).then(|| {
         let (api, stop, counts) = (stack.api.clone(), stop.clone(), counts.clone());
         tollgate_api::broker::run_on_own_thread("bench-attackers", move || async move {
+            if let Some(nice) = nice {
+                renice_this_thread(nice)?;
+            }
             let tasks = start_attackers(&attackers, &api, target, stop.clone(), counts)?;
             tasks.close();
             tasks.wait().await;
-            anyhow::Ok(())
+            // This thread is every attacker: its CPU is what attacking cost the machine.
+            anyhow::Ok(crate::process_ticks("thread-self", false).map(crate::ticks))
         })
     });
     let api = stack.api.clone();
@@ -290,9 +306,10 @@ async fn one_run(args: &BenchArgs, attackers: &[Attacker]) -> anyhow::Result<Run
     })?;
     let samples = load.await?;
     stop.cancel();
-    if let Some(attack_run) = attack_run {
-        attack_run?.await??;
-    }
+    let attackers_cpu = match attack_run {
+        Some(attack_run) => attack_run?.await??,
+        None => None,
+    };
     let samples = samples?;
     let dispatch: (f64, f64) = sqlx::query_as(
         "SELECT coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY d), 0)::float8,
@@ -307,6 +324,7 @@ async fn one_run(args: &BenchArgs, attackers: &[Attacker]) -> anyhow::Result<Run
     Ok(RunResult {
         samples,
         attack: attack.then_some(counts),
+        attackers_cpu,
         dispatch,
     })
 }
@@ -438,6 +456,24 @@ fn start_attackers(
         }
     }
     Ok(tasks)
+}
+
+/// Lowers this thread's scheduling priority (`renice`, which takes a thread id on Linux),
+/// so that the attacking clients take only CPU the broker leaves: as if they ran on
+/// another host, while what they cost the broker stays measured.
+fn renice_this_thread(nice: i32) -> anyhow::Result<()> {
+    let link = std::fs::read_link("/proc/thread-self")?;
+    let tid = link
+        .file_name()
+        .and_then(|t| t.to_str())
+        .ok_or_else(|| anyhow::anyhow!("no thread id in {}", link.display()))?
+        .to_owned();
+    let status = std::process::Command::new("renice")
+        .args(["-n", &nice.to_string(), "-p", &tid])
+        .stdout(std::process::Stdio::null())
+        .status()?;
+    anyhow::ensure!(status.success(), "renice -n {nice} -p {tid} failed");
+    Ok(())
 }
 
 async fn connect_from(source: Ipv4Addr, target: SocketAddr) -> std::io::Result<TcpStream> {

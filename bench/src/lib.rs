@@ -107,6 +107,10 @@ pub struct BenchArgs {
     /// Attack case: which attackers run beside the well-behaved tenant (all by default).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = attack::Attacker::ALL)]
     pub attackers: Vec<attack::Attacker>,
+    /// Attack case: the attacking clients' niceness (19: their CPU yields to the broker's,
+    /// as if they ran on another host); unset, they run at the broker's priority.
+    #[arg(long, allow_negative_numbers = true)]
+    pub attacker_nice: Option<i32>,
     /// Where the embedded PostgreSQL keeps its data (ignored with DATABASE_URL).
     #[arg(long, default_value = ".tollgate/pg")]
     pub data_dir: std::path::PathBuf,
@@ -272,7 +276,7 @@ struct CpuPerJob {
 }
 
 /// `/proc`'s CPU times, in USER_HZ ticks (100 a second on every Linux this runs on).
-fn ticks(n: u64) -> Duration {
+pub(crate) fn ticks(n: u64) -> Duration {
     Duration::from_millis(n * 10)
 }
 
@@ -313,7 +317,7 @@ impl CpuUse {
 
 /// A process's user + system CPU ticks from `/proc/<pid>/stat`, with its reaped children's
 /// when `with_children`.
-fn process_ticks(pid: &str, with_children: bool) -> Option<u64> {
+pub(crate) fn process_ticks(pid: &str, with_children: bool) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The fields after the command name, which is in parentheses and may hold spaces.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
