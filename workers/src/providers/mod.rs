@@ -136,7 +136,7 @@ pub trait ProviderApi: Send + Sync {
 
 /// The adapter of a configured provider: the one place a [`ProviderKind`] is mapped to
 /// code, one line per provider.
-fn adapter(p: &ProviderConfig) -> Box<dyn ProviderApi> {
+pub(crate) fn adapter(p: &ProviderConfig) -> Box<dyn ProviderApi> {
     match p.kind {
         ProviderKind::Openai | ProviderKind::OpenaiCompatible => Box::new(openai::OpenAi::from_config(p)),
         ProviderKind::Anthropic => Box::new(anthropic::Anthropic::from_config(p)),
