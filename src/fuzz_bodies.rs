@@ -1,13 +1,19 @@
-//! The bodies of the fuzz targets (`fuzz/fuzz_targets/`), here so that the fuzzers and
-//! the ordinary test suite run the same code: `cargo fuzz` explores with coverage
-//! guidance; `cargo test` replays the seeds and a few thousand random inputs
-//! (`tests` below). Each takes any bytes and panics only when an invariant breaks.
+//! The bodies of the core crate's fuzz targets (`fuzz/fuzz_targets/`), here so that the
+//! fuzzers and the ordinary test suite run the same code: `cargo fuzz` explores with
+//! coverage guidance; `cargo test` replays the seeds and a few thousand random inputs
+//! through [`replay`], which the API's and the workers' fuzz bodies
+//! (`tollgate_api::fuzz_bodies`, `tollgate_workers::fuzz_bodies`) use too. Each body takes
+//! any bytes and panics only when an invariant breaks.
 
 use std::collections::HashSet;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use http::{HeaderMap, HeaderName, HeaderValue};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 use crate::batches::{Line, LineSplitter, MAX_CUSTOM_ID, parse_line};
 use crate::config::Config;
@@ -171,83 +177,94 @@ pub fn config_parse(data: &[u8]) {
     }
 }
 
+/// The seed corpus of `target`: the files of `fuzz/corpus/<target>/`, sorted by content.
+pub fn seeds(target: &str) -> std::io::Result<Vec<Vec<u8>>> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/corpus")
+        .join(target);
+    let mut inputs = Vec::new();
+    for entry in std::fs::read_dir(&dir)? {
+        inputs.push(std::fs::read(entry?.path())?);
+    }
+    inputs.sort();
+    Ok(inputs)
+}
+
+/// One seed of `target`'s corpus, by its file name.
+pub fn seed(target: &str, name: &str) -> std::io::Result<Vec<u8>> {
+    std::fs::read(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("fuzz/corpus")
+            .join(target)
+            .join(name),
+    )
+}
+
+/// Runs `body` over the seed corpus of `target` (which must not be empty), then over
+/// `random` more inputs: random bytes, and seeds with a few bytes changed, inserted or
+/// removed, or cut short. The inputs are the same on every run (the generator is seeded
+/// by the target's name), and an input that fails is shown in the panic, escaped, so it
+/// can be kept as a seed. Test support for every crate's fuzz bodies.
+pub fn replay(target: &str, random: usize, body: impl Fn(&[u8])) {
+    let seeds = match seeds(target) {
+        Ok(seeds) if !seeds.is_empty() => seeds,
+        Ok(_) => panic!("no seeds in fuzz/corpus/{target}"),
+        Err(e) => panic!("fuzz/corpus/{target}: {e}"),
+    };
+    let run = |what: &str, input: &[u8]| {
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| body(input))) {
+            let shown: String = input.escape_ascii().to_string().chars().take(4096).collect();
+            eprintln!("{target}: this {what} input failed: b\"{shown}\"");
+            resume_unwind(panic);
+        }
+    };
+    for seed in &seeds {
+        run("seed", seed);
+    }
+    let mut rng = StdRng::seed_from_u64(
+        target
+            .bytes()
+            .fold(0, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b))),
+    );
+    for _ in 0..random {
+        let input = if rng.random_bool(0.25) {
+            let len = rng.random_range(0..512);
+            (0..len).map(|_| rng.random()).collect()
+        } else {
+            let mut input = seeds[rng.random_range(0..seeds.len())].clone();
+            for _ in 0..rng.random_range(0..8) {
+                let at = rng.random_range(0..=input.len());
+                match rng.random_range(0..4) {
+                    0 if at < input.len() => input[at] = rng.random(),
+                    1 => input.insert(at, rng.random()),
+                    2 if at < input.len() => {
+                        input.remove(at);
+                    }
+                    _ => input.truncate(at),
+                }
+            }
+            input
+        };
+        run("random", &input);
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use proptest::prelude::*;
-
     use super::*;
 
-    /// The seed corpora the fuzzers start from (`fuzz/corpus/<target>/`).
-    fn corpus(target: &str) -> Vec<Vec<u8>> {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("fuzz/corpus")
-            .join(target);
-        let mut inputs: Vec<Vec<u8>> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .map(|entry| std::fs::read(entry.unwrap().path()).unwrap())
-            .collect();
-        assert!(!inputs.is_empty(), "no seeds in {}", dir.display());
-        inputs.sort();
-        inputs
+    #[test]
+    fn fuzz_bodies_jsonl_lines() {
+        replay("jsonl_lines", 2000, jsonl_lines);
     }
 
     #[test]
-    fn fuzz_bodies_pass_over_their_seed_corpora() {
-        for input in corpus("jsonl_lines") {
-            jsonl_lines(&input);
-        }
-        for input in corpus("ratelimit_headers") {
-            ratelimit_headers(&input);
-        }
-        for input in corpus("config_parse") {
-            config_parse(&input);
-        }
+    fn fuzz_bodies_ratelimit_headers() {
+        replay("ratelimit_headers", 2000, ratelimit_headers);
     }
 
-    /// Random mutations of the seeds: a byte flipped, inserted or removed, or a run cut.
-    fn mutated(target: &'static str) -> impl Strategy<Value = Vec<u8>> {
-        let seeds = corpus(target);
-        (
-            0..seeds.len(),
-            proptest::collection::vec((any::<u16>(), any::<u8>(), 0u8..4), 0..8),
-        )
-            .prop_map(move |(i, edits)| {
-                let mut input = seeds[i].clone();
-                for (at, byte, op) in edits {
-                    let at = if input.is_empty() {
-                        0
-                    } else {
-                        at as usize % input.len()
-                    };
-                    match op {
-                        0 if !input.is_empty() => input[at] = byte,
-                        1 => input.insert(at, byte),
-                        2 if !input.is_empty() => {
-                            input.remove(at);
-                        }
-                        _ => input.truncate(at),
-                    }
-                }
-                input
-            })
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig { cases: 2000, failure_persistence: None, ..ProptestConfig::default() })]
-
-        #[test]
-        fn fuzz_bodies_jsonl_lines_random(input in prop_oneof![proptest::collection::vec(any::<u8>(), 0..512), mutated("jsonl_lines")]) {
-            jsonl_lines(&input);
-        }
-
-        #[test]
-        fn fuzz_bodies_ratelimit_headers_random(input in prop_oneof![proptest::collection::vec(any::<u8>(), 0..512), mutated("ratelimit_headers")]) {
-            ratelimit_headers(&input);
-        }
-
-        #[test]
-        fn fuzz_bodies_config_parse_random(input in prop_oneof![".{0,256}".prop_map(String::into_bytes), mutated("config_parse")]) {
-            config_parse(&input);
-        }
+    #[test]
+    fn fuzz_bodies_config_parse() {
+        replay("config_parse", 2000, config_parse);
     }
 }

@@ -123,10 +123,12 @@ pub fn classify_response(status: u16, headers: &HeaderMap, body: &[u8]) -> Failu
             d.iter()
                 .any(|x| x.get("reason").and_then(|r| r.as_str()) == Some("API_KEY_INVALID"))
         });
-    let message = if message.is_empty() {
-        String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned()
-    } else {
+    let message = if !message.is_empty() {
         message
+    } else if body.iter().all(u8::is_ascii_whitespace) {
+        format!("the provider answered HTTP {status} with no error message")
+    } else {
+        String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned()
     };
     // Retry-After headers, Gemini's `RetryInfo`, OpenAI's "try again in".
     let retry_after = ratelimit::read(Dialect::None, headers, body, Utc::now()).retry_after;
@@ -388,6 +390,18 @@ mod tests {
             classify_response(502, &h, b"<html>").code,
             ReasonCode::ProviderError
         );
+    }
+
+    /// Found by the `provider_responses` fuzz target: an error answer without a body (or
+    /// with blanks only) left the failure, and so the job's error, without a message.
+    #[test]
+    fn an_error_without_a_body_still_says_what_happened() {
+        let h = HeaderMap::new();
+        for body in [&b""[..], b" \r\n"] {
+            let f = classify_response(400, &h, body);
+            assert!(f.message.contains("HTTP 400"), "{body:?}: {:?}", f.message);
+        }
+        assert_eq!(classify_response(502, &h, b"<html>").message, "<html>");
     }
 
     #[test]

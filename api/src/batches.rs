@@ -31,7 +31,7 @@ use tollgate::batches::{
     BatchRow, CHAT_COMPLETIONS, Line, LineEnvelope, LineSplitter, PURPOSE_BATCH, RequestCounts, new_batch_id,
     parse_line, parse_window,
 };
-use tollgate::config::Config;
+use tollgate::config::{BatchesConfig, Config};
 use tollgate::model::{JobClass, JobId};
 use tollgate::store::{self, BatchCancel, BatchJobs, LineError};
 use tollgate::vocab::BatchStatus;
@@ -58,9 +58,9 @@ struct ExpiresAfter {
 }
 
 #[derive(Debug, Deserialize)]
-struct WebhookSpec {
+pub(crate) struct WebhookSpec {
     url: String,
-    secret: SecretString,
+    pub(crate) secret: SecretString,
     #[serde(default)]
     events: Vec<String>,
 }
@@ -68,14 +68,14 @@ struct WebhookSpec {
 /// What a client may send to `POST /v1/batches` (unknown fields are ignored, as newer
 /// SDKs may send some).
 #[derive(Debug, Deserialize)]
-struct CreateBatch {
+pub(crate) struct CreateBatch {
     input_file_id: String,
     endpoint: String,
     completion_window: String,
-    metadata: Option<HashMap<String, String>>,
+    pub(crate) metadata: Option<HashMap<String, String>>,
     output_expires_after: Option<ExpiresAfter>,
     class: Option<JobClass>,
-    webhook: Option<WebhookSpec>,
+    pub(crate) webhook: Option<WebhookSpec>,
 }
 
 /// `POST /v1/batches`.
@@ -97,64 +97,21 @@ pub(crate) async fn create(
     AuthTenant(tenant): AuthTenant,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let value = json_body(body)?;
-    let req: CreateBatch = serde_json::from_value(value)
-        .map_err(|e| ApiError::bad_request(ApiErrorCode::InvalidRequest, format!("invalid batch: {e}")))?;
-    let limits = &state.config.batches;
-    if req.endpoint != CHAT_COMPLETIONS {
-        return Err(ApiError::bad_request(
-            ApiErrorCode::UnsupportedEndpoint,
-            format!("only {CHAT_COMPLETIONS} batches are supported"),
-        )
-        .with_param("endpoint"));
-    }
-    let window = parse_window(&req.completion_window)
-        .filter(|w| w.as_secs() <= limits.max_completion_window_secs)
-        .ok_or_else(|| {
-            ApiError::bad_request(
-                ApiErrorCode::InvalidCompletionWindow,
-                format!(
-                    "`completion_window` must be like \"24h\" or \"15m\", at most {}s",
-                    limits.max_completion_window_secs
-                ),
-            )
-            .with_param("completion_window")
-        })?;
-    if let Some(meta) = &req.metadata
-        && (meta.len() > MAX_METADATA_PAIRS
-            || meta
-                .iter()
-                .any(|(k, v)| k.chars().count() > MAX_METADATA_KEY || v.chars().count() > MAX_METADATA_VALUE))
-    {
-        return Err(ApiError::bad_request(
-            ApiErrorCode::InvalidRequest,
-            "`metadata` takes at most 16 pairs, keys up to 64 and values up to 512 characters",
-        )
-        .with_param("metadata"));
-    }
-    let output_expires_secs = match &req.output_expires_after {
-        Some(e) if e.anchor == "created_at" && EXPIRES_AFTER_RANGE.contains(&e.seconds) => e.seconds,
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                ApiErrorCode::InvalidRequest,
-                "`output_expires_after` must be {anchor: \"created_at\", seconds: 3600..2592000}",
-            )
-            .with_param("output_expires_after"));
-        }
-        None => limits.output_expires_secs.min(i64::MAX as u64) as i64,
-    };
+    let Checked {
+        req,
+        window,
+        output_expires_secs,
+        class,
+    } = check_create(json_body(body)?, &state.config.batches)?;
     if let Some(hook) = &req.webhook {
-        check_webhook(&state, hook).await?;
+        tollgate_workers::webhooks::check_url(&hook.url, state.config.webhooks.allow_private_addresses)
+            .await
+            .map_err(|refused| {
+                ApiError::bad_request(ApiErrorCode::WebhookUrlNotAllowed, refused.to_string())
+                    .with_param("webhook")
+            })?;
     }
-    let class = req.class.unwrap_or(JobClass::Batch);
-    if class == JobClass::Interactive {
-        // Interactive precedence (and its reserve) is for callers waiting on an answer.
-        return Err(ApiError::bad_request(
-            ApiErrorCode::InvalidRequest,
-            "a batch runs as `standard`, `background` or `batch`; `interactive` is for synchronous calls",
-        )
-        .with_param("class"));
-    }
+    let limits = &state.config.batches;
     let file = store::get_file(&state.pool, &tenant.name, &req.input_file_id)
         .await?
         .ok_or_else(|| ApiError::not_found("file").with_param("input_file_id"))?;
@@ -260,23 +217,99 @@ pub(crate) async fn create(
     Ok(Json(batch_view(&batch, counts)))
 }
 
-async fn check_webhook(state: &AppState, hook: &WebhookSpec) -> Result<(), ApiError> {
+/// A `POST /v1/batches` body, checked as far as it can be without the database and the
+/// DNS (the input file and the webhook URL are the handler's).
+pub(crate) struct Checked {
+    pub(crate) req: CreateBatch,
+    /// The `completion_window`, within `batches.max_completion_window_secs`.
+    pub(crate) window: std::time::Duration,
+    pub(crate) output_expires_secs: i64,
+    pub(crate) class: JobClass,
+}
+
+/// Checks a `POST /v1/batches` body (parsed): endpoint, window, metadata, output expiry,
+/// the webhook's secret and events, class.
+pub(crate) fn check_create(value: Value, limits: &BatchesConfig) -> Result<Checked, ApiError> {
+    let req: CreateBatch = serde_json::from_value(value)
+        .map_err(|e| ApiError::bad_request(ApiErrorCode::InvalidRequest, format!("invalid batch: {e}")))?;
+    if req.endpoint != CHAT_COMPLETIONS {
+        return Err(ApiError::bad_request(
+            ApiErrorCode::UnsupportedEndpoint,
+            format!("only {CHAT_COMPLETIONS} batches are supported"),
+        )
+        .with_param("endpoint"));
+    }
+    let window = parse_window(&req.completion_window)
+        .filter(|w| w.as_secs() <= limits.max_completion_window_secs)
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                ApiErrorCode::InvalidCompletionWindow,
+                format!(
+                    "`completion_window` must be like \"24h\" or \"15m\", at most {}s",
+                    limits.max_completion_window_secs
+                ),
+            )
+            .with_param("completion_window")
+        })?;
+    if let Some(meta) = &req.metadata
+        && (meta.len() > MAX_METADATA_PAIRS
+            || meta
+                .iter()
+                .any(|(k, v)| k.chars().count() > MAX_METADATA_KEY || v.chars().count() > MAX_METADATA_VALUE))
+    {
+        return Err(ApiError::bad_request(
+            ApiErrorCode::InvalidRequest,
+            "`metadata` takes at most 16 pairs, keys up to 64 and values up to 512 characters",
+        )
+        .with_param("metadata"));
+    }
+    let output_expires_secs = match &req.output_expires_after {
+        Some(e) if e.anchor == "created_at" && EXPIRES_AFTER_RANGE.contains(&e.seconds) => e.seconds,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                ApiErrorCode::InvalidRequest,
+                "`output_expires_after` must be {anchor: \"created_at\", seconds: 3600..2592000}",
+            )
+            .with_param("output_expires_after"));
+        }
+        None => limits.output_expires_secs.min(i64::MAX as u64) as i64,
+    };
+    if let Some(hook) = &req.webhook {
+        check_webhook(hook)?;
+    }
+    let class = req.class.unwrap_or(JobClass::Batch);
+    if class == JobClass::Interactive {
+        // Interactive precedence (and its reserve) is for callers waiting on an answer.
+        return Err(ApiError::bad_request(
+            ApiErrorCode::InvalidRequest,
+            "a batch runs as `standard`, `background` or `batch`; `interactive` is for synchronous calls",
+        )
+        .with_param("class"));
+    }
+    Ok(Checked {
+        req,
+        window,
+        output_expires_secs,
+        class,
+    })
+}
+
+/// A webhook's secret and events (its URL is checked by resolving it, in the handler).
+fn check_webhook(hook: &WebhookSpec) -> Result<(), ApiError> {
     let bad =
         |code: ApiErrorCode, message: String| ApiError::bad_request(code, message).with_param("webhook");
     Secret::parse(hook.secret.expose_secret())
         .map_err(|e| bad(ApiErrorCode::InvalidWebhookSecret, e.to_string()))?;
-    if let Some(unknown) = hook.events.iter().find(|e| !EVENT_TYPES.contains(&e.as_str())) {
-        return Err(bad(
+    match hook.events.iter().find(|e| !EVENT_TYPES.contains(&e.as_str())) {
+        Some(unknown) => Err(bad(
             ApiErrorCode::InvalidRequest,
             format!(
                 "unknown webhook event {unknown:?} (known: {})",
                 EVENT_TYPES.join(", ")
             ),
-        ));
+        )),
+        None => Ok(()),
     }
-    tollgate_workers::webhooks::check_url(&hook.url, state.config.webhooks.allow_private_addresses)
-        .await
-        .map_err(|refused| bad(ApiErrorCode::WebhookUrlNotAllowed, refused.to_string()))
 }
 
 /// Lines read from an input file.

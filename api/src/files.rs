@@ -116,7 +116,7 @@ fn check_quotas(quotas: &Quotas, stored: StoredFiles, bytes: u64) -> Result<(), 
 }
 
 /// Counts bytes and non-blank lines of a stream, enforcing the limits as it goes.
-struct Counter {
+pub(crate) struct Counter {
     bytes: u64,
     lines: u64,
     line_has_content: bool,
@@ -129,6 +129,25 @@ struct Counter {
 }
 
 impl Counter {
+    /// A count from zero, refusing more than `max_bytes` or `max_lines`, or what would
+    /// take the tenant, keeping `stored`, past its `quotas`.
+    pub(crate) fn new(max_bytes: u64, max_lines: u64, quotas: Quotas, stored: StoredFiles) -> Self {
+        Self {
+            bytes: 0,
+            lines: 0,
+            line_has_content: false,
+            max_bytes,
+            max_lines,
+            quotas,
+            stored,
+        }
+    }
+
+    /// Bytes and non-blank lines counted so far.
+    pub(crate) fn counted(&self) -> (u64, u64) {
+        (self.bytes, self.lines)
+    }
+
     fn feed(&mut self, data: &[u8]) -> Result<(), ApiError> {
         self.bytes += data.len() as u64;
         if self.bytes > self.max_bytes {
@@ -168,36 +187,41 @@ impl Counter {
 
 /// Largest value of a field other than `file` (`purpose`, `expires_after[seconds]`, or
 /// one tollgate ignores): they are short words and numbers.
-const MAX_TEXT_FIELD_BYTES: usize = 1024;
+pub(crate) const MAX_TEXT_FIELD_BYTES: usize = 1024;
 /// Most fields in one upload.
-const MAX_FIELDS: usize = 16;
+pub(crate) const MAX_FIELDS: usize = 16;
 
-/// Streams the `file` field into chunks of `file.id`. The transaction that writes them is
+/// Where the `file` field's bytes go as they arrive, counted and within the limits: the
+/// upload's chunks in the database ([`Chunks`]), or memory for the fuzz body.
+pub(crate) trait FileSink {
+    /// The `file` field begins; `filename` is the name it is stored under.
+    fn begin(&mut self, filename: String);
+    /// The field's next bytes.
+    async fn write(&mut self, data: &[u8]) -> Result<(), ApiError>;
+    /// The field ended.
+    async fn finish(&mut self) -> Result<(), ApiError>;
+}
+
+/// The `file` field stored as chunks of `row.id`. The transaction that writes them is
 /// opened only when the first chunk is full (or the field ends): an upload that stalls
 /// before sending a chunk's worth holds memory for at most that chunk, and no database
 /// connection.
-async fn store_field<'p>(
+struct Chunks<'p> {
     pool: &'p sqlx::PgPool,
-    file: &FileRow,
-    mut field: Field<'_>,
-    counter: &mut Counter,
-) -> Result<sqlx::Transaction<'p, sqlx::Postgres>, ApiError> {
-    let mut buf: Vec<u8> = Vec::with_capacity(FILE_CHUNK_BYTES);
-    let mut seq = 0;
-    let mut tx = None;
-    while let Some(data) = field.chunk().await.map_err(multipart_error)? {
-        counter.feed(&data)?;
-        buf.extend_from_slice(&data);
-        if buf.len() >= FILE_CHUNK_BYTES {
-            let conn = open_file(pool, file, &mut tx).await?;
-            seq = store::insert_chunks(conn, &file.id, seq, &buf, FILE_CHUNK_BYTES).await?;
-            buf.clear();
-        }
+    row: FileRow,
+    buf: Vec<u8>,
+    seq: i32,
+    tx: Option<sqlx::Transaction<'p, sqlx::Postgres>>,
+}
+
+impl Chunks<'_> {
+    /// Writes what is buffered, as chunks from `self.seq` on.
+    async fn flush(&mut self) -> Result<(), ApiError> {
+        let conn = open_file(self.pool, &self.row, &mut self.tx).await?;
+        self.seq = store::insert_chunks(conn, &self.row.id, self.seq, &self.buf, FILE_CHUNK_BYTES).await?;
+        self.buf.clear();
+        Ok(())
     }
-    counter.finish()?;
-    let conn = open_file(pool, file, &mut tx).await?;
-    store::insert_chunks(conn, &file.id, seq, &buf, FILE_CHUNK_BYTES).await?;
-    tx.ok_or_else(|| ApiError::internal("the upload's transaction was not opened"))
 }
 
 /// The upload's transaction, begun (with the file's row written) on first use.
@@ -215,6 +239,104 @@ async fn open_file<'t, 'p>(
         Some(tx) => Ok(&mut **tx),
         None => Err(ApiError::internal("the upload's transaction was not opened")),
     }
+}
+
+impl FileSink for Chunks<'_> {
+    fn begin(&mut self, filename: String) {
+        self.row.filename = filename;
+        self.buf.reserve(FILE_CHUNK_BYTES);
+    }
+
+    async fn write(&mut self, data: &[u8]) -> Result<(), ApiError> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= FILE_CHUNK_BYTES {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    async fn finish(&mut self) -> Result<(), ApiError> {
+        self.flush().await
+    }
+}
+
+/// What an upload's form said besides its file.
+#[derive(Debug, Default)]
+pub(crate) struct Form {
+    pub(crate) purpose: Option<String>,
+    pub(crate) expires_secs: Option<i64>,
+    /// The `file` field came (and went to the sink whole).
+    pub(crate) file: bool,
+}
+
+/// Reads an upload's fields: at most [`MAX_FIELDS`]; `purpose`, `expires_after[seconds]`
+/// and any other short field up to [`MAX_TEXT_FIELD_BYTES`]; one `file`, whose bytes go
+/// to `sink` as they arrive, counted by `counter`, so a file crossing a limit is refused
+/// as it does.
+pub(crate) async fn read_form(
+    multipart: &mut Multipart,
+    counter: &mut Counter,
+    sink: &mut impl FileSink,
+) -> Result<Form, ApiError> {
+    let mut form = Form::default();
+    let mut fields = 0;
+    while let Some(mut field) = multipart.next_field().await.map_err(multipart_error)? {
+        fields += 1;
+        if fields > MAX_FIELDS {
+            return Err(ApiError::bad_request(
+                ApiErrorCode::InvalidMultipart,
+                format!(
+                    "an upload has at most {MAX_FIELDS} fields: `file`, `purpose`, `expires_after[seconds]`"
+                ),
+            ));
+        }
+        match field.name().unwrap_or_default() {
+            "purpose" => form.purpose = Some(text_field(field).await?),
+            "expires_after[seconds]" => {
+                let text = text_field(field).await?;
+                form.expires_secs = Some(
+                    text.trim()
+                        .parse::<i64>()
+                        .ok()
+                        .filter(|s| EXPIRES_AFTER_RANGE.contains(s))
+                        .ok_or_else(|| {
+                            ApiError::bad_request(
+                                ApiErrorCode::InvalidRequest,
+                                "`expires_after[seconds]` must be 3600 to 2592000",
+                            )
+                            .with_param("expires_after")
+                        })?,
+                );
+            }
+            "file" if !form.file => {
+                form.file = true;
+                sink.begin(
+                    field
+                        .file_name()
+                        .unwrap_or("upload.jsonl")
+                        .chars()
+                        .filter(|c| *c != tollgate::sanitize::NUL)
+                        .take(255)
+                        .collect(),
+                );
+                while let Some(data) = field.chunk().await.map_err(multipart_error)? {
+                    counter.feed(&data)?;
+                    sink.write(&data).await?;
+                }
+                counter.finish()?;
+                sink.finish().await?;
+            }
+            "file" => {
+                return Err(
+                    ApiError::bad_request(ApiErrorCode::InvalidRequest, "send exactly one `file`")
+                        .with_param("file"),
+                );
+            }
+            // Read (bounded) and dropped: OpenAI's clients send none, others may.
+            _ => drop(text_field(field).await?),
+        }
+    }
+    Ok(form)
 }
 
 /// A short field's text, refused past [`MAX_TEXT_FIELD_BYTES`] without reading further.
@@ -266,79 +388,28 @@ pub(crate) async fn upload(
     })?;
     let limits = &state.config.batches;
     let now = Utc::now().trunc_subsecs(6);
-    let mut row = FileRow {
-        id: new_file_id(),
-        tenant: tenant.name.clone(),
-        purpose: String::new(),
-        filename: String::new(),
-        bytes: 0,
-        lines: 0,
-        created_at: now,
-        expires_at: None,
-    };
     // Refused before a byte is read when the tenant is at its quotas already.
     let stored = store::stored_files(&state.pool, &tenant.name, None).await?;
     check_quotas(&tenant.quotas, stored, 0)?;
-    let mut counter = Counter {
-        bytes: 0,
-        lines: 0,
-        line_has_content: false,
-        max_bytes: limits.max_file_bytes,
-        max_lines: limits.max_lines,
-        quotas: tenant.quotas,
-        stored,
+    let mut counter = Counter::new(limits.max_file_bytes, limits.max_lines, tenant.quotas, stored);
+    let mut chunks = Chunks {
+        pool: &state.pool,
+        row: FileRow {
+            id: new_file_id(),
+            tenant: tenant.name.clone(),
+            purpose: String::new(),
+            filename: String::new(),
+            bytes: 0,
+            lines: 0,
+            created_at: now,
+            expires_at: None,
+        },
+        buf: Vec::new(),
+        seq: 0,
+        tx: None,
     };
-    let (mut purpose, mut tx, mut expires_secs) = (None, None, None);
-    let mut fields = 0;
-    while let Some(field) = multipart.next_field().await.map_err(multipart_error)? {
-        fields += 1;
-        if fields > MAX_FIELDS {
-            return Err(ApiError::bad_request(
-                ApiErrorCode::InvalidMultipart,
-                format!(
-                    "an upload has at most {MAX_FIELDS} fields: `file`, `purpose`, `expires_after[seconds]`"
-                ),
-            ));
-        }
-        match field.name().unwrap_or_default() {
-            "purpose" => purpose = Some(text_field(field).await?),
-            "expires_after[seconds]" => {
-                let text = text_field(field).await?;
-                expires_secs = Some(
-                    text.trim()
-                        .parse::<i64>()
-                        .ok()
-                        .filter(|s| EXPIRES_AFTER_RANGE.contains(s))
-                        .ok_or_else(|| {
-                            ApiError::bad_request(
-                                ApiErrorCode::InvalidRequest,
-                                "`expires_after[seconds]` must be 3600 to 2592000",
-                            )
-                            .with_param("expires_after")
-                        })?,
-                );
-            }
-            "file" if tx.is_none() => {
-                row.filename = field
-                    .file_name()
-                    .unwrap_or("upload.jsonl")
-                    .chars()
-                    .filter(|c| *c != tollgate::sanitize::NUL)
-                    .take(255)
-                    .collect();
-                tx = Some(store_field(&state.pool, &row, field, &mut counter).await?);
-            }
-            "file" => {
-                return Err(
-                    ApiError::bad_request(ApiErrorCode::InvalidRequest, "send exactly one `file`")
-                        .with_param("file"),
-                );
-            }
-            // Read (bounded) and dropped: OpenAI's clients send none, others may.
-            _ => drop(text_field(field).await?),
-        }
-    }
-    let purpose = purpose.ok_or_else(|| {
+    let form = read_form(&mut multipart, &mut counter, &mut chunks).await?;
+    let purpose = form.purpose.ok_or_else(|| {
         ApiError::bad_request(ApiErrorCode::MissingField, "`purpose` is required").with_param("purpose")
     })?;
     if purpose != PURPOSE_BATCH {
@@ -348,22 +419,25 @@ pub(crate) async fn upload(
         )
         .with_param("purpose"));
     }
-    let Some(mut tx) = tx else {
+    let (Some(mut tx), mut row) = (chunks.tx, chunks.row) else {
         return Err(
             ApiError::bad_request(ApiErrorCode::MissingField, "`file` is required").with_param("file"),
         );
     };
     row.purpose = purpose;
-    row.bytes = counter.bytes as i64;
-    row.lines = counter.lines as i64;
-    let keep = expires_secs.unwrap_or(limits.file_expires_secs.min(i64::MAX as u64) as i64);
+    let (bytes, lines) = counter.counted();
+    row.bytes = bytes as i64;
+    row.lines = lines as i64;
+    let keep = form
+        .expires_secs
+        .unwrap_or(limits.file_expires_secs.min(i64::MAX as u64) as i64);
     row.expires_at = Some(now + chrono::Duration::seconds(keep));
     // Checked again with the quota lock held until the commit: what others stored while
     // this upload streamed counts too. Refused, the transaction rolls back: no row, no
     // chunk is kept.
     store::lock_file_quota(&mut tx, &tenant.name).await?;
     let stored = store::stored_files(&mut *tx, &tenant.name, Some(&row.id)).await?;
-    check_quotas(&tenant.quotas, stored, counter.bytes)?;
+    check_quotas(&tenant.quotas, stored, bytes)?;
     store::set_file_size(&mut *tx, &row).await?;
     tx.commit().await.map_err(db)?;
     Ok(Json(file_view(&row)))

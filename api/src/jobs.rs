@@ -12,7 +12,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, SubsecRound, Utc};
 use serde::Deserialize;
@@ -482,6 +482,34 @@ pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) ->
     Ok(inserted)
 }
 
+/// A `POST /v1/jobs` body (parsed) with its `Idempotency-Key` header, checked as far as
+/// it can be without the config.
+pub(crate) fn submission(
+    value: Value,
+    idempotency_key: Option<&HeaderValue>,
+) -> Result<Submission, ApiError> {
+    if !value.is_object() {
+        return Err(ApiError::bad_request(
+            ApiErrorCode::InvalidRequest,
+            "the body must be a JSON object",
+        ));
+    }
+    let submit: SubmitJob = serde_json::from_value(value)
+        .map_err(|e| ApiError::bad_request(ApiErrorCode::InvalidRequest, format!("invalid job: {e}")))?;
+    let header_key = idempotency_key
+        .map(|v| {
+            v.to_str().map(str::to_owned).map_err(|_| {
+                ApiError::bad_request(
+                    ApiErrorCode::InvalidRequest,
+                    "the Idempotency-Key header must be visible ASCII; put other text in the body's `idempotency_key`",
+                )
+                .with_param("idempotency_key")
+            })
+        })
+        .transpose()?;
+    submit.into_submission(header_key)
+}
+
 /// Enqueue a job: `202` once its row is committed; the same idempotency key again → `200`
 /// with the same job.
 #[utoipa::path(
@@ -507,28 +535,8 @@ pub(crate) async fn submit(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let value = json_body(body)?;
-    if !value.is_object() {
-        return Err(ApiError::bad_request(
-            ApiErrorCode::InvalidRequest,
-            "the body must be a JSON object",
-        ));
-    }
-    let submit: SubmitJob = serde_json::from_value(value)
-        .map_err(|e| ApiError::bad_request(ApiErrorCode::InvalidRequest, format!("invalid job: {e}")))?;
-    let header_key = headers
-        .get("idempotency-key")
-        .map(|v| {
-            v.to_str().map(str::to_owned).map_err(|_| {
-                ApiError::bad_request(
-                    ApiErrorCode::InvalidRequest,
-                    "the Idempotency-Key header must be visible ASCII; put other text in the body's `idempotency_key`",
-                )
-                .with_param("idempotency_key")
-            })
-        })
-        .transpose()?;
-    let inserted = enqueue(&state, &tenant, submit.into_submission(header_key)?).await?;
+    let submission = submission(json_body(body)?, headers.get("idempotency-key"))?;
+    let inserted = enqueue(&state, &tenant, submission).await?;
     Ok(match inserted {
         Inserted::New(job) => (StatusCode::ACCEPTED, Json(job_view(&job))).into_response(),
         Inserted::Existing(job) => (StatusCode::OK, Json(job_view(&job))).into_response(),

@@ -20,6 +20,7 @@
 //!   notifications) and runs the shutdown sequence; `serve`, `demo` and tests use it.
 //! - [`cli`]: `tollgate status`, `jobs get`, `submit`, `batches list` against a running server.
 //! - [`dashboard`]: `GET /dashboard`, the live page (assets embedded from `api/assets/`).
+//! - [`fuzz_bodies`]: the fuzz targets' bodies for client input (JSON bodies, uploads).
 //!
 //! The `tollgate` binary is the `tollgate-cli` crate (`cli/`): it wires this crate, the
 //! workers, the mock provider and the benchmarks together, so none of them depends on
@@ -35,6 +36,7 @@ pub mod cli;
 pub mod dashboard;
 pub mod error;
 pub mod files;
+pub mod fuzz_bodies;
 pub mod guard;
 pub mod jobs;
 pub mod limits;

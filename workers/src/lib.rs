@@ -16,6 +16,8 @@
 //! - [`retention`]: deletes finished jobs, batches, files and deliveries past retention.
 //! - [`webhooks`]: the webhook sender (signed, retried, SSRF-guarded) draining the outbox.
 //! - [`observe`]: what each provider call reports to the metrics.
+//! - [`fuzz_bodies`]: the fuzz targets' bodies for what providers answer (responses,
+//!   streams, batch results).
 //!
 //! Data flow: `gate` reads queued jobs and locks buckets through `tollgate::store`, decides
 //! with `tollgate::scheduler`, and writes admissions back (handing started jobs to the
@@ -26,6 +28,7 @@
 
 pub mod batches;
 pub mod dispatcher;
+pub mod fuzz_bodies;
 pub mod gate;
 pub mod maintenance;
 pub mod observe;

@@ -249,8 +249,8 @@ impl StreamEvents for Events {
                         let (input, cached) = input_usage(u);
                         out.input(input, cached);
                     }
-                    if let Some(tokens) = u.get("output_tokens").and_then(Value::as_i64) {
-                        out.output(tokens);
+                    if u.get("output_tokens").is_some_and(Value::is_number) {
+                        out.output(int(u, &["output_tokens"]));
                     }
                 }
                 let reason = v.pointer("/delta/stop_reason").and_then(Value::as_str);

@@ -280,7 +280,7 @@ pub(super) fn failed(code: ReasonCode, message: String) -> LineResult {
 }
 
 /// The JSON lines of a JSONL body; blank and unreadable lines skipped.
-fn jsonl(bytes: &[u8]) -> impl Iterator<Item = Value> + '_ {
+pub(crate) fn jsonl(bytes: &[u8]) -> impl Iterator<Item = Value> + '_ {
     bytes
         .split(|b| *b == b'\n')
         .filter(|l| !l.iter().all(u8::is_ascii_whitespace))

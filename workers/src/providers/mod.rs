@@ -45,6 +45,7 @@ use reqwest::RequestBuilder;
 use reqwest::header::{ACCEPT, HeaderMap};
 use secrecy::SecretString;
 use serde_json::{Map, Value};
+use tollgate::attempt::MAX_USAGE_TOKENS;
 use tollgate::config::{Config, ProviderConfig, ProviderKind};
 use tollgate::model::Usage;
 use tollgate::ratelimit::{self, Signals};
@@ -136,7 +137,7 @@ pub trait ProviderApi: Send + Sync {
 
 /// The adapter of a configured provider: the one place a [`ProviderKind`] is mapped to
 /// code, one line per provider.
-fn adapter(p: &ProviderConfig) -> Box<dyn ProviderApi> {
+pub(crate) fn adapter(p: &ProviderConfig) -> Box<dyn ProviderApi> {
     match p.kind {
         ProviderKind::Openai | ProviderKind::OpenaiCompatible => Box::new(openai::OpenAi::from_config(p)),
         ProviderKind::Anthropic => Box::new(anthropic::Anthropic::from_config(p)),
@@ -482,12 +483,16 @@ fn request_id(headers: &HeaderMap) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// Reads an integer field of a usage object, 0 when absent.
+/// Reads a token count of a usage object: 0 when absent or not an integer, and within
+/// 0..=[`MAX_USAGE_TOKENS`] (a count past `i64::MAX` is the most). A provider's nonsense
+/// then neither settles a bucket with negative usage (giving back more than was
+/// reserved) nor overflows the sums an adapter makes of its counts.
 pub(crate) fn int(v: &Value, path: &[&str]) -> i64 {
     path.iter()
         .try_fold(v, |v, k| v.get(*k))
-        .and_then(Value::as_i64)
+        .and_then(|n| n.as_i64().or_else(|| n.as_u64().map(|_| i64::MAX)))
         .unwrap_or(0)
+        .clamp(0, MAX_USAGE_TOKENS)
 }
 
 /// The OpenAI `chat.completion` an adapter translated a provider's answer into:
@@ -540,6 +545,52 @@ mod tests {
     /// Every adapter sends the output cap the gate reserved for, whether the request
     /// named one or not: never more than was reserved, so `n` choices of it are the whole
     /// output reservation.
+    /// Found by the `provider_responses` fuzz target: a Gemini answer with
+    /// `"promptTokenCount": -7` was read as -7 input tokens, which settles a bucket with
+    /// more than its reservation back; counts near `i64::MAX` overflowed the sums the
+    /// Anthropic and Gemini adapters make (a panic in debug builds, a wrapped negative in
+    /// release ones).
+    #[test]
+    fn usage_a_provider_reports_is_never_negative_and_never_overflows() {
+        let max = MAX_USAGE_TOKENS;
+        let oai = openai::parse_success(
+            br#"{"choices":[],"usage":{"prompt_tokens":-5,"completion_tokens":18446744073709551615}}"#,
+        )
+        .unwrap();
+        assert_eq!((oai.usage.input_tokens, oai.usage.output_tokens), (0, max));
+        let gem = gemini::parse_success(
+            br#"{"candidates":[{}],"usageMetadata":{"promptTokenCount":-7,"candidatesTokenCount":9223372036854775807,"thoughtsTokenCount":9223372036854775807}}"#,
+            "g",
+        )
+        .unwrap();
+        assert_eq!((gem.usage.input_tokens, gem.usage.output_tokens), (0, 2 * max));
+        let big = i64::MAX;
+        let ant = anthropic::parse_success(
+            format!(r#"{{"content":[],"usage":{{"input_tokens":{big},"cache_creation_input_tokens":{big},"cache_read_input_tokens":{big},"output_tokens":-1}}}}"#).as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                ant.usage.input_tokens,
+                ant.usage.cached_tokens,
+                ant.usage.output_tokens
+            ),
+            (3 * max, max, 0)
+        );
+        assert_eq!(ant.body["usage"]["total_tokens"], 3 * max);
+        let events = [
+            "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":-4}}}\n\n",
+            "data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":-1}}\n\n",
+            "data: {\"type\":\"message_stop\"}\n\n",
+        ];
+        let mut stream = streaming::ChatStream::canned(Box::new(anthropic::Events::default()), &events);
+        futures::executor::block_on(stream.drain());
+        assert_eq!(
+            (stream.usage().input_tokens, stream.usage().output_tokens),
+            (0, 0)
+        );
+    }
+
     #[test]
     fn the_cap_sent_is_the_cap_reserved() {
         let config = Config::parse(

@@ -147,8 +147,8 @@ pub(super) fn content_text(content: Option<&Value>) -> String {
 }
 
 /// OpenAI stream events are already OpenAI chunks: each is passed through as sent (with
-/// the `"usage": null` the forced `include_usage` adds), content and usage counted;
-/// `data: [DONE]` ends the stream.
+/// the `"usage": null` the forced `include_usage` adds), content and usage counted; the
+/// usage chunk (or `data: [DONE]`, when none comes) ends the stream.
 pub(super) struct Chunks;
 
 impl StreamEvents for Chunks {
@@ -174,7 +174,9 @@ impl StreamEvents for Chunks {
             out.output(int(u, &["completion_tokens"]));
         }
         if is_usage_chunk(&v) {
+            // The usage chunk is the stream's last: what a provider sends after it is not read.
             out.usage_chunk(event.data);
+            out.finish();
         } else {
             out.chunk(event.data);
         }
@@ -511,6 +513,22 @@ mod tests {
             }
         );
         assert!(s.next_chunk().await.is_none());
+    }
+
+    /// Found by the `sse_stream` fuzz target: chunks a provider sent after its usage chunk
+    /// were yielded after it, though a stream's usage chunk is its last (the relay and the
+    /// settlement take it as the final word).
+    #[tokio::test]
+    async fn the_usage_chunk_ends_the_stream() {
+        let usage = r#"{"id":"c1","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2}}"#;
+        let late =
+            r#"{"id":"c1","choices":[{"index":0,"delta":{"content":"late"}}],"usage":{"prompt_tokens":1}}"#;
+        let body = format!("data: {usage}\n\ndata: {late}\n\ndata: [DONE]\n\n");
+        let mut s = ChatStream::canned(Box::new(Chunks), &[&body]);
+        let (chunks, failure) = s.drain().await;
+        assert_eq!((chunks, failure.is_none()), (vec![usage.to_owned()], true));
+        assert!(s.finished());
+        assert_eq!((s.usage().input_tokens, s.usage().output_tokens), (9, 2));
     }
 
     #[tokio::test]

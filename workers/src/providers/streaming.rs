@@ -375,15 +375,11 @@ impl Providers {
     }
 }
 
-#[cfg(test)]
 impl ChatStream {
     /// A stream over `pieces` of a 2xx body, read by `events`, without HTTP; the request's
-    /// input is estimated at 42 tokens.
-    pub(crate) fn canned(events: Box<dyn StreamEvents>, pieces: &[&str]) -> Self {
-        let chunks: Vec<reqwest::Result<Bytes>> = pieces
-            .iter()
-            .map(|p| Ok(Bytes::copy_from_slice(p.as_bytes())))
-            .collect();
+    /// input is estimated at 42 tokens. For the tests and the fuzz body.
+    pub(crate) fn over(events: Box<dyn StreamEvents>, pieces: Vec<Bytes>) -> Self {
+        let chunks: Vec<reqwest::Result<Bytes>> = pieces.into_iter().map(Ok).collect();
         ChatStream {
             key_name: "k".to_owned(),
             status: 200,
@@ -396,6 +392,18 @@ impl ChatStream {
             ended: false,
             last_was_usage: false,
         }
+    }
+}
+
+#[cfg(test)]
+impl ChatStream {
+    /// [`ChatStream::over`] text pieces.
+    pub(crate) fn canned(events: Box<dyn StreamEvents>, pieces: &[&str]) -> Self {
+        let pieces = pieces
+            .iter()
+            .map(|p| Bytes::copy_from_slice(p.as_bytes()))
+            .collect();
+        Self::over(events, pieces)
     }
 
     /// Every chunk, parsed, with whether it was the usage chunk; panics on a failure.

@@ -1,0 +1,3 @@
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| tollgate_workers::fuzz_bodies::provider_batch_results(data));
