@@ -14,8 +14,9 @@
 //!   `503` with `Retry-After` and closed, so the process's descriptors and memory stay
 //!   bounded whoever connects;
 //! - `server.max_connections_per_source`: connections one source (an IPv4 address, an
-//!   IPv6 /64: [`source_of`]) may hold at once, answered the same way past it, so one
-//!   host cannot take every connection from the others;
+//!   IPv6 /64: [`source_of`]) may hold at once, answered the same way past it — after a
+//!   second, so a reconnecting loop is refused a few times a second, not at line rate —
+//!   so one host cannot take every connection from the others;
 //! - the peer's address on every request ([`axum::extract::ConnectInfo`]), for the guard's
 //!   per-source throttle.
 //!
@@ -61,6 +62,12 @@ impl ConnectionLimits {
     }
 }
 
+/// How long a connection refused for its source waits for its answer.
+const SOURCE_REFUSAL_HOLD: Duration = Duration::from_secs(1);
+/// Refusals held at once; past it a refusal is answered at once, so holding them cannot
+/// take the process's descriptors.
+const MAX_HELD_REFUSALS: usize = 1024;
+
 /// The body of the answer to a connection beyond `max_connections`.
 const BUSY_BODY: &str = r#"{"error":{"message":"the server holds as many connections as it serves (server.max_connections); retry shortly","type":"server_error","param":null,"code":"server_busy"}}"#;
 
@@ -77,6 +84,7 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ConnectionLimits,
     let app = app.layer(RequestBodyTimeoutLayer::new(limits.body_idle_timeout));
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let sources = SourceSlots::new(limits.max_connections_per_source);
+    let held_refusals = Arc::new(Semaphore::new(MAX_HELD_REFUSALS));
     let graceful = GracefulShutdown::new();
     let connections = TaskTracker::new();
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -101,7 +109,19 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ConnectionLimits,
             continue;
         };
         let Some(source_slot) = sources.take(source_of(peer)) else {
-            connections.spawn(refuse_busy(stream));
+            // Held a second before the answer, so a source that reconnects in a loop is
+            // refused a few times a second per connection, not at line rate.
+            let hold = held_refusals.clone().try_acquire_owned().ok();
+            let stop = stop.clone();
+            connections.spawn(async move {
+                if hold.is_some() {
+                    tokio::select! {
+                        () = stop.cancelled() => {}
+                        () = tokio::time::sleep(SOURCE_REFUSAL_HOLD) => {}
+                    }
+                }
+                refuse_busy(stream).await;
+            });
             continue;
         };
         let _ = stream.set_nodelay(true);
