@@ -112,7 +112,7 @@ pub enum StoreError {
 pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// The database server's time at this moment (`clock_timestamp()`, not the transaction's
-/// start): what [`crate::clock::Clock`] samples.
+/// start): the one time every process agrees on, for a process's clock to sample.
 pub async fn database_time(ex: impl sqlx::PgExecutor<'_>) -> Result<chrono::DateTime<chrono::Utc>> {
     Ok(sqlx::query_scalar!(r#"SELECT clock_timestamp() AS "now!""#)
         .fetch_one(ex)
