@@ -91,8 +91,9 @@ pub struct ServerConfig {
     pub admin_key: Option<SecretString>,
     pub admin_key_env: Option<String>,
     /// Requests per second one tenant may make to the API (a token bucket per tenant, in
-    /// each process); past it, 429 `api_rate_limited` with Retry-After. Protects the API
-    /// and the database from one client's loop.
+    /// each process), a bulk counting once per job it holds; past it, 429
+    /// `api_rate_limited` with Retry-After. Protects the API and the database from one
+    /// client's loop or flood.
     pub api_rate_per_sec: f64,
     /// Requests a tenant may make at once above `api_rate_per_sec` (the bucket's size).
     pub api_burst: f64,
@@ -533,9 +534,45 @@ pub struct TenantConfig {
     /// This tenant's `quotas.max_stored_file_bytes`.
     #[serde(default)]
     pub max_stored_file_bytes: Option<u64>,
+    /// This tenant's `server.api_rate_per_sec`.
+    #[serde(default)]
+    pub api_rate_per_sec: Option<f64>,
+    /// This tenant's `server.api_burst`.
+    #[serde(default)]
+    pub api_burst: Option<f64>,
+}
+
+/// Requests a second one tenant may make to one API process, and its burst
+/// (`server.api_rate_per_sec` / `api_burst`, or the tenant's own).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ApiRate {
+    pub per_sec: f64,
+    pub burst: f64,
+}
+
+impl ApiRate {
+    /// Why the rate is unusable, if it is.
+    fn check(&self) -> Option<(&'static str, &'static str)> {
+        if !(self.per_sec.is_finite() && self.per_sec > 0.0) {
+            Some(("api_rate_per_sec", "must be a positive number"))
+        } else if !(self.burst.is_finite() && self.burst >= 1.0) {
+            Some(("api_burst", "must be at least 1"))
+        } else {
+            None
+        }
+    }
 }
 
 impl TenantConfig {
+    /// The tenant's API rate: its own where it sets one, else the server's.
+    pub fn api_rate(&self, server: &ServerConfig) -> ApiRate {
+        let default = server.api_rate();
+        ApiRate {
+            per_sec: self.api_rate_per_sec.unwrap_or(default.per_sec),
+            burst: self.api_burst.unwrap_or(default.burst),
+        }
+    }
+
     /// The tenant's quotas: its own where it sets them, else `defaults` (`[quotas]`).
     pub fn quotas(&self, defaults: &Quotas) -> Quotas {
         Quotas {
@@ -626,11 +663,8 @@ impl Config {
         if !(self.gate.headroom_secs.is_finite() && self.gate.headroom_secs >= 0.0) {
             return Err(invalid("gate.headroom_secs", "must be a non-negative number"));
         }
-        if !(self.server.api_rate_per_sec.is_finite() && self.server.api_rate_per_sec > 0.0) {
-            return Err(invalid("server.api_rate_per_sec", "must be a positive number"));
-        }
-        if !(self.server.api_burst.is_finite() && self.server.api_burst >= 1.0) {
-            return Err(invalid("server.api_burst", "must be at least 1"));
+        if let Some((field, reason)) = self.server.api_rate().check() {
+            return Err(invalid(format!("server.{field}"), reason));
         }
         if self.server.max_header_bytes < 1024 {
             return Err(invalid("server.max_header_bytes", "must be at least 1024"));
@@ -792,6 +826,9 @@ impl Config {
             if t.weight == 0 {
                 return Err(invalid(format!("tenants[{i}].weight"), "must be at least 1"));
             }
+            if let Some((field, reason)) = t.api_rate(&self.server).check() {
+                return Err(invalid(format!("tenants[{i}].{field}"), reason));
+            }
             t.key_sha256()
                 .map_err(|reason| invalid(format!("tenants[{i}]"), reason))?;
             if let Some(key) = t.clear_key() {
@@ -899,6 +936,14 @@ fn check_durations(value: &toml::Value, at: &str) -> Result<(), ConfigError> {
 pub const MIN_KEY_CHARS: usize = 24;
 
 impl ServerConfig {
+    /// Every tenant's API rate, unless the tenant sets its own.
+    pub fn api_rate(&self) -> ApiRate {
+        ApiRate {
+            per_sec: self.api_rate_per_sec,
+            burst: self.api_burst,
+        }
+    }
+
     /// The admin key: `admin_key`, or the variable `admin_key_env` names; `None` when
     /// neither is given.
     pub fn admin_key(&self) -> Result<Option<SecretString>, String> {
@@ -1101,6 +1146,10 @@ weight = 3
         assert!(e.contains("kind") && e.contains("test.toml"), "{e}");
         let e = err(&GOOD.replace("weight = 3", "weight = 0"));
         assert!(e.contains("tenants[0].weight"), "{e}");
+        let e = err(&GOOD.replace("weight = 3", "api_rate_per_sec = 0.0"));
+        assert!(e.contains("tenants[0].api_rate_per_sec"), "{e}");
+        let e = err(&GOOD.replace("weight = 3", "api_burst = 0.5"));
+        assert!(e.contains("tenants[0].api_burst"), "{e}");
         let e = err(&GOOD.replace("http://127", "ftp://127"));
         assert!(e.contains("providers[0].base_url"), "{e}");
         let e = err(&format!("{GOOD}\nunknown_field = 1"));

@@ -10,14 +10,16 @@ use secrecy::ExposeSecret;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::config::{Config, Quotas};
+use crate::config::{ApiRate, Config, Quotas};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Tenant {
     pub name: String,
     pub weight: u32,
     /// What the tenant may keep stored (its own, or `[quotas]`).
     pub quotas: Quotas,
+    /// How fast it may call one API process (its own, or the server's).
+    pub api_rate: ApiRate,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -41,6 +43,7 @@ impl TenantDirectory {
                 name: t.name.clone(),
                 weight: t.weight,
                 quotas: t.quotas(&config.quotas),
+                api_rate: t.api_rate(&config.server),
             };
             if by_key_digest.insert(key_digest, tenant).is_some() {
                 return Err(format!(

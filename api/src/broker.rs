@@ -75,7 +75,7 @@ fn dispatch_connections(config: &Config) -> u32 {
 
 /// Connections a broker may open beside the pool it is given: one pool per role.
 pub fn role_connections(config: &Config) -> u32 {
-    dispatch_connections(config) + GATE_CONNECTIONS + MAINTENANCE_CONNECTIONS
+    dispatch_connections(config) + GATE_CONNECTIONS + MAINTENANCE_CONNECTIONS + crate::arrivals::CONNECTIONS
 }
 
 impl Broker {
@@ -146,10 +146,10 @@ impl Broker {
         });
         let state = AppState {
             arrivals: match &gate {
-                Some(gate) if roles.dispatch && roles.api => {
-                    // A transaction and three reads side by side per arrival, for two at once.
-                    Some(crate::arrivals::Arrivals::start(gate.clone(), role_pool(8))?)
-                }
+                Some(gate) if roles.dispatch && roles.api => Some(crate::arrivals::Arrivals::start(
+                    gate.clone(),
+                    role_pool(crate::arrivals::CONNECTIONS),
+                )?),
                 _ => None,
             },
             pool: pool.clone(),
@@ -162,6 +162,7 @@ impl Broker {
             readiness: crate::Readiness::default(),
             queue_room: crate::jobs::QueueRoom::default(),
             clock: clock.clone(),
+            tenant_rate: crate::guard::TenantRate::new(&config.server),
         };
         let mut addr = None;
         if roles.api {

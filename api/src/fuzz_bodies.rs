@@ -67,6 +67,7 @@ fn tenant() -> Tenant {
         name: "acme".to_owned(),
         weight: 1,
         quotas: config().quotas,
+        api_rate: config().server.api_rate(),
     }
 }
 

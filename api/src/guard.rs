@@ -4,18 +4,22 @@
 //! cost the handlers and the database nothing:
 //!
 //! - a request with a tenant's key counts against that tenant (`server.api_rate_per_sec`
-//!   / `api_burst`);
+//!   / `api_burst`), and a bulk counts once per job it holds ([`TenantRate::charge_jobs`],
+//!   once its items are counted): a tenant whose submissions ran its bucket into debt is
+//!   refused before its next body is read, so a flood of large bulks runs at the rate's
+//!   jobs a second, not at the rate the process can skim bodies;
 //! - any other request — no key, a wrong key, an anonymous endpoint — counts against its
 //!   source address (`server.anonymous_rate_per_sec` / `anonymous_burst`; an IPv6 source
 //!   is its /64), so guessing keys runs at that rate, not at line rate;
 //! - the admin key and the probes (`/healthz`, `/readyz`, which cost no database work per
 //!   request) are not counted.
 //!
-//! A request refused for its source is answered after [`ANONYMOUS_REFUSAL_HOLD`], not at
-//! once: a guessing loop that waits for its answers then makes a request a second per
-//! connection, and the connections a source may hold are capped
-//! (`server.max_connections_per_source`), so key guessing costs the process a few hundred
-//! cheap answers a second per source instead of tens of thousands.
+//! A refused request is answered after a hold, not at once: after [`REFUSAL_HOLD`] when
+//! refused for its source, after its wait (at most `REFUSAL_HOLD`) when refused for its
+//! tenant. A loop that waits for its answers then makes a request a second per connection
+//! instead of spinning on refusals, and the connections a source may hold are capped
+//! (`server.max_connections_per_source`), so key guessing or a refused flood costs the
+//! process a few hundred cheap answers a second per source instead of tens of thousands.
 //!
 //! Each rate is a token bucket in each process's memory: it protects the process, not a
 //! global quota (that is what the tenant's `rpm`/`tpm` buckets are). The buckets by source
@@ -33,22 +37,24 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use tollgate::tenants::TenantDirectory;
+use tollgate::config::ApiRate;
+use tollgate::tenants::{Tenant, TenantDirectory};
 
 use crate::AppState;
 use crate::error::ApiError;
 
-/// How long the answer to a request refused for its source is held.
-pub const ANONYMOUS_REFUSAL_HOLD: Duration = Duration::from_secs(1);
+/// How long the answer to a request refused for its source is held; the longest a
+/// refusal for a tenant is held.
+pub const REFUSAL_HOLD: Duration = Duration::from_secs(1);
 
 /// Sources whose buckets are kept at once (about 100 bytes each).
 pub const MAX_SOURCES: usize = 65_536;
 
-/// Requests per second per key (a tenant, a source), refilled continuously, up to `burst`.
+/// Requests per second per key (a tenant, a source), refilled continuously, up to a burst.
 #[derive(Debug)]
 pub struct ApiRateLimiter<K = String> {
-    rate: f64,
-    burst: f64,
+    /// The rate of keys given none of their own.
+    default: ApiRate,
     /// Keys kept at most; a new key beyond them waits until a bucket is full again.
     max_keys: usize,
     /// Key → (tokens, when counted).
@@ -56,10 +62,9 @@ pub struct ApiRateLimiter<K = String> {
 }
 
 impl<K: Hash + Eq + Clone> ApiRateLimiter<K> {
-    pub fn new(rate_per_sec: f64, burst: f64, max_keys: usize) -> Self {
+    pub fn new(default: ApiRate, max_keys: usize) -> Self {
         Self {
-            rate: rate_per_sec,
-            burst,
+            default,
             max_keys,
             levels: Mutex::new(HashMap::new()),
         }
@@ -68,29 +73,74 @@ impl<K: Hash + Eq + Clone> ApiRateLimiter<K> {
     /// Takes one request from `key`'s bucket at `now`; `Err(wait)` when it is empty,
     /// with the time until one request fits.
     pub fn take(&self, key: &K, now: Instant) -> Result<(), Duration> {
-        let mut levels = self
-            .levels
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.take_at(key, self.default, now)
+    }
+
+    /// [`take`](Self::take) for a key with a rate of its own.
+    pub fn take_at(&self, key: &K, rate: ApiRate, now: Instant) -> Result<(), Duration> {
+        let mut levels = self.levels();
         if levels.len() >= self.max_keys && !levels.contains_key(key) {
             // A full bucket holds nothing a fresh one would not: forget those.
-            let (rate, burst) = (self.rate, self.burst);
+            let ApiRate { per_sec, burst } = self.default;
             levels.retain(|_, (tokens, at)| {
-                *tokens + now.saturating_duration_since(*at).as_secs_f64() * rate < burst
+                *tokens + now.saturating_duration_since(*at).as_secs_f64() * per_sec < burst
             });
             if levels.len() >= self.max_keys {
-                return Err(Duration::from_secs_f64(1.0 / self.rate));
+                return Err(Duration::from_secs_f64(1.0 / per_sec));
             }
         }
-        let (tokens, at) = levels.entry(key.clone()).or_insert((self.burst, now));
+        let (tokens, at) = levels.entry(key.clone()).or_insert((rate.burst, now));
         let elapsed = now.saturating_duration_since(*at).as_secs_f64();
-        *tokens = (*tokens + elapsed * self.rate).min(self.burst);
+        *tokens = (*tokens + elapsed * rate.per_sec).min(rate.burst);
         *at = now.max(*at);
         if *tokens >= 1.0 {
             *tokens -= 1.0;
             Ok(())
         } else {
-            Err(Duration::from_secs_f64((1.0 - *tokens) / self.rate))
+            Err(Duration::from_secs_f64((1.0 - *tokens) / rate.per_sec))
+        }
+    }
+
+    /// Takes `n` more from `key`'s bucket at `now`, whatever it holds: a bucket run into
+    /// debt (at most one burst's worth) refuses `key` until it has refilled past it.
+    pub fn charge(&self, key: &K, n: f64, rate: ApiRate, now: Instant) {
+        let mut levels = self.levels();
+        let Some((tokens, at)) = levels.get_mut(key) else {
+            return; // only a request [`take`](Self::take) let in is charged for more
+        };
+        let elapsed = now.saturating_duration_since(*at).as_secs_f64();
+        *tokens = ((*tokens + elapsed * rate.per_sec).min(rate.burst) - n).max(-rate.burst);
+        *at = now.max(*at);
+    }
+
+    fn levels(&self) -> std::sync::MutexGuard<'_, HashMap<K, (f64, Instant)>> {
+        self.levels
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Each tenant's API rate in this process (its own or `server.api_rate_per_sec` /
+/// `api_burst`), shared by the guard and the handlers that charge a request for more
+/// than one.
+#[derive(Debug, Clone)]
+pub struct TenantRate(Arc<ApiRateLimiter>);
+
+impl TenantRate {
+    pub fn new(server: &tollgate::config::ServerConfig) -> Self {
+        // Tenants are few and configured: no bound needed.
+        Self(Arc::new(ApiRateLimiter::new(server.api_rate(), usize::MAX)))
+    }
+
+    fn take(&self, tenant: &Tenant, now: Instant) -> Result<(), Duration> {
+        self.0.take_at(&tenant.name, tenant.api_rate, now)
+    }
+
+    /// Charges `tenant` for the jobs of a request the guard counted as one.
+    pub fn charge_jobs(&self, tenant: &Tenant, jobs: usize) {
+        let more = jobs.saturating_sub(1) as f64;
+        if more > 0.0 {
+            self.0.charge(&tenant.name, more, tenant.api_rate, Instant::now());
         }
     }
 }
@@ -98,7 +148,7 @@ impl<K: Hash + Eq + Clone> ApiRateLimiter<K> {
 /// The middleware's state: built once per router.
 #[derive(Clone)]
 pub struct Guard {
-    limiter: Arc<ApiRateLimiter>,
+    limiter: TenantRate,
     anonymous: Arc<ApiRateLimiter<IpAddr>>,
     tenants: Arc<TenantDirectory>,
     max_header_bytes: usize,
@@ -108,15 +158,12 @@ impl Guard {
     pub fn new(state: &AppState) -> Self {
         let server = &state.config.server;
         Self {
-            // Tenants are few and configured: no bound needed.
-            limiter: Arc::new(ApiRateLimiter::new(
-                server.api_rate_per_sec,
-                server.api_burst,
-                usize::MAX,
-            )),
+            limiter: state.tenant_rate.clone(),
             anonymous: Arc::new(ApiRateLimiter::new(
-                server.anonymous_rate_per_sec,
-                server.anonymous_burst,
+                ApiRate {
+                    per_sec: server.anonymous_rate_per_sec,
+                    burst: server.anonymous_burst,
+                },
                 MAX_SOURCES,
             )),
             tenants: state.tenants.clone(),
@@ -146,11 +193,11 @@ pub async fn check(State(guard): State<Guard>, request: Request, next: Next) -> 
     let key = crate::auth::bearer(request.headers()).ok();
     let now = Instant::now();
     let throttled = match key.and_then(|key| guard.tenants.authenticate(key)) {
-        Some(tenant) => guard.limiter.take(&tenant.name, now).err().map(|wait| {
+        Some(tenant) => guard.limiter.take(tenant, now).err().map(|wait| {
             (
                 wait,
-                "too many API requests from this tenant (server.api_rate_per_sec); retry after the delay given",
-                Duration::ZERO,
+                "too many API requests (a bulk counts each of its jobs) from this tenant (server.api_rate_per_sec); retry after the delay given",
+                wait.min(REFUSAL_HOLD),
             )
         }),
         None if key.is_some_and(|key| guard.tenants.is_admin(key)) => None,
@@ -165,7 +212,7 @@ pub async fn check(State(guard): State<Guard>, request: Request, next: Next) -> 
                 (
                     wait,
                     "too many requests without a valid API key from this address (server.anonymous_rate_per_sec); retry after the delay given",
-                    ANONYMOUS_REFUSAL_HOLD,
+                    REFUSAL_HOLD,
                 )
             })
         }
@@ -177,7 +224,7 @@ pub async fn check(State(guard): State<Guard>, request: Request, next: Next) -> 
             ApiErrorCode::ApiRateLimited,
             message,
         )
-        .with_retry_after(wait)
+        .with_retry_after(wait.saturating_sub(hold))
         .into_response();
     }
     next.run(request).await
@@ -187,9 +234,13 @@ pub async fn check(State(guard): State<Guard>, request: Request, next: Next) -> 
 mod tests {
     use super::*;
 
+    fn rate(per_sec: f64, burst: f64) -> ApiRate {
+        ApiRate { per_sec, burst }
+    }
+
     #[test]
     fn a_tenant_gets_its_burst_then_the_rate_and_others_are_unaffected() {
-        let limiter = ApiRateLimiter::new(10.0, 3.0, usize::MAX);
+        let limiter = ApiRateLimiter::new(rate(10.0, 3.0), usize::MAX);
         let (acme, globex) = ("acme".to_owned(), "globex".to_owned());
         let t0 = Instant::now();
         for _ in 0..3 {
@@ -211,8 +262,24 @@ mod tests {
     }
 
     #[test]
+    fn a_charge_runs_the_bucket_into_debt_of_at_most_one_burst() {
+        let limiter = ApiRateLimiter::new(rate(10.0, 5.0), usize::MAX);
+        let acme = "acme".to_owned();
+        let t0 = Instant::now();
+        assert!(limiter.take(&acme, t0).is_ok());
+        limiter.charge(&acme, 100.0, rate(10.0, 5.0), t0);
+        // Debt is bounded at one burst: 5 below zero, so 0.6 s until one request fits.
+        let wait = limiter.take(&acme, t0).unwrap_err();
+        assert!((wait.as_secs_f64() - 0.6).abs() < 1e-9, "{wait:?}");
+        assert!(limiter.take(&acme, t0 + Duration::from_millis(600)).is_ok());
+        // A key never let in is not charged (nor given a bucket).
+        limiter.charge(&"globex".to_owned(), 100.0, rate(10.0, 5.0), t0);
+        assert!(limiter.take(&"globex".to_owned(), t0).is_ok());
+    }
+
+    #[test]
     fn sources_are_bounded_and_full_buckets_are_forgotten_first() {
-        let limiter = ApiRateLimiter::new(1.0, 2.0, 2);
+        let limiter = ApiRateLimiter::new(rate(1.0, 2.0), 2);
         let t0 = Instant::now();
         assert!(limiter.take(&1, t0).is_ok());
         assert!(limiter.take(&2, t0).is_ok());

@@ -88,6 +88,8 @@ pub struct AppState {
     pub queue_room: jobs::QueueRoom,
     /// The time jobs' creation and deadlines are reckoned in: the database's.
     pub clock: tollgate::clock::Clock,
+    /// Each tenant's API rate, counted by the guard and charged by bulks per job.
+    pub tenant_rate: guard::TenantRate,
 }
 
 /// The last database probe `/readyz` made and when: however many probes arrive, the

@@ -52,6 +52,7 @@ fn reading_a_bulk_keeps_requests_as_text_and_never_the_body_as_values() {
         name: "acme".into(),
         weight: 1,
         quotas: config.quotas,
+        api_rate: config.server.api_rate(),
     };
     let now = Utc::now();
     let body = body(500);

@@ -20,8 +20,12 @@
 //!   as they are answered;
 //! - bulk floods: the `evil` tenant sending `POST /v1/jobs/bulk` of [`BULK_FLOOD_JOBS`]
 //!   jobs, [`BULK_FLOODS_IN_FLIGHT`] at once, for the whole run. Its queue is capped
-//!   (`max_queued_per_tenant`, as an operator sharing a broker sets it) and its admissions
-//!   are limited by its own rpm: the flood fills its queue, then is refused `queue_full`.
+//!   (`max_queued_per_tenant`) and its API rate is its own ([`EVIL_API_RATE`], a bulk
+//!   counting each of its jobs), as an operator sharing a broker sets them; its admissions
+//!   are limited by its own rpm ([`EVIL_RPM`]). The flood is refused `api_rate_limited`
+//!   before its bodies are read, and `queue_full` once its queue is full. The stalled
+//!   uploads are the same tenant's, so while the flood has its rate in debt they are
+//!   refused too.
 //!
 //! Each run starts on a fresh database; the attackers start [`WARM_UP`] before the
 //! well-behaved load so that it meets them in place.
@@ -49,8 +53,14 @@ const SLOW_HEADER_CONNECTIONS: usize = 1_000;
 const GUESSERS: usize = 16;
 const BULK_FLOOD_JOBS: usize = 2_000;
 const BULK_FLOODS_IN_FLIGHT: usize = 4;
+/// The `evil` tenant's API rate (requests a second, a bulk counting each job), its burst
+/// one bulk of [`BULK_FLOOD_JOBS`].
+const EVIL_API_RATE: u64 = 200;
+/// The `evil` tenant's requests a minute to providers: 10 jobs a second, a neighbour's
+/// ordinary share; the flood is what it sends beyond that.
+const EVIL_RPM: u64 = 600;
 /// The `evil` tenant's standard-class queue cap.
-const EVIL_QUEUE_CAP: u64 = 20_000;
+const EVIL_QUEUE_CAP: u64 = 4_000;
 /// How long the attackers run before the measured load starts.
 const WARM_UP: Duration = Duration::from_secs(3);
 
@@ -82,7 +92,9 @@ tpm = 100000000000
 [[tenants]]
 name = "evil"
 api_key = "{EVIL_KEY}"
-rpm = 6000
+api_rate_per_sec = {EVIL_API_RATE}
+api_burst = {BULK_FLOOD_JOBS}
+rpm = {EVIL_RPM}
 tpm = 100000000000
 "#,
         unbound_provider(mock)
@@ -132,6 +144,8 @@ impl Kind {
 /// One well-behaved request: what it was, how long it took, whether it succeeded.
 struct Sample {
     kind: Kind,
+    /// The second of the run it was sent in.
+    second: usize,
     latency: Duration,
     /// The answer's status; None when no answer came (connection refused, reset, timed out).
     status: Option<u16>,
@@ -150,7 +164,10 @@ struct AttackCounts {
     guesses_throttled: AtomicU64,
     bulk_requests: AtomicU64,
     bulk_accepted_jobs: AtomicU64,
-    bulk_refused: AtomicU64,
+    bulk_queue_full: AtomicU64,
+    bulk_rate_limited: AtomicU64,
+    /// Answered otherwise, or not answered (a connection closed before its body was read).
+    bulk_other: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -199,6 +216,12 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         "\nThe good tenant's jobs, enqueue → provider request p50 / p99 ms: alone {:.1} / {:.1}, under attack {:.1} / {:.1}",
         quiet.dispatch.0, quiet.dispatch.1, attacked.dispatch.0, attacked.dispatch.1
     );
+    for (run, result) in [("alone", &quiet), ("under attack", &attacked)] {
+        println!(
+            "\nThe slowest request of each second, {run} (ms): {}",
+            slowest_each_second(&result.samples)
+        );
+    }
     if let Some(cpu) = attacked.attackers_cpu {
         println!(
             "\nThe attacking clients used {:.1} s of CPU over the {:.0} s they ran ({}), on this machine's {} cores.",
@@ -229,13 +252,30 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             read(&a.guesses_throttled)
         );
         println!(
-            "| bulk floods (`evil`, {BULK_FLOODS_IN_FLIGHT} × {BULK_FLOOD_JOBS} jobs in flight) | {} requests | {} jobs accepted, {} requests refused |",
+            "| bulk floods (`evil`, {BULK_FLOODS_IN_FLIGHT} × {BULK_FLOOD_JOBS} jobs in flight) | {} requests | {} jobs accepted; refused: {} `queue_full`, {} `api_rate_limited`, {} otherwise or unanswered |",
             read(&a.bulk_requests),
             read(&a.bulk_accepted_jobs),
-            read(&a.bulk_refused)
+            read(&a.bulk_queue_full),
+            read(&a.bulk_rate_limited),
+            read(&a.bulk_other)
         );
     }
     Ok(())
+}
+
+/// The longest latency of the requests sent in each second, in order: where in the run
+/// the tail comes from.
+fn slowest_each_second(samples: &[Sample]) -> String {
+    let seconds = samples.iter().map(|s| s.second + 1).max().unwrap_or(0);
+    let mut slowest = vec![Duration::ZERO; seconds];
+    for s in samples {
+        slowest[s.second] = slowest[s.second].max(s.latency);
+    }
+    slowest
+        .iter()
+        .map(|d| format!("{:.0}", d.as_secs_f64() * 1e3))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The latencies of `kind`'s successful requests, sorted, and its failures by status
@@ -398,6 +438,7 @@ async fn good_tenant(api: &str, seconds: u64) -> anyhow::Result<Vec<Sample>> {
                 };
                 Sample {
                     kind,
+                    second: i / GOOD_RATE as usize,
                     latency: begin.elapsed(),
                     status,
                     ok,
@@ -594,14 +635,26 @@ async fn bulk_flood(http: reqwest::Client, api: String, stop: CancellationToken,
                 .send() => sent,
         };
         bump(&counts.bulk_requests);
-        match sent.map(|r| r.status().as_u16()) {
-            Ok(202) => {
-                counts
-                    .bulk_accepted_jobs
-                    .fetch_add(BULK_FLOOD_JOBS as u64, Ordering::Relaxed);
-            }
-            Ok(_) => bump(&counts.bulk_refused),
-            Err(_) => tokio::time::sleep(RECONNECT_PAUSE).await,
+        let Ok(answer) = sent else {
+            bump(&counts.bulk_other);
+            tokio::time::sleep(RECONNECT_PAUSE).await;
+            continue;
+        };
+        if answer.status().as_u16() == 202 {
+            counts
+                .bulk_accepted_jobs
+                .fetch_add(BULK_FLOOD_JOBS as u64, Ordering::Relaxed);
+            continue;
         }
+        let code = answer
+            .json::<Value>()
+            .await
+            .ok()
+            .and_then(|body| body["error"]["code"].as_str().map(str::to_owned));
+        bump(match code.as_deref() {
+            Some("queue_full") => &counts.bulk_queue_full,
+            Some("api_rate_limited") => &counts.bulk_rate_limited,
+            _ => &counts.bulk_other,
+        });
     }
 }

@@ -192,7 +192,7 @@ async fn key_guessing_is_throttled_per_source_and_tenants_go_on() {
     assert_eq!(throttled.status(), 429);
     // The refusal is held, so a loop waiting for its answers guesses once a second.
     assert!(
-        asked.elapsed() >= tollgate_api::guard::ANONYMOUS_REFUSAL_HOLD,
+        asked.elapsed() >= tollgate_api::guard::REFUSAL_HOLD,
         "answered after {:?}",
         asked.elapsed()
     );
@@ -522,4 +522,27 @@ async fn a_synchronous_caller_who_hangs_up_has_its_job_cancelled() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// Admission on arrival holds several connections at once; arrivals side by side on too
+/// few would each hold some and wait for the rest until the pool's acquire timeout, and
+/// answer 503 `database_unavailable` — which 48 synchronous calls at once on a fresh
+/// process (whose calibration is read by every arrival) did.
+#[tokio::test(flavor = "multi_thread")]
+async fn synchronous_calls_at_once_never_starve_the_arrivals_pool() {
+    let app = TestApp::spawn().await;
+    let calls = (0..48).map(|i| {
+        app.http
+            .post(app.url("/v1/chat/completions"))
+            .bearer_auth(ACME)
+            .json(&json!({"model": "fast", "messages": [{"role": "user", "content": format!("hi {i}")}], "max_tokens": 5}))
+            .send()
+    });
+    let answers = futures::future::join_all(calls).await;
+    let statuses: Vec<u16> = answers
+        .into_iter()
+        .map(|r| r.map_or(0, |r| r.status().as_u16()))
+        .collect();
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    app.shutdown().await;
 }

@@ -1050,3 +1050,55 @@ async fn a_notify_on_the_gate_channel_wakes_the_gate_of_another_process() {
     tracker.close();
     tracker.wait().await;
 }
+
+/// An arrival's reads give their connections back before its transaction takes one, so
+/// it is admitted on a pool of a single connection; when its transaction began beside its
+/// reads, it held that connection and waited for the pool until the acquire timeout.
+#[tokio::test]
+async fn an_arrival_never_holds_a_connection_while_waiting_for_another() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        ..TestOptions::default()
+    })
+    .await;
+    let providers = tollgate_workers::providers::Providers::from_config(&app.config).unwrap();
+    let dispatcher = tollgate_workers::dispatcher::Dispatcher::new(
+        app.db.pool.clone(),
+        app.config.clone(),
+        providers,
+        Notifications::default(),
+    );
+    let gate = Gate::new(app.db.pool.clone(), app.config.clone(), Notifications::default())
+        .with_handoff(dispatcher.handoff());
+    let one = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with((*app.db.pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let now = Utc::now();
+    let arriving = tollgate::model::NewJob {
+        id: tollgate::model::JobId::new(),
+        tenant: "acme".to_owned(),
+        class: tollgate::vocab::JobClass::Interactive,
+        priority: 0,
+        request: json!({"model": "oai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}),
+        model: "oai/gpt-4o-mini".to_owned(),
+        idempotency_key: None,
+        metadata: None,
+        deadline: now + ChronoDuration::seconds(60),
+        max_attempts: 3,
+        estimated_input_tokens: 10,
+        estimated_output_tokens: 5,
+        created_at: now,
+        stream: false,
+    };
+    let started = gate
+        .admit_arrival(&one, &arriving)
+        .await
+        .expect("admitted without waiting for the pool");
+    let started = started.expect("the buckets hold it and nothing else waits");
+    assert_eq!(started.id, arriving.id);
+    assert_eq!(started.state, tollgate::vocab::JobState::Running);
+    app.shutdown().await;
+}

@@ -294,6 +294,56 @@ async fn a_tenant_over_its_api_rate_gets_429_and_others_do_not() {
     mock.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bulk_counts_each_of_its_jobs_against_the_api_rate() {
+    let (broker, api, mock) = spawn_edited(|c| {
+        c.replacen(
+            "[server]\n",
+            "[server]\napi_rate_per_sec = 0.001\napi_burst = 5\n",
+            1,
+        )
+        .replacen(
+            &format!("api_key = \"{GLOBEX}\"\n"),
+            &format!("api_key = \"{GLOBEX}\"\napi_burst = 100\n"),
+            1,
+        )
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let bulk = |key: &'static str| {
+        let items: Vec<Value> = (0..20).map(|i| job("fast", &format!("bulk {i}"))).collect();
+        http.post(format!("{api}/v1/jobs/bulk"))
+            .bearer_auth(key)
+            .json(&json!({ "jobs": items }))
+            .send()
+    };
+    // A bulk the bucket can start is taken whole, and its 20 jobs put the tenant in debt:
+    // its next request is refused, and so is the next bulk, before its body is read.
+    assert_eq!(bulk(ACME).await.unwrap().status().as_u16(), 202);
+    let get = |key: &str| http.get(format!("{api}/v1/jobs")).bearer_auth(key).send();
+    let limited = get(ACME).await.unwrap();
+    assert_eq!(limited.status().as_u16(), 429);
+    let body: Value = limited.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "api_rate_limited", "{body}");
+    let again = http
+        .post(format!("{api}/v1/jobs/bulk"))
+        .bearer_auth(ACME)
+        .json(&json!({ "jobs": [job("fast", "after")] }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status().as_u16(), 429);
+    // A tenant with a burst of its own spends 20 of its 100.
+    assert_eq!(bulk(GLOBEX).await.unwrap().status().as_u16(), 202);
+    assert_eq!(
+        get(GLOBEX).await.unwrap().status().as_u16(),
+        200,
+        "another tenant's bucket is its own"
+    );
+    broker.shutdown().await;
+    mock.shutdown().await;
+}
+
 const LIVE_KEY: &str = "sk-LEAKCANARY-live-8c1e2f90";
 const DEAD_KEY: &str = "sk-LEAKCANARY-dead-41b7d9aa";
 const CANARY_PART: &str = "LEAKCANARY";

@@ -60,6 +60,10 @@ const MIN_PAUSE: Duration = Duration::from_millis(2);
 /// How often the gate re-reads the learned estimates.
 const CALIBRATION_REFRESH: Duration = Duration::from_secs(10);
 
+/// Connections [`Gate::admit_arrival`] uses at once: its reads, side by side (its
+/// transaction comes after them).
+pub const ARRIVAL_CONNECTIONS: u32 = 4;
+
 /// Fewest jobs a round reads (across all queues), however few the last round admitted.
 const MIN_READ: usize = 32;
 
@@ -181,7 +185,9 @@ impl Gate {
     /// interactive job is queued, a limit was just learned and not yet applied, this
     /// dispatcher has no room, or the buckets cannot hold it now, nothing is written
     /// (`None`) and the caller queues it as usual. Returns the started job.
-    /// `pool` is the caller's (the gate's own connections belong to its thread).
+    /// `pool` is the caller's (the gate's own connections belong to its thread); an
+    /// arrival uses up to [`ARRIVAL_CONNECTIONS`] of them at once, and never holds one
+    /// while waiting for another.
     pub async fn admit_arrival(&self, pool: &PgPool, job: &NewJob) -> Result<Option<Job>, StoreError> {
         let Some(handoff) = &self.handoff else {
             return Ok(None);
@@ -194,16 +200,16 @@ impl Gate {
             return Ok(None);
         }
         let now = self.clock.now();
-        // The transaction begins while the reads run, on its own connection.
-        let (mut tx, queued, learned, paused, calibration) = tokio::try_join!(
-            async { Ok::<_, StoreError>(pool.begin().await?) },
+        // The reads side by side, each on a connection it gives back when done; the
+        // transaction after them. Nothing holds a connection while waiting for another,
+        // so arrivals side by side cannot starve each other of the pool.
+        let (queued, learned, paused, calibration) = tokio::try_join!(
             store::interactive_queued(pool),
             store::learned_limits(pool),
             store::active_pauses(pool, now),
             self.calibration(pool),
         )?;
         if queued || learned.iter().any(Learned::pending) {
-            tx.rollback().await?;
             return Ok(None);
         }
         let paused: scheduler::Pauses = paused.into_iter().collect();
@@ -213,12 +219,13 @@ impl Gate {
             .plan(Candidate::arriving(job), now)
         else {
             // A round fails it with its reason.
-            tx.rollback().await?;
             return Ok(None);
         };
         let mut keys: Vec<String> = plan.bucket_keys().cloned().collect();
         keys.sort();
         keys.dedup();
+
+        let mut tx = pool.begin().await?;
 
         let now = self.clock.now();
         let mut buckets: HashMap<String, Bucket> = store::lock_buckets_by(&mut tx, &keys, &[])
