@@ -12,16 +12,29 @@ use tollgate::db::Database;
 use tollgate_api::broker::{Broker, Roles};
 use tollgate_mock::{MockConfig, MockProvider};
 
-/// tollgate: a durable job-queue broker for LLM API work.
-///
-/// With DATABASE_URL unset, tollgate starts a private PostgreSQL from the server binaries
-/// installed on this machine (data under `.tollgate/pg`), migrates it, and stops it on exit.
+/// The command line. Named `tollgate` (not the package's name) in usage and `--version`;
+/// without a command it prints the help and exits 2, as clap does for other usage errors.
 #[derive(Parser)]
-#[command(version, about, long_about)]
+#[command(
+    name = "tollgate",
+    version,
+    about = "tollgate: a durable job-queue broker for LLM API work, on PostgreSQL",
+    long_about = LONG_ABOUT,
+    arg_required_else_help = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
+
+const LONG_ABOUT: &str = "tollgate: a durable job-queue broker for LLM API work, on PostgreSQL.
+
+Run the broker with `tollgate serve --config FILE`. With DATABASE_URL unset, it starts a \
+private PostgreSQL from the server binaries installed on this machine (data under \
+`database.embedded_dir`, default .tollgate/pg), migrates it, and stops it on exit.
+
+The client commands (status, jobs, submit, batches) talk to a running server: \
+--url / TOLLGATE_URL, --key / TOLLGATE_KEY.";
 
 #[derive(Subcommand)]
 enum Command {

@@ -7,11 +7,20 @@ use crate::harness::{ACME, TestApp, TestOptions};
 
 /// Runs `tollgate ARGS` against `app` as `key`; returns (exit code, stdout, stderr).
 async fn tollgate(app: &TestApp, key: &str, args: &[&str]) -> (i32, String, String) {
+    run(&[("TOLLGATE_URL", &app.api), ("TOLLGATE_KEY", key)], args).await
+}
+
+/// Runs `tollgate ARGS` with `env` (and none of the test's own TOLLGATE_*, RUST_LOG, RUST_BACKTRACE).
+async fn run(env: &[(&str, &str)], args: &[&str]) -> (i32, String, String) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .args(args)
-        .env("TOLLGATE_URL", &app.api)
-        .env("TOLLGATE_KEY", key)
+        .env_remove("TOLLGATE_URL")
+        .env_remove("TOLLGATE_KEY")
         .env_remove("RUST_LOG")
+        // anyhow would add a backtrace to error messages.
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .envs(env.iter().copied())
         .output()
         .await
         .expect("run tollgate");
@@ -128,4 +137,29 @@ async fn submit_wait_jobs_get_and_status() {
     assert_ne!(code, 0);
     assert!(err.contains("invalid_api_key"), "{err}");
     app.shutdown().await;
+}
+
+#[tokio::test]
+async fn version_and_bare_tollgate_name_the_binary() {
+    let (code, out, err) = run(&[], &["--version"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, format!("tollgate {}\n", env!("CARGO_PKG_VERSION")));
+
+    // No command: the usage and the commands, exit 2 like any other usage error.
+    let (code, out, err) = run(&[], &[]).await;
+    assert_eq!(code, 2, "{out}\n{err}");
+    let help = format!("{out}{err}");
+    assert!(help.contains("Usage: tollgate <COMMAND>"), "{help}");
+    assert!(help.contains("Commands:"), "{help}");
+    for command in ["serve", "status", "submit", "jobs", "batches"] {
+        assert!(
+            help.lines().any(|l| l.trim_start().starts_with(command)),
+            "{command}: {help}"
+        );
+    }
+    assert!(
+        help.contains("durable job-queue broker for LLM API work"),
+        "{help}"
+    );
+    assert!(!help.contains("tollgate-cli"), "{help}");
 }
