@@ -33,7 +33,7 @@ Run the broker with `tollgate serve --config FILE`. With DATABASE_URL unset, it 
 private PostgreSQL from the server binaries installed on this machine (data under \
 `database.embedded_dir`, default .tollgate/pg), migrates it, and stops it on exit.
 
-The client commands (status, jobs, submit, batches) talk to a running server: \
+The client commands (status, jobs, submit, batches, files) talk to a running server: \
 --url / TOLLGATE_URL, --key / TOLLGATE_KEY.";
 
 #[derive(Subcommand)]
@@ -69,13 +69,15 @@ enum Command {
     Bench(tollgate_bench::BenchArgs),
     /// A running server's queues by tenant and class, and its buckets with use and limit.
     Status(tollgate_api::cli::StatusArgs),
-    /// A running server's jobs.
+    /// A running server's jobs: list, get, cancel.
     Jobs(tollgate_api::cli::JobsArgs),
     /// Submit each line of a JSONL file as a job; with --wait, follow them with a progress
     /// bar. Exits 1 when any job failed or was rejected.
     Submit(tollgate_api::cli::SubmitArgs),
-    /// A running server's batches in progress.
+    /// A running server's batches: list, get, cancel, and their output files.
     Batches(tollgate_api::cli::BatchesArgs),
+    /// A running server's files: list, get, delete, content.
+    Files(tollgate_api::cli::FilesArgs),
 }
 
 /// mimalloc instead of glibc's allocator: the broker allocates per request, per job and
@@ -134,6 +136,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Jobs(args) => exit_unless(tollgate_api::cli::jobs(args).await?),
         Command::Submit(args) => exit_unless(tollgate_api::cli::submit(args).await?),
         Command::Batches(args) => exit_unless(tollgate_api::cli::batches(args).await?),
+        Command::Files(args) => exit_unless(tollgate_api::cli::files(args).await?),
         Command::Demo(args) => {
             let ok = tollgate_bench::demo::run(args).await?;
             if !ok {
