@@ -15,7 +15,8 @@
 //!   `files content ID [-o FILE]`.
 //!
 //! A refused key (401/403) or an unreachable server stops a command at the first
-//! request that meets it, with one message ([`Refused`]), instead of once per job.
+//! request that meets it, with one message ([`Refused`]), instead of once per job
+//! (while following jobs, `submit --wait` waits out a server restart).
 //! Each command returns whether it succeeded; `main` turns that into the exit code.
 
 #![allow(clippy::print_stdout)] // these commands' output is their user interface
@@ -802,15 +803,14 @@ pub async fn batches(args: BatchesArgs) -> anyhow::Result<bool> {
                 ("output_file_id", "output file")
             };
             let Some(file) = b[key].as_str() else {
-                bail!(
-                    "batch {id} has no {what} (status {}): it is written when the batch finishes{}",
-                    cell(&b["status"]),
-                    if errors {
-                        ", and only when a request failed"
-                    } else {
-                        ""
-                    }
-                );
+                let status = cell(&b["status"]);
+                let finished = matches!(status.as_str(), "completed" | "failed" | "expired" | "cancelled");
+                let why = match (finished, errors) {
+                    (false, _) => "it is written when the batch finishes",
+                    (true, false) => "none of its requests succeeded",
+                    (true, true) => "none of its requests failed",
+                };
+                bail!("batch {id} has no {what} (status {status}): {why}");
             };
             download(&http, &remote, file, output.as_deref()).await
         }
@@ -1014,11 +1014,11 @@ pub async fn upload(
         .unwrap_or_else(std::sync::PoisonError::into_inner)
     {
         let accepted = done.iter().filter(|s| s.id.is_some()).count();
-        let mut error = anyhow::Error::new(e);
-        if accepted > 0 {
-            error = error.context(format!("{accepted} jobs were submitted before it"));
+        if accepted == 0 {
+            return Err(e.into());
         }
-        return Err(error);
+        // Rare (a key revoked, a server stopped, mid-upload): what was accepted runs on.
+        bail!("{e}; {accepted} of the file's jobs were accepted before it and will run");
     }
     done.sort_by_key(|s| s.line);
     Ok(done)
@@ -1148,7 +1148,7 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<bool> {
 /// Long-polls every accepted job until it is finished, updating the bar from one
 /// [`Progress`]: its position is the finished count the message shows, and the ETA is
 /// from the rate jobs finished since following began. The admission rate comes from the
-/// tenant's queue in `/v1/status`. Stops at a refused key or an unreachable server.
+/// tenant's queue in `/v1/status`. Stops at a refused key; waits out a server restart.
 async fn follow(
     http: &reqwest::Client,
     remote: &Remote,
@@ -1177,8 +1177,9 @@ async fn follow(
                 {
                     Ok(job) if is_terminal(job["state"].as_str().unwrap_or("")) => return Ok((i, job)),
                     Ok(_) => {}
-                    Err(e) if e.is_final() => return Err(e),
-                    // Transient (a restart, a 5xx): ask again shortly.
+                    Err(e @ Refused::Key { .. }) => return Err(e),
+                    // The jobs are durable: through a restart (unreachable meanwhile) or a
+                    // 5xx, ask again shortly.
                     Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
                 }
             }
