@@ -1158,9 +1158,15 @@ async fn follow(
 ) -> anyhow::Result<()> {
     let began = Instant::now();
     let mut progress = Progress::new(jobs.len() as u64, jobs.iter().map(|j| j.state.as_str()));
+    // The finished count is in the message only: a `{pos}` beside it could lag it by a frame.
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>9} [{bar:40}] {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
     bar.set_prefix("running");
-    bar.set_position(progress.finished());
     bar.set_message(progress.message(Duration::ZERO));
+    bar.set_position(progress.finished());
     let waiting: Vec<(usize, String)> = jobs
         .iter()
         .enumerate()
@@ -1198,7 +1204,6 @@ async fn follow(
                 progress.record(&state);
                 jobs[i].error = job.get("error").filter(|e| !e.is_null()).cloned();
                 jobs[i].state = state;
-                bar.set_position(progress.finished());
             }
             _ = tick.tick() => {
                 // Admitted so far = accepted − still queued (the tenant's queue, all classes).
@@ -1223,6 +1228,7 @@ async fn follow(
             progress.message(elapsed),
             short_duration(elapsed)
         ));
+        bar.set_position(progress.finished());
     }
     Ok(())
 }

@@ -63,12 +63,14 @@ impl Progress {
         Some(Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)))
     }
 
-    /// The bar's message: the finished count (the bar's position) and how they ended,
-    /// then the ETA when there is one.
+    /// The bar's message: the finished count (the bar's position; the bar shows no count
+    /// of its own, so none can lag behind this one) and how they ended, then the ETA
+    /// when there is one.
     pub(crate) fn message(&self, elapsed: Duration) -> String {
         let mut m = format!(
-            "{} done: {} succeeded, {} failed",
+            "{}/{} done: {} succeeded, {} failed",
             self.finished(),
+            self.total,
             self.succeeded,
             self.failed
         );
@@ -103,7 +105,7 @@ mod tests {
         let p = Progress::new(30, ["queued"; 30]);
         assert_eq!(p.eta(Duration::ZERO), None);
         assert_eq!(p.eta(10 * SEC), None);
-        assert_eq!(p.message(10 * SEC), "0 done: 0 succeeded, 0 failed");
+        assert_eq!(p.message(10 * SEC), "0/30 done: 0 succeeded, 0 failed");
         // Refused lines finished before following began: they are no rate either.
         let p = Progress::new(3, ["rejected", "queued", "queued"]);
         assert_eq!(p.eta(10 * SEC), None);
@@ -117,7 +119,7 @@ mod tests {
         }
         // 29 in 29 s: the last one in about a second, not minutes.
         assert_eq!(p.eta(29 * SEC), Some(SEC));
-        assert_eq!(p.message(29 * SEC), "29 done: 29 succeeded, 0 failed, ETA 1s");
+        assert_eq!(p.message(29 * SEC), "29/30 done: 29 succeeded, 0 failed, ETA 1s");
         let mut p = Progress::new(100, ["queued"; 100]);
         for _ in 0..10 {
             p.record("failed");
@@ -127,7 +129,7 @@ mod tests {
         p.record("cancelled");
         assert_eq!(p.failed, 11);
         p.total = 12;
-        assert_eq!(p.message(SEC), "12 done: 1 succeeded, 11 failed");
+        assert_eq!(p.message(SEC), "12/12 done: 1 succeeded, 11 failed");
     }
 
     #[test]
@@ -143,7 +145,7 @@ mod tests {
         assert_eq!(p.finished(), 6);
         assert!(
             p.message(SEC)
-                .starts_with("6 done: 3 succeeded, 1 failed, 2 rejected"),
+                .starts_with("6/6 done: 3 succeeded, 1 failed, 2 rejected"),
             "{}",
             p.message(SEC)
         );
