@@ -622,14 +622,18 @@ impl Config {
     }
 
     /// Parses and validates config text; `origin` names it in errors.
+    ///
+    /// Errors keep toml's own text: the line and column, the offending line and a caret
+    /// under it. So the typed parse reads the text itself, not the `toml::Value` the
+    /// duration check walks: a value has no positions left to point at.
     pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
         let parse_error = |e: toml::de::Error| ConfigError::Parse {
             origin: origin.to_owned(),
-            message: e.to_string().trim_end().replace('\n', " "),
+            message: e.to_string().trim_end().to_owned(),
         };
         let raw: toml::Value = toml::from_str(text).map_err(parse_error)?;
         check_durations(&raw, "")?;
-        let config: Config = raw.try_into().map_err(parse_error)?;
+        let config: Config = toml::from_str(text).map_err(parse_error)?;
         config.validate()?;
         Ok(config)
     }
@@ -1042,6 +1046,31 @@ name = "acme"
 api_key = "tk-acme"
 weight = 3
 "#;
+
+    #[test]
+    fn toml_errors_keep_their_line_and_caret() {
+        let line_of = |text: &str, start: &str| text.lines().position(|l| l.starts_with(start)).unwrap() + 1;
+        // Bad syntax.
+        let text = GOOD.replace("rpm = 600", "rpm = = 600");
+        let e = Config::parse(&text, "t.toml").unwrap_err().to_string();
+        let line = line_of(&text, "rpm");
+        assert!(
+            e.starts_with(&format!("config t.toml: TOML parse error at line {line}, column")),
+            "{e}"
+        );
+        assert!(e.contains(&format!("\n{line} | rpm = = 600\n")), "{e}");
+        assert!(e.contains('^'), "{e}");
+        // Good syntax, wrong type: pointed at too.
+        let text = GOOD.replace("weight = 3", "weight = \"heavy\"");
+        let e = Config::parse(&text, "t.toml").unwrap_err().to_string();
+        let line = line_of(&text, "weight");
+        assert!(
+            e.contains(&format!("TOML parse error at line {line}, column")),
+            "{e}"
+        );
+        assert!(e.contains(&format!("\n{line} | weight = \"heavy\"\n")), "{e}");
+        assert!(e.contains('^'), "{e}");
+    }
 
     fn err(text: &str) -> String {
         match Config::parse(text, "test.toml") {

@@ -34,12 +34,21 @@
 //! runs in its own process group so a terminal's Ctrl-C reaches only us, and we decide
 //! when to shut it down. Without `setpriv` the server still starts, with a warning.
 //!
+//! **Why a lock file.** Two tollgates must not share one cluster unknowingly, and a
+//! second `start` on a data directory must tell "another tollgate is using it" from "a
+//! server of a dead tollgate is still shutting down". The process whose server runs on a
+//! data directory holds an exclusive `flock` on `<data_dir>.lock` (its pid written in
+//! it) for as long as the server runs: a second `start` finds it taken at once and says
+//! so ([`EmbeddedError::InUse`]). The kernel releases it when its holder dies, SIGKILL
+//! included, so a dead tollgate leaves nothing to clean up; only then is a live
+//! `postmaster.pid` waited for, as the fast shutdown its parent's death began.
+//!
 //! The server's stdout/stderr (and `initdb`'s) go to a log file beside the data
 //! directory (`<data_dir>.log`); start errors quote its last lines.
 
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -47,6 +56,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::{self, Signal};
 use nix::unistd::{Pid, User};
 use sqlx::Connection;
@@ -172,10 +182,19 @@ pub enum EmbeddedError {
         tail: String,
     },
     #[error(
-        "a PostgreSQL server (pid {pid}) is still running on {}: stop it (pg_ctl -D {} stop -m fast) and retry",
+        "another tollgate ({holder}) is running on the embedded PostgreSQL in {}: stop that one first, or give this one its own data directory (database.embedded_dir) or a DATABASE_URL",
+        data_dir.display()
+    )]
+    InUse { data_dir: PathBuf, holder: String },
+    #[error(
+        "a PostgreSQL server (pid {pid}) that no running tollgate owns is still serving {} and did not exit within {waited_secs} s: if nothing else uses it, stop it (pg_ctl -D {} stop -m fast) and retry",
         data_dir.display(), data_dir.display()
     )]
-    AlreadyRunning { pid: i32, data_dir: PathBuf },
+    AlreadyRunning {
+        pid: i32,
+        data_dir: PathBuf,
+        waited_secs: u64,
+    },
     #[error(
         "port {port} on 127.0.0.1 is already in use: choose another port or leave it unset to pick a free one (log: {})",
         log.display()
@@ -216,6 +235,8 @@ pub struct EmbeddedPostgres {
     /// reaped; until then `pid` is certainly the server's and safe to signal.
     exit: oneshot::Receiver<io::Result<ExitStatus>>,
     exited: bool,
+    /// `<data_dir>.lock`, held while the server runs (see the module's doc).
+    _lock: Option<Flock<File>>,
 }
 
 impl EmbeddedPostgres {
@@ -246,6 +267,8 @@ impl EmbeddedPostgres {
         if let Some(user) = run_as {
             make_searchable(&parent, user)?;
         }
+        // Before anything touches the cluster (initdb included).
+        let lock = lock_data_dir(&data_dir)?;
 
         let (password, lock_down) = if data_dir.join("PG_VERSION").is_file() {
             if let Some(user) = run_as {
@@ -307,7 +330,7 @@ impl EmbeddedPostgres {
             password: &password,
         };
         let mut attempt = 1;
-        loop {
+        let mut server = loop {
             let port = match opts.port {
                 Some(port) => port,
                 None => pick_free_port()?,
@@ -319,13 +342,14 @@ impl EmbeddedPostgres {
                     tracing::debug!(port, attempt, "picked port was taken; retrying");
                     attempt += 1;
                 }
-                Ok(server) if lock_down => {
-                    server.lock_down(&data_dir).await?;
-                    return Ok(server);
-                }
-                result => return result,
+                result => break result?,
             }
+        };
+        server._lock = Some(lock);
+        if lock_down {
+            server.lock_down(&data_dir).await?;
         }
+        Ok(server)
     }
 
     /// `postgres://postgres:<password>@127.0.0.1:{port}/{database}`; `database` is used
@@ -792,6 +816,38 @@ async fn initdb(
     Ok(())
 }
 
+/// Takes `<data_dir>.lock` and writes our pid in it, or says who holds it.
+fn lock_data_dir(data_dir: &Path) -> Result<Flock<File>, EmbeddedError> {
+    let path = sibling(data_dir, "lock");
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(io_err("open", &path))?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(mut lock) => {
+            lock.set_len(0)
+                .and_then(|()| writeln!(lock, "{}", std::process::id()))
+                .map_err(io_err("write", &path))?;
+            Ok(lock)
+        }
+        Err((_, Errno::EWOULDBLOCK)) => {
+            let holder = fs::read_to_string(&path)
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok())
+                .map_or_else(|| "pid unknown".to_owned(), |pid| format!("pid {pid}"));
+            Err(EmbeddedError::InUse {
+                data_dir: data_dir.to_path_buf(),
+                holder,
+            })
+        }
+        Err((_, errno)) => Err(io_err("lock", &path)(io::Error::from(errno))),
+    }
+}
+
 /// A killed run can leave `postmaster.pid` behind. PostgreSQL ignores it when that pid is
 /// dead, but not when the pid is alive — a zombie, or reused by an unrelated process — and
 /// a server of ours may still be finishing the fast shutdown its parent's death began.
@@ -814,10 +870,19 @@ async fn wait_for_previous_server(data_dir: &Path) -> Result<(), EmbeddedError> 
             }
             return Ok(());
         }
+        // A tollgate that takes no lock (an older one) is still its parent: it is not
+        // shutting down, and waiting for it would only delay the same answer.
+        if let Some(parent) = live_tollgate_parent(pid) {
+            return Err(EmbeddedError::InUse {
+                data_dir: data_dir.to_path_buf(),
+                holder: format!("pid {parent}"),
+            });
+        }
         if Instant::now() >= deadline {
             return Err(EmbeddedError::AlreadyRunning {
                 pid,
                 data_dir: data_dir.to_path_buf(),
+                waited_secs: PREVIOUS_SERVER_DEADLINE.as_secs(),
             });
         }
         sleep(POLL_INTERVAL).await;
@@ -842,6 +907,16 @@ fn is_previous_server(pid: i32, data_dir: &Path) -> bool {
         (Ok(cwd), Ok(ours)) => cwd == ours,
         _ => true,
     }
+}
+
+/// The parent of `pid` when it is a live `tollgate` (the postmaster of a running
+/// tollgate is its child; one whose tollgate died has been reparented).
+fn live_tollgate_parent(pid: i32) -> Option<i32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let ppid: i32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+    let comm = fs::read_to_string(format!("/proc/{ppid}/comm")).ok()?;
+    (ppid > 1 && comm.trim() == "tollgate" && process_alive(Pid::from_raw(ppid))).then_some(ppid)
 }
 
 /// Alive and not a zombie (an orphan whose reaper does not reap still answers kill(0)).
@@ -953,6 +1028,7 @@ impl Launch<'_> {
             log_path: self.log_path.to_path_buf(),
             exit: exit_rx,
             exited: false,
+            _lock: None,
         };
         tracing::debug!(%pid, port, "embedded PostgreSQL spawned");
 
@@ -1113,6 +1189,40 @@ mod tests {
         assert_eq!(x, 42);
         conn.close().await.unwrap();
         pg.stop().await.unwrap();
+    }
+
+    /// A second start on a data directory whose server runs says at once that another
+    /// tollgate uses it (it waited 30 s, then suggested stopping that server), and
+    /// leaves the first one serving; once the first stops, the directory is free.
+    #[tokio::test]
+    async fn a_second_start_on_a_directory_in_use_says_so_at_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data_dir = tmp.path().join("pg");
+        let first = EmbeddedPostgres::start(test_options(data_dir.clone()))
+            .await
+            .unwrap();
+
+        let asked = std::time::Instant::now();
+        let second = EmbeddedPostgres::start(test_options(data_dir.clone())).await;
+        let waited = asked.elapsed();
+        let e = second.unwrap_err();
+        assert!(matches!(e, EmbeddedError::InUse { .. }), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("another tollgate (pid {})", std::process::id())),
+            "{text}"
+        );
+        assert!(!text.contains("pg_ctl"), "{text}");
+        assert!(waited < Duration::from_secs(5), "answered after {waited:?}");
+
+        let mut conn = sqlx::PgConnection::connect(&first.url("postgres")).await.unwrap();
+        let one: i32 = sqlx::query_scalar("SELECT 1").fetch_one(&mut conn).await.unwrap();
+        assert_eq!(one, 1);
+        conn.close().await.unwrap();
+        first.stop().await.unwrap();
+
+        let again = EmbeddedPostgres::start(test_options(data_dir)).await.unwrap();
+        again.stop().await.unwrap();
     }
 
     /// What anybody on the machine could try over the loopback port, and reading the

@@ -18,7 +18,8 @@
 //! - [`serve`]: the HTTP server: header, idle and body timeouts, the connection cap.
 //! - [`broker`]: starts the roles of one process (API, dispatcher, maintenance,
 //!   notifications) and runs the shutdown sequence; `serve`, `demo` and tests use it.
-//! - [`cli`]: `tollgate status`, `jobs get`, `submit`, `batches list` against a running server.
+//! - [`cli`]: the client commands (`status`, `jobs`, `submit`, `batches`, `files`) against
+//!   a running server.
 //! - [`dashboard`]: `GET /dashboard`, the live page (assets embedded from `api/assets/`).
 //! - [`fuzz_bodies`]: the fuzz targets' bodies for client input (JSON bodies, uploads).
 //!

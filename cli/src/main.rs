@@ -12,16 +12,29 @@ use tollgate::db::Database;
 use tollgate_api::broker::{Broker, Roles};
 use tollgate_mock::{MockConfig, MockProvider};
 
-/// tollgate: a durable job-queue broker for LLM API work.
-///
-/// With DATABASE_URL unset, tollgate starts a private PostgreSQL from the server binaries
-/// installed on this machine (data under `.tollgate/pg`), migrates it, and stops it on exit.
+/// The command line. Named `tollgate` (not the package's name) in usage and `--version`;
+/// without a command it prints the help and exits 2, as clap does for other usage errors.
 #[derive(Parser)]
-#[command(version, about, long_about)]
+#[command(
+    name = "tollgate",
+    version,
+    about = "tollgate: a durable job-queue broker for LLM API work, on PostgreSQL",
+    long_about = LONG_ABOUT,
+    arg_required_else_help = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
+
+const LONG_ABOUT: &str = "tollgate: a durable job-queue broker for LLM API work, on PostgreSQL.
+
+Run the broker with `tollgate serve --config FILE`. With DATABASE_URL unset, it starts a \
+private PostgreSQL from the server binaries installed on this machine (data under \
+`database.embedded_dir`, default .tollgate/pg), migrates it, and stops it on exit.
+
+The client commands (status, jobs, submit, batches, files) talk to a running server: \
+--url / TOLLGATE_URL, --key / TOLLGATE_KEY.";
 
 #[derive(Subcommand)]
 enum Command {
@@ -56,13 +69,15 @@ enum Command {
     Bench(tollgate_bench::BenchArgs),
     /// A running server's queues by tenant and class, and its buckets with use and limit.
     Status(tollgate_api::cli::StatusArgs),
-    /// A running server's jobs.
+    /// A running server's jobs: list, get, cancel.
     Jobs(tollgate_api::cli::JobsArgs),
     /// Submit each line of a JSONL file as a job; with --wait, follow them with a progress
     /// bar. Exits 1 when any job failed or was rejected.
     Submit(tollgate_api::cli::SubmitArgs),
-    /// A running server's batches in progress.
+    /// A running server's batches: list, get, cancel, and their output files.
     Batches(tollgate_api::cli::BatchesArgs),
+    /// A running server's files: list, get, delete, content.
+    Files(tollgate_api::cli::FilesArgs),
 }
 
 /// mimalloc instead of glibc's allocator: the broker allocates per request, per job and
@@ -121,6 +136,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Jobs(args) => exit_unless(tollgate_api::cli::jobs(args).await?),
         Command::Submit(args) => exit_unless(tollgate_api::cli::submit(args).await?),
         Command::Batches(args) => exit_unless(tollgate_api::cli::batches(args).await?),
+        Command::Files(args) => exit_unless(tollgate_api::cli::files(args).await?),
         Command::Demo(args) => {
             let ok = tollgate_bench::demo::run(args).await?;
             if !ok {

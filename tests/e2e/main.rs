@@ -11,7 +11,8 @@
 //!   Python package — 10k lines with malformed ones, across a SIGKILL.
 //! - [`webhooks`]: signed deliveries to a receiver that is down for a while, 410.
 //! - [`python`]: the venv (under `target/`) the Python checks run in.
-//! - [`cli`]: the client commands of the real binary (`submit`, `jobs get`, `status`).
+//! - [`cli`]: the client commands of the real binary (`submit`, `jobs`, `status`, `batches`,
+//!   `files`), a refused key, `--version` and a bare `tollgate`.
 //! - [`dashboard`]: the dashboard in headless Chromium, checked against the API.
 //! - [`observe`]: OpenAPI, metrics, status, the CLI and the dashboard.
 //! - [`faults`]: the mock's fault mix on a few hundred jobs: every fault classified,
