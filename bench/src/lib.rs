@@ -34,6 +34,7 @@ mod ingest;
 mod limits;
 pub mod local;
 mod scale;
+mod sync;
 
 use std::time::{Duration, Instant};
 
@@ -60,6 +61,9 @@ pub enum Case {
     Ingest,
     /// A well-behaved tenant's latency under attack, beside it alone (not in `all`).
     Attack,
+    /// The synchronous `/v1/chat/completions` beside the mock directly, by `hey` (not in
+    /// `all`).
+    Sync,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -216,6 +220,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if matches!(args.case, Case::Attack) {
         attack::run(&args).await?;
+    }
+    if matches!(args.case, Case::Sync) {
+        sync::run(&args).await?;
     }
     Ok(())
 }

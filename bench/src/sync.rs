@@ -1,0 +1,202 @@
+//! `tollgate bench --case sync`: the synchronous drop-in path, `POST
+//! /v1/chat/completions` through the queue, beside the same requests sent straight to the
+//! mock provider, in one run and by one external load generator (`hey`, installed with
+//! `apt-get` when missing), at fixed rates and at saturation. Each request is admitted,
+//! committed, dispatched, settled and answered by tollgate; the direct run is the floor
+//! of the machine, the client and the mock.
+
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use serde_json::json;
+use tollgate_api::broker::Roles;
+
+use crate::{BenchArgs, request, stack_for};
+
+/// One load shape: workers, and each worker's requests a second (None: as fast as answered).
+struct Load {
+    clients: usize,
+    per_client: Option<u32>,
+}
+
+impl Load {
+    fn label(&self) -> String {
+        match self.per_client {
+            Some(q) => format!("{} clients × {q} req/s", self.clients),
+            None => format!("{} clients, as fast as answered", self.clients),
+        }
+    }
+}
+
+const LOADS: [Load; 5] = [
+    Load {
+        clients: 16,
+        per_client: Some(30),
+    },
+    Load {
+        clients: 20,
+        per_client: Some(50),
+    },
+    Load {
+        clients: 16,
+        per_client: None,
+    },
+    Load {
+        clients: 128,
+        per_client: None,
+    },
+    Load {
+        clients: 256,
+        per_client: None,
+    },
+];
+
+/// What one `hey` run measured.
+struct Measured {
+    throughput: f64,
+    /// Latencies of the successful requests, in seconds, sorted.
+    latencies: Vec<f64>,
+    failed: usize,
+}
+
+impl Measured {
+    fn ms_at(&self, p: f64) -> f64 {
+        let i = ((self.latencies.len() as f64 - 1.0) * p).round() as usize;
+        self.latencies.get(i).map_or(f64::NAN, |s| s * 1e3)
+    }
+}
+
+/// The load generator's path: `hey` from PATH, installed from the distribution when
+/// missing and this process may.
+fn hey() -> anyhow::Result<String> {
+    let found = |name: &str| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {name}")])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    if let Some(path) = found("hey") {
+        return Ok(path);
+    }
+    eprintln!("bench: installing the load generator (apt-get install -y hey)");
+    let installed = Command::new("apt-get")
+        .args(["install", "-y", "-q", "hey"])
+        .status();
+    match (installed, found("hey")) {
+        (Ok(status), Some(path)) if status.success() => Ok(path),
+        _ => bail!(
+            "the sync case needs `hey` (Debian: apt-get install hey; or go install github.com/rakyll/hey)"
+        ),
+    }
+}
+
+/// Runs `hey` for `seconds` with `load` against `url`, reading each request's latency from
+/// its CSV output.
+fn run_hey(
+    hey: &str,
+    url: &str,
+    key: &str,
+    body: &str,
+    load: &Load,
+    seconds: u64,
+) -> anyhow::Result<Measured> {
+    let mut cmd = Command::new(hey);
+    cmd.args(["-z", &format!("{seconds}s"), "-c", &load.clients.to_string()])
+        .args(["-m", "POST", "-T", "application/json"])
+        .args(["-H", &format!("Authorization: Bearer {key}")])
+        .args(["-d", body])
+        .args(["-o", "csv"]);
+    if let Some(q) = load.per_client {
+        cmd.args(["-q", &q.to_string()]);
+    }
+    let out = cmd.arg(url).output().context("running hey")?;
+    if !out.status.success() {
+        bail!("hey failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    // response-time,DNS+dialup,DNS,Request-write,Response-delay,Response-read,status-code,offset
+    let mut latencies = Vec::new();
+    let (mut failed, mut last_offset) = (0, 0.0f64);
+    for line in text.lines().skip(1) {
+        let fields: Vec<&str> = line.split(',').collect();
+        let (Some(time), Some(status), Some(offset)) = (fields.first(), fields.get(6), fields.get(7)) else {
+            continue;
+        };
+        let (Ok(time), Ok(offset)) = (time.parse::<f64>(), offset.parse::<f64>()) else {
+            continue;
+        };
+        last_offset = last_offset.max(offset + time);
+        if *status == "200" {
+            latencies.push(time);
+        } else {
+            failed += 1;
+        }
+    }
+    // Requests cut off at the end of the run are not in the CSV; those answered are.
+    latencies.sort_by(f64::total_cmp);
+    let elapsed = last_offset.max(seconds as f64);
+    Ok(Measured {
+        throughput: (latencies.len() + failed) as f64 / elapsed,
+        latencies,
+        failed,
+    })
+}
+
+#[allow(clippy::print_stdout)] // the report is the command's output
+pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let hey = hey()?;
+    let stack = stack_for(args, Roles::ALL).await?;
+    let mut direct = request(0);
+    direct["model"] = json!("gpt-4o-mini");
+    let direct_body = serde_json::to_string(&direct)?;
+    let broker_body = serde_json::to_string(&request(0))?;
+    let direct_url = format!("http://{}/v1/chat/completions", stack.mock_addr);
+    let broker_url = format!("{}/v1/chat/completions", stack.api);
+    let seconds = args.seconds;
+
+    println!(
+        "\n### sync: `POST /v1/chat/completions` through tollgate beside the mock directly ({seconds} s per row, `hey`)\n"
+    );
+    println!(
+        "| path | load | throughput | p50 ms | p90 ms | p99 ms | failed | added p50 ms | added p99 ms |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    for load in &LOADS {
+        let (hey, direct_url, broker_url) = (hey.clone(), direct_url.clone(), broker_url.clone());
+        let (direct_body, broker_body) = (direct_body.clone(), broker_body.clone());
+        let label = load.label();
+        let (clients, per_client) = (load.clients, load.per_client);
+        let (floor, measured) = tokio::task::spawn_blocking(move || {
+            let load = Load { clients, per_client };
+            let floor = run_hey(&hey, &direct_url, "sk-bench", &direct_body, &load, seconds)?;
+            let measured = run_hey(&hey, &broker_url, "tk-bench", &broker_body, &load, seconds)?;
+            anyhow::Ok((floor, measured))
+        })
+        .await??;
+        for (path, m, added) in [
+            ("direct to the mock", &floor, false),
+            ("tollgate", &measured, true),
+        ] {
+            let (added_p50, added_p99) = if added {
+                (
+                    format!("{:.1}", m.ms_at(0.5) - floor.ms_at(0.5)),
+                    format!("{:.1}", m.ms_at(0.99) - floor.ms_at(0.99)),
+                )
+            } else {
+                (String::new(), String::new())
+            };
+            println!(
+                "| {path} | {label} | {:.0}/s | {:.1} | {:.1} | {:.1} | {} | {added_p50} | {added_p99} |",
+                m.throughput,
+                m.ms_at(0.5),
+                m.ms_at(0.9),
+                m.ms_at(0.99),
+                m.failed,
+            );
+        }
+    }
+    stack.stop().await?;
+    Ok(())
+}
