@@ -218,20 +218,20 @@ pub(crate) async fn submit(
     // Each job counts against the tenant's API rate, as soon as they are counted. A tenant
     // at its queue's cap is refused before its items are read: a flood of bulks to a full
     // queue costs a count each, not a parse and an estimate of every item.
-    let mut charged = false;
-    if state.config.classes.any_capped() {
+    let asked = if state.config.classes.any_capped() {
         let body = bytes.clone();
-        let asked = tokio::task::spawn_blocking(move || classes_asked(&body))
+        tokio::task::spawn_blocking(move || classes_asked(&body))
             .await
-            .map_err(ApiError::internal)?;
-        if let Some(asked) = asked {
-            state
-                .tenant_rate
-                .charge_jobs(&tenant, asked.values().sum::<u64>() as usize);
-            charged = true;
-            for (class, n) in asked {
-                queue_has_room(&state, &tenant.name, class, n).await?;
-            }
+            .map_err(ApiError::internal)?
+    } else {
+        None
+    };
+    if let Some(asked) = &asked {
+        state
+            .tenant_rate
+            .charge_jobs(&tenant, asked.values().sum::<u64>() as usize);
+        for (class, n) in asked {
+            queue_has_room(&state, &tenant.name, *class, *n).await?;
         }
     }
     let now = state.clock.now().trunc_subsecs(6);
@@ -239,7 +239,7 @@ pub(crate) async fn submit(
     let jobs = tokio::task::spawn_blocking(move || prepare(&config, &owner, &bytes, now))
         .await
         .map_err(ApiError::internal)??;
-    if !charged {
+    if asked.is_none() {
         state.tenant_rate.charge_jobs(&tenant, jobs.len());
     }
     let mut per_class = BTreeMap::new();

@@ -519,11 +519,7 @@ pub fn render_status(s: &Value) -> String {
             format!("{:.1}s", q["oldest_queued_secs"].as_f64().unwrap_or(0.0)),
         ]);
     }
-    if queues.is_empty() {
-        out.push_str("(no unfinished jobs)\n");
-    } else {
-        out.push_str(&queues.render());
-    }
+    out.push_str(&queues.render_or("(no unfinished jobs)"));
     out.push_str("\nBUCKETS\n");
     let mut buckets = Table::new(&[
         ("BUCKET", Align::Left),
@@ -548,11 +544,7 @@ pub fn render_status(s: &Value) -> String {
             cell(&b["source"]),
         ]);
     }
-    if buckets.is_empty() {
-        out.push_str("(no buckets)\n");
-    } else {
-        out.push_str(&buckets.render());
-    }
+    out.push_str(&buckets.render_or("(no buckets)"));
     let r = &s["rates"];
     out.push_str(&format!(
         "\nLAST {} s: {:.2} jobs/s, {:.0} tokens/s, {} failed attempts, {} provider 429s, {} provider 5xx\n",
@@ -592,7 +584,7 @@ pub fn render_jobs(jobs: &[Value]) -> String {
             j["error"]["code"].as_str().unwrap_or("").to_owned(),
         ]);
     }
-    t.render()
+    t.render_or("(no jobs)")
 }
 
 /// `tollgate jobs …`.
@@ -608,17 +600,7 @@ pub async fn jobs(args: JobsArgs) -> anyhow::Result<bool> {
         } => {
             let query: Vec<(&str, String)> = state.map(|s| ("state", s)).into_iter().collect();
             let (jobs, more) = remote.list(&http, "/v1/jobs", &query, limit, after).await?;
-            if json {
-                print_json(&Value::Array(jobs))?;
-                return Ok(true);
-            }
-            if jobs.is_empty() {
-                println!("(no jobs)");
-            } else {
-                print!("{}", render_jobs(&jobs));
-            }
-            more_hint(more, &jobs);
-            Ok(true)
+            print_page(jobs, more, json, render_jobs)
         }
         JobsCommand::Get { id, wait, remote } => {
             let job = remote
@@ -640,11 +622,23 @@ pub async fn jobs(args: JobsArgs) -> anyhow::Result<bool> {
     }
 }
 
-/// On stderr, after a list that stopped at its limit: how to see the next page.
-fn more_hint(more: bool, items: &[Value]) {
+/// A page of a list: as JSON, or as `table` renders it and then, on stderr when the page
+/// stopped at its limit, how to see the next one.
+fn print_page(
+    items: Vec<Value>,
+    more: bool,
+    json: bool,
+    table: impl FnOnce(&[Value]) -> String,
+) -> anyhow::Result<bool> {
+    if json {
+        print_json(&Value::Array(items))?;
+        return Ok(true);
+    }
+    print!("{}", table(&items));
     if let (true, Some(last)) = (more, items.last().and_then(|i| i["id"].as_str())) {
         eprintln!("(more: --after {last})");
     }
+    Ok(true)
 }
 
 /// One batch as `label value` lines.
@@ -717,11 +711,7 @@ pub async fn batches(args: BatchesArgs) -> anyhow::Result<bool> {
                     when(&b["created_at"]),
                 ]);
             }
-            if t.is_empty() {
-                println!("(no batches in progress)");
-            } else {
-                print!("{}", t.render());
-            }
+            print!("{}", t.render_or("(no batches in progress)"));
             Ok(true)
         }
         BatchesCommand::List {
@@ -732,40 +722,32 @@ pub async fn batches(args: BatchesArgs) -> anyhow::Result<bool> {
             remote,
         } => {
             let (batches, more) = remote.list(&http, "/v1/batches", &[], limit, after).await?;
-            if json {
-                print_json(&Value::Array(batches))?;
-                return Ok(true);
-            }
-            let mut t = Table::new(&[
-                ("ID", Align::Left),
-                ("STATUS", Align::Left),
-                ("CLASS", Align::Left),
-                ("TOTAL", Align::Right),
-                ("COMPLETED", Align::Right),
-                ("FAILED", Align::Right),
-                ("CREATED", Align::Left),
-                ("OUTPUT FILE", Align::Left),
-            ]);
-            for b in &batches {
-                let counts = &b["request_counts"];
-                t.row(vec![
-                    cell(&b["id"]),
-                    cell(&b["status"]),
-                    cell(&b["class"]),
-                    cell(&counts["total"]),
-                    cell(&counts["completed"]),
-                    cell(&counts["failed"]),
-                    when(&b["created_at"]),
-                    cell(&b["output_file_id"]),
+            print_page(batches, more, json, |batches| {
+                let mut t = Table::new(&[
+                    ("ID", Align::Left),
+                    ("STATUS", Align::Left),
+                    ("CLASS", Align::Left),
+                    ("TOTAL", Align::Right),
+                    ("COMPLETED", Align::Right),
+                    ("FAILED", Align::Right),
+                    ("CREATED", Align::Left),
+                    ("OUTPUT FILE", Align::Left),
                 ]);
-            }
-            if t.is_empty() {
-                println!("(no batches)");
-            } else {
-                print!("{}", t.render());
-            }
-            more_hint(more, &batches);
-            Ok(true)
+                for b in batches {
+                    let counts = &b["request_counts"];
+                    t.row(vec![
+                        cell(&b["id"]),
+                        cell(&b["status"]),
+                        cell(&b["class"]),
+                        cell(&counts["total"]),
+                        cell(&counts["completed"]),
+                        cell(&counts["failed"]),
+                        when(&b["created_at"]),
+                        cell(&b["output_file_id"]),
+                    ]);
+                }
+                t.render_or("(no batches)")
+            })
         }
         BatchesCommand::Get { id, json, remote } => {
             let b = remote
@@ -846,35 +828,27 @@ pub async fn files(args: FilesArgs) -> anyhow::Result<bool> {
         } => {
             let query: Vec<(&str, String)> = purpose.map(|p| ("purpose", p)).into_iter().collect();
             let (files, more) = remote.list(&http, "/v1/files", &query, limit, after).await?;
-            if json {
-                print_json(&Value::Array(files))?;
-                return Ok(true);
-            }
-            let mut t = Table::new(&[
-                ("ID", Align::Left),
-                ("PURPOSE", Align::Left),
-                ("BYTES", Align::Right),
-                ("FILENAME", Align::Left),
-                ("CREATED", Align::Left),
-                ("EXPIRES", Align::Left),
-            ]);
-            for f in &files {
-                t.row(vec![
-                    cell(&f["id"]),
-                    cell(&f["purpose"]),
-                    cell(&f["bytes"]),
-                    cell(&f["filename"]),
-                    when(&f["created_at"]),
-                    when(&f["expires_at"]),
+            print_page(files, more, json, |files| {
+                let mut t = Table::new(&[
+                    ("ID", Align::Left),
+                    ("PURPOSE", Align::Left),
+                    ("BYTES", Align::Right),
+                    ("FILENAME", Align::Left),
+                    ("CREATED", Align::Left),
+                    ("EXPIRES", Align::Left),
                 ]);
-            }
-            if t.is_empty() {
-                println!("(no files)");
-            } else {
-                print!("{}", t.render());
-            }
-            more_hint(more, &files);
-            Ok(true)
+                for f in files {
+                    t.row(vec![
+                        cell(&f["id"]),
+                        cell(&f["purpose"]),
+                        cell(&f["bytes"]),
+                        cell(&f["filename"]),
+                        when(&f["created_at"]),
+                        when(&f["expires_at"]),
+                    ]);
+                }
+                t.render_or("(no files)")
+            })
         }
         FilesCommand::Get { id, json, remote } => {
             let f = remote.get(&http, &format!("/v1/files/{}", segment(&id))).await?;

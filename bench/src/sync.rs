@@ -14,6 +14,7 @@ use tollgate_api::broker::Roles;
 use crate::{BenchArgs, request, stack_for};
 
 /// One load shape: workers, and each worker's requests a second (None: as fast as answered).
+#[derive(Clone, Copy)]
 struct Load {
     clients: usize,
     per_client: Option<u32>,
@@ -166,10 +167,8 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     for load in &LOADS {
         let (hey, direct_url, broker_url) = (hey.clone(), direct_url.clone(), broker_url.clone());
         let (direct_body, broker_body) = (direct_body.clone(), broker_body.clone());
-        let label = load.label();
-        let (clients, per_client) = (load.clients, load.per_client);
+        let load = *load;
         let (floor, measured) = tokio::task::spawn_blocking(move || {
-            let load = Load { clients, per_client };
             let floor = run_hey(&hey, &direct_url, "sk-bench", &direct_body, &load, seconds)?;
             let measured = run_hey(&hey, &broker_url, "tk-bench", &broker_body, &load, seconds)?;
             anyhow::Ok((floor, measured))
@@ -188,7 +187,8 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 (String::new(), String::new())
             };
             println!(
-                "| {path} | {label} | {:.0}/s | {:.1} | {:.1} | {:.1} | {} | {added_p50} | {added_p99} |",
+                "| {path} | {} | {:.0}/s | {:.1} | {:.1} | {:.1} | {} | {added_p50} | {added_p99} |",
+                load.label(),
                 m.throughput,
                 m.ms_at(0.5),
                 m.ms_at(0.9),

@@ -44,8 +44,13 @@ impl Table {
         self.rows.push(cells);
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
-        self.rows.is_empty()
+    /// [`render`](Self::render), or `none` on a line of its own when there are no rows.
+    pub(crate) fn render_or(&self, none: &str) -> String {
+        if self.rows.is_empty() {
+            format!("{none}\n")
+        } else {
+            self.render()
+        }
     }
 
     /// The header and the rows, one line each, without trailing spaces.
