@@ -74,6 +74,29 @@ impl Database {
     }
 }
 
+/// A connection idle longer than this is pinged before it is handed out; one used more
+/// recently is handed out as it is. sqlx pings on every acquire by default: a round trip
+/// before each statement's own, on every step of a synchronous request's path.
+const PING_IF_IDLE: Duration = Duration::from_secs(1);
+
+/// Every pool's options: at most `max_connections`, a caller waits up to 10 s for one, and
+/// only connections idle over [`PING_IF_IDLE`] are checked first (one that died in between
+/// fails its statement, which every caller already handles as a database error).
+pub fn pool_options(max_connections: u32) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for > PING_IF_IDLE {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
+}
+
 /// A pool that retries its first connection for a while: the server may be starting.
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
     let options: PgConnectOptions = url.parse().map_err(|source| DbError::Connect {
@@ -89,9 +112,7 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError>
     // statement and gives the finishing statement worse joins than its generic plan
     // (measured in BENCHMARKS.md). Cached plans are rebuilt when `jobs` is analyzed, which maintenance does as soon as a fifth
     // of it changed (`store::refresh_job_statistics`).
-    PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(10))
+    pool_options(max_connections)
         .connect_with(options)
         .await
         .map_err(|source| DbError::Connect {

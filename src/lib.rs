@@ -51,6 +51,7 @@ pub mod embedded;
 pub mod estimate;
 #[doc(hidden)]
 pub mod fuzz_bodies;
+pub mod gather;
 pub mod learning;
 pub mod metrics;
 pub mod model;

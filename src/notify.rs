@@ -5,10 +5,12 @@
 //! costs a lookup per job, not a re-read by every poller. Notifications are hints; every
 //! waiter re-reads the database after waking, so a lost notification (the listener
 //! reconnecting) costs latency, never correctness — and after a reconnect everyone is
-//! woken to re-check.
+//! woken to re-check. A job that ends in this process's completer also hands its end to
+//! the watches of it here ([`Notifications::jobs_ended_here`]): a synchronous caller
+//! answers from it without reading the row back.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -17,6 +19,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::attempt::End;
 use crate::model::JobId;
 use crate::store::{CHANNEL_GATE, CHANNEL_JOB_DONE, CHANNEL_JOBS_READY};
 
@@ -24,7 +27,14 @@ use crate::store::{CHANNEL_GATE, CHANNEL_JOB_DONE, CHANNEL_JOBS_READY};
 const ANNOUNCE_EVERY: Duration = Duration::from_millis(2);
 
 /// Each job's watches: (the watch's token, its wake-up).
-type ByJob = HashMap<JobId, Vec<(u64, Arc<Notify>)>>;
+type ByJob = HashMap<JobId, Vec<(u64, Arc<Watched>)>>;
+
+/// One watch's wake-up, and the job's end when this process wrote it.
+#[derive(Default)]
+struct Watched {
+    notify: Notify,
+    ended: OnceLock<Arc<End>>,
+}
 
 /// The long-polls of this process, by the job each waits for.
 #[derive(Default)]
@@ -43,15 +53,15 @@ impl JobWaiters {
 
     fn wake(&self, id: &JobId) {
         if let Some(waiters) = self.lock().get(id) {
-            for (_, notify) in waiters {
-                notify.notify_one();
+            for (_, watched) in waiters {
+                watched.notify.notify_one();
             }
         }
     }
 
     fn wake_all(&self) {
-        for (_, notify) in self.lock().values().flatten() {
-            notify.notify_one();
+        for (_, watched) in self.lock().values().flatten() {
+            watched.notify.notify_one();
         }
     }
 }
@@ -63,12 +73,18 @@ pub struct JobWatch {
     waiters: Arc<JobWaiters>,
     id: JobId,
     token: u64,
-    notify: Arc<Notify>,
+    watched: Arc<Watched>,
 }
 
 impl JobWatch {
     pub async fn changed(&self) {
-        self.notify.notified().await;
+        self.watched.notify.notified().await;
+    }
+
+    /// How the job ended, when it ended in this process's completer (committed): what its
+    /// row now says, without reading it.
+    pub fn ended(&self) -> Option<Arc<End>> {
+        self.watched.ended.get().cloned()
     }
 }
 
@@ -118,17 +134,35 @@ impl Notifications {
             .job_waiters
             .next
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let notify = Arc::new(Notify::new());
+        let watched = Arc::new(Watched::default());
         self.job_waiters
             .lock()
             .entry(id)
             .or_default()
-            .push((token, notify.clone()));
+            .push((token, watched.clone()));
         JobWatch {
             waiters: self.job_waiters.clone(),
             id,
             token,
-            notify,
+            watched,
+        }
+    }
+
+    /// Jobs whose final outcome this process has just committed: each watch of one of them
+    /// gets its end ([`JobWatch::ended`]) and wakes. Unwatched jobs cost a lookup.
+    pub fn jobs_ended_here<'a>(&self, ended: impl IntoIterator<Item = (JobId, &'a End)>) {
+        let waiters = self.job_waiters.lock();
+        if waiters.is_empty() {
+            return;
+        }
+        for (id, end) in ended {
+            if let Some(watches) = waiters.get(&id) {
+                let end = Arc::new(end.clone());
+                for (_, watched) in watches {
+                    let _ = watched.ended.set(end.clone());
+                    watched.notify.notify_one();
+                }
+            }
         }
     }
 
@@ -301,6 +335,21 @@ mod tests {
         // After a reconnect anything may have been missed: everyone re-checks.
         hub.wake_all();
         assert!(watches.iter().all(|w| w.changed().now_or_never().is_some()));
+    }
+
+    #[test]
+    fn a_job_ended_here_hands_its_end_to_its_watches_only() {
+        let hub = Notifications::default();
+        let (watched, other) = (hub.watch_job(job(1)), hub.watch_job(job(2)));
+        let end = End::failed(
+            crate::vocab::ReasonCode::ProviderError,
+            "the provider answered 500",
+        );
+        hub.jobs_ended_here([(job(1), &end), (job(3), &end)]);
+        assert_eq!(watched.ended().as_deref(), Some(&end));
+        assert!(watched.changed().now_or_never().is_some());
+        assert_eq!(other.ended(), None);
+        assert!(other.changed().now_or_never().is_none());
     }
 
     #[test]

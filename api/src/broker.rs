@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -117,10 +116,8 @@ impl Broker {
         // Each role gets its own connections, so a burst of completions cannot starve the
         // API or the gate (the API keeps `pool`).
         let role_pool = |connections: u32| {
-            PgPoolOptions::new()
-                .max_connections(connections)
+            tollgate::db::pool_options(connections)
                 .min_connections(1)
-                .acquire_timeout(Duration::from_secs(10))
                 .connect_lazy_with((*pool.connect_options()).clone())
         };
         let dispatch_pool = role_pool(dispatch_connections(&config));
@@ -152,6 +149,7 @@ impl Broker {
                 )?),
                 _ => None,
             },
+            inserts: crate::inserts::Inserts::start(pool.clone(), &tracker, &cancel),
             pool: pool.clone(),
             config: config.clone(),
             tenants: Arc::new(tenants),

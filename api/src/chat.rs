@@ -28,13 +28,15 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use serde_json::Value;
-use tollgate::model::{JobClass, JobId, JobState};
+use tollgate::attempt::End;
+use tollgate::model::{Job, JobClass, JobId, JobState};
+use tollgate::notify::JobWatch;
 use tollgate::store::{self, Inserted};
 
 use crate::AppState;
 use crate::auth::AuthTenant;
 use crate::error::ApiError;
-use crate::jobs::{Submission, enqueue, json_body, wait_terminal};
+use crate::jobs::{Submission, insert, json_body, prepare};
 use crate::openapi as doc;
 
 /// OpenAI-compatible, synchronous: queued as an `interactive` job and awaited. With
@@ -63,7 +65,11 @@ pub(crate) async fn completions(
     let request = json_body(body)?;
     let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
     let timeout = Duration::from_secs(state.config.server.sync_timeout_secs);
-    let inserted = enqueue(
+    let trim_param = |e: ApiError| ApiError {
+        param: e.param.map(|p| p.trim_start_matches("request.").to_owned()),
+        ..e
+    };
+    let job = prepare(
         &state,
         &tenant,
         Submission {
@@ -76,46 +82,99 @@ pub(crate) async fn completions(
             metadata: None,
         },
     )
-    .await
-    .map_err(|e| ApiError {
-        param: e.param.map(|p| p.trim_start_matches("request.").to_owned()),
-        ..e
-    })?;
+    .map_err(trim_param)?;
+    // Watched from before its insert, so its result is read once, when it has one.
+    let watch = state.notifications.watch_job(job.id);
+    let inserted = insert(&state, &tenant, job).await.map_err(trim_param)?;
     let (Inserted::New(job) | Inserted::Existing(job)) = inserted;
     let mut abandoned = CancelIfAbandoned::new(&state, &tenant.name, job.id);
     if stream {
+        drop(watch);
         let answer = stream_response(&state, &tenant.name, job.id, timeout).await;
         // From here the relay owns the job: a client leaving mid-stream cancels its call.
         abandoned.disarm();
         return answer;
     }
-    let finished = wait_terminal(&state, &tenant.name, job.id, timeout + Duration::from_secs(1)).await;
+    let give_up = tokio::time::Instant::now() + timeout + Duration::from_secs(1);
+    let finished = finish(&state, &tenant.name, job.id, &watch, give_up).await;
     abandoned.disarm();
-    let finished = finished?.ok_or_else(|| ApiError::internal("a job vanished while its caller waited"))?;
-    let job_id = HeaderValue::from_str(&finished.id.to_string()).ok();
-    let with_id = |mut r: Response| {
-        if let Some(v) = job_id.clone() {
-            r.headers_mut().insert("x-tollgate-job-id", v);
-        }
-        r
-    };
-    match finished.state {
-        JobState::Succeeded => {
-            let body = finished.result.unwrap_or(Value::Null);
-            Ok(with_id((StatusCode::OK, axum::Json(body)).into_response()))
-        }
-        JobState::Queued | JobState::Admitted | JobState::Running => {
+    let response = match finished? {
+        Finish::Succeeded(body) => Ok((StatusCode::OK, axum::Json(body)).into_response()),
+        Finish::Unfinished { admission } => {
             // Out of time: give the slot back and tell the caller when to try again.
-            if let Err(e) = store::cancel_job(&state.pool, &tenant.name, finished.id, state.clock.now()).await
-            {
+            if let Err(e) = store::cancel_job(&state.pool, &tenant.name, job.id, state.clock.now()).await {
                 tracing::warn!(error = %e, "could not cancel a timed-out synchronous job");
             }
-            Err(queue_timeout(finished.admission.as_ref()))
+            Err(queue_timeout(admission.as_ref()))
         }
-        JobState::Failed | JobState::Cancelled => {
-            let code = finished.error_code.unwrap_or_else(|| "failed".to_owned());
-            let message = finished.error_message.unwrap_or_default();
-            Err(failure_response(&code, message))
+        Finish::Failed { code, message } => Err(failure_response(&code, message)),
+    };
+    let mut response = response.unwrap_or_else(IntoResponse::into_response);
+    if let Ok(v) = HeaderValue::from_str(&job.id.to_string()) {
+        response.headers_mut().insert("x-tollgate-job-id", v);
+    }
+    Ok(response)
+}
+
+/// What a synchronous caller is answered with.
+enum Finish {
+    Succeeded(Value),
+    Failed {
+        code: String,
+        message: String,
+    },
+    /// Not finished in time; the gate's note on why, if it was waiting.
+    Unfinished {
+        admission: Option<Value>,
+    },
+}
+
+impl Finish {
+    fn of_job(job: Job) -> Self {
+        match job.state {
+            JobState::Succeeded => Self::Succeeded(job.result.unwrap_or(Value::Null)),
+            JobState::Queued | JobState::Admitted | JobState::Running => Self::Unfinished {
+                admission: job.admission,
+            },
+            JobState::Failed | JobState::Cancelled => Self::Failed {
+                code: job.error_code.unwrap_or_else(|| "failed".to_owned()),
+                message: job.error_message.unwrap_or_default(),
+            },
+        }
+    }
+
+    /// An end this process's completer committed: only final ones are handed over.
+    fn of_end(end: &End) -> Option<Self> {
+        match end {
+            End::Succeeded { result, .. } => Some(Self::Succeeded(result.clone())),
+            End::Failed { code, message } => Some(Self::Failed {
+                code: code.as_str().to_owned(),
+                message: message.clone(),
+            }),
+            End::Retry { .. } => None,
+        }
+    }
+}
+
+/// Waits for the job, watched since before its insert, to finish or for `give_up`: its
+/// end as this process's completer hands it over, else its row, read when woken.
+async fn finish(
+    state: &AppState,
+    tenant: &str,
+    id: JobId,
+    watch: &JobWatch,
+    give_up: tokio::time::Instant,
+) -> Result<Finish, ApiError> {
+    loop {
+        let woken = tokio::time::timeout_at(give_up, watch.changed()).await.is_ok();
+        if let Some(finished) = watch.ended().as_deref().and_then(Finish::of_end) {
+            return Ok(finished);
+        }
+        let job = store::get_job(&state.pool, tenant, id)
+            .await?
+            .ok_or_else(|| ApiError::internal("a job vanished while its caller waited"))?;
+        if job.state.is_terminal() || !woken {
+            return Ok(Finish::of_job(job));
         }
     }
 }

@@ -434,13 +434,26 @@ pub(crate) fn idempotency_key_reused() -> ApiError {
 
 /// Validates and inserts; the row is committed when this returns.
 pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) -> Result<Inserted, ApiError> {
+    insert(state, tenant, prepare(state, tenant, s)?).await
+}
+
+/// The job a submission makes, validated, not yet inserted ([`insert`]).
+pub(crate) fn prepare(state: &AppState, tenant: &Tenant, s: Submission) -> Result<Arc<NewJob>, ApiError> {
     // PostgreSQL keeps microseconds: so does the 202, to match every later read.
-    let job = Arc::new(new_job(
+    Ok(Arc::new(new_job(
         &state.config,
         tenant,
         s,
         state.clock.now().trunc_subsecs(6),
-    )?);
+    )?))
+}
+
+/// Inserts a [`prepare`]d job (or starts it on arrival); committed when this returns.
+pub(crate) async fn insert(
+    state: &AppState,
+    tenant: &Tenant,
+    job: Arc<NewJob>,
+) -> Result<Inserted, ApiError> {
     // A job started on arrival does not wait: it takes no room in the queue.
     let started = match &state.arrivals {
         Some(arrivals) if job.class == JobClass::Interactive && !job.stream => {
@@ -464,8 +477,7 @@ pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) ->
         tx.commit().await.map_err(store::StoreError::from)?;
         inserted
     } else {
-        let mut conn = state.pool.acquire().await.map_err(store::StoreError::from)?;
-        store::insert_job(&mut conn, &job).await?
+        state.inserts.insert(&job).await?
     };
     if let Inserted::New(_) = inserted {
         if job.class == JobClass::Interactive {

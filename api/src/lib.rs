@@ -39,6 +39,7 @@ pub mod error;
 pub mod files;
 pub mod fuzz_bodies;
 pub mod guard;
+pub mod inserts;
 pub mod jobs;
 pub mod limits;
 pub mod metrics;
@@ -83,6 +84,8 @@ pub struct AppState {
     /// Admission on arrival for interactive jobs, when this process runs the gate and
     /// dispatches too.
     pub arrivals: Option<arrivals::Arrivals>,
+    /// Single jobs inserted together.
+    pub inserts: inserts::Inserts,
     /// `/readyz`'s last probe, shared by the probes of the next second.
     pub readiness: Readiness,
     /// Capped queues recently counted full, so that a flood to one is refused uncounted.

@@ -526,7 +526,7 @@ async fn throughput(args: &BenchArgs) -> anyhow::Result<()> {
     row_with_cpu("baseline: direct to mock", direct, direct_cpu, direct_failures);
     if let (Some(through), Some(submitted)) = (per_job, per_job_submit) {
         row(
-            "tollgate: submit only (`POST /v1/jobs`, one commit per job)",
+            "tollgate: submit only (`POST /v1/jobs`, one request per job)",
             submitted,
             0,
         );

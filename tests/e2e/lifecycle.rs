@@ -120,6 +120,35 @@ async fn same_idempotency_key_returns_the_same_job() {
 }
 
 #[tokio::test]
+async fn submissions_side_by_side_are_each_written_once_and_a_shared_key_makes_one_job() {
+    let app = TestApp::spawn_with(queue_only()).await;
+    // 64 jobs and 8 submissions of one keyed job at once: single submissions are written
+    // together, and one statement may hold several of the keyed ones.
+    let mut keyed = job("fast", "keyed");
+    keyed["idempotency_key"] = json!("burst-1");
+    let plain: Vec<Value> = (0..64).map(|i| job("fast", &format!("plain {i}"))).collect();
+    let (plain, keyed) = tokio::join!(
+        futures::future::join_all(plain.iter().map(|b| app.submit(ACME, b))),
+        futures::future::join_all((0..8).map(|_| app.submit(ACME, &keyed))),
+    );
+    assert!(plain.iter().all(|(status, _)| *status == 202), "{plain:?}");
+    let ids: std::collections::HashSet<&str> = plain.iter().filter_map(|(_, b)| b["id"].as_str()).collect();
+    assert_eq!(ids.len(), 64);
+    let mut statuses: Vec<u16> = keyed.iter().map(|(status, _)| *status).collect();
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 200, 200, 202], "{keyed:?}");
+    let keyed_ids: std::collections::HashSet<&str> =
+        keyed.iter().filter_map(|(_, b)| b["id"].as_str()).collect();
+    assert_eq!(keyed_ids.len(), 1, "{keyed:?}");
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs")
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(count, 65);
+    app.shutdown().await;
+}
+
+#[tokio::test]
 async fn cancel_a_queued_job() {
     let app = TestApp::spawn_with(queue_only()).await;
     let (_, accepted) = app.submit(ACME, &job("fast", "cancel me")).await;

@@ -12,6 +12,7 @@ use chrono::Utc;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::task::TaskTracker;
 use tollgate::attempt::Outcome;
+use tollgate::gather::Writers;
 use tollgate::learning::Observation;
 use tollgate::store::{self, StoreError};
 
@@ -25,9 +26,9 @@ pub(super) type Pending = (Outcome, oneshot::Sender<Result<bool, StoreError>>);
 const COMPLETION_BATCH: usize = 256;
 /// Completer tasks writing batches of outcomes side by side.
 const COMPLETERS: usize = 2;
-/// How long a completer waits for more outcomes after the first before writing: at a
-/// moderate rate each batch is then a few jobs larger (every batch is a transaction of
-/// half a dozen statements), and a result appears that much later.
+/// How long a completer waits for more outcomes after the first while the other's batch
+/// is still being written ([`Writers::next_batch`]): at a moderate rate each batch is then
+/// a few jobs larger (every batch is a transaction of half a dozen statements).
 const COMPLETION_GATHER: Duration = Duration::from_millis(2);
 /// How long provider observations gather before they are written: they are advice for
 /// the gate, written apart from the outcomes so the completers never wait on them.
@@ -43,8 +44,10 @@ impl Dispatcher {
         let (observer, observations) = mpsc::channel(COMPLETION_BATCH * 4);
         completer.spawn(self.clone().observe(observations));
         let pending = Arc::new(tokio::sync::Mutex::new(pending));
+        let writers = Arc::new(Writers::default());
         for _ in 0..COMPLETERS {
-            completer.spawn(self.clone().complete(pending.clone(), observer.clone()));
+            let (pending, writers) = (pending.clone(), writers.clone());
+            completer.spawn(self.clone().complete(pending, writers, observer.clone()));
         }
         drop(observer);
         completer.close();
@@ -97,9 +100,8 @@ impl Dispatcher {
         Ok(written)
     }
 
-    /// A completer: takes the outcomes that arrive within [`COMPLETION_GATHER`] of the
-    /// first (up to [`COMPLETION_BATCH`]) and writes them in one transaction, until every
-    /// sender is gone.
+    /// A completer: takes the outcomes waiting ([`Writers::next_batch`], up to
+    /// [`COMPLETION_BATCH`]) and writes them in one transaction, until every sender is gone.
     ///
     /// [`COMPLETERS`] of them share the queue: while one waits for its commit to reach
     /// the disk, the next gathers and writes the following batch. Their batches hold
@@ -107,29 +109,14 @@ impl Dispatcher {
     async fn complete(
         self,
         outcomes: Arc<tokio::sync::Mutex<mpsc::Receiver<Pending>>>,
+        writers: Arc<Writers>,
         observer: mpsc::Sender<Observation>,
     ) {
-        loop {
-            let batch = {
-                let mut outcomes = outcomes.lock().await;
-                let Some(first) = outcomes.recv().await else {
-                    return;
-                };
-                let mut batch = vec![first];
-                let gathered = tokio::time::sleep(COMPLETION_GATHER);
-                tokio::pin!(gathered);
-                while batch.len() < COMPLETION_BATCH {
-                    tokio::select! {
-                        biased;
-                        p = outcomes.recv() => match p {
-                            Some(p) => batch.push(p),
-                            None => break,
-                        },
-                        _ = &mut gathered => break,
-                    }
-                }
-                batch
-            };
+        while let Some(batch) = writers
+            .next_batch(&outcomes, COMPLETION_BATCH, COMPLETION_GATHER)
+            .await
+        {
+            let writing = writers.writing();
             let (items, replies): (Vec<Outcome>, Vec<_>) = batch.into_iter().unzip();
             let pool = &self.inner.pool;
             // A lost race (deadlock victim, serialization failure) succeeds when tried again;
@@ -148,8 +135,17 @@ impl Dispatcher {
                     written => break written,
                 }
             };
+            drop(writing);
             match written {
                 Ok(written) => {
+                    // Committed: callers waiting here for these jobs answer from their ends.
+                    self.inner.notifications.jobs_ended_here(
+                        items
+                            .iter()
+                            .zip(&written)
+                            .filter(|(o, w)| **w && o.end.state().is_terminal())
+                            .map(|(o, _)| (o.holder.id, &o.end)),
+                    );
                     for (reply, w) in replies.into_iter().zip(written) {
                         let _ = reply.send(Ok(w));
                     }

@@ -181,8 +181,10 @@ impl Dispatcher {
             log_write(self.write(outcome, started_at).await);
             return;
         }
-        // A job handed over waited for its slot: it may have been cancelled meanwhile.
-        if via == Via::Handover {
+        // A job handed over that waited for its slot may have been cancelled meanwhile. One
+        // that found a slot free is as good as in its call already: a cancel now is a cancel
+        // during the call (its outcome is discarded and its reservation settled).
+        if via == (Via::Handover { waited: true }) {
             match tollgate::store::holds_running(&inner.pool, job.id, job.attempt, &inner.owner).await {
                 Ok(true) => {}
                 Ok(false) => return self.abandon(&job, Some(served), Settlement::UNSENT).await,

@@ -86,6 +86,8 @@ struct Waiting {
     job: Job,
     room: OwnedSemaphorePermit,
     order: u64,
+    /// No call slot was free for it when it was handed over.
+    waited: bool,
 }
 
 impl Waiting {
@@ -144,13 +146,15 @@ impl Dispatcher {
                                 // Its lease is kept from now on, while it waits for a slot.
                                 this.track_from_now(&job);
                                 order += 1;
-                                waiting.push(Waiting { job, room, order });
+                                let waited = this.inner.slots.available_permits() <= waiting.len();
+                                waiting.push(Waiting { job, room, order, waited });
                             }
                             None => break,
                         },
                         slot = this.inner.slots.clone().acquire_owned(), if !waiting.is_empty() => {
                             let (Ok(slot), Some(next)) = (slot, waiting.pop()) else { break };
-                            this.spawn_execute(&in_flight, next.job, Via::Handover, vec![slot, next.room]);
+                            let via = Via::Handover { waited: next.waited };
+                            this.spawn_execute(&in_flight, next.job, via, vec![slot, next.room]);
                         }
                     }
                 }

@@ -228,8 +228,9 @@ impl Dispatcher {
 pub(crate) enum Via {
     /// Claimed just before its call.
     Claim,
-    /// Started by this process's gate and handed over; it may have waited for a slot.
-    Handover,
+    /// Started by this process's gate and handed over; `waited`: no call slot was free
+    /// for it when it came, so it may have been cancelled while it waited for one.
+    Handover { waited: bool },
 }
 
 /// A backoff plus a little at random, so processes that met the same error do not all
