@@ -1,37 +1,39 @@
-//! Interactive jobs admitted as they arrive ([`Gate::admit_arrival`]), on a thread and
+//! Interactive jobs admitted as they arrive ([`Gate::admit_arrivals`]), on a thread and
 //! runtime of their own: on the API's runtime each of an arrival's statements waited behind
 //! the hundreds of requests and provider calls ready to run there. The thread lives as long
 //! as any handle to it.
 //!
-//! An arrival uses up to [`ARRIVAL_CONNECTIONS`] connections at once (never holding one
-//! while it waits for another), and at most [`AT_ONCE`] run together, on a pool of exactly
-//! their connections ([`CONNECTIONS`]): an arrival never waits for the pool, and one
-//! finding no slot free is queued as usual, for the gate's next round — which is as soon,
-//! when arrivals come faster than two at a time.
+//! One admitter takes every arrival waiting and admits them together, in one transaction
+//! ([`tollgate::gather::Writers::next_batch`]): their buckets are locked once, and the
+//! arrivals do not queue on each other's bucket rows one commit at a time. It uses up to
+//! [`ARRIVAL_CONNECTIONS`] connections at once, never holding one while it waits for
+//! another, on a pool of exactly those ([`CONNECTIONS`]). An arrival finding
+//! [`WAITING`] others ahead of it, or whose admission failed, is queued as usual for the
+//! gate's next round.
 
 use std::sync::Arc;
 
 use anyhow::Context;
 use sqlx::PgPool;
-use tokio::sync::Semaphore;
+use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
+use tollgate::gather::Writers;
 use tollgate::model::{Job, NewJob};
-use tollgate::store::StoreError;
 use tollgate_workers::gate::{ARRIVAL_CONNECTIONS, Gate};
 
-/// Arrivals admitted side by side.
-pub const AT_ONCE: u32 = 2;
-/// The arrivals' pool: every running arrival's connections, no more, no fewer.
-pub const CONNECTIONS: u32 = AT_ONCE * ARRIVAL_CONNECTIONS;
+/// The arrivals' pool: the admitter's connections, no more, no fewer.
+pub const CONNECTIONS: u32 = ARRIVAL_CONNECTIONS;
+/// Most arrivals waiting for the admitter; one more is queued for the round instead.
+const WAITING: usize = 256;
+/// Most arrivals admitted in one transaction.
+const BATCH: usize = 64;
+
+/// An arrival for the admitter, and where it answers (`None`: queue it).
+type Arriving = (NewJob, oneshot::Sender<Option<Job>>);
 
 #[derive(Clone)]
 pub struct Arrivals {
-    gate: Arc<Gate>,
-    /// Connections of the arrivals' own (opened lazily, on their thread): [`CONNECTIONS`].
-    pool: PgPool,
-    /// [`AT_ONCE`] slots.
-    slots: Arc<Semaphore>,
-    runtime: tokio::runtime::Handle,
+    queue: mpsc::Sender<Arriving>,
     _alive: Arc<DropGuard>,
 }
 
@@ -58,31 +60,40 @@ impl Arrivals {
             .recv()
             .context("the arrivals thread ended before its runtime started")?
             .context("building the arrivals runtime")?;
+        let (queue, arriving) = mpsc::channel(WAITING);
+        runtime.spawn(admit_all(gate, pool, arriving));
         Ok(Self {
-            gate,
-            pool,
-            slots: Arc::new(Semaphore::new(AT_ONCE as usize)),
-            runtime,
+            queue,
             _alive: Arc::new(alive.drop_guard()),
         })
     }
 
-    /// [`Gate::admit_arrival`] on the arrivals thread; `None` (queue it as usual) when
-    /// [`AT_ONCE`] arrivals are running already.
-    pub async fn admit(&self, job: Arc<NewJob>) -> Result<Option<Job>, StoreError> {
-        let Ok(slot) = self.slots.clone().try_acquire_owned() else {
-            return Ok(None);
+    /// Admits `job` on arrival, with whatever other arrivals are waiting; `None` (queue it
+    /// as usual) when it does not start now.
+    pub async fn admit(&self, job: &NewJob) -> Option<Job> {
+        let (reply, answer) = oneshot::channel();
+        self.queue.try_send((job.clone(), reply)).ok()?;
+        answer.await.ok().flatten()
+    }
+}
+
+/// The admitter: admits the arrivals waiting, together, until every sender is gone.
+async fn admit_all(gate: Arc<Gate>, pool: PgPool, arriving: mpsc::Receiver<Arriving>) {
+    let (arriving, writers) = (Mutex::new(arriving), Writers::default());
+    while let Some(batch) = writers
+        .next_batch(&arriving, BATCH, std::time::Duration::ZERO)
+        .await
+    {
+        let (jobs, replies): (Vec<NewJob>, Vec<_>) = batch.into_iter().unzip();
+        let started = match gate.admit_arrivals(&pool, &jobs).await {
+            Ok(started) => started,
+            Err(e) => {
+                tracing::warn!(error = %e, arrivals = jobs.len(), "could not admit arrivals; they are queued");
+                vec![None; jobs.len()]
+            }
         };
-        let (gate, pool) = (self.gate.clone(), self.pool.clone());
-        self.runtime
-            .spawn(async move {
-                let admitted = gate.admit_arrival(&pool, &job).await;
-                drop(slot);
-                admitted
-            })
-            .await
-            .map_err(|e| {
-                StoreError::Database(sqlx::Error::Protocol(format!("the arrival task failed: {e}")))
-            })?
+        for (reply, job) in replies.into_iter().zip(started) {
+            let _ = reply.send(job);
+        }
     }
 }

@@ -1051,6 +1051,41 @@ async fn a_notify_on_the_gate_channel_wakes_the_gate_of_another_process() {
     tracker.wait().await;
 }
 
+/// A gate that starts arrivals on a dispatcher of its own (not running: what it is handed
+/// waits), for tests calling `admit_arrivals` directly. Keep the dispatcher alive.
+fn arrivals_gate(app: &TestApp) -> (Gate, tollgate_workers::dispatcher::Dispatcher) {
+    let providers = tollgate_workers::providers::Providers::from_config(&app.config).unwrap();
+    let dispatcher = tollgate_workers::dispatcher::Dispatcher::new(
+        app.db.pool.clone(),
+        app.config.clone(),
+        providers,
+        Notifications::default(),
+    );
+    let gate = Gate::new(app.db.pool.clone(), app.config.clone(), Notifications::default())
+        .with_handoff(dispatcher.handoff());
+    (gate, dispatcher)
+}
+
+/// An interactive job for `oai/gpt-4o-mini` as it arrives, not yet inserted.
+fn interactive_arrival(tenant: &str, content: &str, now: DateTime<Utc>) -> tollgate::model::NewJob {
+    tollgate::model::NewJob {
+        id: tollgate::model::JobId::new(),
+        tenant: tenant.to_owned(),
+        class: tollgate::vocab::JobClass::Interactive,
+        priority: 0,
+        request: json!({"model": "oai/gpt-4o-mini", "messages": [{"role": "user", "content": content}], "max_tokens": 5}),
+        model: "oai/gpt-4o-mini".to_owned(),
+        idempotency_key: None,
+        metadata: None,
+        deadline: now + ChronoDuration::seconds(60),
+        max_attempts: 3,
+        estimated_input_tokens: 10,
+        estimated_output_tokens: 5,
+        created_at: now,
+        stream: false,
+    }
+}
+
 /// An arrival's reads give their connections back before its transaction takes one, so
 /// it is admitted on a pool of a single connection; when its transaction began beside its
 /// reads, it held that connection and waited for the pool until the acquire timeout.
@@ -1061,15 +1096,7 @@ async fn an_arrival_never_holds_a_connection_while_waiting_for_another() {
         ..TestOptions::default()
     })
     .await;
-    let providers = tollgate_workers::providers::Providers::from_config(&app.config).unwrap();
-    let dispatcher = tollgate_workers::dispatcher::Dispatcher::new(
-        app.db.pool.clone(),
-        app.config.clone(),
-        providers,
-        Notifications::default(),
-    );
-    let gate = Gate::new(app.db.pool.clone(), app.config.clone(), Notifications::default())
-        .with_handoff(dispatcher.handoff());
+    let (gate, _dispatcher) = arrivals_gate(&app);
     let one = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .acquire_timeout(Duration::from_secs(5))
@@ -1077,22 +1104,7 @@ async fn an_arrival_never_holds_a_connection_while_waiting_for_another() {
         .await
         .unwrap();
     let now = Utc::now();
-    let arriving = tollgate::model::NewJob {
-        id: tollgate::model::JobId::new(),
-        tenant: "acme".to_owned(),
-        class: tollgate::vocab::JobClass::Interactive,
-        priority: 0,
-        request: json!({"model": "oai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}),
-        model: "oai/gpt-4o-mini".to_owned(),
-        idempotency_key: None,
-        metadata: None,
-        deadline: now + ChronoDuration::seconds(60),
-        max_attempts: 3,
-        estimated_input_tokens: 10,
-        estimated_output_tokens: 5,
-        created_at: now,
-        stream: false,
-    };
+    let arriving = interactive_arrival("acme", "hi", now);
     let started = gate
         .admit_arrival(&one, &arriving)
         .await
@@ -1100,5 +1112,43 @@ async fn an_arrival_never_holds_a_connection_while_waiting_for_another() {
     let started = started.expect("the buckets hold it and nothing else waits");
     assert_eq!(started.id, arriving.id);
     assert_eq!(started.state, tollgate::vocab::JobState::Running);
+    app.shutdown().await;
+}
+
+/// Arrivals waiting together are admitted in one transaction, in the order given, each
+/// only if the buckets still hold it after those before it: a tenant allowed three
+/// requests a minute gets three of five started, the first three, and nothing is written
+/// for the other two (they are queued as usual by their callers).
+#[tokio::test]
+async fn arrivals_admitted_together_start_only_what_the_buckets_hold() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        extra_config: "[[tenants]]\nname = \"tiny\"\napi_key = \"tk-tiny\"\nrpm = 3\n".to_owned(),
+        ..TestOptions::default()
+    })
+    .await;
+    let (gate, _dispatcher) = arrivals_gate(&app);
+    let now = Utc::now();
+    let arriving: Vec<tollgate::model::NewJob> = (0..5)
+        .map(|i| interactive_arrival("tiny", &format!("hi {i}"), now))
+        .collect();
+    let started = gate.admit_arrivals(&app.db.pool, &arriving).await.unwrap();
+    let ids: Vec<Option<tollgate::model::JobId>> = started.iter().map(|s| s.as_ref().map(|j| j.id)).collect();
+    let expected: Vec<Option<tollgate::model::JobId>> = arriving
+        .iter()
+        .enumerate()
+        .map(|(i, j)| (i < 3).then_some(j.id))
+        .collect();
+    assert_eq!(ids, expected);
+    let running: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM jobs WHERE tenant = 'tiny' AND state = 'running'")
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+    let all: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE tenant = 'tiny'")
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!((running, all), (3, 3));
     app.shutdown().await;
 }

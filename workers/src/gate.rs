@@ -18,10 +18,11 @@
 //! - **The admission's own write** (`store::admit` with a `Starter`): what this process's
 //!   dispatcher has room for goes straight to `running`, leased to it, and is handed over
 //!   ([`Handoff`]): one write of the job row instead of two, and no wake-up in between.
-//! - **Admission on arrival** ([`Gate::admit_arrival`], `store::insert_started_job`): in the
-//!   API process, an interactive job with no other interactive job queued is inserted
-//!   admitted and running in one statement when its buckets hold it, without waiting for
-//!   a round — the round would decide the same, later.
+//! - **Admission on arrival** ([`Gate::admit_arrivals`], `store::insert_started_job`): in
+//!   the API process, interactive jobs with no other interactive job queued are inserted
+//!   admitted and running when their buckets hold them — all the arrivals waiting in one
+//!   transaction, one statement each — without waiting for a round: the round would
+//!   decide the same, later.
 //! - **The stream claim** (`store::claim_stream_job`, by `Dispatcher::claim_stream`): a
 //!   streaming job runs in the process holding its client's connection, which claims it
 //!   by id once admitted; the gate never starts one (`Admission::startable`).
@@ -60,7 +61,7 @@ const MIN_PAUSE: Duration = Duration::from_millis(2);
 /// How often the gate re-reads the learned estimates.
 const CALIBRATION_REFRESH: Duration = Duration::from_secs(10);
 
-/// Connections [`Gate::admit_arrival`] uses at once: its reads, side by side (its
+/// Connections [`Gate::admit_arrivals`] uses at once: its reads, side by side (its
 /// transaction comes after them).
 pub const ARRIVAL_CONNECTIONS: u32 = 4;
 
@@ -177,27 +178,50 @@ impl Gate {
         }
     }
 
-    /// Admits an interactive job as it arrives, without waiting for a round: in one
-    /// transaction the buckets on its path are locked (in id order, as a round locks them)
-    /// and, when they hold it, it is inserted admitted and running for this process's
-    /// dispatcher, which is handed it. A round would decide the same: interactive work goes
-    /// first, and with no interactive job queued this one is next in line. When another
-    /// interactive job is queued, a limit was just learned and not yet applied, this
-    /// dispatcher has no room, or the buckets cannot hold it now, nothing is written
-    /// (`None`) and the caller queues it as usual. Returns the started job.
-    /// `pool` is the caller's (the gate's own connections belong to its thread); an
-    /// arrival uses up to [`ARRIVAL_CONNECTIONS`] of them at once, and never holds one
-    /// while waiting for another.
+    /// Admits an interactive job as it arrives, without waiting for a round
+    /// ([`Gate::admit_arrivals`] for one job).
     pub async fn admit_arrival(&self, pool: &PgPool, job: &NewJob) -> Result<Option<Job>, StoreError> {
+        Ok(self
+            .admit_arrivals(pool, std::slice::from_ref(job))
+            .await?
+            .pop()
+            .flatten())
+    }
+
+    /// Admits interactive jobs as they arrive, without waiting for a round: in one
+    /// transaction the buckets on their paths are locked (in id order, as a round locks
+    /// them) and each job, in the order given, that they hold is inserted admitted and
+    /// running for this process's dispatcher, which is handed it. A round would decide the
+    /// same: interactive work goes first, and with no interactive job queued these are next
+    /// in line. When another interactive job is queued, a limit was just learned and not
+    /// yet applied, this dispatcher has no room, or the buckets cannot hold a job now,
+    /// nothing is written for it (`None`) and the caller queues it as usual. A job with an
+    /// idempotency key is left to the usual insert too (it may name an existing job).
+    /// Returns each job's started row, in the order given.
+    /// `pool` is the caller's (the gate's own connections belong to its thread); the
+    /// arrivals use up to [`ARRIVAL_CONNECTIONS`] of them at once, and never hold one while
+    /// waiting for another.
+    pub async fn admit_arrivals(
+        &self,
+        pool: &PgPool,
+        jobs: &[NewJob],
+    ) -> Result<Vec<Option<Job>>, StoreError> {
+        let mut started: Vec<Option<Job>> = vec![None; jobs.len()];
         let Some(handoff) = &self.handoff else {
-            return Ok(None);
+            return Ok(started);
         };
-        if job.class != JobClass::Interactive || job.stream {
-            return Ok(None);
+        let arriving: Vec<usize> = (0..jobs.len())
+            .filter(|&i| {
+                let job = &jobs[i];
+                job.class == JobClass::Interactive && !job.stream && job.idempotency_key.is_none()
+            })
+            .collect();
+        if arriving.is_empty() {
+            return Ok(started);
         }
-        let permits = handoff.permits(1);
+        let mut permits = handoff.permits(arriving.len());
         if permits.is_empty() {
-            return Ok(None);
+            return Ok(started);
         }
         let now = self.clock.now();
         // The reads side by side, each on a connection it gives back when done; the
@@ -210,20 +234,23 @@ impl Gate {
             self.calibration(pool),
         )?;
         if queued || learned.iter().any(Learned::pending) {
-            return Ok(None);
+            return Ok(started);
         }
         let paused: scheduler::Pauses = paused.into_iter().collect();
         let known = Known::new(&learned);
-        let Ok(plan) = self
-            .planner(&calibration, &known)
-            .plan(Candidate::arriving(job), now)
-        else {
-            // A round fails it with its reason.
-            return Ok(None);
-        };
-        let mut keys: Vec<String> = plan.bucket_keys().cloned().collect();
+        let planner = self.planner(&calibration, &known);
+        // What a round would fail is the round's to fail, with its reason.
+        let plans: Vec<(usize, scheduler::Plan)> = arriving
+            .into_iter()
+            .take(permits.len())
+            .filter_map(|i| Some((i, planner.plan(Candidate::arriving(&jobs[i]), now).ok()?)))
+            .collect();
+        let mut keys: Vec<String> = plans.iter().flat_map(|(_, p)| p.bucket_keys().cloned()).collect();
         keys.sort();
         keys.dedup();
+        if plans.is_empty() {
+            return Ok(started);
+        }
 
         let mut tx = pool.begin().await?;
 
@@ -236,37 +263,54 @@ impl Gate {
                 (b.key.clone(), b)
             })
             .collect();
-        // A bucket not created yet (a probe, a limit just learned) is the round's to create.
-        let route = if keys.iter().all(|k| buckets.contains_key(k)) {
-            self.policy
-                .first_fitting(&plan.routes, plan.class, &buckets, &paused, &HashSet::new())
-        } else {
-            None
-        };
-        let Some(route) = route else {
-            tx.rollback().await?;
-            return Ok(None);
-        };
-        let admission = scheduler::take(&plan, route, &mut buckets);
-        metrics::admitted(&plan.job, &plan.routes[route].target, &plan.routes[0].target, now);
         let starter = store::Starter {
             owner: &handoff.owner,
             lease: handoff.lease,
         };
-        let taken: Vec<Bucket> = buckets
-            .into_values()
-            .filter(|b| admission.bucket_ids.contains(&b.id))
-            .collect();
-        let Some(started) = store::insert_started_job(&mut tx, job, &admission, starter, &taken, now).await?
-        else {
-            // Its idempotency key is taken: the usual insert answers with that job.
+        let mut served = Vec::new();
+        for (i, plan) in &plans {
+            // A bucket not created yet (a probe, a limit just learned) is the round's to create.
+            if !plan.bucket_keys().all(|k| buckets.contains_key(k)) {
+                continue;
+            }
+            let Some(route) =
+                self.policy
+                    .first_fitting(&plan.routes, plan.class, &buckets, &paused, &HashSet::new())
+            else {
+                continue;
+            };
+            let admission = scheduler::take(plan, route, &mut buckets);
+            let taken: Vec<Bucket> = buckets
+                .values()
+                .filter(|b| admission.bucket_ids.contains(&b.id))
+                .cloned()
+                .collect();
+            // No idempotency key, so the insert always writes its job.
+            let Some(job) =
+                store::insert_started_job(&mut tx, &jobs[*i], &admission, starter, &taken, now).await?
+            else {
+                tx.rollback().await?;
+                return Ok(vec![None; jobs.len()]);
+            };
+            metrics::admitted(&plan.job, &plan.routes[route].target, &plan.routes[0].target, now);
+            started[*i] = Some(job);
+            served.push(plan);
+        }
+        if served.is_empty() {
             tx.rollback().await?;
-            return Ok(None);
-        };
+            return Ok(started);
+        }
         tx.commit().await?;
-        locked(&self.scheduler).served_on_arrival(&plan);
-        handoff.hand(vec![started.clone()], permits);
-        Ok(Some(started))
+        {
+            let mut scheduler = locked(&self.scheduler);
+            for plan in served {
+                scheduler.served_on_arrival(plan);
+            }
+        }
+        let handed: Vec<Job> = started.iter().flatten().cloned().collect();
+        permits.truncate(handed.len());
+        handoff.hand(handed, permits);
+        Ok(started)
     }
 
     /// The learned estimates (calibration), re-read when older than [`CALIBRATION_REFRESH`].
