@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::vocab::{BatchStatus, JobClass};
+use crate::vocab::{BatchStatus, Endpoint, JobClass};
 
 /// A new file id: `file-` + a UUIDv7 in hex, so ids sort by creation time.
 pub fn new_file_id() -> String {
@@ -28,9 +28,6 @@ pub fn new_batch_id() -> String {
 /// File purposes tollgate accepts and produces.
 pub const PURPOSE_BATCH: &str = "batch";
 pub const PURPOSE_BATCH_OUTPUT: &str = "batch_output";
-
-/// The one endpoint batch lines may call: it is what the dispatcher runs.
-pub const CHAT_COMPLETIONS: &str = "/v1/chat/completions";
 
 /// A row of `files` (without its bytes).
 #[derive(Debug, Clone)]
@@ -50,7 +47,8 @@ pub struct FileRow {
 pub struct BatchRow {
     pub id: String,
     pub tenant: String,
-    pub endpoint: String,
+    /// What every line of the batch calls (each line's `url`).
+    pub endpoint: Endpoint,
     pub input_file_id: String,
     pub completion_window: String,
     pub status: String,
@@ -199,9 +197,13 @@ pub struct LineReject {
 
 /// Checks a batch input line's envelope, as OpenAI's Batch API defines it: a JSON object
 /// with a non-empty `custom_id` not seen on an earlier line (`seen` remembers them),
-/// `"method": "POST"` and `"url": "/v1/chat/completions"`. Returns the `body` (the
+/// `"method": "POST"` and `"url"` the batch's `endpoint`. Returns the `body` (the
 /// request, checked by the caller). Any bytes in; never panics.
-pub fn parse_line(text: &[u8], seen: &mut HashSet<String>) -> Result<LineEnvelope, LineReject> {
+pub fn parse_line(
+    text: &[u8],
+    endpoint: Endpoint,
+    seen: &mut HashSet<String>,
+) -> Result<LineEnvelope, LineReject> {
     let reject = |custom_id: Option<&str>, code: &'static str, message: String| LineReject {
         custom_id: custom_id.map(str::to_owned),
         code,
@@ -255,11 +257,11 @@ pub fn parse_line(text: &[u8], seen: &mut HashSet<String>) -> Result<LineEnvelop
             "`method` must be \"POST\"".to_owned(),
         ));
     }
-    if obj.get("url").and_then(Value::as_str) != Some(CHAT_COMPLETIONS) {
+    if obj.get("url").and_then(Value::as_str) != Some(endpoint.as_str()) {
         return Err(reject(
             cid,
             "invalid_url",
-            format!("`url` must be the batch's endpoint, {CHAT_COMPLETIONS}"),
+            format!("`url` must be the batch's endpoint, {endpoint}"),
         ));
     }
     let request = obj.remove("body").unwrap_or(Value::Null);

@@ -12,7 +12,7 @@ use std::time::Duration;
 use secrecy::SecretString;
 use serde::Deserialize;
 
-use crate::vocab::{Authority, Dialect, JobClass};
+use crate::vocab::{Authority, Dialect, Endpoint, JobClass};
 
 mod batches;
 mod provider_batches;
@@ -342,6 +342,17 @@ pub enum ProviderKind {
     /// Azure OpenAI at `{base_url}/openai/deployments/{model}/chat/completions`; the
     /// model names the deployment.
     Azure,
+}
+
+impl ProviderKind {
+    /// Whether tollgate sends this provider kind requests of `endpoint`: chat to every
+    /// kind, embeddings to the OpenAI family (Anthropic has no embeddings API).
+    pub fn serves(self, endpoint: Endpoint) -> bool {
+        match endpoint {
+            Endpoint::ChatCompletions => true,
+            Endpoint::Embeddings => matches!(self, Self::Openai | Self::OpenaiCompatible | Self::Azure),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

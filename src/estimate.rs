@@ -32,7 +32,7 @@ use base64::engine::general_purpose::STANDARD;
 use bpe_openai::Tokenizer;
 use serde_json::Value;
 
-use crate::vocab::ApiErrorCode;
+use crate::vocab::{ApiErrorCode, Endpoint};
 
 /// The output cap per choice of a request that sets neither `max_tokens` nor
 /// `max_completion_tokens`: reserved by the gate and sent to the provider, so the two agree.
@@ -176,6 +176,58 @@ pub fn route_input_tokens<'a>(request: &Value, models: impl IntoIterator<Item = 
         .map(|m| prompt.tokens(Some(m)))
         .max()
         .unwrap_or_else(|| prompt.tokens(None))
+}
+
+/// Input tokens to reserve for a job of `endpoint` that any of `models` may serve: the
+/// prompt of a chat request ([`route_input_tokens`]), the inputs of an embeddings request
+/// ([`embedding_input_tokens`]), the largest over the models.
+pub fn endpoint_input_tokens<'a>(
+    endpoint: Endpoint,
+    request: &Value,
+    models: impl IntoIterator<Item = &'a str>,
+) -> i32 {
+    match endpoint {
+        Endpoint::ChatCompletions => route_input_tokens(request, models),
+        Endpoint::Embeddings => models
+            .into_iter()
+            .map(|m| embedding_input_tokens(request, Some(m)))
+            .max()
+            .unwrap_or_else(|| embedding_input_tokens(request, None)),
+    }
+}
+
+/// Output tokens to reserve for a job of `endpoint`: [`output_tokens`] where it generates
+/// text, none for embeddings.
+pub fn endpoint_output_tokens(endpoint: Endpoint, request: &Value) -> i32 {
+    if endpoint.has_output() {
+        output_tokens(request)
+    } else {
+        0
+    }
+}
+
+/// An embeddings request's `input` in tokens, as OpenAI counts them against TPM: a string
+/// by the character rule (one per started group of four characters) or the model's BPE
+/// count where larger; an array of token ids is its length; an array of inputs, their sum.
+/// At least 1.
+pub fn embedding_input_tokens(request: &Value, model: Option<&str>) -> i32 {
+    let tokenizer = model.and_then(tokenizer_for);
+    let text = |s: &str| {
+        let by_chars = s.chars().count().div_ceil(4) as i64;
+        by_chars.max(tokenizer.map_or(0, |t| t.count(s) as i64))
+    };
+    let one = |v: &Value| match v {
+        Value::String(s) => text(s),
+        Value::Array(ids) => ids.len() as i64,
+        _ => 0,
+    };
+    let total = match request.get("input") {
+        Some(Value::Array(items)) if items.iter().all(Value::is_number) => items.len() as i64,
+        Some(Value::Array(items)) => items.iter().map(one).sum(),
+        Some(single) => one(single),
+        None => 0,
+    };
+    clamp_i32(total.max(1))
 }
 
 /// The character rule: 3 for reply priming, per message 4 plus one per started group of
@@ -556,6 +608,26 @@ fn clamp_i32(v: i64) -> i32 {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn embeddings_reserve_their_inputs_and_no_output() {
+        let one = json!({"model": "m", "input": "abcdefgh"});
+        assert_eq!(embedding_input_tokens(&one, None), 2);
+        let many = json!({"model": "m", "input": ["abcd", "abcdefghi"]});
+        assert_eq!(embedding_input_tokens(&many, None), 1 + 3);
+        let ids = json!({"model": "m", "input": [1, 2, 3, 4, 5]});
+        assert_eq!(embedding_input_tokens(&ids, None), 5);
+        let id_lists = json!({"model": "m", "input": [[1, 2], [3, 4, 5]]});
+        assert_eq!(embedding_input_tokens(&id_lists, None), 5);
+        // Digits are about one token per three characters in cl100k: the BPE count wins.
+        let digits = json!({"model": "m", "input": "1234567890".repeat(40)});
+        assert!(embedding_input_tokens(&digits, Some("text-embedding-3-small")) > 100);
+        assert_eq!(endpoint_output_tokens(Endpoint::Embeddings, &one), 0);
+        assert_eq!(
+            endpoint_output_tokens(Endpoint::ChatCompletions, &json!({"max_tokens": 7})),
+            7
+        );
+    }
 
     fn user(content: Value) -> Value {
         json!({"model": "gpt-4o", "messages": [{"role": "user", "content": content}], "max_tokens": 100})

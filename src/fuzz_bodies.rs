@@ -18,7 +18,7 @@ use rand::{Rng, SeedableRng};
 use crate::batches::{Line, LineSplitter, MAX_CUSTOM_ID, parse_line};
 use crate::config::Config;
 use crate::ratelimit;
-use crate::vocab::Dialect;
+use crate::vocab::{Dialect, Endpoint};
 
 /// A batch input file, split and checked line by line. The first byte picks the line
 /// limit and the size of the chunks the file arrives in. Invariants: line numbers
@@ -67,11 +67,12 @@ pub fn jsonl_lines(data: &[u8]) {
             line.iter().any(|b| !b.is_ascii_whitespace()),
             "a blank line was handed out"
         );
-        if let Ok(envelope) = parse_line(line, &mut seen) {
+        if let Ok(envelope) = parse_line(line, Endpoint::ChatCompletions, &mut seen) {
             assert!(!envelope.custom_id.is_empty() && envelope.custom_id.len() <= MAX_CUSTOM_ID);
             assert!(seen.contains(&envelope.custom_id));
             assert!(
-                parse_line(line, &mut seen).is_err_and(|r| r.code == "duplicate_custom_id"),
+                parse_line(line, Endpoint::ChatCompletions, &mut seen)
+                    .is_err_and(|r| r.code == "duplicate_custom_id"),
                 "the same line twice is a duplicate"
             );
         }

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-pub use crate::vocab::{JobClass, JobState, Lane, LaneReason};
+pub use crate::vocab::{Endpoint, JobClass, JobState, Lane, LaneReason};
 
 /// A job's id: a UUIDv7, so ids sort by creation time (cursor paging relies on it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type)]
@@ -61,7 +61,10 @@ pub struct Job {
     /// Order within a tenant's class (higher first), from -1000 to 1000.
     pub priority: i32,
     pub state: JobState,
-    /// The Chat Completions body as the client sent it; adapters translate it per provider.
+    /// What kind of work the request is.
+    pub endpoint: Endpoint,
+    /// The body as the client sent it, in its endpoint's OpenAI shape; adapters translate
+    /// it per provider.
     pub request: serde_json::Value,
     /// What the client asked for: a route alias or `provider/model`.
     pub model: String,
@@ -134,6 +137,7 @@ impl Job {
             class: new.class,
             priority: new.priority,
             state: JobState::Queued,
+            endpoint: new.endpoint,
             request: new.request.clone(),
             model: new.model.clone(),
             idempotency_key: new.idempotency_key.clone(),
@@ -185,6 +189,7 @@ pub struct NewJob<R = serde_json::Value> {
     pub class: JobClass,
     /// Order within a tenant's class (higher first), from -1000 to 1000.
     pub priority: i32,
+    pub endpoint: Endpoint,
     pub request: R,
     pub model: String,
     pub idempotency_key: Option<String>,
@@ -206,6 +211,7 @@ impl<R> NewJob<R> {
             tenant: self.tenant,
             class: self.class,
             priority: self.priority,
+            endpoint: self.endpoint,
             request: f(self.request),
             model: self.model,
             idempotency_key: self.idempotency_key,

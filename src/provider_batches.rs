@@ -19,7 +19,7 @@ use crate::config::{BatchApiConfig, Config, ProviderConfig};
 use crate::model::{Decision, JobClass, Lane, LaneReason};
 use crate::routing::{self, Target};
 use crate::store::{self, Candidate, StoreError};
-use crate::vocab::Dimension;
+use crate::vocab::{Dimension, Endpoint};
 
 /// `jobs.dispatch_via` of a job the provider's batch API carries.
 pub const VIA_PROVIDER_BATCH: &str = "provider_batch";
@@ -39,13 +39,25 @@ pub fn any_enabled(config: &Config) -> bool {
         .any(|p| p.batch_api.enabled && BatchApiConfig::supported(p.kind))
 }
 
-/// The decision for a `batch`-class job asking for `model` with `deadline`, at `now`.
-pub fn decide(config: &Config, model: &str, deadline: DateTime<Utc>, now: DateTime<Utc>) -> Decision {
+/// The decision for a `batch`-class job of `endpoint` asking for `model` with `deadline`,
+/// at `now`.
+pub fn decide(
+    config: &Config,
+    endpoint: Endpoint,
+    model: &str,
+    deadline: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Decision {
     let online = |reason| Decision {
         via: Lane::Online,
         reason,
     };
-    let first = routing::resolve(config, model).and_then(|t| t.into_iter().next());
+    if endpoint != Endpoint::ChatCompletions {
+        return online(LaneReason::EndpointNotBatched);
+    }
+    let first = routing::resolve(config, model, endpoint)
+        .ok()
+        .and_then(|t| t.into_iter().next());
     let Some(provider) = first.as_ref().and_then(|t| batch_api(config, t)) else {
         return online(LaneReason::RouteHasNoBatchApi);
     };
@@ -77,7 +89,7 @@ pub async fn decide_candidates(
         .iter_mut()
         .filter(|c| c.class == JobClass::Batch && c.dispatch_via.is_none())
     {
-        let d = decide(config, &c.model, c.deadline, now);
+        let d = decide(config, c.endpoint, &c.model, c.deadline, now);
         c.dispatch_via = Some(d.via.as_str().to_owned());
         decisions.push((c.id, d));
     }

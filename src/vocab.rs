@@ -74,6 +74,7 @@ macro_rules! text_in_sql {
 }
 
 text_in_sql!(
+    Endpoint,
     Dimension,
     Rule,
     LimitName,
@@ -85,6 +86,7 @@ text_in_sql!(
 );
 
 wire_names!(
+    Endpoint,
     JobState,
     JobClass,
     Dimension,
@@ -165,6 +167,48 @@ pub enum JobClass {
     Standard,
     Background,
     Batch,
+}
+
+/// The kind of work a job is: the OpenAI API path its request is for (`jobs.endpoint`,
+/// a batch's `endpoint`, a batch line's `url`). The request is kept in that endpoint's
+/// OpenAI shape; adapters translate it for providers of other shapes.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    IntoStaticStr,
+    EnumString,
+    VariantArray,
+    ToSchema,
+)]
+pub enum Endpoint {
+    /// Chat Completions: `messages` in, a completion out; input and output tokens.
+    #[default]
+    #[serde(rename = "/v1/chat/completions")]
+    #[strum(serialize = "/v1/chat/completions")]
+    ChatCompletions,
+    /// Embeddings: `input` in, vectors out; input tokens only.
+    #[serde(rename = "/v1/embeddings")]
+    #[strum(serialize = "/v1/embeddings")]
+    Embeddings,
+}
+
+impl Endpoint {
+    /// Every endpoint tollgate runs.
+    pub fn all() -> &'static [Endpoint] {
+        Self::VARIANTS
+    }
+
+    /// Whether its calls produce output tokens (and so reserve them).
+    pub fn has_output(self) -> bool {
+        self == Self::ChatCompletions
+    }
 }
 
 /// What a bucket counts.
@@ -300,6 +344,8 @@ pub enum LaneReason {
     DeadlineTooCloseForBatchApi,
     /// Its route's first target has no batch API enabled.
     RouteHasNoBatchApi,
+    /// Its endpoint is one tollgate sends online only (provider batches carry chat).
+    EndpointNotBatched,
     /// A line the provider failed or expired, sent back online.
     ProviderBatchFailedRetryOnline,
 }
@@ -360,8 +406,12 @@ pub enum ApiErrorCode {
     /// 400: a request field whose cost tollgate cannot reserve (audio, file parts, web
     /// search, a `service_tier` billed above standard rates): `param` names it.
     UnsupportedField,
-    /// 400: the model is neither a route alias nor a configured `provider/model`.
+    /// 400: the model is neither a route alias, a configured `provider/model`, nor a model
+    /// a provider lists.
     UnknownModel,
+    /// 400: no target of the model's route serves the request's endpoint (Anthropic has no
+    /// embeddings API); `param` is the model.
+    EndpointNotServed,
     /// 400: the deadline is in the past.
     InvalidDeadline,
     /// 400: `stream: true` on a queued job (use `/v1/chat/completions`).
@@ -406,7 +456,7 @@ pub enum ApiErrorCode {
     EmptyFile,
     /// 400: a file with more than `batches.max_lines` lines.
     TooManyLines,
-    /// 400: a batch endpoint other than `/v1/chat/completions`.
+    /// 400: an endpoint tollgate does not run (a batch's `endpoint`, a job's `endpoint`).
     UnsupportedEndpoint,
     /// 400: a `completion_window` that is malformed or out of range.
     InvalidCompletionWindow,

@@ -28,23 +28,23 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 use tollgate::batches::{
-    BatchRow, CHAT_COMPLETIONS, Line, LineEnvelope, LineSplitter, PURPOSE_BATCH, RequestCounts, new_batch_id,
-    parse_line, parse_window,
+    BatchRow, Line, LineEnvelope, LineSplitter, PURPOSE_BATCH, RequestCounts, new_batch_id, parse_line,
+    parse_window,
 };
 use tollgate::config::{BatchesConfig, Config};
 use tollgate::model::{JobClass, JobId};
 use tollgate::store::{self, BatchCancel, BatchJobs, LineError};
-use tollgate::vocab::BatchStatus;
+use tollgate::vocab::{BatchStatus, Endpoint};
 use tollgate::webhook_signing::{EVENT_TYPES, Secret};
-use tollgate::{estimate, routing};
 
 use crate::AppState;
 use crate::auth::AuthTenant;
 use crate::error::ApiError;
 use crate::files::{EXPIRES_AFTER_RANGE, db, unix};
-use crate::jobs::{json_body, validate_chat_request};
+use crate::jobs::json_body;
 use crate::openapi as doc;
 use crate::paging;
+use crate::requests;
 
 /// Metadata limits, as OpenAI's: 16 pairs, keys up to 64 characters, values up to 512.
 const MAX_METADATA_PAIRS: usize = 16;
@@ -99,6 +99,7 @@ pub(crate) async fn create(
 ) -> Result<Json<Value>, ApiError> {
     let Checked {
         req,
+        endpoint,
         window,
         output_expires_secs,
         class,
@@ -143,7 +144,7 @@ pub(crate) async fn create(
     let mut batch = BatchRow {
         id: new_batch_id(),
         tenant: tenant.name.clone(),
-        endpoint: req.endpoint,
+        endpoint,
         input_file_id: file.id.clone(),
         completion_window: req.completion_window,
         status: BatchStatus::InProgress.as_str().to_owned(),
@@ -221,6 +222,8 @@ pub(crate) async fn create(
 /// DNS (the input file and the webhook URL are the handler's).
 pub(crate) struct Checked {
     pub(crate) req: CreateBatch,
+    /// What the batch's lines call.
+    pub(crate) endpoint: Endpoint,
     /// The `completion_window`, within `batches.max_completion_window_secs`.
     pub(crate) window: std::time::Duration,
     pub(crate) output_expires_secs: i64,
@@ -232,13 +235,18 @@ pub(crate) struct Checked {
 pub(crate) fn check_create(value: Value, limits: &BatchesConfig) -> Result<Checked, ApiError> {
     let req: CreateBatch = serde_json::from_value(value)
         .map_err(|e| ApiError::bad_request(ApiErrorCode::InvalidRequest, format!("invalid batch: {e}")))?;
-    if req.endpoint != CHAT_COMPLETIONS {
-        return Err(ApiError::bad_request(
+    let endpoint = Endpoint::parse(&req.endpoint).ok_or_else(|| {
+        let supported: Vec<&str> = Endpoint::all().iter().map(|e| e.as_str()).collect();
+        ApiError::bad_request(
             ApiErrorCode::UnsupportedEndpoint,
-            format!("only {CHAT_COMPLETIONS} batches are supported"),
+            format!(
+                "{:?} is not an endpoint tollgate runs batches for: {}",
+                req.endpoint,
+                supported.join(", ")
+            ),
         )
-        .with_param("endpoint"));
-    }
+        .with_param("endpoint")
+    })?;
     let window = parse_window(&req.completion_window)
         .filter(|w| w.as_secs() <= limits.max_completion_window_secs)
         .ok_or_else(|| {
@@ -288,6 +296,7 @@ pub(crate) fn check_create(value: Value, limits: &BatchesConfig) -> Result<Check
     }
     Ok(Checked {
         req,
+        endpoint,
         window,
         output_expires_secs,
         class,
@@ -330,6 +339,7 @@ async fn ingest(state: &AppState, conn: &mut PgConnection, batch: &BatchRow) -> 
         lines: LineSplitter::new(state.config.batches.max_line_bytes),
         check: LineChecker {
             config: state.config.clone(),
+            endpoint: batch.endpoint,
             seen: HashSet::new(),
         },
     };
@@ -437,6 +447,8 @@ fn columns(lines: impl IntoIterator<Item = LineJob>) -> BatchJobs {
 /// Validates lines one by one, remembering the custom_ids seen.
 struct LineChecker {
     config: Arc<Config>,
+    /// The batch's endpoint: every line's `url`, and what its body is checked as.
+    endpoint: Endpoint,
     seen: HashSet<String>,
 }
 
@@ -461,11 +473,9 @@ impl LineChecker {
                 ));
             }
         };
-        let LineEnvelope { custom_id, request } = parse_line(text, &mut self.seen)
+        let LineEnvelope { custom_id, request } = parse_line(text, self.endpoint, &mut self.seen)
             .map_err(|r| reject(r.custom_id.as_deref(), r.code, r.message))?;
         let cid = Some(custom_id.as_str());
-        let model =
-            validate_chat_request(&request, "body.").map_err(|e| reject(cid, e.code.as_str(), e.message))?;
         if request.get("stream").and_then(Value::as_bool) == Some(true) {
             return Err(reject(
                 cid,
@@ -473,22 +483,14 @@ impl LineChecker {
                 "batch requests cannot stream".to_owned(),
             ));
         }
-        let Some(targets) = routing::resolve(&self.config, &model) else {
-            return Err(reject(
-                cid,
-                "unknown_model",
-                format!("model {model:?} is neither a route alias nor a configured provider/model"),
-            ));
-        };
+        let checked = requests::check(&self.config, self.endpoint, &request, "body.")
+            .map_err(|e| reject(cid, e.code.as_str(), e.message))?;
         Ok(LineJob {
-            estimated_input_tokens: estimate::route_input_tokens(
-                &request,
-                targets.iter().map(|t| t.model.as_str()),
-            ),
-            estimated_output_tokens: estimate::output_tokens(&request),
+            estimated_input_tokens: checked.estimated_input_tokens,
+            estimated_output_tokens: checked.estimated_output_tokens,
             custom_id,
             line: number,
-            model,
+            model: checked.model,
             request,
         })
     }

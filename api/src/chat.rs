@@ -1,7 +1,8 @@
-//! `POST /v1/chat/completions`: the OpenAI-compatible synchronous endpoint. The request
-//! is queued as an `interactive` job like any other — so it waits its turn instead of
-//! meeting a provider 429 — and the handler waits for the result. An existing OpenAI SDK
-//! app points its `base_url` at tollgate and changes nothing else.
+//! The OpenAI-compatible synchronous endpoints: `POST /v1/chat/completions` and `POST
+//! /v1/embeddings`. The request is queued as an `interactive` job like any other — so it
+//! waits its turn instead of meeting a provider 429 — and the handler waits for the
+//! result. An existing OpenAI SDK app points its `base_url` at tollgate and changes
+//! nothing else.
 //!
 //! If the job cannot finish within `server.sync_timeout_secs` (or its deadline), the
 //! answer is 429 with `Retry-After` and a reason code, and the job is cancelled so it does
@@ -18,7 +19,8 @@
 
 use std::convert::Infallible;
 use std::time::Duration;
-use tollgate::vocab::ApiErrorCode;
+use tollgate::tenants::Tenant;
+use tollgate::vocab::{ApiErrorCode, Endpoint};
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -62,8 +64,46 @@ pub(crate) async fn completions(
     AuthTenant(tenant): AuthTenant,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let request = json_body(body)?;
-    let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
+    synchronous(state, tenant, Endpoint::ChatCompletions, json_body(body)?).await
+}
+
+/// OpenAI-compatible, synchronous: queued as an `interactive` job that reserves its input
+/// tokens (and no output), and awaited.
+#[utoipa::path(
+    post,
+    path = "/v1/embeddings",
+    operation_id = "create_embedding",
+    tag = "openai",
+    request_body(content = Object, description = "An OpenAI Embeddings request"),
+    responses(
+        (status = 200, description = "An OpenAI embeddings list; header `x-tollgate-job-id`", body = Object),
+        (status = 400, description = "`invalid_json`, `invalid_request`, `missing_field`, `unknown_model`, `endpoint_not_served`; or the job's reason code (`provider_rejected_request`, `request_too_large`, `exceeds_limit`)", body = doc::ErrorBody),
+        (status = 409, description = "`cancelled`", body = doc::ErrorBody),
+        (status = 413, description = "`body_too_large`", body = doc::ErrorBody),
+        (status = 429, description = "`queue_timeout`, `deadline_exceeded`, `deadline_unmeetable`, `rate_limited`, `spend_limit_reached`, `queue_full` (+ `Retry-After`)", body = doc::ErrorBody),
+        (status = 502, description = "`upstream_failed`, `upstream_auth_failed`, `insufficient_quota`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn embeddings(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    synchronous(state, tenant, Endpoint::Embeddings, json_body(body)?).await
+}
+
+/// One synchronous call of `endpoint`: the job queued, admitted and run like any other,
+/// the caller answered with its result (or relayed its stream, for a chat request that
+/// asks for one).
+async fn synchronous(
+    state: AppState,
+    tenant: Tenant,
+    endpoint: Endpoint,
+    request: Value,
+) -> Result<Response, ApiError> {
+    let stream =
+        endpoint == Endpoint::ChatCompletions && request.get("stream").and_then(Value::as_bool) == Some(true);
     let timeout = Duration::from_secs(state.config.server.sync_timeout_secs);
     let trim_param = |e: ApiError| ApiError {
         param: e.param.map(|p| p.trim_start_matches("request.").to_owned()),
@@ -74,6 +114,7 @@ pub(crate) async fn completions(
         &tenant,
         Submission {
             stream,
+            endpoint,
             request,
             class: JobClass::Interactive,
             deadline: Some(state.clock.now() + timeout),

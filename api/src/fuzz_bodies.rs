@@ -26,7 +26,8 @@ use tollgate::webhook_signing::Secret;
 use crate::batches::{Checked, check_create};
 use crate::error::ApiError;
 use crate::files::{Counter, FileSink, Form, MAX_TEXT_FIELD_BYTES, read_form};
-use crate::jobs::{json_body, new_job, submission, validate_chat_request};
+use crate::jobs::{json_body, new_job, submission};
+use crate::requests::validate_chat_request;
 
 /// The deployment the bodies are checked against: one OpenAI model behind a route, an
 /// Anthropic one, small bulk and body limits so that the fuzzers reach them.
@@ -185,7 +186,7 @@ fn single_job(body: &[u8], header: Option<&HeaderValue>) {
                     .is_none_or(|m| m.is_object() && m.to_string().len() <= 16 * 1024)
             );
             assert!(job.deadline > now() && !job.stream);
-            assert!(routing::resolve(config(), &job.model).is_some());
+            assert!(routing::resolve(config(), &job.model, job.endpoint).is_ok());
             assert!(job.estimated_input_tokens >= 0 && job.estimated_output_tokens >= 1);
             assert!(
                 first_nul(&job.request).is_none()
@@ -259,6 +260,7 @@ fn batch(body: &[u8]) {
     let checked = json_body(Ok(Bytes::copy_from_slice(body))).and_then(|v| check_create(v, limits));
     let Checked {
         req,
+        endpoint,
         window,
         output_expires_secs,
         class,
@@ -275,6 +277,7 @@ fn batch(body: &[u8]) {
             || output_expires_secs == limits.output_expires_secs as i64
     );
     assert_ne!(class, tollgate::model::JobClass::Interactive);
+    assert!(tollgate::vocab::Endpoint::all().contains(&endpoint));
     assert!(req.metadata.as_ref().is_none_or(|m| {
         m.len() <= 16
             && m.iter()

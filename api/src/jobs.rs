@@ -1,7 +1,7 @@
 //! The jobs API: submit (`POST /v1/jobs`), read with optional long-poll
 //! (`GET /v1/jobs/{id}?wait=`), list with cursor paging (`GET /v1/jobs`), cancel
-//! (`POST /v1/jobs/{id}/cancel`). Also the pieces the OpenAI-compatible endpoint shares:
-//! validating a chat request, enqueueing it, waiting for a job to finish.
+//! (`POST /v1/jobs/{id}/cancel`). Also the pieces the synchronous endpoints share:
+//! preparing a submission, enqueueing it, waiting for a job to finish.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,9 +19,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 use tollgate::config::Config;
-use tollgate::estimate;
-use tollgate::model::{Job, JobClass, JobId, JobState, NewJob};
-use tollgate::routing;
+use tollgate::model::{Endpoint, Job, JobClass, JobId, JobState, NewJob};
 use tollgate::store::{self, Cancelled, Inserted};
 use tollgate::tenants::Tenant;
 
@@ -30,6 +28,7 @@ use crate::auth::AuthTenant;
 use crate::error::ApiError;
 use crate::openapi as doc;
 use crate::paging;
+use crate::requests;
 
 /// Longest idempotency key accepted.
 const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
@@ -82,95 +81,13 @@ pub(crate) fn refuse_nul(value: &Value, raw: &[u8]) -> Result<(), ApiError> {
     }
 }
 
-/// Checks an OpenAI Chat Completions body enough that a provider will not reject its
-/// shape, and that every field it is charged for can be reserved (`estimate::check`);
-/// returns the requested model.
-pub(crate) fn validate_chat_request(request: &Value, param_prefix: &str) -> Result<String, ApiError> {
-    let p = |name: &str| format!("{param_prefix}{name}");
-    let obj = request.as_object().ok_or_else(|| {
-        ApiError::bad_request(
-            ApiErrorCode::InvalidRequest,
-            "the chat request must be a JSON object",
-        )
-        .with_param(param_prefix.trim_end_matches('.'))
-    })?;
-    let model = match obj.get("model") {
-        Some(Value::String(m)) if !m.is_empty() => m.clone(),
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                ApiErrorCode::InvalidRequest,
-                "`model` must be a non-empty string",
-            )
-            .with_param(p("model")));
-        }
-        None => {
-            return Err(
-                ApiError::bad_request(ApiErrorCode::MissingField, "`model` is required")
-                    .with_param(p("model")),
-            );
-        }
-    };
-    let messages = match obj.get("messages") {
-        Some(Value::Array(m)) if !m.is_empty() => m,
-        Some(Value::Array(_)) => {
-            return Err(
-                ApiError::bad_request(ApiErrorCode::InvalidRequest, "`messages` must not be empty")
-                    .with_param(p("messages")),
-            );
-        }
-        Some(_) => {
-            return Err(
-                ApiError::bad_request(ApiErrorCode::InvalidRequest, "`messages` must be an array")
-                    .with_param(p("messages")),
-            );
-        }
-        None => {
-            return Err(
-                ApiError::bad_request(ApiErrorCode::MissingField, "`messages` is required")
-                    .with_param(p("messages")),
-            );
-        }
-    };
-    for (i, m) in messages.iter().enumerate() {
-        let at = p(&format!("messages[{i}]"));
-        let role = m.get("role").and_then(Value::as_str);
-        if !matches!(role, Some("system" | "developer" | "user" | "assistant" | "tool")) {
-            return Err(ApiError::bad_request(
-                ApiErrorCode::InvalidRequest,
-                "each message needs `role`: system, developer, user, assistant or tool",
-            )
-            .with_param(format!("{at}.role")));
-        }
-        match m.get("content") {
-            Some(Value::String(_) | Value::Array(_) | Value::Null) | None => {}
-            Some(_) => {
-                return Err(ApiError::bad_request(
-                    ApiErrorCode::InvalidRequest,
-                    "message `content` must be a string or an array of parts",
-                )
-                .with_param(format!("{at}.content")));
-            }
-        }
-    }
-    for cap in ["max_tokens", "max_completion_tokens"] {
-        if let Some(v) = obj.get(cap)
-            && v.as_i64().is_none_or(|n| n < 1)
-        {
-            return Err(ApiError::bad_request(
-                ApiErrorCode::InvalidRequest,
-                format!("`{cap}` must be a positive integer"),
-            )
-            .with_param(p(cap)));
-        }
-    }
-    estimate::check(request).map_err(|r| ApiError::bad_request(r.code, r.message).with_param(p(&r.param)))?;
-    Ok(model)
-}
-
 /// What a client may send to `POST /v1/jobs` (and each item of `POST /v1/jobs/bulk`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct SubmitJob {
+    /// What kind of work `request` is; chat completions unless set.
+    #[serde(default)]
+    endpoint: Endpoint,
     request: Value,
     class: Option<JobClass>,
     deadline: Option<DateTime<Utc>>,
@@ -227,6 +144,7 @@ impl SubmitJob {
         }
         Ok(Submission {
             stream: false,
+            endpoint: self.endpoint,
             request: self.request,
             class: self.class.unwrap_or(JobClass::Standard),
             deadline: self.deadline,
@@ -239,6 +157,7 @@ impl SubmitJob {
 
 /// A validated submission, ready to insert.
 pub(crate) struct Submission {
+    pub endpoint: Endpoint,
     pub request: Value,
     /// Streamed to the caller by this process (chat completions with `stream: true`).
     pub stream: bool,
@@ -257,14 +176,7 @@ pub(crate) fn new_job(
     s: Submission,
     now: DateTime<Utc>,
 ) -> Result<NewJob, ApiError> {
-    let model = validate_chat_request(&s.request, "request.")?;
-    let Some(targets) = routing::resolve(config, &model) else {
-        return Err(ApiError::bad_request(
-            ApiErrorCode::UnknownModel,
-            format!("model {model:?} is neither a route alias nor a configured provider/model"),
-        )
-        .with_param("request.model"));
-    };
+    let checked = requests::check(config, s.endpoint, &s.request, "request.")?;
     let default_deadline = config.classes.get(s.class).default_deadline_secs;
     let deadline = s
         .deadline
@@ -280,13 +192,11 @@ pub(crate) fn new_job(
         tenant: tenant.name.clone(),
         class: s.class,
         priority: s.priority,
-        estimated_input_tokens: estimate::route_input_tokens(
-            &s.request,
-            targets.iter().map(|t| t.model.as_str()),
-        ),
-        estimated_output_tokens: estimate::output_tokens(&s.request),
+        endpoint: s.endpoint,
+        estimated_input_tokens: checked.estimated_input_tokens,
+        estimated_output_tokens: checked.estimated_output_tokens,
         request: s.request,
-        model,
+        model: checked.model,
         idempotency_key: s.idempotency_key,
         metadata: s.metadata,
         deadline,
@@ -714,6 +624,7 @@ pub(crate) fn job_view(job: &Job) -> Value {
         "state": job.state,
         "class": job.class,
         "priority": job.priority,
+        "endpoint": job.endpoint,
         "model": job.model,
         "provider": job.provider,
         "provider_model": job.provider_model,

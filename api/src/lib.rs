@@ -5,7 +5,11 @@
 //! - [`openapi`]: `GET /openapi.json`, the document's frame and hand-built bodies' schemas.
 //! - [`jobs`]: submit, read/long-poll, list, cancel; shared validation and enqueueing.
 //! - [`bulk`]: `POST /v1/jobs/bulk`, read item by item off the runtime, inserted at once.
-//! - [`chat`]: `POST /v1/chat/completions`, queued as an interactive job and awaited.
+//! - [`chat`]: `POST /v1/chat/completions` and `POST /v1/embeddings`, queued as
+//!   interactive jobs and awaited.
+//! - `requests`: what each endpoint's request must hold; its model resolved, its tokens
+//!   estimated (every way in checks through it).
+//! - [`models`]: `GET /v1/models`, the names a tenant may put in `model`.
 //! - [`limits`]: the buckets that apply to the caller, and what is left in them.
 //! - [`files`]: OpenAI's Files API (JSONL uploads, output and error files).
 //! - [`batches`]: OpenAI's Batch API: ingest of a JSONL file into jobs, status, cancel.
@@ -43,8 +47,10 @@ pub mod inserts;
 pub mod jobs;
 pub mod limits;
 pub mod metrics;
+pub mod models;
 pub mod openapi;
 pub(crate) mod paging;
+pub(crate) mod requests;
 pub mod serve;
 pub mod status;
 pub mod supervise;
@@ -117,6 +123,10 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(jobs::get))
         .routes(routes!(jobs::cancel))
         .routes(routes!(chat::completions))
+        .routes(routes!(chat::embeddings))
+        .routes(routes!(models::list))
+        .routes(routes!(models::get))
+        .routes(routes!(models::get_qualified))
         .routes(routes!(limits::list))
         .routes({
             // Uploads stream and enforce `batches.max_file_bytes` themselves.

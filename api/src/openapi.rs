@@ -145,7 +145,10 @@ pub struct ErrorDetail {
 #[schema(as = SubmitJob)]
 #[allow(dead_code)] // a description, read by utoipa only
 pub struct SubmitJobSchema {
-    /// An OpenAI Chat Completions body; `model` is a route alias or `provider/model`.
+    /// What `request` is: `/v1/chat/completions` (default) or `/v1/embeddings`.
+    endpoint: Option<tollgate::vocab::Endpoint>,
+    /// The endpoint's OpenAI body; `model` is a route alias, `provider/model`, or a model a
+    /// provider lists.
     #[schema(value_type = Object)]
     request: Value,
     /// `interactive` | `standard` (default) | `background` | `batch`.
@@ -208,7 +211,8 @@ pub struct JobSchema {
     state: String,
     class: String,
     priority: i32,
-    /// As requested: a route alias or `provider/model`.
+    endpoint: tollgate::vocab::Endpoint,
+    /// As requested: a route alias, `provider/model`, or a model a provider lists.
     model: String,
     provider: Option<String>,
     provider_model: Option<String>,

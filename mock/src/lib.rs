@@ -231,6 +231,7 @@ impl MockProvider {
     pub fn router(&self) -> Router {
         Router::new()
             .route("/v1/chat/completions", post(openai::chat_completions))
+            .route("/v1/embeddings", post(openai::embeddings))
             .route("/v1/messages", post(anthropic::messages))
             .route("/v1beta/models/{model_action}", post(gemini::generate_content))
             .route(

@@ -1,4 +1,4 @@
-//! `POST /v1/chat/completions` in OpenAI's shape (`docs/PROVIDERS.md` §1.1, §1.2, §1.4):
+//! `POST /v1/chat/completions` and `POST /v1/embeddings` in OpenAI's shape (`docs/PROVIDERS.md` §1.1, §1.2, §1.4):
 //! `Authorization: Bearer` keys, `x-ratelimit-*` headers with Go-style relative
 //! durations, `{"error":{message,type,param,code}}` bodies, 429s of type `requests` /
 //! `tokens` with `retry-after` and `retry-after-ms`, and the non-retryable
@@ -81,54 +81,93 @@ struct Reply<'a> {
     project: Option<usize>,
 }
 
-const RATE_LIMIT_DOCS: &str = "Visit https://platform.openai.com/account/rate-limits to learn more.";
-
-pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request) -> Response {
-    let inner = &*p.inner;
-    let in_flight = inner.totals.begin();
-    let mut reply = Reply {
-        inner,
-        started: Instant::now(),
-        request_id: format!("req_{}", hex_id(32)),
-        project: None,
-    };
-    let (parts, body) = req.into_parts();
-
-    let key = parts
-        .headers
+/// The key of an `Authorization: Bearer` header, if it holds one.
+pub(super) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim)
-        .filter(|k| !k.is_empty());
-    let Some(key) = key else {
-        return reply.unauthorized(
-            "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or as the password field (with blank username) if you're accessing the API from your browser and are prompted for a username and password. You can obtain an API key from https://platform.openai.com/account/api-keys.",
-            None,
-        );
-    };
-    let project = match inner.lookup(ProviderKind::Openai, key) {
-        KeyLookup::Valid(idx) => idx,
-        KeyLookup::Revoked | KeyLookup::Unknown => {
-            let msg = format!(
-                "Incorrect API key provided: {}. You can find your API key at https://platform.openai.com/account/api-keys.",
-                redact(key)
-            );
-            return reply.unauthorized(&msg, Some("invalid_api_key"));
-        }
-    };
-    reply.project = Some(project);
+        .filter(|k| !k.is_empty())
+}
 
-    let Ok(bytes) = to_bytes(body, MAX_BODY_BYTES).await else {
-        return reply.bad_request("The request body could not be read.");
+const RATE_LIMIT_DOCS: &str = "Visit https://platform.openai.com/account/rate-limits to learn more.";
+
+impl<'a> Reply<'a> {
+    fn new(inner: &'a Inner) -> Self {
+        Reply {
+            inner,
+            started: Instant::now(),
+            request_id: format!("req_{}", hex_id(32)),
+            project: None,
+        }
+    }
+
+    /// The project of the request's bearer key (set on the reply) and the body, or the
+    /// answer OpenAI sends (401, or 400 for a body that cannot be read).
+    async fn open(&mut self, req: Request) -> Result<(usize, axum::body::Bytes), Box<Response>> {
+        let (parts, body) = req.into_parts();
+        let project = self.authenticate(&parts.headers)?;
+        match to_bytes(body, MAX_BODY_BYTES).await {
+            Ok(bytes) => Ok((project, bytes)),
+            Err(_) => Err(Box::new(self.bad_request("The request body could not be read."))),
+        }
+    }
+
+    /// The project of the request's bearer key (set on the reply), or the 401 OpenAI sends.
+    fn authenticate(&mut self, headers: &HeaderMap) -> Result<usize, Box<Response>> {
+        let Some(key) = bearer(headers) else {
+            return Err(Box::new(self.unauthorized(
+                "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or as the password field (with blank username) if you're accessing the API from your browser and are prompted for a username and password. You can obtain an API key from https://platform.openai.com/account/api-keys.",
+                None,
+            )));
+        };
+        match self.inner.lookup(ProviderKind::Openai, key) {
+            KeyLookup::Valid(project) => {
+                self.project = Some(project);
+                Ok(project)
+            }
+            KeyLookup::Revoked | KeyLookup::Unknown => {
+                let msg = format!(
+                    "Incorrect API key provided: {}. You can find your API key at https://platform.openai.com/account/api-keys.",
+                    redact(key)
+                );
+                Err(Box::new(self.unauthorized(&msg, Some("invalid_api_key"))))
+            }
+        }
+    }
+
+    /// OpenAI's 400 for a body that is not JSON.
+    fn not_json(&self) -> Response {
+        self.bad_request(
+            "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The OpenAI API expects a JSON payload, but what was sent was not valid JSON. If you have trouble figuring out how to fix this, please contact us through our help center at help.openai.com.)",
+        )
+    }
+
+    /// OpenAI's 404 for a model the project may not use.
+    fn model_not_found(&self, model: &str) -> Response {
+        let msg = format!("The model `{model}` does not exist or you do not have access to it.");
+        self.error(
+            StatusCode::NOT_FOUND,
+            &msg,
+            "invalid_request_error",
+            Some("model_not_found"),
+            &self.inner.totals.not_found,
+        )
+    }
+}
+
+pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request) -> Response {
+    let inner = &*p.inner;
+    let in_flight = inner.totals.begin();
+    let mut reply = Reply::new(inner);
+    let (project, bytes) = match reply.open(req).await {
+        Ok(opened) => opened,
+        Err(refused) => return *refused,
     };
     let req: ChatRequest = match serde_json::from_slice(&bytes) {
         Ok(r) => r,
-        Err(e) if e.is_syntax() || e.is_eof() => {
-            return reply.bad_request(
-                "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The OpenAI API expects a JSON payload, but what was sent was not valid JSON. If you have trouble figuring out how to fix this, please contact us through our help center at help.openai.com.)",
-            );
-        }
+        Err(e) if e.is_syntax() || e.is_eof() => return reply.not_json(),
         Err(e) => return reply.bad_request(&format!("Invalid request body: {e}")),
     };
     let Some(model) = req.model.as_deref().filter(|m| !m.is_empty()) else {
@@ -149,14 +188,7 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
         Err(message) => return reply.bad_request(&message),
     };
     if !inner.model_allowed(project, model) {
-        let msg = format!("The model `{model}` does not exist or you do not have access to it.");
-        return reply.error(
-            StatusCode::NOT_FOUND,
-            &msg,
-            "invalid_request_error",
-            Some("model_not_found"),
-            &inner.totals.not_found,
-        );
+        return reply.model_not_found(model);
     }
     let injected = inner.fault_or_inject(project);
     if let Some(status) = injected.status {
@@ -181,6 +213,128 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
     })
     .await;
     super::faults::after(injected.fault, resp).await
+}
+
+/// Most inputs one embeddings request may hold.
+const MAX_EMBEDDING_INPUTS: usize = 2048;
+/// Dimensions of a mock embedding when the request names none (real models have 1536 or
+/// more; tests need few).
+const DEFAULT_DIMENSIONS: u64 = 8;
+
+/// `POST /v1/embeddings`: each input counted (strings a token per started four characters,
+/// token ids one each) and charged against TPM alone — embeddings produce no output —
+/// then answered with one vector per input, as floats or, with `encoding_format:
+/// "base64"` (what the OpenAI SDK asks for by default), as base64 of little-endian f32s.
+pub(super) async fn embeddings(State(p): State<MockProvider>, req: Request) -> Response {
+    let inner = &*p.inner;
+    let _in_flight = inner.totals.begin();
+    let mut reply = Reply::new(inner);
+    let (project, bytes) = match reply.open(req).await {
+        Ok(opened) => opened,
+        Err(refused) => return *refused,
+    };
+    let Ok(body) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        return reply.not_json();
+    };
+    let Some(model) = body
+        .get("model")
+        .and_then(|m| m.as_str())
+        .filter(|m| !m.is_empty())
+    else {
+        return reply.bad_request("you must provide a model parameter");
+    };
+    let Some(input) = body.get("input") else {
+        return reply.bad_request("'input' is a required property");
+    };
+    let Some(inputs) = embedding_inputs(input) else {
+        return reply.bad_request(
+            "'$.input' is invalid. Please check the API reference: https://platform.openai.com/docs/api-reference.",
+        );
+    };
+    let base64 = match body.get("encoding_format").and_then(|f| f.as_str()) {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return reply.bad_request(&format!(
+                "Invalid value for 'encoding_format': '{other}'. Supported values are: 'float' and 'base64'."
+            ));
+        }
+    };
+    let dimensions = match body.get("dimensions") {
+        None => DEFAULT_DIMENSIONS,
+        Some(d) => match d.as_u64().filter(|d| (1..=4096).contains(d)) {
+            Some(d) => d,
+            None => return reply.bad_request("Invalid value for 'dimensions': must be a positive integer."),
+        },
+    };
+    if !inner.model_allowed(project, model) {
+        return reply.model_not_found(model);
+    }
+    let injected = inner.fault_or_inject(project);
+    if let Some(status) = injected.status {
+        return reply.fault(status);
+    }
+    if let Some(resp) = super::faults::before(inner, injected.fault).await {
+        return resp;
+    }
+    let tokens: u64 = inputs.iter().sum();
+    let charge = Charge {
+        tokens,
+        input: tokens,
+        output: 0,
+    };
+    let view = match inner.admit(project, charge, tokens, 0) {
+        Admission::Admitted(view) => view,
+        Admission::Denied(denial, view) => return reply.rate_limited(model, &denial, &view),
+    };
+    drop(inner.generate(project, &view, 0, 0).await);
+    let data: Vec<serde_json::Value> = (0..inputs.len())
+        .map(|index| {
+            let vector: Vec<f32> = (0..dimensions)
+                .map(|d| ((index as u64 + 1) * (d + 1) % 97) as f32 / 97.0)
+                .collect();
+            let embedding = if base64 {
+                use base64::Engine;
+                let bytes: Vec<u8> = vector.iter().flat_map(|v| v.to_le_bytes()).collect();
+                serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                serde_json::json!(vector)
+            };
+            serde_json::json!({"object": "embedding", "index": index, "embedding": embedding})
+        })
+        .collect();
+    let answer = serde_json::json!({
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    });
+    super::stats::bump(&inner.totals.succeeded);
+    let resp = reply.json(StatusCode::OK, &answer, Some(&view));
+    super::faults::after(injected.fault, resp).await
+}
+
+/// The tokens of each input of an embeddings `input`, or `None` when it is not one of the
+/// shapes OpenAI takes: a non-empty string, 1 to 2048 non-empty strings, token ids, or
+/// non-empty arrays of token ids.
+fn embedding_inputs(input: &serde_json::Value) -> Option<Vec<u64>> {
+    use serde_json::Value;
+    let text = |s: &str| (!s.is_empty()).then(|| (s.chars().count() as u64).div_ceil(4));
+    let ids = |v: &[Value]| (!v.is_empty() && v.iter().all(Value::is_u64)).then_some(v.len() as u64);
+    match input {
+        Value::String(s) => Some(vec![text(s)?]),
+        Value::Array(items) if items.is_empty() || items.len() > MAX_EMBEDDING_INPUTS => None,
+        Value::Array(items) if items.iter().all(Value::is_number) => Some(vec![ids(items)?]),
+        Value::Array(items) => items
+            .iter()
+            .map(|item| match item {
+                Value::String(s) => text(s),
+                Value::Array(v) => ids(v),
+                _ => None,
+            })
+            .collect(),
+        _ => None,
+    }
 }
 
 /// A checked Chat Completions request, ready for admission.

@@ -31,13 +31,7 @@ fn error(status: StatusCode, message: &str, code: Option<&str>) -> Response {
 /// The project of the request's bearer key, or the 401 to answer.
 /// The request's project, or the error to answer (boxed: a response is large).
 fn project(inner: &Inner, headers: &HeaderMap) -> Result<usize, Box<Response>> {
-    let key = headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-        .filter(|k| !k.is_empty());
-    match key.map(|k| inner.lookup(ProviderKind::Openai, k)) {
+    match super::openai::bearer(headers).map(|k| inner.lookup(ProviderKind::Openai, k)) {
         Some(KeyLookup::Valid(p)) => Ok(p),
         Some(_) => Err(Box::new(error(
             StatusCode::UNAUTHORIZED,

@@ -105,8 +105,11 @@ impl Planner<'_> {
     /// (`unknown_model`).
     pub fn plan(&self, job: Candidate, now: DateTime<Utc>) -> Result<Plan, Box<Failed>> {
         let config = self.config;
-        let Some(targets) = routing::resolve(config, &job.model) else {
-            let message = format!("model {:?} is no longer configured", job.model);
+        let Ok(targets) = routing::resolve(config, &job.model, job.endpoint) else {
+            let message = format!(
+                "model {:?} is no longer configured for {}",
+                job.model, job.endpoint
+            );
             return Err(Box::new(Failed {
                 job,
                 verdict: Verdict::UnknownModel,

@@ -10,6 +10,7 @@ use uuid::Uuid;
 use super::*;
 use crate::config::{Config, ProviderKind};
 use crate::vocab::Dimension;
+use crate::vocab::Endpoint;
 
 fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2030, 1, 1, 0, 0, 0).unwrap()
@@ -17,6 +18,7 @@ fn t0() -> DateTime<Utc> {
 
 fn candidate(n: u128, tenant: &str, class: JobClass) -> Candidate {
     Candidate {
+        endpoint: Endpoint::ChatCompletions,
         id: JobId(Uuid::from_u128(n)),
         tenant: tenant.to_owned(),
         class,

@@ -16,7 +16,7 @@ use super::buckets::{Settlement, reservation, settle};
 use super::jobs::notify_done;
 use crate::batches::BatchRow;
 use crate::model::{JobClass, JobId, JobState};
-use crate::vocab::BatchStatus;
+use crate::vocab::{BatchStatus, Endpoint};
 
 /// `sqlx::query_as!` of [`BatchRow`]s: the statement is `$head`, the batch's columns, then
 /// `$tail`.
@@ -25,7 +25,7 @@ macro_rules! query_batches {
         sqlx::query_as!(
             BatchRow,
             $head
-                + r#" id, tenant, endpoint, input_file_id, completion_window, status, class AS "class: JobClass",
+                + r#" id, tenant, endpoint AS "endpoint: Endpoint", input_file_id, completion_window, status, class AS "class: JobClass",
                       output_file_id, error_file_id, metadata, errors, total, rejected, completed, failed, usage,
                       output_expires_secs, created_at, in_progress_at, expires_at, finalizing_at, completed_at,
                       failed_at, expired_at, cancelling_at, cancelled_at "#
@@ -42,7 +42,7 @@ pub async fn insert_batch(ex: impl PgExecutor<'_>, b: &BatchRow) -> Result<()> {
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
         &b.id,
         &b.tenant,
-        &b.endpoint,
+        b.endpoint as Endpoint,
         &b.input_file_id,
         &b.completion_window,
         &b.status,
@@ -97,8 +97,8 @@ pub async fn insert_batch_jobs(
     Ok(sqlx::query!(
         "INSERT INTO jobs (id, tenant, class, priority, request, model, deadline, not_before, max_attempts,
                            estimated_input_tokens, estimated_output_tokens, created_at,
-                           batch_id, custom_id, batch_line)
-         SELECT t.id, $1, $2, 0, t.request, t.model, $3, $4, $5, t.ein, t.eout, $4, $6, t.custom_id, t.line
+                           batch_id, custom_id, batch_line, endpoint)
+         SELECT t.id, $1, $2, 0, t.request, t.model, $3, $4, $5, t.ein, t.eout, $4, $6, t.custom_id, t.line, $14
          FROM unnest($7::uuid[], $8::jsonb[], $9::text[], $10::int[], $11::int[], $12::text[], $13::int[])
              AS t(id, request, model, ein, eout, custom_id, line)",
         &batch.tenant,
@@ -114,6 +114,7 @@ pub async fn insert_batch_jobs(
         &jobs.estimated_output_tokens,
         &jobs.custom_ids,
         &jobs.lines,
+        batch.endpoint as Endpoint,
     )
     .execute(ex)
     .await?

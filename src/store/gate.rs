@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor};
 
 use super::{CHANNEL_JOBS_READY, Result};
-use crate::model::{JobClass, JobId};
+use crate::model::{Endpoint, JobClass, JobId};
 
 /// The (class, tenant) pairs with queued work: a loose index scan over `jobs_gate`, one
 /// probe per pair, however many jobs are queued.
@@ -32,6 +32,7 @@ pub struct Candidate {
     pub tenant: String,
     pub class: JobClass,
     pub priority: i32,
+    pub endpoint: Endpoint,
     pub model: String,
     pub deadline: DateTime<Utc>,
     pub created_at: DateTime<Utc>,
@@ -54,6 +55,7 @@ impl Candidate {
             tenant: job.tenant.clone(),
             class: job.class,
             priority: job.priority,
+            endpoint: job.endpoint,
             model: job.model.clone(),
             deadline: job.deadline,
             created_at: job.created_at,
@@ -91,13 +93,13 @@ pub async fn candidates(
     Ok(sqlx::query_as!(
         Candidate,
         r#"SELECT j.id AS "id!: JobId", j.tenant AS "tenant!", j.class AS "class!: JobClass",
-                  j.priority AS "priority!", j.model AS "model!", j.deadline AS "deadline!",
+                  j.priority AS "priority!", j.endpoint AS "endpoint!: Endpoint", j.model AS "model!", j.deadline AS "deadline!",
                   j.created_at AS "created_at!", j.estimated_input_tokens AS "estimated_input_tokens!",
                   j.estimated_output_tokens AS "estimated_output_tokens!", j.admission, j.failed_targets,
                   j.dispatch_via, j.stream AS "stream!"
            FROM unnest($1::job_class[], $2::text[]) AS q(class, tenant),
            LATERAL (
-               SELECT id, tenant, class, priority, model, deadline, created_at,
+               SELECT id, tenant, class, priority, endpoint, model, deadline, created_at,
                       estimated_input_tokens, estimated_output_tokens, admission, failed_targets, dispatch_via,
                       stream
                FROM jobs

@@ -8,7 +8,7 @@ use super::buckets::{BucketArrays, Reservation, Settlement, reservation, save_bu
 use super::{CHANNEL_GATE, CHANNEL_JOB_DONE, Result};
 use crate::attempt::{Call, End, Holder, Outcome, Pause, Served};
 use crate::model::{Job, JobClass, JobId, JobState, NewJob, Usage};
-use crate::vocab::ReasonCode;
+use crate::vocab::{Endpoint, ReasonCode};
 
 /// The outcome of an insert with an idempotency key.
 #[derive(Debug)]
@@ -20,8 +20,8 @@ pub enum Inserted {
 }
 
 /// `sqlx::query_scalar!` of the `INSERT` of a new job, `$with` before it (a `WITH` clause,
-/// or nothing), with `$columns` and their `$values` added: $1–$14 are `$job`'s fields,
-/// `$arg`s bind from $15. Only the id comes back: the new row is exactly what was sent, so
+/// or nothing), with `$columns` and their `$values` added: $1–$15 are `$job`'s fields,
+/// `$arg`s bind from $16. Only the id comes back: the new row is exactly what was sent, so
 /// it is not read (and its request body not decoded) again.
 macro_rules! insert_job_query {
     ($with:expr, $columns:expr, $values:expr, $job:expr $(, $arg:expr)* $(,)?) => {
@@ -29,9 +29,9 @@ macro_rules! insert_job_query {
             $with
                 + "INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
                                      deadline, not_before, max_attempts, estimated_input_tokens,
-                                     estimated_output_tokens, created_at, stream"
+                                     estimated_output_tokens, created_at, stream, endpoint"
                 + $columns
-                + ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $10, $14"
+                + ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $10, $14, $15"
                 + $values
                 + ") ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
                    RETURNING id AS \"id: JobId\"",
@@ -48,7 +48,8 @@ macro_rules! insert_job_query {
             $job.max_attempts,
             $job.estimated_input_tokens,
             $job.estimated_output_tokens,
-            $job.stream
+            $job.stream,
+            $job.endpoint as crate::vocab::Endpoint
             $(, $arg)*
         )
     };
@@ -103,10 +104,10 @@ pub async fn insert_started_job(
     let inserted = save_buckets_query!(insert_job_query!(
         "WITH saved AS (",
         ") ",
-        ["$23", "$24", "$25", "$26", "$27", "$28"],
+        ["$24", "$25", "$26", "$27", "$28", "$29"],
         ", state, attempt, lease_owner, lease_expires_at, started_at, admitted_at, provider, provider_model,
            provider_key, reserved_buckets, reserved_amounts",
-        ", 'running', 1, $15, now() + make_interval(secs => $16), $17, $17, $18, $19, $20, $21, $22",
+        ", 'running', 1, $16, now() + make_interval(secs => $17), $18, $18, $19, $20, $21, $22, $23",
         job,
         starter.owner,
         starter.lease.as_secs_f64(),
@@ -173,17 +174,18 @@ pub async fn insert_jobs(
     let deadlines: Vec<DateTime<Utc>> = jobs.iter().map(|j| j.deadline).collect();
     let created: Vec<DateTime<Utc>> = jobs.iter().map(|j| j.created_at).collect();
     let streams: Vec<bool> = jobs.iter().map(|j| j.stream).collect();
+    let endpoints: Vec<Endpoint> = jobs.iter().map(|j| j.endpoint).collect();
     let inserted = sqlx::query_scalar!(
         r#"INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
                            deadline, not_before, max_attempts, estimated_input_tokens,
-                           estimated_output_tokens, created_at, stream)
+                           estimated_output_tokens, created_at, stream, endpoint)
          SELECT id, tenant, class, priority, request::jsonb, model, key, metadata, deadline, created_at, attempts,
-                ein, eout, created_at, stream
+                ein, eout, created_at, stream, endpoint
          FROM unnest($1::uuid[], $2::text[], $3::job_class[], $4::int[], $5::text[], $6::text[], $7::text[],
                      $8::jsonb[], $9::timestamptz[], $10::timestamptz[], $11::int[], $12::int[], $13::int[],
-                     $14::bool[])
+                     $14::bool[], $15::text[])
              AS t(id, tenant, class, priority, request, model, key, metadata, deadline, created_at, attempts, ein,
-                  eout, stream)
+                  eout, stream, endpoint)
          ORDER BY tenant, key
          ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
          RETURNING id AS "id: JobId""#,
@@ -201,6 +203,7 @@ pub async fn insert_jobs(
         &col(|j| j.estimated_input_tokens),
         &col(|j| j.estimated_output_tokens),
         &streams,
+        &endpoints as &[Endpoint],
     )
     .fetch_all(&mut *conn)
     .await?;

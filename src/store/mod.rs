@@ -52,7 +52,7 @@ macro_rules! query_jobs {
             $crate::model::Job,
             $head
                 + " j.id AS \"id: _\", j.tenant, j.class AS \"class: _\", j.priority, j.state AS \"state: _\",
-                    j.request, j.model, j.idempotency_key, j.metadata, j.deadline, j.not_before, j.attempt,
+                    j.endpoint AS \"endpoint: _\", j.request, j.model, j.idempotency_key, j.metadata, j.deadline, j.not_before, j.attempt,
                     j.max_attempts, j.lease_owner, j.lease_expires_at, j.provider, j.provider_model,
                     j.provider_request_id, j.estimated_input_tokens, j.estimated_output_tokens, j.usage,
                     j.result, j.error_code, j.error_message, j.created_at, j.started_at, j.finished_at,

@@ -459,7 +459,7 @@ async fn limits_and_bad_batches_get_clear_4xx() {
     let (_, file) = upload(http, &app.api, ACME, line("a", "fast", "x").as_bytes()).await;
     let file_id = file["id"].as_str().unwrap();
     for (change, code) in [
-        (json!({"endpoint": "/v1/embeddings"}), "unsupported_endpoint"),
+        (json!({"endpoint": "/v1/audio/speech"}), "unsupported_endpoint"),
         (json!({"completion_window": "24h"}), "invalid_completion_window"),
         (json!({"completion_window": "soon"}), "invalid_completion_window"),
         (json!({"input_file_id": "file-nope"}), "not_found"),

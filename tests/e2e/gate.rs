@@ -17,7 +17,13 @@ use tollgate_workers::gate::Gate;
 use crate::harness::{ACME, GLOBEX, TestApp, TestOptions, eventually, job, mock_config};
 
 /// Submits `n` jobs built by `body(i)` with `clients` requests in flight, spread over `apis`.
-async fn flood(app: &TestApp, apis: &[String], key: &str, n: usize, body: impl Fn(usize) -> Value) -> usize {
+pub(crate) async fn flood(
+    app: &TestApp,
+    apis: &[String],
+    key: &str,
+    n: usize,
+    body: impl Fn(usize) -> Value,
+) -> usize {
     let bodies: Vec<(String, Value)> = (0..n).map(|i| (apis[i % apis.len()].clone(), body(i))).collect();
     futures::stream::iter(bodies)
         .map(|(api, b)| {
@@ -42,7 +48,7 @@ async fn flood(app: &TestApp, apis: &[String], key: &str, n: usize, body: impl F
 /// (tenant, admitted_at, estimated input tokens, estimated output tokens)
 type Admitted = (String, DateTime<Utc>, i32, i32);
 
-async fn wait_all_finished(app: &TestApp, expected: i64, secs: u64) {
+pub(crate) async fn wait_all_finished(app: &TestApp, expected: i64, secs: u64) {
     let pool = app.db.pool.clone();
     eventually(secs, "every job to finish", || {
         let pool = pool.clone();
@@ -1073,6 +1079,7 @@ fn interactive_arrival(tenant: &str, content: &str, now: DateTime<Utc>) -> tollg
         tenant: tenant.to_owned(),
         class: tollgate::vocab::JobClass::Interactive,
         priority: 0,
+        endpoint: tollgate::vocab::Endpoint::ChatCompletions,
         request: json!({"model": "oai/gpt-4o-mini", "messages": [{"role": "user", "content": content}], "max_tokens": 5}),
         model: "oai/gpt-4o-mini".to_owned(),
         idempotency_key: None,

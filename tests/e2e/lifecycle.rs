@@ -391,11 +391,12 @@ async fn revoked_key_fails_the_job_with_a_reason() {
         .unwrap(),
     )
     .unwrap();
-    let target = tollgate::routing::resolve(&app.config, "oai/gpt-4o-mini")
+    let chat = tollgate::vocab::Endpoint::ChatCompletions;
+    let target = tollgate::routing::resolve(&app.config, "oai/gpt-4o-mini", chat)
         .unwrap()
         .remove(0);
     let outcome = providers
-        .call(&target, &job("oai/gpt-4o-mini", "x")["request"])
+        .call(&target, chat, &job("oai/gpt-4o-mini", "x")["request"])
         .await;
     let failure = outcome.result.unwrap_err();
     assert_eq!(failure.code.as_str(), "upstream_auth_failed");

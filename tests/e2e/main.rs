@@ -19,6 +19,8 @@
 //!   nothing stuck, deadlines kept, buckets full again.
 //! - [`chaos`]: ten SIGKILLs of `tollgate serve` mid-run, and a PostgreSQL restart under
 //!   it: every job finished once, every webhook event delivered.
+//! - [`endpoints`]: embeddings (synchronous, queued, refused where no target serves them,
+//!   under TPM on three processes), the model list, bare provider model names.
 //! - [`edge`]: the HTTP edge against unfair clients: slow headers, idle and surplus
 //!   connections, key guessing, `/metrics` without an admin key, U+0000 in and out.
 //! - [`security`]: hostile input limits, the auth matrix over every endpoint, provider
@@ -48,6 +50,7 @@ mod clock;
 mod dashboard;
 mod durability;
 mod edge;
+mod endpoints;
 mod faults;
 mod gate;
 mod harness;

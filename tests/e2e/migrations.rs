@@ -55,6 +55,17 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
         .unwrap()
         .unwrap();
     assert_eq!(job.provider_batch_id.as_deref(), Some("pb_fixture"));
+    assert_eq!(
+        job.endpoint,
+        tollgate::vocab::Endpoint::ChatCompletions,
+        "a job from before 0008 is chat"
+    );
+    let embeddings: JobId = "0190a000-0000-7000-8000-000000000008".parse().unwrap();
+    let job = tollgate::store::get_job(&db.pool, "acme", embeddings)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(job.endpoint, tollgate::vocab::Endpoint::Embeddings);
     let open = tollgate::store::batch_has_open_jobs(&db.pool, "batch_0190a000000070008000000000000004").await;
     assert!(open.unwrap(), "the batch's line is the queued job");
     let batch = tollgate::store::get_batch(&db.pool, "acme", "batch_0190a000000070008000000000000004")

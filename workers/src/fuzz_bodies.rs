@@ -15,7 +15,7 @@ use tollgate::attempt::MAX_USAGE_TOKENS;
 use tollgate::config::Config;
 use tollgate::model::Usage;
 use tollgate::retry::Failure;
-use tollgate::vocab::ReasonCode;
+use tollgate::vocab::{Endpoint, ReasonCode};
 
 use crate::providers::batch_api::{LineResult, jsonl};
 use crate::providers::sse::{SseEvent, SseParser};
@@ -102,7 +102,7 @@ pub fn provider_responses(data: &[u8]) {
         assert_failure(&api.classify_error(status, &HeaderMap::new(), body));
         return;
     }
-    let success = match api.parse_success(body, model) {
+    let success = match api.parse_success(body, Endpoint::ChatCompletions, model) {
         Ok(success) => success,
         Err(reason) => {
             assert!(!reason.is_empty());
@@ -278,7 +278,10 @@ mod tests {
             let data = seed("provider_responses", name);
             let (api, model) = &adapters()[usize::from(data[0] % 4)];
             assert_eq!(
-                api.parse_success(&data[1..], model).unwrap().usage.input_tokens,
+                api.parse_success(&data[1..], Endpoint::ChatCompletions, model)
+                    .unwrap()
+                    .usage
+                    .input_tokens,
                 input,
                 "{name}"
             );

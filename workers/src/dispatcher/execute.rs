@@ -111,9 +111,12 @@ impl Dispatcher {
         let price = provider.and_then(|p| p.price_for(&target.model));
         // What the provider counted against its token limit when the request started: the
         // cap it was sent, for every choice.
-        let charged_output = provider
-            .filter(|p| p.charges_max_tokens)
-            .map(|_| f64::from(tollgate::estimate::output_tokens(&job.request)));
+        let charged_output = provider.filter(|p| p.charges_max_tokens).map(|_| {
+            f64::from(tollgate::estimate::endpoint_output_tokens(
+                job.endpoint,
+                &job.request,
+            ))
+        });
         Settlement {
             charged_output,
             usage,
@@ -132,9 +135,11 @@ impl Dispatcher {
     async fn execute_in_span(&self, job: Job, via: Via, stop: CancellationToken) {
         let inner = &self.inner;
         let holder = self.holder(&job);
-        let target = self
-            .target(&job)
-            .or_else(|| routing::resolve(&inner.config, &job.model).and_then(|t| t.into_iter().next()));
+        let target = self.target(&job).or_else(|| {
+            routing::resolve(&inner.config, &job.model, job.endpoint)
+                .ok()
+                .and_then(|t| t.into_iter().next())
+        });
         let Some(target) = target else {
             let message = format!("model {:?} is no longer configured", job.model);
             let end = End::failed(ReasonCode::UnknownModel, message);
@@ -192,7 +197,7 @@ impl Dispatcher {
             }
         }
         let called = tokio::select! {
-            called = inner.providers.call(&target, &job.request) => called,
+            called = inner.providers.call(&target, job.endpoint, &job.request) => called,
             _ = stop.cancelled() => {
                 // The request may have reached the provider: settled as sent.
                 let settlement = self.settlement(&job, &target, None);
@@ -293,7 +298,7 @@ impl Dispatcher {
         settlement: Settlement,
         now: chrono::DateTime<Utc>,
     ) -> Outcome {
-        let route = routing::resolve(&self.inner.config, &job.model).unwrap_or_default();
+        let route = routing::resolve(&self.inner.config, &job.model, job.endpoint).unwrap_or_default();
         let failed = FailedCall {
             failure,
             provider: &served.provider,

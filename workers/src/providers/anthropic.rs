@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 use tollgate::config::ProviderConfig;
 use tollgate::model::Usage;
 use tollgate::retry::Failure;
-use tollgate::vocab::ReasonCode;
+use tollgate::vocab::{Endpoint, ReasonCode};
 
 use super::batch_api::{BatchApi, LineResult, Status, Upload, failed};
 use super::openai::{content_text, stop_sequences};
@@ -38,7 +38,7 @@ impl Anthropic {
 }
 
 impl ProviderApi for Anthropic {
-    fn url(&self, _model: &str, _mode: Mode) -> String {
+    fn url(&self, _model: &str, _endpoint: Endpoint, _mode: Mode) -> String {
         format!("{}/v1/messages", self.base_url)
     }
 
@@ -48,7 +48,7 @@ impl ProviderApi for Anthropic {
             .header("anthropic-version", &self.version)
     }
 
-    fn body(&self, model: &str, request: &Value, mode: Mode) -> Value {
+    fn body(&self, model: &str, _endpoint: Endpoint, request: &Value, mode: Mode) -> Value {
         let mut body = translate_request(model, request);
         if mode == Mode::Stream
             && let Some(obj) = body.as_object_mut()
@@ -58,7 +58,7 @@ impl ProviderApi for Anthropic {
         body
     }
 
-    fn parse_success(&self, body: &[u8], _model: &str) -> Result<Success, String> {
+    fn parse_success(&self, body: &[u8], _endpoint: Endpoint, _model: &str) -> Result<Success, String> {
         parse_success(body)
     }
 
@@ -410,6 +410,7 @@ mod tests {
                     &reqwest::Client::new(),
                     &SecretString::from("ak-test"),
                     "claude-x",
+                    Endpoint::ChatCompletions,
                     &r,
                     mode,
                 )

@@ -1,4 +1,4 @@
-//! Azure OpenAI: `POST {base_url}/openai/deployments/{deployment}/chat/completions
+//! Azure OpenAI: `POST {base_url}/openai/deployments/{deployment}/{chat/completions,embeddings}
 //! ?api-version={azure_api_version}` with an `api-key` header. The target's model names
 //! the deployment. Bodies, responses and stream chunks are OpenAI's, so only the URL and
 //! the auth header live here; the rest is [`super::openai`]'s. Azure's rate-limit
@@ -9,6 +9,7 @@ use reqwest::RequestBuilder;
 use secrecy::{ExposeSecret, SecretString};
 use serde_json::Value;
 use tollgate::config::{ProviderConfig, ProviderKind};
+use tollgate::vocab::Endpoint;
 
 use super::streaming::StreamEvents;
 use super::{Mode, ProviderApi, Success, openai};
@@ -30,10 +31,11 @@ impl Azure {
 }
 
 impl ProviderApi for Azure {
-    fn url(&self, deployment: &str, _mode: Mode) -> String {
+    fn url(&self, deployment: &str, endpoint: Endpoint, _mode: Mode) -> String {
         let mut url = format!(
-            "{}/openai/deployments/{deployment}/chat/completions",
-            self.base_url
+            "{}/openai/deployments/{deployment}/{}",
+            self.base_url,
+            openai::path(endpoint)
         );
         url.push_str("?api-version=");
         url.extend(url::form_urlencoded::byte_serialize(self.api_version.as_bytes()));
@@ -44,12 +46,18 @@ impl ProviderApi for Azure {
         request.header("api-key", key.expose_secret())
     }
 
-    fn body(&self, deployment: &str, request: &Value, mode: Mode) -> Value {
-        openai::body(deployment, request, mode, openai::cap_field(ProviderKind::Azure))
+    fn body(&self, deployment: &str, endpoint: Endpoint, request: &Value, mode: Mode) -> Value {
+        openai::body(
+            deployment,
+            endpoint,
+            request,
+            mode,
+            openai::cap_field(ProviderKind::Azure),
+        )
     }
 
-    fn parse_success(&self, body: &[u8], _model: &str) -> Result<Success, String> {
-        openai::parse_success(body)
+    fn parse_success(&self, body: &[u8], endpoint: Endpoint, _model: &str) -> Result<Success, String> {
+        openai::parse_success(body, endpoint)
     }
 
     fn stream_events(&self) -> Option<Box<dyn StreamEvents>> {
@@ -78,7 +86,14 @@ mod tests {
             json!({"model": "fast", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
         for mode in [Mode::Whole, Mode::Stream] {
             let req = adapter()
-                .request(&http, &key, "gpt-4o-deploy", &request, mode)
+                .request(
+                    &http,
+                    &key,
+                    "gpt-4o-deploy",
+                    Endpoint::ChatCompletions,
+                    &request,
+                    mode,
+                )
                 .build()
                 .unwrap();
             assert_eq!(
@@ -99,7 +114,9 @@ mod tests {
     #[test]
     fn reads_openai_answers() {
         let ok = br#"{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":4,"completion_tokens":1,"total_tokens":5}}"#;
-        let s = adapter().parse_success(ok, "gpt-4o-deploy").unwrap();
+        let s = adapter()
+            .parse_success(ok, Endpoint::ChatCompletions, "gpt-4o-deploy")
+            .unwrap();
         assert_eq!((s.usage.input_tokens, s.usage.output_tokens), (4, 1));
         let headers = reqwest::header::HeaderMap::new();
         let limited = br#"{"error":{"code":"429","message":"Requests to the ChatCompletions_Create Operation under Azure OpenAI API version 2024-10-21 have exceeded token rate limit of your current OpenAI S0 pricing tier. Please retry after 6 seconds."}}"#;

@@ -13,6 +13,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Map, Value, json};
 use tollgate::config::ProviderConfig;
 use tollgate::model::Usage;
+use tollgate::vocab::Endpoint;
 
 use super::openai::{content_text, stop_sequences};
 use super::streaming::StreamEvents;
@@ -34,7 +35,7 @@ impl Gemini {
 impl ProviderApi for Gemini {
     /// `generateContent` for both modes: a stream is refused before it is built, as
     /// [`Gemini::stream_events`] has no translator.
-    fn url(&self, model: &str, _mode: Mode) -> String {
+    fn url(&self, model: &str, _endpoint: Endpoint, _mode: Mode) -> String {
         format!("{}/v1beta/models/{model}:generateContent", self.base_url)
     }
 
@@ -42,11 +43,11 @@ impl ProviderApi for Gemini {
         request.header("x-goog-api-key", key.expose_secret())
     }
 
-    fn body(&self, _model: &str, request: &Value, _mode: Mode) -> Value {
+    fn body(&self, _model: &str, _endpoint: Endpoint, request: &Value, _mode: Mode) -> Value {
         translate_request(request)
     }
 
-    fn parse_success(&self, body: &[u8], model: &str) -> Result<Success, String> {
+    fn parse_success(&self, body: &[u8], _endpoint: Endpoint, model: &str) -> Result<Success, String> {
         parse_success(body, model)
     }
 
@@ -198,6 +199,7 @@ mod tests {
                 &reqwest::Client::new(),
                 &SecretString::from("g-key"),
                 "gemini-2.0-flash",
+                Endpoint::ChatCompletions,
                 &r,
                 Mode::Whole,
             )

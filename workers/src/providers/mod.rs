@@ -51,8 +51,8 @@ use tollgate::model::Usage;
 use tollgate::ratelimit::{self, Signals};
 use tollgate::retry::{Failure, FailureClass, classify_response};
 use tollgate::routing::Target;
-use tollgate::vocab::Dialect;
 use tollgate::vocab::ReasonCode;
+use tollgate::vocab::{Dialect, Endpoint};
 
 use batch_api::BatchApi;
 use streaming::StreamEvents;
@@ -69,20 +69,23 @@ pub enum Mode {
 /// do no I/O — the send path in this module does — so the adapters are tested without
 /// HTTP, on literal bodies.
 pub trait ProviderApi: Send + Sync {
-    /// The URL a chat call served by `model` is posted to.
-    fn url(&self, model: &str, mode: Mode) -> String;
+    /// The URL a call of `endpoint` served by `model` is posted to. An adapter is given
+    /// only the endpoints its provider kind serves (`ProviderKind::serves`: routing keeps
+    /// the others from it); streams are chat only.
+    fn url(&self, model: &str, endpoint: Endpoint, mode: Mode) -> String;
 
     /// Adds the key, and any header the API requires on every request, to `request`.
     /// Batch API requests are authorized the same way.
     fn authorize(&self, request: RequestBuilder, key: &SecretString) -> RequestBuilder;
 
-    /// The provider's body for the OpenAI-format `request` served by `model`.
-    fn body(&self, model: &str, request: &Value, mode: Mode) -> Value;
+    /// The provider's body for the OpenAI-format `request` of `endpoint` served by `model`.
+    fn body(&self, model: &str, endpoint: Endpoint, request: &Value, mode: Mode) -> Value;
 
-    /// A 2xx body as an OpenAI chat completion with its usage; `Err` (why) when the body is
-    /// not an answer. A body without usage comes back without `usage`, so that the send
-    /// path settles it with the estimate instead of zeros.
-    fn parse_success(&self, body: &[u8], model: &str) -> Result<Success, String>;
+    /// A 2xx body as OpenAI's answer of `endpoint` (a chat completion, an embeddings list)
+    /// with its usage; `Err` (why) when the body is not an answer. A body without usage
+    /// comes back without `usage`, so that the send path settles it with the estimate
+    /// instead of zeros.
+    fn parse_success(&self, body: &[u8], endpoint: Endpoint, model: &str) -> Result<Success, String>;
 
     /// A fresh translator of this provider's stream events into OpenAI chunks; `None`
     /// when tollgate does not stream from this provider.
@@ -121,17 +124,18 @@ pub trait ProviderApi: Send + Sync {
         None
     }
 
-    /// The request of one chat call: URL, auth and body together.
+    /// The request of one call: URL, auth and body together.
     fn request(
         &self,
         http: &reqwest::Client,
         key: &SecretString,
         model: &str,
+        endpoint: Endpoint,
         request: &Value,
         mode: Mode,
     ) -> RequestBuilder {
-        self.authorize(http.post(self.url(model, mode)), key)
-            .json(&self.body(model, request, mode))
+        self.authorize(http.post(self.url(model, endpoint, mode)), key)
+            .json(&self.body(model, endpoint, request, mode))
     }
 }
 
@@ -245,10 +249,11 @@ impl Providers {
         self.by_name.get(name)
     }
 
-    /// Sends `request` (OpenAI chat format) to `target` with the provider's next key.
-    pub async fn call(&self, target: &Target, request: &Value) -> CallOutcome {
+    /// Sends `request` (the OpenAI format of `endpoint`) to `target` with the provider's
+    /// next key.
+    pub async fn call(&self, target: &Target, endpoint: Endpoint, request: &Value) -> CallOutcome {
         match self.client(target) {
-            Ok(client) => client.call(&self.http, target, request).await,
+            Ok(client) => client.call(&self.http, target, endpoint, request).await,
             Err(unknown) => CallOutcome::refused(unknown),
         }
     }
@@ -331,11 +336,14 @@ impl ProviderClient {
         &self,
         http: &reqwest::Client,
         target: &Target,
+        endpoint: Endpoint,
         request: &Value,
         mode: Mode,
     ) -> Result<Answered, CallOutcome> {
         let key = self.pick_key(target);
-        let mut builder = self.api.request(http, &key.secret, &target.model, request, mode);
+        let mut builder = self
+            .api
+            .request(http, &key.secret, &target.model, endpoint, request, mode);
         if mode == Mode::Stream {
             builder = builder.header(ACCEPT, "text/event-stream");
         }
@@ -376,12 +384,18 @@ impl ProviderClient {
         })
     }
 
-    async fn call(&self, http: &reqwest::Client, target: &Target, request: &Value) -> CallOutcome {
+    async fn call(
+        &self,
+        http: &reqwest::Client,
+        target: &Target,
+        endpoint: Endpoint,
+        request: &Value,
+    ) -> CallOutcome {
         let Answered {
             response,
             headers,
             mut outcome,
-        } = match self.send(http, target, request, Mode::Whole).await {
+        } = match self.send(http, target, endpoint, request, Mode::Whole).await {
             Ok(answered) => answered,
             Err(outcome) => return outcome,
         };
@@ -397,8 +411,8 @@ impl ProviderClient {
         let model = target.model.as_str();
         outcome.result = self
             .api
-            .parse_success(&body, model)
-            .map(|s| self.with_usage(s, model, request))
+            .parse_success(&body, endpoint, model)
+            .map(|s| self.with_usage(s, model, endpoint, request))
             .map_err(|reason| Failure::bad_response(reason, status));
         outcome
     }
@@ -408,12 +422,16 @@ impl ProviderClient {
     /// each choice —
     /// so its reservation is kept whole rather than refunded as if nothing was used; the
     /// result says so in `usage.tollgate_estimated`.
-    fn with_usage(&self, mut success: Success, model: &str, request: &Value) -> Success {
+    fn with_usage(&self, mut success: Success, model: &str, endpoint: Endpoint, request: &Value) -> Success {
         if success.body.get("usage").is_some_and(Value::is_object) {
             return success;
         }
-        let input = i64::from(tollgate::estimate::input_tokens(request, Some(model)));
-        let output = i64::from(tollgate::estimate::output_tokens(request));
+        let input = i64::from(tollgate::estimate::endpoint_input_tokens(
+            endpoint,
+            request,
+            [model],
+        ));
+        let output = i64::from(tollgate::estimate::endpoint_output_tokens(endpoint, request));
         tracing::warn!(provider = %self.name, model, "provider answered without usage; settling with the estimate");
         tollgate::metrics::usage_missing(&self.name, model);
         success.usage = Usage {
@@ -555,6 +573,7 @@ mod tests {
         let max = MAX_USAGE_TOKENS;
         let oai = openai::parse_success(
             br#"{"choices":[],"usage":{"prompt_tokens":-5,"completion_tokens":18446744073709551615}}"#,
+            Endpoint::ChatCompletions,
         )
         .unwrap();
         assert_eq!((oai.usage.input_tokens, oai.usage.output_tokens), (0, max));
@@ -644,7 +663,7 @@ mod tests {
             let api = adapter(p);
             for request in &requests {
                 for mode in [Mode::Whole, Mode::Stream] {
-                    let body = api.body(&p.models[0], request, mode);
+                    let body = api.body(&p.models[0], Endpoint::ChatCompletions, request, mode);
                     let sent = sent_cap(p.kind, &body);
                     assert_eq!(sent, Some(estimate::output_cap(request)), "{}: {request}", p.name);
                     assert_eq!(
@@ -660,7 +679,7 @@ mod tests {
         let bare = &requests[0];
         let field_of = |name: &str| {
             let p = config.provider(name).unwrap();
-            let body = adapter(p).body(&p.models[0], bare, Mode::Whole);
+            let body = adapter(p).body(&p.models[0], Endpoint::ChatCompletions, bare, Mode::Whole);
             ["max_completion_tokens", "max_tokens"]
                 .into_iter()
                 .filter(|k| body.get(*k).is_some())

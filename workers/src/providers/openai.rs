@@ -1,8 +1,9 @@
-//! OpenAI Chat Completions, and every OpenAI-compatible server (Groq, Mistral, Together,
-//! DeepSeek, vLLM, Ollama): `POST {base_url}/chat/completions` with bearer auth. The
-//! client's request is already in this format, and so are the answers and stream chunks:
-//! only the model is set, an output cap added where the request has none (the one the
-//! gate reserved: `tollgate::estimate::output_cap`), and usage read out. Also the OpenAI
+//! OpenAI Chat Completions and Embeddings, and every OpenAI-compatible server (Groq,
+//! Mistral, Together, DeepSeek, vLLM, Ollama): `POST {base_url}/chat/completions` or
+//! `{base_url}/embeddings` with bearer auth. The client's request is already in this
+//! format, and so are the answers and stream chunks: only the model is set, a chat request
+//! given an output cap where it has none (the one the gate reserved:
+//! `tollgate::estimate::output_cap`), and usage read out. Also the OpenAI
 //! request readers the translating adapters share ([`content_text`], [`stop_sequences`]),
 //! and OpenAI's batch API: the lines uploaded as a JSONL file (`POST {base_url}/files`), then
 //! `POST {base_url}/batches`; results in the batch's output and error files.
@@ -16,7 +17,7 @@ use tollgate::config::{ProviderConfig, ProviderKind};
 use tollgate::estimate;
 use tollgate::model::Usage;
 use tollgate::retry::Failure;
-use tollgate::vocab::ReasonCode;
+use tollgate::vocab::{Endpoint, ReasonCode};
 
 use super::batch_api::{BatchApi, LineResult, Status, Upload, failed};
 use super::sse::SseEvent;
@@ -50,20 +51,20 @@ pub(super) fn cap_field(kind: ProviderKind) -> &'static str {
 }
 
 impl ProviderApi for OpenAi {
-    fn url(&self, _model: &str, _mode: Mode) -> String {
-        format!("{}/chat/completions", self.base_url)
+    fn url(&self, _model: &str, endpoint: Endpoint, _mode: Mode) -> String {
+        format!("{}/{}", self.base_url, path(endpoint))
     }
 
     fn authorize(&self, request: RequestBuilder, key: &SecretString) -> RequestBuilder {
         request.bearer_auth(key.expose_secret())
     }
 
-    fn body(&self, model: &str, request: &Value, mode: Mode) -> Value {
-        body(model, request, mode, self.cap_field)
+    fn body(&self, model: &str, endpoint: Endpoint, request: &Value, mode: Mode) -> Value {
+        body(model, endpoint, request, mode, self.cap_field)
     }
 
-    fn parse_success(&self, body: &[u8], _model: &str) -> Result<Success, String> {
-        parse_success(body)
+    fn parse_success(&self, body: &[u8], endpoint: Endpoint, _model: &str) -> Result<Success, String> {
+        parse_success(body, endpoint)
     }
 
     fn stream_events(&self) -> Option<Box<dyn StreamEvents>> {
@@ -75,15 +76,26 @@ impl ProviderApi for OpenAi {
     }
 }
 
-/// The client's request with the target's model, and in `cap_field` the output cap the
-/// gate reserved when the request sets none, so the provider cannot generate more. A whole
-/// call has the streaming fields removed; a stream has `stream: true` and
-/// `stream_options.include_usage: true` (other stream options kept), so that usage arrives
-/// in the last chunk.
-pub(super) fn body(model: &str, request: &Value, mode: Mode, cap_field: &str) -> Value {
+/// An endpoint's path below the API root (`{base_url}/…`, an Azure deployment's URL).
+pub(super) fn path(endpoint: Endpoint) -> &'static str {
+    match endpoint {
+        Endpoint::ChatCompletions => "chat/completions",
+        Endpoint::Embeddings => "embeddings",
+    }
+}
+
+/// The client's request with the target's model. A chat request also gets, in
+/// `cap_field`, the output cap the gate reserved when the request sets none, so the
+/// provider cannot generate more; a whole call has the streaming fields removed; a stream
+/// has `stream: true` and `stream_options.include_usage: true` (other stream options kept),
+/// so that usage arrives in the last chunk.
+pub(super) fn body(model: &str, endpoint: Endpoint, request: &Value, mode: Mode, cap_field: &str) -> Value {
     let mut body = request.clone();
     if let Some(obj) = body.as_object_mut() {
         obj.insert("model".to_owned(), Value::String(model.to_owned()));
+        if endpoint == Endpoint::Embeddings {
+            return body;
+        }
         if !["max_completion_tokens", "max_tokens"]
             .iter()
             .any(|k| obj.get(*k).is_some_and(Value::is_i64))
@@ -108,12 +120,17 @@ pub(super) fn body(model: &str, request: &Value, mode: Mode, cap_field: &str) ->
     body
 }
 
-/// The body is already in the format clients expect; only usage is read out.
-pub(super) fn parse_success(body: &[u8]) -> Result<Success, String> {
+/// The body is already in the format clients expect; only usage is read out (an
+/// embeddings list reports input only).
+pub(super) fn parse_success(body: &[u8], endpoint: Endpoint) -> Result<Success, String> {
     let body: Value = serde_json::from_slice(body)
         .map_err(|e| format!("provider answered 2xx with a body that is not JSON: {e}"))?;
-    if body.get("choices").is_none() {
-        return Err("provider answered 2xx without `choices`".to_owned());
+    let answer = match endpoint {
+        Endpoint::ChatCompletions => "choices",
+        Endpoint::Embeddings => "data",
+    };
+    if body.get(answer).is_none() {
+        return Err(format!("provider answered 2xx without `{answer}`"));
     }
     let usage = body.get("usage").cloned().unwrap_or(Value::Null);
     let usage = Usage {
@@ -213,7 +230,7 @@ impl BatchApi for OpenAi {
         let mut jsonl = Vec::new();
         for (id, r) in lines {
             let line = json!({"custom_id": id, "method": "POST", "url": "/v1/chat/completions",
-                              "body": body(model, r, Mode::Whole, self.cap_field)});
+                              "body": body(model, Endpoint::ChatCompletions, r, Mode::Whole, self.cap_field)});
             jsonl.extend_from_slice(line.to_string().as_bytes());
             jsonl.push(b'\n');
         }
@@ -311,13 +328,15 @@ fn line_result(line: &Value) -> LineResult {
         .and_then(|r| r.get("status_code"))
         .and_then(Value::as_u64);
     match (response, code) {
-        (Some(resp), Some(200)) => match parse_success(resp["body"].to_string().as_bytes()) {
-            Ok(success) => LineResult::Succeeded {
-                success,
-                request_id: resp.get("request_id").and_then(Value::as_str).map(str::to_owned),
-            },
-            Err(message) => failed(ReasonCode::ProviderBadResponse, message),
-        },
+        (Some(resp), Some(200)) => {
+            match parse_success(resp["body"].to_string().as_bytes(), Endpoint::ChatCompletions) {
+                Ok(success) => LineResult::Succeeded {
+                    success,
+                    request_id: resp.get("request_id").and_then(Value::as_str).map(str::to_owned),
+                },
+                Err(message) => failed(ReasonCode::ProviderBadResponse, message),
+            }
+        }
         (Some(resp), code) => {
             let message = resp["body"]["error"]["message"]
                 .as_str()
@@ -356,11 +375,16 @@ mod tests {
     }
 
     fn built(mode: Mode, request: &Value) -> reqwest::Request {
+        built_for(Endpoint::ChatCompletions, mode, request)
+    }
+
+    fn built_for(endpoint: Endpoint, mode: Mode, request: &Value) -> reqwest::Request {
         adapter()
             .request(
                 &reqwest::Client::new(),
                 &SecretString::from("sk-test"),
                 "gpt-4o-mini",
+                endpoint,
                 request,
                 mode,
             )
@@ -412,6 +436,7 @@ mod tests {
         assert!(own.get("max_completion_tokens").is_none());
         let compatible = body(
             "llama",
+            Endpoint::ChatCompletions,
             &r,
             Mode::Whole,
             cap_field(ProviderKind::OpenaiCompatible),
@@ -425,7 +450,7 @@ mod tests {
     #[test]
     fn reads_usage_and_rejects_non_chat_bodies() {
         let ok = br#"{"id":"c","object":"chat.completion","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15,"prompt_tokens_details":{"cached_tokens":4}}}"#;
-        let s = parse_success(ok).unwrap();
+        let s = parse_success(ok, Endpoint::ChatCompletions).unwrap();
         assert_eq!(
             s.usage,
             Usage {
@@ -434,8 +459,23 @@ mod tests {
                 cached_tokens: 4
             }
         );
-        assert!(parse_success(b"not json").is_err());
-        assert!(parse_success(b"{}").is_err());
+        assert!(parse_success(b"not json", Endpoint::ChatCompletions).is_err());
+        assert!(parse_success(b"{}", Endpoint::ChatCompletions).is_err());
+    }
+
+    #[test]
+    fn embeddings_go_to_their_path_as_sent_and_report_input_only() {
+        let r = json!({"model": "embed", "input": ["a", "b"], "dimensions": 8});
+        let req = built_for(Endpoint::Embeddings, Mode::Whole, &r);
+        assert_eq!(req.url().as_str(), "https://api.openai.com/v1/embeddings");
+        let mut expected = r.clone();
+        expected["model"] = json!("gpt-4o-mini");
+        assert_eq!(body_of(&req), expected, "no output cap, nothing else added");
+        let ok = br#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1]}],"model":"m","usage":{"prompt_tokens":7,"total_tokens":7}}"#;
+        let s = parse_success(ok, Endpoint::Embeddings).unwrap();
+        assert_eq!((s.usage.input_tokens, s.usage.output_tokens), (7, 0));
+        let chat = br#"{"choices":[],"usage":{"prompt_tokens":1}}"#;
+        assert!(parse_success(chat, Endpoint::Embeddings).is_err(), "no `data`");
     }
 
     #[test]

@@ -29,7 +29,7 @@ use serde_json::Value;
 use tollgate::model::Usage;
 use tollgate::retry::{Failure, FailureClass, classify_response};
 use tollgate::routing::Target;
-use tollgate::vocab::ReasonCode;
+use tollgate::vocab::{Endpoint, ReasonCode};
 
 use super::sse::{SseEvent, SseParser};
 use super::{Answered, CallOutcome, Mode, Providers, send_failure};
@@ -344,7 +344,15 @@ impl Providers {
             response,
             headers,
             mut outcome,
-        } = client.send(&self.http, target, request, Mode::Stream).await?;
+        } = client
+            .send(
+                &self.http,
+                target,
+                Endpoint::ChatCompletions,
+                request,
+                Mode::Stream,
+            )
+            .await?;
         let status = response.status().as_u16();
         let content_type = headers
             .get(CONTENT_TYPE)

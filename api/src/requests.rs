@@ -1,0 +1,308 @@
+//! What each endpoint's request must hold before it becomes a job: its shape checked enough
+//! that a provider will not reject it for that, every field it is charged for reservable
+//! (`estimate::check`), its model resolved to targets that serve the endpoint, and its
+//! tokens estimated. One place for every way in (`POST /v1/jobs`, a bulk's items, a batch's
+//! lines, the synchronous endpoints), so all of them refuse the same requests with the
+//! same reason codes.
+
+use serde_json::{Map, Value};
+use tollgate::config::Config;
+use tollgate::estimate;
+use tollgate::routing::{self, Unresolved};
+use tollgate::vocab::{ApiErrorCode, Endpoint};
+
+use crate::error::ApiError;
+
+/// Most inputs one embeddings request may hold (OpenAI's documented maximum).
+pub(crate) const MAX_EMBEDDING_INPUTS: usize = 2048;
+
+/// A request checked for its endpoint: the model asked for, and what the gate reserves
+/// (for the largest of the targets that may serve it).
+#[derive(Debug)]
+pub(crate) struct Checked {
+    pub model: String,
+    pub estimated_input_tokens: i32,
+    pub estimated_output_tokens: i32,
+}
+
+/// Checks `request` as a body of `endpoint` and resolves its model. `param_prefix` is
+/// where the request sits in what the client sent (`request.`, `body.`, or nothing), so
+/// that `param` points at the field.
+pub(crate) fn check(
+    config: &Config,
+    endpoint: Endpoint,
+    request: &Value,
+    param_prefix: &str,
+) -> Result<Checked, ApiError> {
+    let model = match endpoint {
+        Endpoint::ChatCompletions => validate_chat_request(request, param_prefix)?,
+        Endpoint::Embeddings => validate_embeddings_request(request, param_prefix)?,
+    };
+    let targets = routing::resolve(config, &model, endpoint).map_err(|why| {
+        let message = match why {
+            Unresolved::UnknownModel => format!(
+                "model {model:?} is neither a route alias, a configured provider/model, nor a model a provider lists"
+            ),
+            Unresolved::EndpointNotServed => {
+                format!("no target of model {model:?} is a provider that serves {endpoint}")
+            }
+        };
+        let code = match why {
+            Unresolved::UnknownModel => ApiErrorCode::UnknownModel,
+            Unresolved::EndpointNotServed => ApiErrorCode::EndpointNotServed,
+        };
+        ApiError::bad_request(code, message).with_param(format!("{param_prefix}model"))
+    })?;
+    let models = targets.iter().map(|t| t.model.as_str());
+    Ok(Checked {
+        estimated_input_tokens: estimate::endpoint_input_tokens(endpoint, request, models),
+        estimated_output_tokens: estimate::endpoint_output_tokens(endpoint, request),
+        model,
+    })
+}
+
+/// The request as an object, and its `model`.
+fn object_and_model<'a>(
+    request: &'a Value,
+    param_prefix: &str,
+    what: &str,
+) -> Result<(&'a Map<String, Value>, String), ApiError> {
+    let obj = request.as_object().ok_or_else(|| {
+        ApiError::bad_request(
+            ApiErrorCode::InvalidRequest,
+            format!("the {what} request must be a JSON object"),
+        )
+        .with_param(param_prefix.trim_end_matches('.'))
+    })?;
+    let p = |name: &str| format!("{param_prefix}{name}");
+    match obj.get("model") {
+        Some(Value::String(m)) if !m.is_empty() => Ok((obj, m.clone())),
+        Some(_) => Err(ApiError::bad_request(
+            ApiErrorCode::InvalidRequest,
+            "`model` must be a non-empty string",
+        )
+        .with_param(p("model"))),
+        None => Err(
+            ApiError::bad_request(ApiErrorCode::MissingField, "`model` is required").with_param(p("model")),
+        ),
+    }
+}
+
+/// Checks an OpenAI Chat Completions body enough that a provider will not reject its
+/// shape, and that every field it is charged for can be reserved (`estimate::check`);
+/// returns the requested model.
+pub(crate) fn validate_chat_request(request: &Value, param_prefix: &str) -> Result<String, ApiError> {
+    let p = |name: &str| format!("{param_prefix}{name}");
+    let (obj, model) = object_and_model(request, param_prefix, "chat")?;
+    let messages = match obj.get("messages") {
+        Some(Value::Array(m)) if !m.is_empty() => m,
+        Some(Value::Array(_)) => {
+            return Err(
+                ApiError::bad_request(ApiErrorCode::InvalidRequest, "`messages` must not be empty")
+                    .with_param(p("messages")),
+            );
+        }
+        Some(_) => {
+            return Err(
+                ApiError::bad_request(ApiErrorCode::InvalidRequest, "`messages` must be an array")
+                    .with_param(p("messages")),
+            );
+        }
+        None => {
+            return Err(
+                ApiError::bad_request(ApiErrorCode::MissingField, "`messages` is required")
+                    .with_param(p("messages")),
+            );
+        }
+    };
+    for (i, m) in messages.iter().enumerate() {
+        let at = p(&format!("messages[{i}]"));
+        let role = m.get("role").and_then(Value::as_str);
+        if !matches!(role, Some("system" | "developer" | "user" | "assistant" | "tool")) {
+            return Err(ApiError::bad_request(
+                ApiErrorCode::InvalidRequest,
+                "each message needs `role`: system, developer, user, assistant or tool",
+            )
+            .with_param(format!("{at}.role")));
+        }
+        match m.get("content") {
+            Some(Value::String(_) | Value::Array(_) | Value::Null) | None => {}
+            Some(_) => {
+                return Err(ApiError::bad_request(
+                    ApiErrorCode::InvalidRequest,
+                    "message `content` must be a string or an array of parts",
+                )
+                .with_param(format!("{at}.content")));
+            }
+        }
+    }
+    for cap in ["max_tokens", "max_completion_tokens"] {
+        if let Some(v) = obj.get(cap)
+            && v.as_i64().is_none_or(|n| n < 1)
+        {
+            return Err(ApiError::bad_request(
+                ApiErrorCode::InvalidRequest,
+                format!("`{cap}` must be a positive integer"),
+            )
+            .with_param(p(cap)));
+        }
+    }
+    estimate::check(request).map_err(|r| ApiError::bad_request(r.code, r.message).with_param(p(&r.param)))?;
+    Ok(model)
+}
+
+/// Checks an OpenAI Embeddings body as the API defines it: `input` a non-empty string, an
+/// array of 1 to 2048 non-empty strings, an array of token ids, or an array of non-empty
+/// arrays of token ids; `encoding_format` `float` or `base64`; `dimensions` a positive
+/// integer. Returns the requested model.
+pub(crate) fn validate_embeddings_request(request: &Value, param_prefix: &str) -> Result<String, ApiError> {
+    let p = |name: &str| format!("{param_prefix}{name}");
+    let (obj, model) = object_and_model(request, param_prefix, "embeddings")?;
+    let invalid = |at: String, message: &str| {
+        ApiError::bad_request(ApiErrorCode::InvalidRequest, message).with_param(at)
+    };
+    let is_token = |v: &Value| v.as_u64().is_some_and(|t| t <= u64::from(u32::MAX));
+    match obj.get("input") {
+        None => {
+            return Err(
+                ApiError::bad_request(ApiErrorCode::MissingField, "`input` is required")
+                    .with_param(p("input")),
+            );
+        }
+        Some(Value::String(s)) if s.is_empty() => {
+            return Err(invalid(p("input"), "`input` must not be an empty string"));
+        }
+        Some(Value::String(_)) => {}
+        Some(Value::Array(items)) => {
+            if items.is_empty() || items.len() > MAX_EMBEDDING_INPUTS {
+                return Err(invalid(
+                    p("input"),
+                    "`input` must hold 1 to 2048 inputs (or be one string)",
+                ));
+            }
+            let token_ids = items.iter().all(Value::is_number);
+            for (i, item) in items.iter().enumerate() {
+                let ok = match item {
+                    _ if token_ids => is_token(item),
+                    Value::String(s) => !s.is_empty(),
+                    Value::Array(ids) => !ids.is_empty() && ids.iter().all(is_token),
+                    _ => false,
+                };
+                if !ok {
+                    return Err(invalid(
+                        p(&format!("input[{i}]")),
+                        "each input must be a non-empty string, a token id, or a non-empty array of token ids, all of one kind",
+                    ));
+                }
+            }
+            if !token_ids && items.iter().any(Value::is_string) && items.iter().any(Value::is_array) {
+                return Err(invalid(
+                    p("input"),
+                    "`input` must be all strings or all arrays of token ids",
+                ));
+            }
+        }
+        Some(_) => {
+            return Err(invalid(
+                p("input"),
+                "`input` must be a string, an array of strings, or token ids",
+            ));
+        }
+    }
+    if let Some(format) = obj.get("encoding_format")
+        && !matches!(format.as_str(), Some("float" | "base64"))
+    {
+        return Err(invalid(
+            p("encoding_format"),
+            "`encoding_format` must be \"float\" or \"base64\"",
+        ));
+    }
+    if let Some(d) = obj.get("dimensions")
+        && d.as_i64().is_none_or(|n| n < 1)
+    {
+        return Err(invalid(
+            p("dimensions"),
+            "`dimensions` must be a positive integer",
+        ));
+    }
+    Ok(model)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn refused(request: Value) -> (ApiErrorCode, Option<String>) {
+        let e = validate_embeddings_request(&request, "body.").unwrap_err();
+        (e.code, e.param)
+    }
+
+    #[test]
+    fn embeddings_requests_are_checked_field_by_field() {
+        for ok in [
+            json!({"model": "m", "input": "hello"}),
+            json!({"model": "m", "input": ["a", "b"], "encoding_format": "base64", "dimensions": 8}),
+            json!({"model": "m", "input": [1, 2, 3]}),
+            json!({"model": "m", "input": [[1, 2], [3]]}),
+        ] {
+            assert_eq!(validate_embeddings_request(&ok, "").unwrap(), "m", "{ok}");
+        }
+        let at = |p: &str| Some(format!("body.{p}"));
+        assert_eq!(
+            refused(json!({"input": "x"})),
+            (ApiErrorCode::MissingField, at("model"))
+        );
+        assert_eq!(
+            refused(json!({"model": "m"})),
+            (ApiErrorCode::MissingField, at("input"))
+        );
+        let invalid = ApiErrorCode::InvalidRequest;
+        assert_eq!(
+            refused(json!({"model": "m", "input": ""})),
+            (invalid, at("input"))
+        );
+        assert_eq!(
+            refused(json!({"model": "m", "input": []})),
+            (invalid, at("input"))
+        );
+        assert_eq!(
+            refused(json!({"model": "m", "input": ["a", ""]})),
+            (invalid, at("input[1]"))
+        );
+        assert_eq!(
+            refused(json!({"model": "m", "input": ["a", 3]})),
+            (invalid, at("input[1]"))
+        );
+        assert_eq!(
+            refused(json!({"model": "m", "input": [[1], []]})),
+            (invalid, at("input[1]"))
+        );
+        assert_eq!(
+            refused(json!({"model": "m", "input": [-1]})),
+            (invalid, at("input[0]"))
+        );
+        assert_eq!(
+            refused(json!({"model": "m", "input": ["a", [1]]})),
+            (invalid, at("input"))
+        );
+        assert_eq!(
+            refused(json!({"model": "m", "input": {"a": 1}})),
+            (invalid, at("input"))
+        );
+        let many: Vec<&str> = vec!["x"; MAX_EMBEDDING_INPUTS + 1];
+        assert_eq!(
+            refused(json!({"model": "m", "input": many})),
+            (invalid, at("input"))
+        );
+        assert_eq!(
+            refused(json!({"model": "m", "input": "x", "encoding_format": "int8"})),
+            (invalid, at("encoding_format"))
+        );
+        assert_eq!(
+            refused(json!({"model": "m", "input": "x", "dimensions": 0})),
+            (invalid, at("dimensions"))
+        );
+    }
+}

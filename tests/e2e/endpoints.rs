@@ -1,0 +1,299 @@
+//! Endpoints beside chat: embeddings synchronous and queued, reserved at their input alone,
+//! refused where no target serves them, held under a provider's TPM by three processes;
+//! the model list; bare provider model names.
+
+use serde_json::{Value, json};
+use tollgate_api::broker::Roles;
+
+use crate::gate::{assert_the_provider_saw_every_job_within_its_limits, flood, wait_all_finished};
+use crate::harness::{ACME, GLOBEX, TestApp, TestOptions, mock_config};
+
+/// An `emb` provider (OpenAI kind) serving `text-embedding-3-small` from the mock's
+/// `oai-embed` project, whose key is `sk-embed`.
+const EMBEDDINGS_PROVIDER: &str = r#"
+[[providers]]
+name = "emb"
+kind = "openai"
+base_url = "http://MOCK_ADDR/v1"
+keys = [{ name = "e1", value = "sk-embed" }]
+models = ["text-embedding-3-small"]
+learn_limits = false
+"#;
+
+fn embeddings_mock(tpm: u64) -> tollgate_mock::MockConfig {
+    let mut mock = mock_config();
+    let mut project = mock.projects[0].clone();
+    project.name = "oai-embed".to_owned();
+    project.keys = vec!["sk-embed".to_owned()];
+    project.revoked_keys = Vec::new();
+    project.tpm = tpm;
+    mock.projects.push(project);
+    mock
+}
+
+async fn app_with_embeddings() -> TestApp {
+    TestApp::spawn_with(TestOptions {
+        mock: embeddings_mock(100_000_000),
+        extra_config: EMBEDDINGS_PROVIDER.to_owned(),
+        ..TestOptions::default()
+    })
+    .await
+}
+
+async fn post_raw(app: &TestApp, key: &str, path: &str, body: &Value) -> reqwest::Response {
+    app.http
+        .post(app.url(path))
+        .bearer_auth(key)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn embeddings_are_queued_reserved_at_their_input_and_answered_in_openai_shape() {
+    let app = app_with_embeddings().await;
+    // Synchronous, by the bare model name a provider lists.
+    let body = json!({"model": "text-embedding-3-small", "input": ["abcdefgh", "abcd"], "encoding_format": "float", "dimensions": 4});
+    let answer = post_raw(&app, ACME, "/v1/embeddings", &body).await;
+    assert_eq!(answer.status(), 200);
+    let job_id = answer.headers()["x-tollgate-job-id"].to_str().unwrap().to_owned();
+    let answer: Value = answer.json().await.unwrap();
+    assert_eq!(answer["object"], "list");
+    let data = answer["data"].as_array().unwrap();
+    assert_eq!(data.len(), 2);
+    assert_eq!(data[1]["index"], 1);
+    assert_eq!(data[0]["embedding"].as_array().unwrap().len(), 4);
+    // The mock counts a token per started four characters: 2 + 1.
+    assert_eq!(answer["usage"]["prompt_tokens"], 3);
+
+    let (_, job) = app.get(ACME, &format!("/v1/jobs/{job_id}")).await;
+    assert_eq!(job["endpoint"], "/v1/embeddings");
+    assert_eq!(job["class"], "interactive");
+    assert_eq!(
+        (job["provider"].as_str(), job["provider_model"].as_str()),
+        (Some("emb"), Some("text-embedding-3-small"))
+    );
+    assert_eq!(
+        job["estimate"]["output_tokens"], 0,
+        "embeddings reserve no output"
+    );
+    assert!(job["estimate"]["input_tokens"].as_i64().unwrap() >= 3);
+    assert_eq!(job["usage"]["input_tokens"], 3);
+    assert_eq!(job["usage"]["output_tokens"], 0);
+
+    // Queued through /v1/jobs with its endpoint; the mock charged its TPM the input alone.
+    let before = app.mock.stats().projects["oai-embed"].clone();
+    let queued = json!({"endpoint": "/v1/embeddings", "request": {"model": "emb/text-embedding-3-small", "input": "x".repeat(40)}});
+    let done = app.run_job(ACME, &queued, 30).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["endpoint"], "/v1/embeddings");
+    assert_eq!(done["result"]["data"][0]["object"], "embedding");
+    let after = app.mock.stats().projects["oai-embed"].clone();
+    assert_eq!(after.requests_admitted - before.requests_admitted, 1);
+    assert_eq!(after.input_tokens_admitted - before.input_tokens_admitted, 10);
+    assert_eq!(after.output_tokens_admitted, before.output_tokens_admitted);
+
+    // Chat jobs are what they were: no endpoint is chat.
+    let chat = app.run_job(GLOBEX, &crate::harness::job("fast", "hi"), 30).await;
+    assert_eq!(chat["endpoint"], "/v1/chat/completions");
+    assert_eq!(chat["state"], "succeeded");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_endpoint_no_target_serves_is_refused_up_front_naming_the_model() {
+    let app = app_with_embeddings().await;
+    let refused = |status: u16, code: &str, param: &str, answer: &Value| {
+        assert_eq!(
+            (
+                status,
+                answer["error"]["code"].as_str(),
+                answer["error"]["param"].as_str()
+            ),
+            (400, Some(code), Some(param)),
+            "{answer}"
+        );
+    };
+    // Anthropic has no embeddings API.
+    let to_anthropic = json!({"model": "ant/claude-3-5-haiku-latest", "input": "hello"});
+    let (status, answer) = app.post(ACME, "/v1/embeddings", &to_anthropic).await;
+    refused(status, "endpoint_not_served", "model", &answer);
+    let (status, answer) = app
+        .submit(
+            ACME,
+            &json!({"endpoint": "/v1/embeddings", "request": to_anthropic}),
+        )
+        .await;
+    refused(status, "endpoint_not_served", "request.model", &answer);
+    // An embedding model is no chat model of a route, and an embeddings body no chat body.
+    let (status, answer) = app
+        .post(
+            ACME,
+            "/v1/embeddings",
+            &json!({"model": "text-embedding-3-small", "input": []}),
+        )
+        .await;
+    refused(status, "invalid_request", "input", &answer);
+    let (status, answer) = app
+        .submit(
+            ACME,
+            &json!({"endpoint": "/v1/embeddings", "request": {"model": "fast", "messages": []}}),
+        )
+        .await;
+    refused(status, "missing_field", "request.input", &answer);
+    let (status, answer) = app
+        .post(ACME, "/v1/embeddings", &json!({"model": "nope", "input": "x"}))
+        .await;
+    refused(status, "unknown_model", "model", &answer);
+    let (status, answer) = app
+        .submit(
+            ACME,
+            &json!({"endpoint": "/v1/audio/speech", "request": {"model": "fast"}}),
+        )
+        .await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (400, Some("invalid_request")),
+        "{answer}"
+    );
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/v1/embeddings"),
+        "{answer}"
+    );
+    let stats = app.mock.stats();
+    assert_eq!(stats.requests, 0, "nothing refused reached the provider");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_model_list_names_every_alias_provider_model_and_bare_model_with_what_it_serves() {
+    let app = app_with_embeddings().await;
+    let (status, list) = app.get(ACME, "/v1/models").await;
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(list["object"], "list");
+    let ids: Vec<&str> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "fast",
+            "ant/claude-3-5-haiku-latest",
+            "oai/gpt-4o-mini",
+            "emb/text-embedding-3-small",
+            "claude-3-5-haiku-latest",
+            "gpt-4o-mini",
+            "text-embedding-3-small",
+        ]
+    );
+    let (status, fast) = app.get(ACME, "/v1/models/fast").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        fast,
+        json!({"id": "fast", "object": "model", "created": 0, "owned_by": "tollgate",
+               "endpoints": ["/v1/chat/completions", "/v1/embeddings"], "targets": ["oai/gpt-4o-mini"]})
+    );
+    let (_, claude) = app.get(ACME, "/v1/models/ant/claude-3-5-haiku-latest").await;
+    assert_eq!(claude["owned_by"], "ant");
+    assert_eq!(claude["endpoints"], json!(["/v1/chat/completions"]));
+    let (_, encoded) = app.get(ACME, "/v1/models/emb%2Ftext-embedding-3-small").await;
+    assert_eq!(encoded["id"], "emb/text-embedding-3-small");
+    let (status, missing) = app.get(ACME, "/v1/models/gpt-5").await;
+    assert_eq!(
+        (status, missing["error"]["code"].as_str()),
+        (404, Some("not_found"))
+    );
+    let anonymous = app.http.get(app.url("/v1/models")).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+
+    // A bare provider model name runs unchanged.
+    let done = app
+        .run_job(ACME, &crate::harness::job("gpt-4o-mini", "bare"), 30)
+        .await;
+    assert_eq!(
+        (done["state"].as_str(), done["provider"].as_str()),
+        (Some("succeeded"), Some("oai"))
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn three_processes_hold_embeddings_under_the_providers_tpm() {
+    // 160 jobs of 500 tokens: 80k tokens against 60k a minute, so a third of them wait for
+    // the bucket to refill.
+    const TPM: u64 = 60_000;
+    const JOBS: usize = 160;
+    let app = TestApp::spawn_with(TestOptions {
+        mock: embeddings_mock(TPM),
+        extra_config: format!(
+            "{}[providers.limits.\"text-embedding-3-small\"]\ntpm = {TPM}\n",
+            EMBEDDINGS_PROVIDER.replace("learn_limits = false", "learn_limits = true")
+        ),
+        gate_config: "interactive_reserve = 0.0".into(),
+        roles: Roles::API_ONLY,
+        peers: 3,
+        ..TestOptions::default()
+    })
+    .await;
+    let apis = vec![app.api.clone()];
+    let accepted = flood(&app, &apis, ACME, JOBS, |_| {
+        // 2,000 characters: 500 tokens by the mock's count and the broker's (" the" is
+        // one token in cl100k).
+        let text = "the ".repeat(500);
+        json!({"endpoint": "/v1/embeddings", "request": {"model": "emb/text-embedding-3-small", "input": [text]}})
+    })
+    .await;
+    assert_eq!(accepted, JOBS);
+    let peers = [
+        app.spawn_peer(Roles::ALL).await,
+        app.spawn_peer(Roles::ALL).await,
+        app.spawn_peer(Roles::ALL).await,
+    ];
+    wait_all_finished(&app, JOBS as i64, 120).await;
+    assert_the_provider_saw_every_job_within_its_limits(&app, JOBS, u64::MAX);
+    let project = app.mock.stats().projects["oai-embed"].clone();
+    assert_eq!(project.input_tokens_admitted, 500 * JOBS as u64);
+    assert_eq!(project.output_tokens_admitted, 0);
+    for peer in peers {
+        peer.shutdown().await;
+    }
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn openai_python_sdk_embeds_lists_models_and_batches_embeddings() {
+    let app = app_with_embeddings().await;
+    let base_url = app.url("/v1");
+    let out = crate::python::run_script(
+        "openai_endpoints.py",
+        &[],
+        &[("TOLLGATE_BASE_URL", &base_url), ("TOLLGATE_API_KEY", ACME)],
+    )
+    .await;
+    let summary: Value = serde_json::from_str(out.trim()).expect("the script's JSON summary");
+    let (_, job) = app
+        .get(ACME, &format!("/v1/jobs/{}", summary["job"].as_str().unwrap()))
+        .await;
+    assert_eq!(
+        (job["endpoint"].as_str(), job["state"].as_str()),
+        (Some("/v1/embeddings"), Some("succeeded"))
+    );
+    let (_, batch) = app
+        .get(
+            ACME,
+            &format!("/v1/batches/{}", summary["batch"].as_str().unwrap()),
+        )
+        .await;
+    assert_eq!(
+        (batch["endpoint"].as_str(), batch["status"].as_str()),
+        (Some("/v1/embeddings"), Some("completed"))
+    );
+    app.shutdown().await;
+}
