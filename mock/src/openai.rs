@@ -144,6 +144,26 @@ impl<'a> Reply<'a> {
         )
     }
 
+    /// What comes before a request's admission: the model checked, and a fault drawn —
+    /// one answered now (`Err`), or one to apply to the answer (`faults::after`).
+    async fn before_admission(
+        &self,
+        project: usize,
+        model: &str,
+    ) -> Result<Option<super::faults::Injected>, Box<Response>> {
+        if !self.inner.model_allowed(project, model) {
+            return Err(Box::new(self.model_not_found(model)));
+        }
+        let injected = self.inner.fault_or_inject(project);
+        if let Some(status) = injected.status {
+            return Err(Box::new(self.fault(status)));
+        }
+        match super::faults::before(self.inner, injected.fault).await {
+            Some(answer) => Err(Box::new(answer)),
+            None => Ok(injected.fault),
+        }
+    }
+
     /// OpenAI's 404 for a model the project may not use.
     fn model_not_found(&self, model: &str) -> Response {
         let msg = format!("The model `{model}` does not exist or you do not have access to it.");
@@ -187,16 +207,10 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
         Ok(n) => n,
         Err(message) => return reply.bad_request(&message),
     };
-    if !inner.model_allowed(project, model) {
-        return reply.model_not_found(model);
-    }
-    let injected = inner.fault_or_inject(project);
-    if let Some(status) = injected.status {
-        return reply.fault(status);
-    }
-    if let Some(resp) = super::faults::before(inner, injected.fault).await {
-        return resp;
-    }
+    let fault = match reply.before_admission(project, model).await {
+        Ok(fault) => fault,
+        Err(answer) => return *answer,
+    };
 
     let input = input_tokens(&messages, None);
     let chat = Admit {
@@ -212,7 +226,7 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
         reply.rate_limited(model, d, view)
     })
     .await;
-    super::faults::after(injected.fault, resp).await
+    super::faults::after(fault, resp).await
 }
 
 /// Most inputs one embeddings request may hold.
@@ -267,16 +281,10 @@ pub(super) async fn embeddings(State(p): State<MockProvider>, req: Request) -> R
             None => return reply.bad_request("Invalid value for 'dimensions': must be a positive integer."),
         },
     };
-    if !inner.model_allowed(project, model) {
-        return reply.model_not_found(model);
-    }
-    let injected = inner.fault_or_inject(project);
-    if let Some(status) = injected.status {
-        return reply.fault(status);
-    }
-    if let Some(resp) = super::faults::before(inner, injected.fault).await {
-        return resp;
-    }
+    let fault = match reply.before_admission(project, model).await {
+        Ok(fault) => fault,
+        Err(answer) => return *answer,
+    };
     let tokens: u64 = inputs.iter().sum();
     let charge = Charge {
         tokens,
@@ -311,7 +319,7 @@ pub(super) async fn embeddings(State(p): State<MockProvider>, req: Request) -> R
     });
     super::stats::bump(&inner.totals.succeeded);
     let resp = reply.json(StatusCode::OK, &answer, Some(&view));
-    super::faults::after(injected.fault, resp).await
+    super::faults::after(fault, resp).await
 }
 
 /// The tokens of each input of an embeddings `input`, or `None` when it is not one of the
