@@ -346,11 +346,13 @@ pub enum ProviderKind {
 
 impl ProviderKind {
     /// Whether tollgate sends this provider kind requests of `endpoint`: chat to every
-    /// kind, embeddings to the OpenAI family (Anthropic has no embeddings API).
+    /// kind, embeddings to the OpenAI family (Anthropic has no embeddings API), Anthropic
+    /// Messages to Anthropic, as they are.
     pub fn serves(self, endpoint: Endpoint) -> bool {
         match endpoint {
             Endpoint::ChatCompletions => true,
             Endpoint::Embeddings => matches!(self, Self::Openai | Self::OpenaiCompatible | Self::Azure),
+            Endpoint::Messages => self == Self::Anthropic,
         }
     }
 }

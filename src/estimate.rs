@@ -193,16 +193,58 @@ pub fn endpoint_input_tokens<'a>(
             .map(|m| embedding_input_tokens(request, Some(m)))
             .max()
             .unwrap_or_else(|| embedding_input_tokens(request, None)),
+        Endpoint::Messages => messages_input_tokens(request),
     }
 }
 
-/// Output tokens to reserve for a job of `endpoint`: [`output_tokens`] where it generates
-/// text, none for embeddings.
+/// Most tokens Anthropic bills for one image: larger ones are scaled down to about 1.15
+/// megapixels, which bill about 1,600.
+pub const ANTHROPIC_IMAGE_TOKENS: i64 = 1600;
+
+/// An Anthropic Messages request's input, by the character rule: 3 for priming, per
+/// message 4 plus one per started group of four characters of its text (text blocks,
+/// thinking, tool inputs and results as their JSON), the `system` prompt as one more
+/// message, the tool definitions as JSON, and [`ANTHROPIC_IMAGE_TOKENS`] per image.
+pub fn messages_input_tokens(request: &Value) -> i32 {
+    let quarters = |s: &str| s.chars().count().div_ceil(4) as i64;
+    let mut images = 0i64;
+    let mut content_text = |c: Option<&Value>| -> String {
+        let Some(Value::Array(blocks)) = c else {
+            return c.map(as_text).unwrap_or_default();
+        };
+        blocks
+            .iter()
+            .map(|b| match b.get("type").and_then(Value::as_str) {
+                Some("text") => as_text(b.get("text").unwrap_or(&Value::Null)),
+                Some("thinking") => as_text(b.get("thinking").unwrap_or(&Value::Null)),
+                Some("image") => {
+                    images += 1;
+                    String::new()
+                }
+                _ => b.to_string(),
+            })
+            .collect()
+    };
+    let mut total = 3;
+    for m in messages(request) {
+        total += 4 + quarters(&content_text(m.get("content")));
+    }
+    if let Some(system) = field(request, "system") {
+        total += 4 + quarters(&content_text(Some(system)));
+    }
+    if let Some(tools) = field(request, "tools") {
+        total += quarters(&tools.to_string());
+    }
+    clamp_i32(total.saturating_add(images.saturating_mul(ANTHROPIC_IMAGE_TOKENS)))
+}
+
+/// Output tokens to reserve for a job of `endpoint`: [`output_tokens`] for chat, none for
+/// embeddings, `max_tokens` for Anthropic Messages (required; thinking counts in it).
 pub fn endpoint_output_tokens(endpoint: Endpoint, request: &Value) -> i32 {
-    if endpoint.has_output() {
-        output_tokens(request)
-    } else {
-        0
+    match endpoint {
+        Endpoint::ChatCompletions => output_tokens(request),
+        Endpoint::Embeddings => 0,
+        Endpoint::Messages => clamp_i32(request.get("max_tokens").and_then(Value::as_i64).unwrap_or(0)),
     }
 }
 

@@ -169,9 +169,10 @@ pub enum JobClass {
     Batch,
 }
 
-/// The kind of work a job is: the OpenAI API path its request is for (`jobs.endpoint`,
-/// a batch's `endpoint`, a batch line's `url`). The request is kept in that endpoint's
-/// OpenAI shape; adapters translate it for providers of other shapes.
+/// The kind of work a job is: the API path its request is for (`jobs.endpoint`, a batch's
+/// `endpoint`, a batch line's `url`). The request is kept in that endpoint's shape
+/// (OpenAI's, or Anthropic's for Messages); adapters translate it for providers of other
+/// shapes.
 #[derive(
     Debug,
     Clone,
@@ -197,17 +198,17 @@ pub enum Endpoint {
     #[serde(rename = "/v1/embeddings")]
     #[strum(serialize = "/v1/embeddings")]
     Embeddings,
+    /// Anthropic Messages, kept in Anthropic's shape (the one endpoint that is not
+    /// OpenAI's): `messages` and `max_tokens` in, a message out.
+    #[serde(rename = "/v1/messages")]
+    #[strum(serialize = "/v1/messages")]
+    Messages,
 }
 
 impl Endpoint {
     /// Every endpoint tollgate runs.
     pub fn all() -> &'static [Endpoint] {
         Self::VARIANTS
-    }
-
-    /// Whether its calls produce output tokens (and so reserve them).
-    pub fn has_output(self) -> bool {
-        self == Self::ChatCompletions
     }
 }
 

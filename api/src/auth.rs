@@ -1,4 +1,5 @@
-//! Authentication: `Authorization: Bearer <tenant key>` → the tenant ([`AuthTenant`]), or
+//! Authentication: `Authorization: Bearer <tenant key>` (or `x-api-key: <tenant key>`, as
+//! Anthropic's SDKs send it) → the tenant ([`AuthTenant`]), or
 //! the admin key (`server.admin_key`) → every tenant ([`Viewer`], for what operators
 //! watch). Missing or unknown keys answer 401 with `missing_api_key` / `invalid_api_key`.
 
@@ -73,28 +74,21 @@ fn invalid_key() -> ApiError {
     )
 }
 
-/// The key of `Authorization: Bearer <key>`.
+/// The key of `Authorization: Bearer <key>`, or else of `x-api-key: <key>`.
 pub(crate) fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
-    let value = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                ApiErrorCode::MissingApiKey,
-                "send your tenant API key as `Authorization: Bearer <key>`",
-            )
-        })?;
-    value
-        .strip_prefix("Bearer ")
-        .or_else(|| value.strip_prefix("bearer "))
-        .map(str::trim)
-        .filter(|k| !k.is_empty())
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                ApiErrorCode::MissingApiKey,
-                "the Authorization header must be `Bearer <key>`",
-            )
-        })
+    let missing =
+        |message: &'static str| ApiError::new(StatusCode::UNAUTHORIZED, ApiErrorCode::MissingApiKey, message);
+    let key = match headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        Some(value) => value
+            .strip_prefix("Bearer ")
+            .or_else(|| value.strip_prefix("bearer "))
+            .ok_or_else(|| missing("the Authorization header must be `Bearer <key>`"))?,
+        None => headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default(),
+    };
+    Some(key.trim()).filter(|k| !k.is_empty()).ok_or_else(|| {
+        missing("send your tenant API key as `Authorization: Bearer <key>` or `x-api-key: <key>`")
+    })
 }

@@ -96,7 +96,7 @@ pub(crate) async fn embeddings(
 /// One synchronous call of `endpoint`: the job queued, admitted and run like any other,
 /// the caller answered with its result (or relayed its stream, for a chat request that
 /// asks for one).
-async fn synchronous(
+pub(crate) async fn synchronous(
     state: AppState,
     tenant: Tenant,
     endpoint: Endpoint,

@@ -10,6 +10,7 @@
 //! - `requests`: what each endpoint's request must hold; its model resolved, its tokens
 //!   estimated (every way in checks through it).
 //! - [`models`]: `GET /v1/models`, the names a tenant may put in `model`.
+//! - [`messages`]: Anthropic's `POST /v1/messages` and `count_tokens`, queued and awaited.
 //! - [`limits`]: the buckets that apply to the caller, and what is left in them.
 //! - [`files`]: OpenAI's Files API (JSONL uploads, output and error files).
 //! - [`batches`]: OpenAI's Batch API: ingest of a JSONL file into jobs, status, cancel.
@@ -46,6 +47,7 @@ pub mod guard;
 pub mod inserts;
 pub mod jobs;
 pub mod limits;
+pub mod messages;
 pub mod metrics;
 pub mod models;
 pub mod openapi;
@@ -124,6 +126,17 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(jobs::cancel))
         .routes(routes!(chat::completions))
         .routes(routes!(chat::embeddings))
+        .routes({
+            // Anthropic's SDKs read errors in Anthropic's shape.
+            let (schemas, paths, method) = routes!(messages::create);
+            let errors = axum::middleware::map_response(messages::anthropic_errors);
+            (schemas, paths, method.layer(errors))
+        })
+        .routes({
+            let (schemas, paths, method) = routes!(messages::count_tokens);
+            let errors = axum::middleware::map_response(messages::anthropic_errors);
+            (schemas, paths, method.layer(errors))
+        })
         .routes(routes!(models::list))
         .routes(routes!(models::get))
         .routes(routes!(models::get_qualified))

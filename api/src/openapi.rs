@@ -31,6 +31,7 @@ use tollgate::vocab::{ApiErrorCode, ReasonCode};
     tags(
         (name = "jobs", description = "Queued LLM requests"),
         (name = "openai", description = "The OpenAI-compatible surface"),
+        (name = "anthropic", description = "The Anthropic-compatible surface"),
         (name = "limits", description = "Buckets, queues and status"),
         (name = "operations", description = "Health, metrics, dashboard, this document"),
     )
@@ -145,7 +146,8 @@ pub struct ErrorDetail {
 #[schema(as = SubmitJob)]
 #[allow(dead_code)] // a description, read by utoipa only
 pub struct SubmitJobSchema {
-    /// What `request` is: `/v1/chat/completions` (default) or `/v1/embeddings`.
+    /// What `request` is: `/v1/chat/completions` (default), `/v1/embeddings` or
+    /// `/v1/messages` (an Anthropic Messages body).
     endpoint: Option<tollgate::vocab::Endpoint>,
     /// The endpoint's OpenAI body; `model` is a route alias, `provider/model`, or a model a
     /// provider lists.

@@ -1,7 +1,8 @@
 //! What each endpoint's request must hold before it becomes a job: its shape checked enough
 //! that a provider will not reject it for that, every field it is charged for reservable
-//! (`estimate::check`), its model resolved to targets that serve the endpoint, and its
-//! tokens estimated. One place for every way in (`POST /v1/jobs`, a bulk's items, a batch's
+//! (`estimate::check`), its model resolved to targets that serve the endpoint, every field
+//! expressible to each of them (`providers::unexpressed`: what an adapter cannot translate
+//! is refused, never dropped), and its tokens estimated. One place for every way in (`POST /v1/jobs`, a bulk's items, a batch's
 //! lines, the synchronous endpoints), so all of them refuse the same requests with the
 //! same reason codes.
 
@@ -37,6 +38,7 @@ pub(crate) fn check(
     let model = match endpoint {
         Endpoint::ChatCompletions => validate_chat_request(request, param_prefix)?,
         Endpoint::Embeddings => validate_embeddings_request(request, param_prefix)?,
+        Endpoint::Messages => validate_messages_request(request, param_prefix)?,
     };
     let targets = routing::resolve(config, &model, endpoint).map_err(|why| {
         let message = match why {
@@ -53,6 +55,24 @@ pub(crate) fn check(
         };
         ApiError::bad_request(code, message).with_param(format!("{param_prefix}model"))
     })?;
+    // What a target's adapter cannot translate is refused here, never dropped on the way.
+    let translated = endpoint == Endpoint::ChatCompletions;
+    for target in targets.iter().filter(|_| translated) {
+        let refused = config
+            .provider(&target.provider)
+            .and_then(|p| tollgate_workers::providers::unexpressed(p, request));
+        if let Some(refused) = refused {
+            return Err(ApiError::bad_request(
+                ApiErrorCode::UnsupportedField,
+                format!(
+                    "{} (model {model:?} may be served by {})",
+                    refused.message,
+                    target.label()
+                ),
+            )
+            .with_param(format!("{param_prefix}{}", refused.param)));
+        }
+    }
     let models = targets.iter().map(|t| t.model.as_str());
     Ok(Checked {
         estimated_input_tokens: estimate::endpoint_input_tokens(endpoint, request, models),
@@ -228,6 +248,126 @@ pub(crate) fn validate_embeddings_request(request: &Value, param_prefix: &str) -
     Ok(model)
 }
 
+/// Content block types of Anthropic Messages that tollgate can reserve for.
+const MESSAGE_BLOCKS: [&str; 6] = [
+    "text",
+    "image",
+    "tool_use",
+    "tool_result",
+    "thinking",
+    "redacted_thinking",
+];
+
+/// Checks an Anthropic Messages body as its API defines it: `max_tokens` a positive
+/// integer, `messages` non-empty with roles `user` or `assistant` and content a string or
+/// blocks, `system` a string or text blocks. Refused as `unsupported_field`, since their
+/// cost cannot be reserved: document and other block types, server tools (a tool with a
+/// `type` other than `custom`), `mcp_servers`, `container`. Returns the requested model.
+pub(crate) fn validate_messages_request(request: &Value, param_prefix: &str) -> Result<String, ApiError> {
+    let p = |name: &str| format!("{param_prefix}{name}");
+    let (obj, model) = object_and_model(request, param_prefix, "messages")?;
+    let invalid = |at: String, message: &str| {
+        ApiError::bad_request(ApiErrorCode::InvalidRequest, message).with_param(at)
+    };
+    let unsupported = |at: String, message: String| {
+        ApiError::bad_request(ApiErrorCode::UnsupportedField, message).with_param(at)
+    };
+    match obj.get("max_tokens") {
+        None => {
+            return Err(
+                ApiError::bad_request(ApiErrorCode::MissingField, "`max_tokens` is required")
+                    .with_param(p("max_tokens")),
+            );
+        }
+        Some(v) if v.as_i64().is_none_or(|n| n < 1) => {
+            return Err(invalid(
+                p("max_tokens"),
+                "`max_tokens` must be a positive integer",
+            ));
+        }
+        Some(_) => {}
+    }
+    let messages = match obj.get("messages") {
+        Some(Value::Array(m)) if !m.is_empty() => m,
+        Some(_) => return Err(invalid(p("messages"), "`messages` must be a non-empty array")),
+        None => {
+            return Err(
+                ApiError::bad_request(ApiErrorCode::MissingField, "`messages` is required")
+                    .with_param(p("messages")),
+            );
+        }
+    };
+    let blocks = |content: &Value, at: &str| -> Result<(), ApiError> {
+        match content {
+            Value::String(_) => Ok(()),
+            Value::Array(blocks) => {
+                for (j, b) in blocks.iter().enumerate() {
+                    let kind = b.get("type").and_then(Value::as_str);
+                    match kind {
+                        Some(k) if MESSAGE_BLOCKS.contains(&k) => {}
+                        Some(k) => {
+                            return Err(unsupported(
+                                format!("{at}[{j}].type"),
+                                format!("content blocks of type {k:?} are not ones tollgate can reserve for"),
+                            ));
+                        }
+                        None => {
+                            return Err(invalid(
+                                format!("{at}[{j}].type"),
+                                "each content block needs a `type`",
+                            ));
+                        }
+                    }
+                }
+                Ok(())
+            }
+            _ => Err(invalid(
+                at.to_owned(),
+                "`content` must be a string or an array of blocks",
+            )),
+        }
+    };
+    for (i, m) in messages.iter().enumerate() {
+        let at = p(&format!("messages[{i}]"));
+        if !matches!(m.get("role").and_then(Value::as_str), Some("user" | "assistant")) {
+            return Err(invalid(
+                format!("{at}.role"),
+                "each message needs `role`: user or assistant",
+            ));
+        }
+        blocks(m.get("content").unwrap_or(&Value::Null), &format!("{at}.content"))?;
+    }
+    if let Some(system) = obj.get("system") {
+        blocks(system, &p("system"))?;
+    }
+    let tools = obj
+        .get("tools")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    for (i, tool) in tools.iter().enumerate() {
+        if let Some(kind) = tool
+            .get("type")
+            .and_then(Value::as_str)
+            .filter(|k| *k != "custom")
+        {
+            return Err(unsupported(
+                p(&format!("tools[{i}].type")),
+                format!("server tools ({kind:?}) are billed beyond tokens; tollgate cannot reserve for them"),
+            ));
+        }
+    }
+    for field in ["mcp_servers", "container"] {
+        if obj.get(field).is_some_and(|v| !v.is_null()) {
+            return Err(unsupported(
+                p(field),
+                format!("`{field}` is not one tollgate can reserve for"),
+            ));
+        }
+    }
+    Ok(model)
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -237,6 +377,52 @@ mod tests {
     fn refused(request: Value) -> (ApiErrorCode, Option<String>) {
         let e = validate_embeddings_request(&request, "body.").unwrap_err();
         (e.code, e.param)
+    }
+
+    #[test]
+    fn messages_requests_are_checked_field_by_field() {
+        let ok = json!({"model": "m", "max_tokens": 5, "system": [{"type": "text", "text": "s"}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"},
+                {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}],
+            "tools": [{"name": "f", "input_schema": {"type": "object"}}]});
+        assert_eq!(validate_messages_request(&ok, "").unwrap(), "m");
+        let refused = |change: Value| {
+            let mut r = ok.clone();
+            for (k, v) in change.as_object().unwrap() {
+                r[k] = v.clone();
+            }
+            let e = validate_messages_request(&r, "").unwrap_err();
+            (e.code, e.param.unwrap_or_default())
+        };
+        use ApiErrorCode::{InvalidRequest, UnsupportedField};
+        assert_eq!(
+            refused(json!({"max_tokens": 0})),
+            (InvalidRequest, "max_tokens".to_owned())
+        );
+        assert_eq!(
+            refused(json!({"messages": []})),
+            (InvalidRequest, "messages".to_owned())
+        );
+        assert_eq!(
+            refused(json!({"messages": [{"role": "system", "content": "x"}]})),
+            (InvalidRequest, "messages[0].role".to_owned())
+        );
+        assert_eq!(
+            refused(json!({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]})),
+            (UnsupportedField, "messages[0].content[0].type".to_owned())
+        );
+        assert_eq!(
+            refused(json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]})),
+            (UnsupportedField, "tools[0].type".to_owned())
+        );
+        assert_eq!(
+            refused(json!({"mcp_servers": []})),
+            (UnsupportedField, "mcp_servers".to_owned())
+        );
+        let mut no_cap = ok.clone();
+        no_cap.as_object_mut().unwrap().remove("max_tokens");
+        let e = validate_messages_request(&no_cap, "").unwrap_err();
+        assert_eq!(e.code, ApiErrorCode::MissingField);
     }
 
     #[test]

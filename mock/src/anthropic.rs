@@ -119,6 +119,13 @@ pub(super) async fn messages(State(p): State<MockProvider>, req: Request) -> Res
     let Some(max_tokens) = req.max_tokens else {
         return reply.bad_request("max_tokens: Field required");
     };
+    let tool_call = match serde_json::from_slice(&bytes)
+        .map_err(|e| e.to_string())
+        .and_then(|b| tool_turn(&b))
+    {
+        Ok(call) => call,
+        Err(message) => return reply.bad_request(&message),
+    };
     if max_tokens == 0 {
         return reply.bad_request("max_tokens: Input should be greater than or equal to 1");
     }
@@ -159,6 +166,22 @@ pub(super) async fn messages(State(p): State<MockProvider>, req: Request) -> Res
         "end_turn"
     };
     let id = format!("msg_01{}", super::uuid_v7(inner).simple());
+    if let Some(call) = tool_call {
+        let output = call.tokens().min(max_tokens);
+        let refund = inner.generate(project, &view, max_tokens, output).await;
+        super::stats::bump(&inner.totals.succeeded);
+        let resp = if req.stream == Some(true) {
+            reply.stream(Body::from(call.events(&id, model, input, output)), &view)
+        } else {
+            reply.json(
+                StatusCode::OK,
+                &call.message(&id, model, input, output),
+                Some(&view),
+            )
+        };
+        drop(refund);
+        return super::faults::after(injected.fault, resp).await;
+    }
     if req.stream == Some(true) {
         super::stats::bump(&inner.totals.succeeded);
         in_flight.hand_over();
@@ -187,6 +210,157 @@ pub(super) async fn messages(State(p): State<MockProvider>, req: Request) -> Res
     };
     let resp = reply.json(StatusCode::OK, &message, Some(&view));
     super::faults::after(injected.fault, resp).await
+}
+
+/// A tool the mock calls instead of answering in text: its `tool_use` block.
+pub(super) struct ToolCall {
+    id: String,
+    name: String,
+    input: serde_json::Value,
+}
+
+/// Checks the request's tool turns as the Messages API does — every `tool_use` of an
+/// assistant turn answered by a `tool_result` in the next turn, every `tool_result`
+/// answering a `tool_use` of the turn before — and decides whether the mock calls a tool:
+/// when the request has `tools`, its `tool_choice` is not `none`, and its last turn holds
+/// no `tool_result`. It calls the chosen tool (or the first) with `"mock"` for each of the
+/// schema's properties.
+fn tool_turn(body: &serde_json::Value) -> Result<Option<ToolCall>, String> {
+    use serde_json::Value;
+    let blocks = |m: &Value, kind: &str, id_field: &str| -> Vec<String> {
+        m.get("content")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|b| b.get("type").and_then(Value::as_str) == Some(kind))
+            .filter_map(|b| b.get(id_field).and_then(Value::as_str).map(str::to_owned))
+            .collect()
+    };
+    let messages = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let mut asked: Vec<String> = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        let answered = blocks(m, "tool_result", "tool_use_id");
+        if let Some(id) = answered.iter().find(|id| !asked.contains(id)) {
+            return Err(format!(
+                "messages.{i}: unexpected `tool_use_id` found in `tool_result` blocks: {id}. Each `tool_result` block must have a corresponding `tool_use` block in the previous message."
+            ));
+        }
+        if let Some(id) = asked.iter().find(|id| !answered.contains(id)) {
+            return Err(format!(
+                "messages.{}: `tool_use` ids were found without `tool_result` blocks immediately after: {id}. Each `tool_use` block must have a corresponding `tool_result` block in the next message.",
+                i.saturating_sub(1)
+            ));
+        }
+        asked = blocks(m, "tool_use", "id");
+    }
+    if let Some(id) = asked.first() {
+        return Err(format!(
+            "messages.{}: `tool_use` ids were found without `tool_result` blocks immediately after: {id}. Each `tool_use` block must have a corresponding `tool_result` block in the next message.",
+            messages.len() - 1
+        ));
+    }
+    let tools = body
+        .get("tools")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let choice = body.get("tool_choice");
+    let answered_last = messages
+        .last()
+        .is_some_and(|m| !blocks(m, "tool_result", "tool_use_id").is_empty());
+    if tools.is_empty() || answered_last || choice.and_then(|c| c.get("type")) == Some(&Value::from("none")) {
+        return Ok(None);
+    }
+    let chosen = choice.and_then(|c| c.get("name")).and_then(Value::as_str);
+    let tool = tools
+        .iter()
+        .find(|t| chosen.is_none_or(|name| t.get("name").and_then(Value::as_str) == Some(name)))
+        .ok_or_else(|| format!("tool_choice.name: tool {chosen:?} is not in `tools`"))?;
+    let input: serde_json::Map<String, Value> = tool
+        .pointer("/input_schema/properties")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .map(|(k, _)| (k.clone(), Value::from("mock")))
+        .collect();
+    Ok(Some(ToolCall {
+        id: format!("toolu_01{}", hex_id(22)),
+        name: tool
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        input: Value::Object(input),
+    }))
+}
+
+impl ToolCall {
+    /// Output tokens of the call: a token per started four characters of its input's JSON.
+    fn tokens(&self) -> u64 {
+        (self.input.to_string().chars().count() as u64).div_ceil(4).max(1)
+    }
+
+    fn block(&self) -> serde_json::Value {
+        serde_json::json!({"type": "tool_use", "id": self.id, "name": self.name, "input": self.input})
+    }
+
+    fn message(&self, id: &str, model: &str, input: u64, output: u64) -> serde_json::Value {
+        serde_json::json!({"id": id, "type": "message", "role": "assistant", "model": model,
+            "content": [self.block()], "stop_reason": "tool_use", "stop_sequence": null,
+            "usage": {"input_tokens": input, "output_tokens": output}})
+    }
+
+    /// The call as the Messages stream sends it: the block started with an empty input,
+    /// its JSON in two `input_json_delta`s, then the message's end.
+    fn events(&self, id: &str, model: &str, input: u64, output: u64) -> String {
+        let json = self.input.to_string();
+        let half = json
+            .char_indices()
+            .nth(json.chars().count() / 2)
+            .map_or(json.len(), |(i, _)| i);
+        let mut start = self.block();
+        start["input"] = serde_json::json!({});
+        let events = [
+            (
+                "message_start",
+                serde_json::json!({"type": "message_start", "message": {
+                "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
+                "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": input, "output_tokens": 1}}}),
+            ),
+            (
+                "content_block_start",
+                serde_json::json!({"type": "content_block_start", "index": 0, "content_block": start}),
+            ),
+            (
+                "content_block_delta",
+                serde_json::json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "input_json_delta", "partial_json": &json[..half]}}),
+            ),
+            (
+                "content_block_delta",
+                serde_json::json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "input_json_delta", "partial_json": &json[half..]}}),
+            ),
+            (
+                "content_block_stop",
+                serde_json::json!({"type": "content_block_stop", "index": 0}),
+            ),
+            (
+                "message_delta",
+                serde_json::json!({"type": "message_delta",
+                "delta": {"stop_reason": "tool_use", "stop_sequence": null}, "usage": {"output_tokens": output}}),
+            ),
+            ("message_stop", serde_json::json!({"type": "message_stop"})),
+        ];
+        events
+            .iter()
+            .map(|(name, data)| format!("event: {name}\ndata: {data}\n\n"))
+            .collect()
+    }
 }
 
 /// The Messages reply to an admitted request: `output` canned words (also a batch line's).

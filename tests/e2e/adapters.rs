@@ -1,7 +1,9 @@
 //! The Gemini and Azure OpenAI adapters end to end: jobs routed to a `gemini` and an
 //! `azure` provider on the mock come back in OpenAI chat format with the usage the mock
 //! reported; Azure streams like OpenAI, Gemini refuses streams with a clear code; a
-//! Gemini 429 (`QuotaFailure` + `RetryInfo`, no headers) teaches the RPM limit.
+//! Gemini 429 (`QuotaFailure` + `RetryInfo`, no headers) teaches the RPM limit. A
+//! tool-calling conversation from the `openai` SDK to an Anthropic model, plain and
+//! streamed; what Anthropic or Gemini cannot express refused up front, naming the field.
 
 use serde_json::{Value, json};
 use tollgate_mock::{MockConfig, ProjectConfig, ProviderKind};
@@ -214,5 +216,73 @@ async fn a_gemini_429_body_teaches_the_rpm_limit() {
         .await
         .unwrap();
     assert_eq!(failed, 0);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn openai_sdk_tool_calls_reach_anthropic_and_come_back() {
+    let app = TestApp::spawn().await;
+    let base_url = app.url("/v1");
+    let out = crate::python::run_script(
+        "openai_tools.py",
+        &[],
+        &[("TOLLGATE_BASE_URL", &base_url), ("TOLLGATE_API_KEY", ACME)],
+    )
+    .await;
+    let summary: Value = serde_json::from_str(out.trim()).expect("the script's JSON summary");
+    assert!(
+        summary["call"].as_str().unwrap().starts_with("toolu_"),
+        "{summary}"
+    );
+    // Four conversations reached the provider (the refused requests never did): the call,
+    // the streamed call, the answer, and the stray tool result it refused.
+    let stats = app.mock.stats();
+    assert_eq!((stats.succeeded, stats.bad_request), (3, 1), "{stats:?}");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn what_gemini_cannot_express_is_refused_naming_the_field() {
+    let app = TestApp::spawn_with(TestOptions {
+        mock: mock(1000),
+        extra_config: providers(false),
+        ..TestOptions::default()
+    })
+    .await;
+    let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
+    let user = json!({"role": "user", "content": "hi"});
+    for (extra, param) in [
+        (json!({"tools": tools}), "request.tools"),
+        (json!({"n": 3}), "request.n"),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}),
+            "request.response_format",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}),
+            "request.messages[0].content[0]",
+        ),
+    ] {
+        let mut request = json!({"model": "gem/gemini-2.0-flash", "messages": [user]});
+        for (k, v) in extra.as_object().unwrap() {
+            request[k] = v.clone();
+        }
+        let (status, answer) = app.submit(ACME, &json!({"request": request})).await;
+        assert_eq!(
+            (
+                status,
+                answer["error"]["code"].as_str(),
+                answer["error"]["param"].as_str()
+            ),
+            (400, Some("unsupported_field"), Some(param)),
+            "{answer}"
+        );
+    }
+    // What it can express still runs: JSON output, a seed.
+    let request = json!({"model": "gem/gemini-2.0-flash", "messages": [user], "seed": 7,
+        "response_format": {"type": "json_object"}});
+    let done = app.run_job(GLOBEX, &json!({"request": request}), 30).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(app.mock.stats().requests, 1);
     app.shutdown().await;
 }

@@ -202,7 +202,10 @@ async fn the_model_list_names_every_alias_provider_model_and_bare_model_with_wha
     );
     let (_, claude) = app.get(ACME, "/v1/models/ant/claude-3-5-haiku-latest").await;
     assert_eq!(claude["owned_by"], "ant");
-    assert_eq!(claude["endpoints"], json!(["/v1/chat/completions"]));
+    assert_eq!(
+        claude["endpoints"],
+        json!(["/v1/chat/completions", "/v1/messages"])
+    );
     let (_, encoded) = app.get(ACME, "/v1/models/emb%2Ftext-embedding-3-small").await;
     assert_eq!(encoded["id"], "emb/text-embedding-3-small");
     let (status, missing) = app.get(ACME, "/v1/models/gpt-5").await;
@@ -295,5 +298,36 @@ async fn openai_python_sdk_embeds_lists_models_and_batches_embeddings() {
         (batch["endpoint"].as_str(), batch["status"].as_str()),
         (Some("/v1/embeddings"), Some("completed"))
     );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn anthropic_python_sdk_sends_messages_through_the_queue() {
+    let app = TestApp::spawn().await;
+    let out = crate::python::run_script(
+        "anthropic_messages.py",
+        &[],
+        &[("TOLLGATE_BASE_URL", &app.api), ("TOLLGATE_API_KEY", ACME)],
+    )
+    .await;
+    let summary: Value = serde_json::from_str(out.trim()).expect("the script's JSON summary");
+    let (_, job) = app
+        .get(ACME, &format!("/v1/jobs/{}", summary["job"].as_str().unwrap()))
+        .await;
+    assert_eq!(job["endpoint"], "/v1/messages");
+    assert_eq!(job["state"], "succeeded");
+    assert_eq!(job["provider"], "ant");
+    assert_eq!(
+        job["estimate"]["output_tokens"], 32,
+        "a Messages job reserves its max_tokens"
+    );
+    assert_eq!(
+        job["result"]["id"], summary["message"],
+        "the message as Anthropic sent it"
+    );
+    assert_eq!(job["result"]["type"], "message");
+    // The message, the tool call and its answer reached the provider; nothing refused did.
+    let stats = app.mock.stats();
+    assert_eq!((stats.succeeded, stats.requests), (3, 3), "{stats:?}");
     app.shutdown().await;
 }

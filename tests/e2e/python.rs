@@ -1,5 +1,5 @@
 //! The Python environment the SDK tests run in: a venv under `target/` with the official
-//! `openai` package and `standardwebhooks`, created (and the packages installed from
+//! `openai` and `anthropic` packages and `standardwebhooks`, created (and the packages installed from
 //! PyPI) on first use. Needs `python3` with the `venv` module; a missing interpreter or a
 //! failed install fails the test loudly, never skips it.
 
@@ -9,7 +9,7 @@ use std::process::Output;
 use tokio::process::Command;
 use tokio::sync::OnceCell;
 
-const PACKAGES: [&str; 2] = ["openai", "standardwebhooks"];
+const PACKAGES: [&str; 3] = ["openai", "anthropic", "standardwebhooks"];
 
 pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
@@ -39,7 +39,7 @@ pub async fn python() -> PathBuf {
             let python = venv.join("bin/python");
             let importable = |python: PathBuf| async move {
                 Command::new(python)
-                    .args(["-c", "import openai, standardwebhooks"])
+                    .args(["-c", "import openai, anthropic, standardwebhooks"])
                     .output()
                     .await
                     .is_ok_and(|o| o.status.success())

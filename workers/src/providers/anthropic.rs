@@ -19,7 +19,7 @@ use super::batch_api::{BatchApi, LineResult, Status, Upload, failed};
 use super::openai::{content_text, stop_sequences};
 use super::sse::SseEvent;
 use super::streaming::{self, StreamEvents, StreamOut};
-use super::{Mode, ProviderApi, Success, int};
+use super::{Mode, ProviderApi, Success, Unexpressed, int};
 
 /// An Anthropic provider.
 pub struct Anthropic {
@@ -48,8 +48,19 @@ impl ProviderApi for Anthropic {
             .header("anthropic-version", &self.version)
     }
 
-    fn body(&self, model: &str, _endpoint: Endpoint, request: &Value, mode: Mode) -> Value {
-        let mut body = translate_request(model, request);
+    /// A chat request translated; a Messages request as it is, with the target's model.
+    fn body(&self, model: &str, endpoint: Endpoint, request: &Value, mode: Mode) -> Value {
+        let mut body = match endpoint {
+            Endpoint::Messages => {
+                let mut body = request.clone();
+                body["model"] = Value::String(model.to_owned());
+                if let Some(obj) = body.as_object_mut() {
+                    obj.remove("stream");
+                }
+                body
+            }
+            _ => translate_request(model, request),
+        };
         if mode == Mode::Stream
             && let Some(obj) = body.as_object_mut()
         {
@@ -58,8 +69,11 @@ impl ProviderApi for Anthropic {
         body
     }
 
-    fn parse_success(&self, body: &[u8], _endpoint: Endpoint, _model: &str) -> Result<Success, String> {
-        parse_success(body)
+    fn parse_success(&self, body: &[u8], endpoint: Endpoint, _model: &str) -> Result<Success, String> {
+        match endpoint {
+            Endpoint::Messages => parse_message(body),
+            _ => parse_success(body),
+        }
     }
 
     fn stream_events(&self) -> Option<Box<dyn StreamEvents>> {
@@ -73,27 +87,180 @@ impl ProviderApi for Anthropic {
     fn batch(&self) -> Option<&dyn BatchApi> {
         Some(self)
     }
+
+    fn unexpressed(&self, request: &Value) -> Option<Unexpressed> {
+        unexpressed(request)
+    }
 }
 
-/// OpenAI chat request → Anthropic Messages request. `max_tokens`, which Anthropic
-/// requires, is the cap the gate reserved (`tollgate::estimate::output_cap`).
-pub(super) fn translate_request(model: &str, request: &Value) -> Value {
-    let mut system = Vec::new();
-    let mut messages = Vec::new();
-    for m in request
-        .get("messages")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
-        let text = content_text(m.get("content"));
-        match role {
-            "system" | "developer" => system.push(text),
-            "assistant" => messages.push(json!({"role": "assistant", "content": text})),
-            _ => messages.push(json!({"role": "user", "content": text})),
+/// Chat fields Anthropic's Messages API has no counterpart for.
+const UNEXPRESSED_FIELDS: [&str; 8] = [
+    "n",
+    "response_format",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+];
+
+/// Image types Anthropic reads from base64 data.
+const IMAGE_TYPES: [&str; 4] = ["image/jpeg", "image/png", "image/gif", "image/webp"];
+
+/// What of an OpenAI chat request the translation below cannot carry: the fields above,
+/// tools that are not functions, tool call arguments that are not a JSON object (Anthropic
+/// takes `input` as an object; empty arguments are `{}`), base64 images of other types.
+fn unexpressed(request: &Value) -> Option<Unexpressed> {
+    if let Some(refused) = super::first_set(request, &UNEXPRESSED_FIELDS, "Anthropic") {
+        return Some(refused);
+    }
+    let refuse = |param: String, message: &str| {
+        Some(Unexpressed {
+            param,
+            message: message.to_owned(),
+        })
+    };
+    for (i, tool) in array(request, "tools").iter().enumerate() {
+        if tool.get("type").and_then(Value::as_str) != Some("function") {
+            return refuse(format!("tools[{i}].type"), "Anthropic takes function tools only");
         }
     }
+    for (i, m) in array(request, "messages").iter().enumerate() {
+        for (j, call) in array(m, "tool_calls").iter().enumerate() {
+            let arguments = call
+                .pointer("/function/arguments")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let object = serde_json::from_str::<Value>(arguments).is_ok_and(|v| v.is_object());
+            if !object && !arguments.trim().is_empty() {
+                return refuse(
+                    format!("messages[{i}].tool_calls[{j}].function.arguments"),
+                    "tool call arguments must be a JSON object for Anthropic",
+                );
+            }
+        }
+        let parts = m
+            .get("content")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        for (j, part) in parts.iter().enumerate() {
+            let url = part
+                .pointer("/image_url/url")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            if data_url(url).is_some_and(|(media_type, _)| !IMAGE_TYPES.contains(&media_type)) {
+                return refuse(
+                    format!("messages[{i}].content[{j}].image_url"),
+                    "Anthropic reads JPEG, PNG, GIF and WebP images only",
+                );
+            }
+        }
+    }
+    None
+}
+
+/// The array at `key` of `v`, or none.
+fn array<'a>(v: &'a Value, key: &str) -> &'a [Value] {
+    v.get(key)
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+}
+
+/// A `data:` URL's media type and base64 data.
+fn data_url(url: &str) -> Option<(&str, &str)> {
+    let (head, data) = url.strip_prefix("data:")?.split_once(',')?;
+    Some((head.strip_suffix(";base64")?, data))
+}
+
+/// OpenAI content (a string, or parts) → Anthropic content blocks: text parts as text
+/// blocks, `image_url` parts as image blocks (a `data:` URL as base64, any other as a URL
+/// source). Empty text is left out (Anthropic refuses empty text blocks).
+fn content_blocks(content: Option<&Value>) -> Vec<Value> {
+    let text = |t: &str| (!t.is_empty()).then(|| json!({"type": "text", "text": t}));
+    match content {
+        Some(Value::String(t)) => text(t).into_iter().collect(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| match p.get("type").and_then(Value::as_str) {
+                Some("image_url") => {
+                    let url = p
+                        .pointer("/image_url/url")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
+                    Some(match data_url(url) {
+                        Some((media_type, data)) => json!({"type": "image",
+                            "source": {"type": "base64", "media_type": media_type, "data": data}}),
+                        None => json!({"type": "image", "source": {"type": "url", "url": url}}),
+                    })
+                }
+                _ => p
+                    .get("text")
+                    .or_else(|| p.get("refusal"))
+                    .and_then(Value::as_str)
+                    .and_then(text),
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// OpenAI chat request → Anthropic Messages request. System and developer messages become
+/// `system`; an assistant's tool calls become `tool_use` blocks and tool messages
+/// `tool_result` blocks of a user turn; turns of one role in a row are one turn; `tools`,
+/// `tool_choice` (`required` → `any`) and `parallel_tool_calls: false`
+/// (`disable_parallel_tool_use`) carry over. `max_tokens`, which Anthropic requires, is
+/// the cap the gate reserved (`tollgate::estimate::output_cap`). Fields with no
+/// counterpart were refused at submit ([`Anthropic::unexpressed`]).
+pub(super) fn translate_request(model: &str, request: &Value) -> Value {
+    let mut system = Vec::new();
+    let mut turns: Vec<(&str, Vec<Value>)> = Vec::new();
+    for m in array(request, "messages") {
+        let (role, blocks) = match m.get("role").and_then(Value::as_str).unwrap_or("user") {
+            "system" | "developer" => {
+                system.push(content_text(m.get("content")));
+                continue;
+            }
+            "assistant" => {
+                let mut blocks = content_blocks(m.get("content"));
+                for call in array(m, "tool_calls") {
+                    let arguments = call.pointer("/function/arguments").and_then(Value::as_str);
+                    let input = arguments
+                        .and_then(|a| serde_json::from_str::<Value>(a).ok())
+                        .filter(Value::is_object)
+                        .unwrap_or_else(|| json!({}));
+                    blocks.push(json!({"type": "tool_use", "id": call.get("id"),
+                        "name": call.pointer("/function/name"), "input": input}));
+                }
+                ("assistant", blocks)
+            }
+            "tool" => (
+                "user",
+                vec![
+                    json!({"type": "tool_result", "tool_use_id": m.get("tool_call_id"),
+                    "content": content_text(m.get("content"))}),
+                ],
+            ),
+            _ => ("user", content_blocks(m.get("content"))),
+        };
+        if blocks.is_empty() {
+            continue;
+        }
+        match turns.last_mut() {
+            Some((last, content)) if *last == role => content.extend(blocks),
+            _ => turns.push((role, blocks)),
+        }
+    }
+    // A turn of text alone is sent as its text.
+    let messages: Vec<Value> = turns
+        .into_iter()
+        .map(|(role, content)| match content.iter().all(|b| b["type"] == "text") {
+            true => json!({"role": role, "content": content.iter().filter_map(|b| b["text"].as_str()).collect::<String>()}),
+            false => json!({"role": role, "content": content}),
+        })
+        .collect();
     let max_tokens = tollgate::estimate::output_cap(request);
     let mut out = Map::new();
     out.insert("model".into(), Value::String(model.to_owned()));
@@ -112,6 +279,39 @@ pub(super) fn translate_request(model: &str, request: &Value) -> Value {
     }
     if let Some(user) = request.get("user").and_then(Value::as_str) {
         out.insert("metadata".into(), json!({"user_id": user}));
+    }
+    let tools: Vec<Value> = array(request, "tools")
+        .iter()
+        .filter_map(|t| t.get("function"))
+        .map(|f| {
+            let mut tool = json!({"name": f.get("name"),
+                "input_schema": f.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object"}))});
+            if let Some(d) = f.get("description") {
+                tool["description"] = d.clone();
+            }
+            tool
+        })
+        .collect();
+    if !tools.is_empty() {
+        out.insert("tools".into(), Value::Array(tools));
+    }
+    let mut choice = match request.get("tool_choice") {
+        Some(Value::String(c)) if c == "required" => Some(json!({"type": "any"})),
+        Some(Value::String(c)) if c == "none" || c == "auto" => Some(json!({"type": c})),
+        Some(Value::Object(c)) => c
+            .get("function")
+            .and_then(|f| f.get("name"))
+            .map(|name| json!({"type": "tool", "name": name})),
+        _ => None,
+    };
+    if request.get("parallel_tool_calls") == Some(&Value::Bool(false)) && out.contains_key("tools") {
+        let c = choice.get_or_insert_with(|| json!({"type": "auto"}));
+        if c["type"] != "none" {
+            c["disable_parallel_tool_use"] = Value::Bool(true);
+        }
+    }
+    if let Some(choice) = choice {
+        out.insert("tool_choice".into(), choice);
     }
     Value::Object(out)
 }
@@ -134,6 +334,23 @@ fn input_usage(u: &Value) -> (i64, i64) {
     (input, cache_read)
 }
 
+/// An Anthropic Messages response kept as it is (for a Messages request), its usage read.
+fn parse_message(body: &[u8]) -> Result<Success, String> {
+    let msg: Value = serde_json::from_slice(body)
+        .map_err(|e| format!("provider answered 2xx with a body that is not JSON: {e}"))?;
+    if !msg.get("content").is_some_and(Value::is_array) {
+        return Err("provider answered 2xx without `content`".to_owned());
+    }
+    let u = msg.get("usage").cloned().unwrap_or(Value::Null);
+    let (input, cache_read) = input_usage(&u);
+    let usage = Usage {
+        input_tokens: input,
+        output_tokens: int(&u, &["output_tokens"]),
+        cached_tokens: cache_read,
+    };
+    Ok(Success { body: msg, usage })
+}
+
 /// Anthropic Messages response → OpenAI chat completion.
 pub(super) fn parse_success(body: &[u8]) -> Result<Success, String> {
     let msg: Value = serde_json::from_slice(body)
@@ -145,6 +362,15 @@ pub(super) fn parse_success(body: &[u8]) -> Result<Success, String> {
         .iter()
         .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
         .filter_map(|b| b.get("text").and_then(Value::as_str))
+        .collect();
+    let tool_calls: Vec<Value> = content
+        .iter()
+        .filter(|b| b.get("type").and_then(Value::as_str) == Some("tool_use"))
+        .map(|b| {
+            let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
+            json!({"id": b.get("id"), "type": "function",
+                   "function": {"name": b.get("name"), "arguments": input.to_string()}})
+        })
         .collect();
     let finish = finish_reason(msg.get("stop_reason").and_then(Value::as_str));
     let reported = msg.get("usage").filter(|u| u.is_object());
@@ -161,7 +387,7 @@ pub(super) fn parse_success(body: &[u8]) -> Result<Success, String> {
     });
     let field = |k: &str| msg.get(k).cloned().unwrap_or(Value::Null);
     Ok(Success {
-        body: super::completion(field("id"), field("model"), text, finish, usage),
+        body: super::completion(field("id"), field("model"), text, tool_calls, finish, usage),
         usage: Usage {
             input_tokens: input,
             output_tokens: output,
@@ -188,15 +414,18 @@ pub(super) fn error_type_status(error_type: &str) -> Option<u16> {
 }
 
 /// Translates Anthropic's stream events into OpenAI chunks: `message_start` → the role
-/// chunk, text of `content_block_start`/`content_block_delta` → content chunks,
-/// `message_delta` → the finish chunk, `message_stop` → the usage chunk and the end.
-/// Tool input and thinking deltas are not translated.
+/// chunk, text of `content_block_start`/`content_block_delta` → content chunks, a
+/// `tool_use` block's start → a tool call's first delta (id, name) and its
+/// `input_json_delta`s → that call's argument deltas, `message_delta` → the finish chunk,
+/// `message_stop` → the usage chunk and the end. Thinking deltas have no counterpart.
 #[derive(Default)]
 pub(super) struct Events {
     /// What every chunk of the message repeats, from `message_start`.
     id: Value,
     model: Value,
     created: i64,
+    /// Tool calls started so far: the next one's OpenAI `index`.
+    tool_calls: usize,
 }
 
 impl StreamEvents for Events {
@@ -226,22 +455,41 @@ impl StreamEvents for Events {
                 );
             }
             "content_block_start" => {
-                let text = v
-                    .get("content_block")
-                    .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
-                    .and_then(|b| b.get("text"))
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                self.content(text, out);
+                let block = v.get("content_block").unwrap_or(&Value::Null);
+                match block.get("type").and_then(Value::as_str) {
+                    Some("text") => {
+                        self.content(block.get("text").and_then(Value::as_str).unwrap_or_default(), out)
+                    }
+                    Some("tool_use") => {
+                        let index = self.tool_calls;
+                        self.tool_calls += 1;
+                        let call = json!({"index": index, "id": block.get("id"), "type": "function",
+                            "function": {"name": block.get("name"), "arguments": ""}});
+                        out.chunk(self.chunk(json!({"tool_calls": [call]}), None).to_string());
+                    }
+                    _ => {}
+                }
             }
             "content_block_delta" => {
-                let text = v
-                    .get("delta")
-                    .filter(|d| d.get("type").and_then(Value::as_str) == Some("text_delta"))
-                    .and_then(|d| d.get("text"))
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                self.content(text, out);
+                let delta = v.get("delta").unwrap_or(&Value::Null);
+                match delta.get("type").and_then(Value::as_str) {
+                    Some("text_delta") => {
+                        self.content(delta.get("text").and_then(Value::as_str).unwrap_or_default(), out)
+                    }
+                    Some("input_json_delta") => {
+                        let partial = delta
+                            .get("partial_json")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default();
+                        if !partial.is_empty() && self.tool_calls > 0 {
+                            out.content(partial);
+                            let call =
+                                json!({"index": self.tool_calls - 1, "function": {"arguments": partial}});
+                            out.chunk(self.chunk(json!({"tool_calls": [call]}), None).to_string());
+                        }
+                    }
+                    _ => {}
+                }
             }
             "message_delta" => {
                 if let Some(u) = v.get("usage") {
@@ -269,8 +517,8 @@ impl StreamEvents for Events {
                 out.usage_chunk(chunk.to_string());
                 out.finish();
             }
-            // ping, content_block_stop, and event types this adapter does not translate
-            // (tool input, thinking).
+            // ping, content_block_stop, and event types with no OpenAI counterpart
+            // (thinking).
             _ => {}
         }
         Ok(())
@@ -514,6 +762,166 @@ mod tests {
         assert!(a.keeps_header("anthropic-ratelimit-tokens-remaining"));
         assert!(a.keeps_header("retry-after"));
         assert!(!a.keeps_header("request-id"));
+    }
+
+    #[test]
+    fn translates_tools_calls_results_and_images_both_ways() {
+        let request = json!({"model": "fast", "max_tokens": 50, "parallel_tool_calls": false,
+            "tools": [{"type": "function", "function": {"name": "get_weather", "description": "d",
+                       "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+                      {"type": "function", "function": {"name": "bare"}}],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "messages": [
+                {"role": "developer", "content": "use tools"},
+                {"role": "user", "content": [{"type": "text", "text": "look"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                    {"type": "image_url", "image_url": {"url": "https://example.com/a.jpg", "detail": "low"}}]},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}},
+                    {"id": "toolu_2", "type": "function", "function": {"name": "bare", "arguments": ""}}]},
+                {"role": "tool", "tool_call_id": "toolu_1", "content": "rain"},
+                {"role": "tool", "tool_call_id": "toolu_2", "content": [{"type": "text", "text": "ok"}]},
+                {"role": "user", "content": "and tomorrow?"}]});
+        assert_eq!(unexpressed(&request), None);
+        let body = translate_request("claude-x", &request);
+        assert_eq!(body["system"], "use tools");
+        assert_eq!(
+            body["messages"],
+            json!([
+                {"role": "user", "content": [{"type": "text", "text": "look"},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}},
+                    {"type": "image", "source": {"type": "url", "url": "https://example.com/a.jpg"}}]},
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}},
+                    {"type": "tool_use", "id": "toolu_2", "name": "bare", "input": {}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "rain"},
+                    {"type": "tool_result", "tool_use_id": "toolu_2", "content": "ok"},
+                    {"type": "text", "text": "and tomorrow?"}]},
+            ]),
+            "tool results and the next user text are one user turn"
+        );
+        assert_eq!(
+            body["tools"],
+            json!([{"name": "get_weather", "description": "d",
+                    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}},
+                   {"name": "bare", "input_schema": {"type": "object"}}])
+        );
+        assert_eq!(
+            body["tool_choice"],
+            json!({"type": "tool", "name": "get_weather", "disable_parallel_tool_use": true})
+        );
+        for (choice, sent) in [
+            ("required", json!({"type": "any"})),
+            ("none", json!({"type": "none"})),
+        ] {
+            let mut r = request.clone();
+            r["tool_choice"] = json!(choice);
+            r["parallel_tool_calls"] = json!(true);
+            assert_eq!(translate_request("m", &r)["tool_choice"], sent);
+        }
+
+        let answer = br#"{"id":"msg_1","model":"claude-x","stop_reason":"tool_use","content":[
+            {"type":"text","text":"checking"},
+            {"type":"tool_use","id":"toolu_9","name":"get_weather","input":{"city":"Oslo"}}],
+            "usage":{"input_tokens":5,"output_tokens":3}}"#;
+        let s = parse_success(answer).unwrap();
+        let choice = &s.body["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        assert_eq!(choice["message"]["content"], "checking");
+        assert_eq!(
+            choice["message"]["tool_calls"],
+            json!([{"id": "toolu_9", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}}])
+        );
+        let only_call = br#"{"id":"m","model":"c","stop_reason":"tool_use","content":[
+            {"type":"tool_use","id":"t","name":"f","input":{}}],"usage":{"input_tokens":1,"output_tokens":1}}"#;
+        assert_eq!(
+            parse_success(only_call).unwrap().body["choices"][0]["message"]["content"],
+            Value::Null
+        );
+    }
+
+    #[test]
+    fn what_anthropic_cannot_express_is_named() {
+        let user = json!([{"role": "user", "content": "hi"}]);
+        let refused = |extra: Value| {
+            let mut r = json!({"model": "m", "messages": user});
+            for (k, v) in extra.as_object().unwrap() {
+                r[k] = v.clone();
+            }
+            unexpressed(&r).map(|u| u.param)
+        };
+        assert_eq!(refused(json!({"n": 2})).as_deref(), Some("n"));
+        assert_eq!(
+            refused(json!({"n": 1, "seed": null, "logprobs": false, "presence_penalty": 0})),
+            None
+        );
+        assert_eq!(refused(json!({"response_format": {"type": "text"}})), None);
+        assert_eq!(
+            refused(json!({"response_format": {"type": "json_object"}})).as_deref(),
+            Some("response_format")
+        );
+        assert_eq!(refused(json!({"seed": 3})).as_deref(), Some("seed"));
+        assert_eq!(
+            refused(json!({"tools": [{"type": "custom", "custom": {"name": "x"}}]})).as_deref(),
+            Some("tools[0].type")
+        );
+        let bad_arguments = json!([{"role": "assistant", "tool_calls": [
+            {"id": "t", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]);
+        assert_eq!(
+            refused(json!({"messages": bad_arguments})).as_deref(),
+            Some("messages[0].tool_calls[0].function.arguments")
+        );
+        let tiff = json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/tiff;base64,AA"}}]}]);
+        assert_eq!(
+            refused(json!({"messages": tiff})).as_deref(),
+            Some("messages[0].content[0].image_url")
+        );
+    }
+
+    #[tokio::test]
+    async fn streams_tool_calls_as_argument_deltas() {
+        let events = [
+            r#"{"type":"message_start","message":{"id":"msg_1","model":"claude-x","content":[],"usage":{"input_tokens":7,"output_tokens":1}}}"#,
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"let me see"}}"#,
+            r#"{"type":"content_block_stop","index":0}"#,
+            r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"f","input":{}}}"#,
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"a\":"}}"#,
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"1}"}}"#,
+            r#"{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"toolu_2","name":"g","input":{}}}"#,
+            r#"{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"{}"}}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":9}}"#,
+            r#"{"type":"message_stop"}"#,
+        ];
+        let body: String = events
+            .iter()
+            .map(|e| format!("event: x\ndata: {e}\n\n"))
+            .collect();
+        let mut s = ChatStream::canned(Box::new(Events::default()), &[&body]);
+        let (chunks, _) = s.flagged().await;
+        let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
+        assert_eq!(*deltas[1], json!({"content": "let me see"}));
+        assert_eq!(
+            *deltas[2],
+            json!({"tool_calls": [{"index": 0, "id": "toolu_1", "type": "function", "function": {"name": "f", "arguments": ""}}]})
+        );
+        assert_eq!(
+            *deltas[3],
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\":"}}]})
+        );
+        assert_eq!(
+            *deltas[4],
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]})
+        );
+        assert_eq!(deltas[5]["tool_calls"][0]["index"], 1);
+        assert_eq!(
+            *deltas[6],
+            json!({"tool_calls": [{"index": 1, "function": {"arguments": "{}"}}]})
+        );
+        assert_eq!(chunks[7]["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(s.usage().output_tokens, 9);
     }
 
     #[tokio::test]

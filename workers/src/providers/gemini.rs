@@ -17,7 +17,7 @@ use tollgate::vocab::Endpoint;
 
 use super::openai::{content_text, stop_sequences};
 use super::streaming::StreamEvents;
-use super::{Mode, ProviderApi, Success, int};
+use super::{Mode, ProviderApi, Success, Unexpressed, int};
 
 /// A Google Gemini API provider.
 pub struct Gemini {
@@ -55,6 +55,71 @@ impl ProviderApi for Gemini {
     fn stream_events(&self) -> Option<Box<dyn StreamEvents>> {
         None
     }
+
+    fn unexpressed(&self, request: &Value) -> Option<Unexpressed> {
+        unexpressed(request)
+    }
+}
+
+/// Chat fields the translation below does not carry to Gemini.
+const UNEXPRESSED_FIELDS: [&str; 9] = [
+    "n",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "parallel_tool_calls",
+];
+
+/// What of an OpenAI chat request [`translate_request`] cannot carry: the fields above,
+/// a `response_format` other than text or `json_object`, and messages with tool calls,
+/// tool results or images (it sends text).
+fn unexpressed(request: &Value) -> Option<Unexpressed> {
+    if let Some(refused) = super::first_set(request, &UNEXPRESSED_FIELDS, "Gemini") {
+        return Some(refused);
+    }
+    let refuse = |param: String, message: &str| {
+        Some(Unexpressed {
+            param,
+            message: format!("{message}; remove it or route to an OpenAI model"),
+        })
+    };
+    if let Some(format) = request.pointer("/response_format/type").and_then(Value::as_str)
+        && !matches!(format, "text" | "json_object")
+    {
+        return refuse(
+            "response_format".to_owned(),
+            "tollgate sends Gemini text or JSON output only",
+        );
+    }
+    let messages = request
+        .get("messages")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten();
+    for (i, m) in messages.enumerate() {
+        if m.get("role").and_then(Value::as_str) == Some("tool")
+            || m.get("tool_calls").is_some_and(|c| !c.is_null())
+        {
+            return refuse(
+                format!("messages[{i}]"),
+                "tollgate sends Gemini no tool calls or results",
+            );
+        }
+        let parts = m.get("content").and_then(Value::as_array).into_iter().flatten();
+        for (j, part) in parts.enumerate() {
+            if part.get("type").and_then(Value::as_str) != Some("text") {
+                return refuse(
+                    format!("messages[{i}].content[{j}]"),
+                    "tollgate sends Gemini text parts only",
+                );
+            }
+        }
+    }
+    None
 }
 
 /// OpenAI chat request → Gemini `GenerateContentRequest` (the model is in the URL).
@@ -165,6 +230,7 @@ pub(super) fn parse_success(body: &[u8], model: &str) -> Result<Success, String>
         r.get("responseId").cloned().unwrap_or(Value::Null),
         Value::String(model.to_owned()),
         text,
+        Vec::new(),
         finish,
         usage,
     );

@@ -124,6 +124,13 @@ pub trait ProviderApi: Send + Sync {
         None
     }
 
+    /// The first field of `request` (OpenAI chat) this adapter cannot express to its
+    /// provider, so that the request is refused before it becomes a job rather than sent
+    /// without it. The OpenAI family sends the request as it is: nothing.
+    fn unexpressed(&self, _request: &Value) -> Option<Unexpressed> {
+        None
+    }
+
     /// The request of one call: URL, auth and body together.
     fn request(
         &self,
@@ -148,6 +155,39 @@ pub(crate) fn adapter(p: &ProviderConfig) -> Box<dyn ProviderApi> {
         ProviderKind::Gemini => Box::new(gemini::Gemini::from_config(p)),
         ProviderKind::Azure => Box::new(azure::Azure::from_config(p)),
     }
+}
+
+/// A field of a chat request a provider's adapter cannot translate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unexpressed {
+    /// The field, relative to the request (`response_format`, `messages[2].tool_calls`).
+    pub param: String,
+    pub message: String,
+}
+
+/// What of `request` (OpenAI chat) the adapter of `provider` cannot express, if anything.
+pub fn unexpressed(provider: &ProviderConfig, request: &Value) -> Option<Unexpressed> {
+    adapter(provider).unexpressed(request)
+}
+
+/// The first of `fields` that `request` sets to more than its default (absent, null,
+/// `false`, 0; `n`: 1; `response_format`: `{"type": "text"}`), as refused by `provider`.
+fn first_set(request: &Value, fields: &[&str], provider: &str) -> Option<Unexpressed> {
+    let set = |field: &str, v: &Value| match (field, v) {
+        (_, Value::Null | Value::Bool(false)) => false,
+        ("n", v) => v.as_i64() != Some(1),
+        ("response_format", v) => v.get("type").and_then(Value::as_str) != Some("text"),
+        (_, v) => v.as_f64() != Some(0.0),
+    };
+    let field = fields
+        .iter()
+        .find(|f| request.get(**f).is_some_and(|v| set(f, v)))?;
+    Some(Unexpressed {
+        param: (*field).to_owned(),
+        message: format!(
+            "`{field}` cannot be expressed to {provider}; remove it or route to an OpenAI model"
+        ),
+    })
 }
 
 /// The provider's base URL as configured, without a trailing `/`.
@@ -439,16 +479,22 @@ impl ProviderClient {
             output_tokens: output,
             cached_tokens: 0,
         };
+        // In the answer's own shape: Anthropic's for Messages, OpenAI's otherwise.
+        let usage = match endpoint {
+            Endpoint::Messages => serde_json::json!({
+                "input_tokens": input,
+                "output_tokens": output,
+                "tollgate_estimated": true,
+            }),
+            _ => serde_json::json!({
+                "prompt_tokens": input,
+                "completion_tokens": output,
+                "total_tokens": input + output,
+                "tollgate_estimated": true,
+            }),
+        };
         if let Some(obj) = success.body.as_object_mut() {
-            obj.insert(
-                "usage".to_owned(),
-                serde_json::json!({
-                    "prompt_tokens": input,
-                    "completion_tokens": output,
-                    "total_tokens": input + output,
-                    "tollgate_estimated": true,
-                }),
-            );
+            obj.insert("usage".to_owned(), usage);
         }
         success
     }
@@ -514,15 +560,22 @@ pub(crate) fn int(v: &Value, path: &[&str]) -> i64 {
 }
 
 /// The OpenAI `chat.completion` an adapter translated a provider's answer into:
-/// one choice with `text`, and the usage when the provider `reported` it (no usage is
+/// one choice with `text` and its `tool_calls`, and the usage when the provider `reported` it (no usage is
 /// invented as zeros: the send path sees it missing and settles with the estimate).
 pub(crate) fn completion(
     id: Value,
     model: Value,
     text: String,
+    tool_calls: Vec<Value>,
     finish_reason: &str,
     usage: Option<Value>,
 ) -> Value {
+    // With tool calls and no text, `content` is null, as OpenAI sends it.
+    let message = match tool_calls.is_empty() {
+        true => serde_json::json!({"role": "assistant", "content": text}),
+        false => serde_json::json!({"role": "assistant",
+            "content": (!text.is_empty()).then_some(text), "tool_calls": tool_calls}),
+    };
     let mut body = serde_json::json!({
         "id": id,
         "object": "chat.completion",
@@ -530,7 +583,7 @@ pub(crate) fn completion(
         "model": model,
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": text},
+            "message": message,
             "finish_reason": finish_reason,
         }],
     });

@@ -81,6 +81,8 @@ pub(super) fn path(endpoint: Endpoint) -> &'static str {
     match endpoint {
         Endpoint::ChatCompletions => "chat/completions",
         Endpoint::Embeddings => "embeddings",
+        // Never routed to this family (`ProviderKind::serves`); named for completeness.
+        Endpoint::Messages => "messages",
     }
 }
 
@@ -128,6 +130,7 @@ pub(super) fn parse_success(body: &[u8], endpoint: Endpoint) -> Result<Success, 
     let answer = match endpoint {
         Endpoint::ChatCompletions => "choices",
         Endpoint::Embeddings => "data",
+        Endpoint::Messages => "content",
     };
     if body.get(answer).is_none() {
         return Err(format!("provider answered 2xx without `{answer}`"));
