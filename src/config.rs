@@ -346,12 +346,14 @@ pub enum ProviderKind {
 
 impl ProviderKind {
     /// Whether tollgate sends this provider kind requests of `endpoint`: chat to every
-    /// kind, embeddings to the OpenAI family (Anthropic has no embeddings API), Anthropic
-    /// Messages to Anthropic, as they are.
+    /// kind, embeddings to the OpenAI family (Anthropic has no embeddings API), Responses
+    /// to OpenAI and OpenAI-compatible servers, Anthropic Messages to Anthropic — those two
+    /// as they are.
     pub fn serves(self, endpoint: Endpoint) -> bool {
         match endpoint {
             Endpoint::ChatCompletions => true,
             Endpoint::Embeddings => matches!(self, Self::Openai | Self::OpenaiCompatible | Self::Azure),
+            Endpoint::Responses => matches!(self, Self::Openai | Self::OpenaiCompatible),
             Endpoint::Messages => self == Self::Anthropic,
         }
     }

@@ -193,8 +193,52 @@ pub fn endpoint_input_tokens<'a>(
             .map(|m| embedding_input_tokens(request, Some(m)))
             .max()
             .unwrap_or_else(|| embedding_input_tokens(request, None)),
+        Endpoint::Responses => route_input_tokens(&responses_as_chat(request), models),
         Endpoint::Messages => messages_input_tokens(request),
     }
+}
+
+/// A Responses request as the chat request that bills the same input, for its estimate:
+/// `instructions` as a system message, `input` text as a user message, its items as
+/// messages (text and image parts as chat's, a function call's arguments as an assistant
+/// message, its output as a tool message, any other item as its JSON), `tools` as they are.
+pub fn responses_as_chat(request: &Value) -> Value {
+    let part = |p: &Value| match p.get("type").and_then(Value::as_str) {
+        Some("input_image") => serde_json::json!({"type": "image_url",
+            "image_url": {"url": p.get("image_url").cloned().unwrap_or(Value::Null), "detail": p.get("detail")}}),
+        _ => {
+            serde_json::json!({"type": "text", "text": p.get("text").map(as_text).unwrap_or_else(|| p.to_string())})
+        }
+    };
+    let item = |i: &Value| match i.get("type").and_then(Value::as_str) {
+        None | Some("message") => {
+            let content = match i.get("content") {
+                Some(Value::Array(parts)) => Value::Array(parts.iter().map(part).collect()),
+                Some(other) => Value::String(as_text(other)),
+                None => Value::String(String::new()),
+            };
+            serde_json::json!({"role": "user", "content": content})
+        }
+        Some("function_call") => serde_json::json!({"role": "assistant",
+            "content": format!("{}{}", as_text(i.get("name").unwrap_or(&Value::Null)), as_text(i.get("arguments").unwrap_or(&Value::Null)))}),
+        Some("function_call_output") => serde_json::json!({"role": "tool",
+            "content": as_text(i.get("output").unwrap_or(&Value::Null))}),
+        Some(_) => serde_json::json!({"role": "user", "content": i.to_string()}),
+    };
+    let mut messages = Vec::new();
+    if let Some(instructions) = field(request, "instructions") {
+        messages.push(serde_json::json!({"role": "system", "content": as_text(instructions)}));
+    }
+    match field(request, "input") {
+        Some(Value::Array(items)) => messages.extend(items.iter().map(item)),
+        Some(text) => messages.push(serde_json::json!({"role": "user", "content": as_text(text)})),
+        None => {}
+    }
+    let mut chat = serde_json::json!({"messages": messages});
+    if let Some(tools) = field(request, "tools") {
+        chat["tools"] = tools.clone();
+    }
+    chat
 }
 
 /// Most tokens Anthropic bills for one image: larger ones are scaled down to about 1.15
@@ -239,11 +283,13 @@ pub fn messages_input_tokens(request: &Value) -> i32 {
 }
 
 /// Output tokens to reserve for a job of `endpoint`: [`output_tokens`] for chat, none for
-/// embeddings, `max_tokens` for Anthropic Messages (required; thinking counts in it).
+/// embeddings, the output cap of a Responses request, `max_tokens` for Anthropic Messages
+/// (required; thinking counts in it).
 pub fn endpoint_output_tokens(endpoint: Endpoint, request: &Value) -> i32 {
     match endpoint {
         Endpoint::ChatCompletions => output_tokens(request),
         Endpoint::Embeddings => 0,
+        Endpoint::Responses => clamp_i32(responses_output_cap(request)),
         Endpoint::Messages => clamp_i32(request.get("max_tokens").and_then(Value::as_i64).unwrap_or(0)),
     }
 }
@@ -313,6 +359,15 @@ pub fn tokenizer_for(model: &str) -> Option<&'static Tokenizer> {
     } else {
         None
     }
+}
+
+/// The output cap a Responses request is sent with: its `max_output_tokens`, else
+/// [`DEFAULT_OUTPUT_TOKENS`] (which the adapter then sends).
+pub fn responses_output_cap(request: &Value) -> i64 {
+    request
+        .get("max_output_tokens")
+        .and_then(Value::as_i64)
+        .unwrap_or(i64::from(DEFAULT_OUTPUT_TOKENS))
 }
 
 /// The output cap per choice the request is sent with: its `max_completion_tokens` or
@@ -650,6 +705,45 @@ fn clamp_i32(v: i64) -> i32 {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn responses_reserve_as_the_chat_request_that_bills_the_same() {
+        let request = json!({"model": "m", "instructions": "be brief", "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "abcdefgh"},
+                {"type": "input_image", "image_url": "https://example.com/a.png", "detail": "low"}]},
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c", "output": "rain"}]});
+        let chat = responses_as_chat(&request);
+        assert_eq!(
+            chat["messages"][0],
+            json!({"role": "system", "content": "be brief"})
+        );
+        assert_eq!(chat["messages"][1]["content"][1]["type"], "image_url");
+        assert_eq!(
+            chat["messages"][2],
+            json!({"role": "assistant", "content": "f{}"})
+        );
+        assert_eq!(chat["messages"][3], json!({"role": "tool", "content": "rain"}));
+        let tokens = endpoint_input_tokens(Endpoint::Responses, &request, ["gpt-4o-mini"]);
+        assert_eq!(tokens, route_input_tokens(&chat, ["gpt-4o-mini"]));
+        assert!(
+            tokens > 2833,
+            "the low-detail image of gpt-4o-mini is billed: {tokens}"
+        );
+        assert_eq!(
+            endpoint_output_tokens(Endpoint::Responses, &request),
+            DEFAULT_OUTPUT_TOKENS
+        );
+        let capped = json!({"model": "m", "input": "x", "max_output_tokens": 64});
+        assert_eq!(endpoint_output_tokens(Endpoint::Responses, &capped), 64);
+        let messages = json!({"model": "m", "max_tokens": 9, "system": "abcd",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "abcdefgh"}, {"type": "image", "source": {}}]}]});
+        assert_eq!(
+            messages_input_tokens(&messages),
+            3 + (4 + 2) + (4 + 1) + ANTHROPIC_IMAGE_TOKENS as i32
+        );
+        assert_eq!(endpoint_output_tokens(Endpoint::Messages, &messages), 9);
+    }
 
     #[test]
     fn embeddings_reserve_their_inputs_and_no_output() {

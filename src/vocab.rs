@@ -198,6 +198,10 @@ pub enum Endpoint {
     #[serde(rename = "/v1/embeddings")]
     #[strum(serialize = "/v1/embeddings")]
     Embeddings,
+    /// OpenAI Responses: `input` (text or items) in, a response of output items out.
+    #[serde(rename = "/v1/responses")]
+    #[strum(serialize = "/v1/responses")]
+    Responses,
     /// Anthropic Messages, kept in Anthropic's shape (the one endpoint that is not
     /// OpenAI's): `messages` and `max_tokens` in, a message out.
     #[serde(rename = "/v1/messages")]

@@ -1,8 +1,8 @@
-//! The OpenAI-compatible synchronous endpoints: `POST /v1/chat/completions` and `POST
-//! /v1/embeddings`. The request is queued as an `interactive` job like any other — so it
-//! waits its turn instead of meeting a provider 429 — and the handler waits for the
-//! result. An existing OpenAI SDK app points its `base_url` at tollgate and changes
-//! nothing else.
+//! The synchronous endpoints: OpenAI's `POST /v1/chat/completions`, `POST /v1/embeddings`
+//! and `POST /v1/responses` (and, through [`synchronous`], Anthropic's Messages). The
+//! request is queued as an `interactive` job like any other — so it waits its turn instead
+//! of meeting a provider 429 — and the handler waits for the result. An existing OpenAI SDK
+//! app points its `base_url` at tollgate and changes nothing else.
 //!
 //! If the job cannot finish within `server.sync_timeout_secs` (or its deadline), the
 //! answer is 429 with `Retry-After` and a reason code, and the job is cancelled so it does
@@ -93,17 +93,44 @@ pub(crate) async fn embeddings(
     synchronous(state, tenant, Endpoint::Embeddings, json_body(body)?).await
 }
 
+/// OpenAI-compatible, synchronous: queued as an `interactive` job that reserves its input
+/// and `max_output_tokens`, and awaited; with `"stream": true`, the provider's Responses
+/// events relayed as they arrive.
+#[utoipa::path(
+    post,
+    path = "/v1/responses",
+    operation_id = "create_response",
+    tag = "openai",
+    request_body(content = Object, description = "An OpenAI Responses request"),
+    responses(
+        (status = 200, description = "An OpenAI response (JSON), or its events (`text/event-stream`) when streaming; header `x-tollgate-job-id`", body = Object),
+        (status = 400, description = "`invalid_json`, `invalid_request`, `missing_field`, `unknown_model`, `endpoint_not_served`, `unsupported_field`; or the job's reason code (`provider_rejected_request`, `request_too_large`, `exceeds_limit`)", body = doc::ErrorBody),
+        (status = 409, description = "`cancelled`", body = doc::ErrorBody),
+        (status = 413, description = "`body_too_large`", body = doc::ErrorBody),
+        (status = 429, description = "`queue_timeout`, `deadline_exceeded`, `deadline_unmeetable`, `rate_limited`, `spend_limit_reached`, `queue_full` (+ `Retry-After`)", body = doc::ErrorBody),
+        (status = 502, description = "`upstream_failed`, `upstream_auth_failed`, `insufficient_quota`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn responses(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    synchronous(state, tenant, Endpoint::Responses, json_body(body)?).await
+}
+
 /// One synchronous call of `endpoint`: the job queued, admitted and run like any other,
-/// the caller answered with its result (or relayed its stream, for a chat request that
-/// asks for one).
+/// the caller answered with its result (or relayed its stream, for a request of an
+/// endpoint that streams which asks for one).
 pub(crate) async fn synchronous(
     state: AppState,
     tenant: Tenant,
     endpoint: Endpoint,
     request: Value,
 ) -> Result<Response, ApiError> {
-    let stream =
-        endpoint == Endpoint::ChatCompletions && request.get("stream").and_then(Value::as_bool) == Some(true);
+    let streams = endpoint != Endpoint::Embeddings;
+    let stream = streams && request.get("stream").and_then(Value::as_bool) == Some(true);
     let timeout = Duration::from_secs(state.config.server.sync_timeout_secs);
     let trim_param = |e: ApiError| ApiError {
         param: e.param.map(|p| p.trim_start_matches("request.").to_owned()),
@@ -131,7 +158,7 @@ pub(crate) async fn synchronous(
     let mut abandoned = CancelIfAbandoned::new(&state, &tenant.name, job.id);
     if stream {
         drop(watch);
-        let answer = stream_response(&state, &tenant.name, job.id, timeout).await;
+        let answer = stream_response(&state, &tenant.name, job.id, endpoint, timeout).await;
         // From here the relay owns the job: a client leaving mid-stream cancels its call.
         abandoned.disarm();
         return answer;
@@ -155,6 +182,12 @@ pub(crate) async fn synchronous(
         response.headers_mut().insert("x-tollgate-job-id", v);
     }
     Ok(response)
+}
+
+/// The `type` of an event's JSON data.
+fn event_type(data: &str) -> Option<String> {
+    let v: Value = serde_json::from_str(data).ok()?;
+    v.get("type")?.as_str().map(str::to_owned)
 }
 
 /// What a synchronous caller is answered with.
@@ -312,6 +345,7 @@ async fn stream_response(
     state: &AppState,
     tenant: &str,
     id: JobId,
+    endpoint: Endpoint,
     timeout: Duration,
 ) -> Result<Response, ApiError> {
     let give_up = tokio::time::Instant::now() + timeout;
@@ -345,9 +379,16 @@ async fn stream_response(
         Ok(rx) => rx,
         Err(failure) => return Err(failure_response(failure.code.as_str(), failure.message)),
     };
-    let events = futures::stream::unfold(chunks, |mut rx| async move {
+    // Anthropic's and Responses' events are named (`event: message_start`,
+    // `event: response.created`, ...) by their data's `type`.
+    let named = matches!(endpoint, Endpoint::Messages | Endpoint::Responses);
+    let events = futures::stream::unfold(chunks, move |mut rx| async move {
         let data = rx.recv().await?;
-        Some((Ok::<_, Infallible>(Event::default().data(data)), rx))
+        let mut event = Event::default();
+        if named && let Some(name) = event_type(&data) {
+            event = event.event(name);
+        }
+        Some((Ok::<_, Infallible>(event.data(data)), rx))
     });
     let mut response = Sse::new(events).into_response();
     if let Ok(v) = HeaderValue::from_str(&id.to_string()) {

@@ -126,6 +126,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(jobs::cancel))
         .routes(routes!(chat::completions))
         .routes(routes!(chat::embeddings))
+        .routes(routes!(chat::responses))
         .routes({
             // Anthropic's SDKs read errors in Anthropic's shape.
             let (schemas, paths, method) = routes!(messages::create);

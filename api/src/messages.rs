@@ -8,8 +8,9 @@
 //! message}}`, with tollgate's `code` and `param` beside them).
 //!
 //! A Messages request is sent as it is, to Anthropic targets only (`ProviderKind::serves`);
-//! a model with no Anthropic target is refused (`endpoint_not_served`). Streaming is not
-//! relayed in Anthropic's event format: `stream: true` is refused (`stream_not_supported`).
+//! a model with no Anthropic target is refused (`endpoint_not_served`). With `stream: true`
+//! the job is admitted like any other, then Anthropic's events are relayed as they arrive,
+//! named as Anthropic names them.
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -17,7 +18,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
-use tollgate::vocab::{ApiErrorCode, Endpoint};
+use tollgate::vocab::Endpoint;
 
 use crate::AppState;
 use crate::auth::AuthTenant;
@@ -30,7 +31,8 @@ use crate::requests;
 /// Largest error body rewritten into Anthropic's shape; ours are far smaller.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
-/// Anthropic-compatible, synchronous: queued as an `interactive` job and awaited.
+/// Anthropic-compatible, synchronous: queued as an `interactive` job and awaited; with
+/// `stream: true`, Anthropic's events relayed as they arrive.
 #[utoipa::path(
     post,
     path = "/v1/messages",
@@ -38,8 +40,8 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
     tag = "anthropic",
     request_body(content = Object, description = "An Anthropic Messages request"),
     responses(
-        (status = 200, description = "The Anthropic message; header `x-tollgate-job-id`", body = Object),
-        (status = 400, description = "`invalid_json`, `invalid_request`, `missing_field`, `unknown_model`, `endpoint_not_served`, `unsupported_field`, `stream_not_supported`; or the job's reason code (`provider_rejected_request`, `request_too_large`, `exceeds_limit`)", body = doc::ErrorBody),
+        (status = 200, description = "The Anthropic message (JSON), or its events (`text/event-stream`) when streaming; header `x-tollgate-job-id`", body = Object),
+        (status = 400, description = "`invalid_json`, `invalid_request`, `missing_field`, `unknown_model`, `endpoint_not_served`, `unsupported_field`; or the job's reason code (`provider_rejected_request`, `request_too_large`, `exceeds_limit`)", body = doc::ErrorBody),
         (status = 429, description = "`queue_timeout`, `deadline_exceeded`, `deadline_unmeetable`, `rate_limited`, `spend_limit_reached`, `queue_full` (+ `Retry-After`)", body = doc::ErrorBody),
         (status = 502, description = "`upstream_failed`, `upstream_auth_failed`, `insufficient_quota`", body = doc::ErrorBody),
     ),
@@ -50,15 +52,7 @@ pub(crate) async fn create(
     AuthTenant(tenant): AuthTenant,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let request = json_body(body)?;
-    if request.get("stream").and_then(Value::as_bool) == Some(true) {
-        return Err(ApiError::bad_request(
-            ApiErrorCode::StreamNotSupported,
-            "tollgate does not relay Anthropic's stream events; send the request without `stream`",
-        )
-        .with_param("stream"));
-    }
-    synchronous(state, tenant, Endpoint::Messages, request).await
+    synchronous(state, tenant, Endpoint::Messages, json_body(body)?).await
 }
 
 /// The input tokens tollgate reserves for a Messages request (`max_tokens` may be left

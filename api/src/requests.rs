@@ -38,6 +38,7 @@ pub(crate) fn check(
     let model = match endpoint {
         Endpoint::ChatCompletions => validate_chat_request(request, param_prefix)?,
         Endpoint::Embeddings => validate_embeddings_request(request, param_prefix)?,
+        Endpoint::Responses => validate_responses_request(request, param_prefix)?,
         Endpoint::Messages => validate_messages_request(request, param_prefix)?,
     };
     let targets = routing::resolve(config, &model, endpoint).map_err(|why| {
@@ -108,6 +109,35 @@ fn object_and_model<'a>(
     }
 }
 
+/// The array at `key` of `v`, or none.
+fn array<'a>(v: &'a Value, key: &str) -> &'a [Value] {
+    v.get(key)
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+}
+
+/// `400 invalid_request` when `field` is set to anything but a positive integer.
+fn positive_if_set(obj: &Map<String, Value>, field: &str, param_prefix: &str) -> Result<(), ApiError> {
+    match obj.get(field) {
+        Some(v) if v.as_i64().is_none_or(|n| n < 1) => Err(invalid(
+            format!("{param_prefix}{field}"),
+            &format!("`{field}` must be a positive integer"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `400 invalid_request` at `at`.
+fn invalid(at: String, message: &str) -> ApiError {
+    ApiError::bad_request(ApiErrorCode::InvalidRequest, message).with_param(at)
+}
+
+/// `400 unsupported_field` at `at`: a field whose cost tollgate cannot reserve.
+fn unsupported(at: String, message: String) -> ApiError {
+    ApiError::bad_request(ApiErrorCode::UnsupportedField, message).with_param(at)
+}
+
 /// Checks an OpenAI Chat Completions body enough that a provider will not reject its
 /// shape, and that every field it is charged for can be reserved (`estimate::check`);
 /// returns the requested model.
@@ -157,15 +187,7 @@ pub(crate) fn validate_chat_request(request: &Value, param_prefix: &str) -> Resu
         }
     }
     for cap in ["max_tokens", "max_completion_tokens"] {
-        if let Some(v) = obj.get(cap)
-            && v.as_i64().is_none_or(|n| n < 1)
-        {
-            return Err(ApiError::bad_request(
-                ApiErrorCode::InvalidRequest,
-                format!("`{cap}` must be a positive integer"),
-            )
-            .with_param(p(cap)));
-        }
+        positive_if_set(obj, cap, param_prefix)?;
     }
     estimate::check(request).map_err(|r| ApiError::bad_request(r.code, r.message).with_param(p(&r.param)))?;
     Ok(model)
@@ -178,9 +200,6 @@ pub(crate) fn validate_chat_request(request: &Value, param_prefix: &str) -> Resu
 pub(crate) fn validate_embeddings_request(request: &Value, param_prefix: &str) -> Result<String, ApiError> {
     let p = |name: &str| format!("{param_prefix}{name}");
     let (obj, model) = object_and_model(request, param_prefix, "embeddings")?;
-    let invalid = |at: String, message: &str| {
-        ApiError::bad_request(ApiErrorCode::InvalidRequest, message).with_param(at)
-    };
     let is_token = |v: &Value| v.as_u64().is_some_and(|t| t <= u64::from(u32::MAX));
     match obj.get("input") {
         None => {
@@ -237,13 +256,87 @@ pub(crate) fn validate_embeddings_request(request: &Value, param_prefix: &str) -
             "`encoding_format` must be \"float\" or \"base64\"",
         ));
     }
-    if let Some(d) = obj.get("dimensions")
-        && d.as_i64().is_none_or(|n| n < 1)
-    {
-        return Err(invalid(
-            p("dimensions"),
-            "`dimensions` must be a positive integer",
-        ));
+    positive_if_set(obj, "dimensions", param_prefix)?;
+    Ok(model)
+}
+
+/// Fields of a Responses request that bring input tollgate cannot see (state kept at the
+/// provider: an earlier response, a conversation, a stored prompt) or run it in the
+/// background, so that its reservation could not cover it.
+const RESPONSES_SERVER_STATE: [&str; 4] = ["previous_response_id", "conversation", "prompt", "background"];
+
+/// Checks an OpenAI Responses body: `input` a non-empty string or a non-empty array of
+/// items, `max_output_tokens` a positive integer. Refused as `unsupported_field`, since
+/// their cost cannot be reserved: state kept at the provider (`previous_response_id`,
+/// `conversation`, `prompt`, `background`), built-in tools (any tool but `function`), item
+/// references and file inputs. Returns the requested model.
+pub(crate) fn validate_responses_request(request: &Value, param_prefix: &str) -> Result<String, ApiError> {
+    let p = |name: &str| format!("{param_prefix}{name}");
+    let (obj, model) = object_and_model(request, param_prefix, "responses")?;
+    match obj.get("input") {
+        None => {
+            return Err(
+                ApiError::bad_request(ApiErrorCode::MissingField, "`input` is required")
+                    .with_param(p("input")),
+            );
+        }
+        Some(Value::String(s)) if !s.is_empty() => {}
+        Some(Value::Array(items)) if !items.is_empty() => {
+            for (i, item) in items.iter().enumerate() {
+                let at = p(&format!("input[{i}]"));
+                if !item.is_object() {
+                    return Err(invalid(at, "each input item must be an object"));
+                }
+                if item.get("type").and_then(Value::as_str) == Some("item_reference") {
+                    return Err(unsupported(
+                        format!("{at}.type"),
+                        "item references bring input kept at the provider, which tollgate cannot reserve for"
+                            .to_owned(),
+                    ));
+                }
+                let parts = array(item, "content");
+                for (j, part) in parts.iter().enumerate() {
+                    if part.get("type").and_then(Value::as_str) == Some("input_file") {
+                        return Err(unsupported(
+                            format!("{at}.content[{j}].type"),
+                            "file inputs are not ones tollgate can reserve for".to_owned(),
+                        ));
+                    }
+                }
+            }
+        }
+        Some(_) => {
+            return Err(invalid(
+                p("input"),
+                "`input` must be a non-empty string or array of items",
+            ));
+        }
+    }
+    positive_if_set(obj, "max_output_tokens", param_prefix)?;
+    for field in RESPONSES_SERVER_STATE {
+        if obj
+            .get(field)
+            .is_some_and(|v| !v.is_null() && *v != Value::Bool(false))
+        {
+            return Err(unsupported(
+                p(field),
+                format!(
+                    "`{field}` brings input or work kept at the provider, which tollgate cannot reserve for"
+                ),
+            ));
+        }
+    }
+    let tools = array(request, "tools");
+    for (i, tool) in tools.iter().enumerate() {
+        let kind = tool.get("type").and_then(Value::as_str).unwrap_or_default();
+        if kind != "function" {
+            return Err(unsupported(
+                p(&format!("tools[{i}].type")),
+                format!(
+                    "built-in tools ({kind:?}) are billed beyond tokens; tollgate cannot reserve for them"
+                ),
+            ));
+        }
     }
     Ok(model)
 }
@@ -266,27 +359,13 @@ const MESSAGE_BLOCKS: [&str; 6] = [
 pub(crate) fn validate_messages_request(request: &Value, param_prefix: &str) -> Result<String, ApiError> {
     let p = |name: &str| format!("{param_prefix}{name}");
     let (obj, model) = object_and_model(request, param_prefix, "messages")?;
-    let invalid = |at: String, message: &str| {
-        ApiError::bad_request(ApiErrorCode::InvalidRequest, message).with_param(at)
-    };
-    let unsupported = |at: String, message: String| {
-        ApiError::bad_request(ApiErrorCode::UnsupportedField, message).with_param(at)
-    };
-    match obj.get("max_tokens") {
-        None => {
-            return Err(
-                ApiError::bad_request(ApiErrorCode::MissingField, "`max_tokens` is required")
-                    .with_param(p("max_tokens")),
-            );
-        }
-        Some(v) if v.as_i64().is_none_or(|n| n < 1) => {
-            return Err(invalid(
-                p("max_tokens"),
-                "`max_tokens` must be a positive integer",
-            ));
-        }
-        Some(_) => {}
+    if obj.get("max_tokens").is_none() {
+        return Err(
+            ApiError::bad_request(ApiErrorCode::MissingField, "`max_tokens` is required")
+                .with_param(p("max_tokens")),
+        );
     }
+    positive_if_set(obj, "max_tokens", param_prefix)?;
     let messages = match obj.get("messages") {
         Some(Value::Array(m)) if !m.is_empty() => m,
         Some(_) => return Err(invalid(p("messages"), "`messages` must be a non-empty array")),
@@ -340,11 +419,7 @@ pub(crate) fn validate_messages_request(request: &Value, param_prefix: &str) -> 
     if let Some(system) = obj.get("system") {
         blocks(system, &p("system"))?;
     }
-    let tools = obj
-        .get("tools")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
+    let tools = array(request, "tools");
     for (i, tool) in tools.iter().enumerate() {
         if let Some(kind) = tool
             .get("type")
@@ -377,6 +452,51 @@ mod tests {
     fn refused(request: Value) -> (ApiErrorCode, Option<String>) {
         let e = validate_embeddings_request(&request, "body.").unwrap_err();
         (e.code, e.param)
+    }
+
+    #[test]
+    fn responses_requests_are_checked_field_by_field() {
+        for ok in [
+            json!({"model": "m", "input": "hi"}),
+            json!({"model": "m", "instructions": "be brief", "max_output_tokens": 9, "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": "hi"},
+                    {"type": "input_image", "image_url": "https://example.com/a.png"}]},
+                {"type": "function_call_output", "call_id": "c", "output": "42"}],
+                "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]}),
+        ] {
+            assert_eq!(validate_responses_request(&ok, "").unwrap(), "m", "{ok}");
+        }
+        let refused = |r: Value| {
+            let e = validate_responses_request(&r, "").unwrap_err();
+            (e.code, e.param.unwrap_or_default())
+        };
+        use ApiErrorCode::{InvalidRequest, MissingField, UnsupportedField};
+        assert_eq!(refused(json!({"model": "m"})), (MissingField, "input".to_owned()));
+        assert_eq!(
+            refused(json!({"model": "m", "input": ""})),
+            (InvalidRequest, "input".to_owned())
+        );
+        assert_eq!(
+            refused(json!({"model": "m", "input": "x", "max_output_tokens": 0})),
+            (InvalidRequest, "max_output_tokens".to_owned())
+        );
+        assert_eq!(
+            refused(json!({"model": "m", "input": "x", "previous_response_id": "resp_1"})),
+            (UnsupportedField, "previous_response_id".to_owned())
+        );
+        assert_eq!(
+            refused(json!({"model": "m", "input": "x", "tools": [{"type": "web_search"}]})),
+            (UnsupportedField, "tools[0].type".to_owned())
+        );
+        assert_eq!(
+            refused(json!({"model": "m", "input": [{"type": "item_reference", "id": "msg_1"}]})),
+            (UnsupportedField, "input[0].type".to_owned())
+        );
+        assert_eq!(
+            validate_responses_request(&json!({"model": "m", "input": "x", "background": false}), "")
+                .unwrap(),
+            "m"
+        );
     }
 
     #[test]

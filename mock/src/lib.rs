@@ -41,6 +41,7 @@ mod faults;
 mod gemini;
 mod openai;
 mod openai_batch;
+mod openai_responses;
 mod reply;
 mod request;
 mod stats;
@@ -232,6 +233,7 @@ impl MockProvider {
         Router::new()
             .route("/v1/chat/completions", post(openai::chat_completions))
             .route("/v1/embeddings", post(openai::embeddings))
+            .route("/v1/responses", post(openai_responses::responses))
             .route("/v1/messages", post(anthropic::messages))
             .route("/v1beta/models/{model_action}", post(gemini::generate_content))
             .route(

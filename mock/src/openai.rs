@@ -74,7 +74,7 @@ struct Usage {
 }
 
 /// Per-request context for building responses.
-struct Reply<'a> {
+pub(super) struct Reply<'a> {
     inner: &'a Inner,
     started: Instant,
     request_id: String,
@@ -94,7 +94,7 @@ pub(super) fn bearer(headers: &HeaderMap) -> Option<&str> {
 const RATE_LIMIT_DOCS: &str = "Visit https://platform.openai.com/account/rate-limits to learn more.";
 
 impl<'a> Reply<'a> {
-    fn new(inner: &'a Inner) -> Self {
+    pub(super) fn new(inner: &'a Inner) -> Self {
         Reply {
             inner,
             started: Instant::now(),
@@ -103,14 +103,22 @@ impl<'a> Reply<'a> {
         }
     }
 
-    /// The project of the request's bearer key (set on the reply) and the body, or the
-    /// answer OpenAI sends (401, or 400 for a body that cannot be read).
-    async fn open(&mut self, req: Request) -> Result<(usize, axum::body::Bytes), Box<Response>> {
+    /// The project of the request's bearer key (set on the reply) and the body read as
+    /// `T`, or the answer OpenAI sends (401, or 400 for a body that cannot be read, is not
+    /// JSON or not of `T`'s shape).
+    pub(super) async fn open<T: serde::de::DeserializeOwned>(
+        &mut self,
+        req: Request,
+    ) -> Result<(usize, T), Box<Response>> {
         let (parts, body) = req.into_parts();
         let project = self.authenticate(&parts.headers)?;
-        match to_bytes(body, MAX_BODY_BYTES).await {
-            Ok(bytes) => Ok((project, bytes)),
-            Err(_) => Err(Box::new(self.bad_request("The request body could not be read."))),
+        let Ok(bytes) = to_bytes(body, MAX_BODY_BYTES).await else {
+            return Err(Box::new(self.bad_request("The request body could not be read.")));
+        };
+        match serde_json::from_slice(&bytes) {
+            Ok(body) => Ok((project, body)),
+            Err(e) if e.is_syntax() || e.is_eof() => Err(Box::new(self.not_json())),
+            Err(e) => Err(Box::new(self.bad_request(&format!("Invalid request body: {e}")))),
         }
     }
 
@@ -146,7 +154,7 @@ impl<'a> Reply<'a> {
 
     /// What comes before a request's admission: the model checked, and a fault drawn —
     /// one answered now (`Err`), or one to apply to the answer (`faults::after`).
-    async fn before_admission(
+    pub(super) async fn before_admission(
         &self,
         project: usize,
         model: &str,
@@ -181,14 +189,9 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
     let inner = &*p.inner;
     let in_flight = inner.totals.begin();
     let mut reply = Reply::new(inner);
-    let (project, bytes) = match reply.open(req).await {
+    let (project, req): (usize, ChatRequest) = match reply.open(req).await {
         Ok(opened) => opened,
         Err(refused) => return *refused,
-    };
-    let req: ChatRequest = match serde_json::from_slice(&bytes) {
-        Ok(r) => r,
-        Err(e) if e.is_syntax() || e.is_eof() => return reply.not_json(),
-        Err(e) => return reply.bad_request(&format!("Invalid request body: {e}")),
     };
     let Some(model) = req.model.as_deref().filter(|m| !m.is_empty()) else {
         return reply.bad_request("you must provide a model parameter");
@@ -243,12 +246,9 @@ pub(super) async fn embeddings(State(p): State<MockProvider>, req: Request) -> R
     let inner = &*p.inner;
     let _in_flight = inner.totals.begin();
     let mut reply = Reply::new(inner);
-    let (project, bytes) = match reply.open(req).await {
+    let (project, body): (usize, serde_json::Value) = match reply.open(req).await {
         Ok(opened) => opened,
         Err(refused) => return *refused,
-    };
-    let Ok(body) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
-        return reply.not_json();
     };
     let Some(model) = body
         .get("model")
@@ -505,7 +505,7 @@ impl Reply<'_> {
         )
     }
 
-    fn bad_request(&self, message: &str) -> Response {
+    pub(super) fn bad_request(&self, message: &str) -> Response {
         self.error(
             StatusCode::BAD_REQUEST,
             message,
@@ -532,7 +532,7 @@ impl Reply<'_> {
         self.json(status, &body, view.as_ref())
     }
 
-    fn rate_limited(&self, model: &str, d: &Denial, view: &LimitsView) -> Response {
+    pub(super) fn rate_limited(&self, model: &str, d: &Denial, view: &LimitsView) -> Response {
         let org = self.project.map_or("", |p| self.inner.projects[p].name.as_str());
         let (what, abbr, kind) = match d.kind {
             LimitKind::Rpm => ("requests per min", "RPM", "requests"),

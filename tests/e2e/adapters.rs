@@ -238,6 +238,19 @@ async fn openai_sdk_tool_calls_reach_anthropic_and_come_back() {
     // the streamed call, the answer, and the stray tool result it refused.
     let stats = app.mock.stats();
     assert_eq!((stats.succeeded, stats.bad_request), (3, 1), "{stats:?}");
+    // Both calls are stored with their tool call, the streamed one put back together.
+    let (_, jobs) = app.get(ACME, "/v1/jobs?limit=100").await;
+    let calls: Vec<&Value> = jobs["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|j| j["result"]["choices"][0]["message"]["tool_calls"].get(0))
+        .collect();
+    assert_eq!(calls.len(), 2, "{jobs}");
+    for call in calls {
+        assert_eq!(call["function"]["name"], "get_weather");
+        assert_eq!(call["function"]["arguments"], r#"{"city":"mock"}"#);
+    }
     app.shutdown().await;
 }
 

@@ -40,6 +40,30 @@ async fn app_with_embeddings() -> TestApp {
     .await
 }
 
+/// Runs an official-SDK script from `tests/python/` against the app at `base_url` with
+/// acme's key; its JSON summary.
+async fn sdk_summary(script: &str, base_url: &str) -> Value {
+    let out = crate::python::run_script(
+        script,
+        &[],
+        &[("TOLLGATE_BASE_URL", base_url), ("TOLLGATE_API_KEY", ACME)],
+    )
+    .await;
+    serde_json::from_str(out.trim()).expect("the script's JSON summary")
+}
+
+/// The tenant's batch `id` completed, its lines calling `endpoint`.
+async fn assert_batch_completed(app: &TestApp, id: &Value, endpoint: &str) {
+    let (_, batch) = app
+        .get(ACME, &format!("/v1/batches/{}", id.as_str().unwrap()))
+        .await;
+    assert_eq!(
+        (batch["endpoint"].as_str(), batch["status"].as_str()),
+        (Some(endpoint), Some("completed")),
+        "{batch}"
+    );
+}
+
 async fn post_raw(app: &TestApp, key: &str, path: &str, body: &Value) -> reqwest::Response {
     app.http
         .post(app.url(path))
@@ -198,7 +222,7 @@ async fn the_model_list_names_every_alias_provider_model_and_bare_model_with_wha
     assert_eq!(
         fast,
         json!({"id": "fast", "object": "model", "created": 0, "owned_by": "tollgate",
-               "endpoints": ["/v1/chat/completions", "/v1/embeddings"], "targets": ["oai/gpt-4o-mini"]})
+               "endpoints": ["/v1/chat/completions", "/v1/embeddings", "/v1/responses"], "targets": ["oai/gpt-4o-mini"]})
     );
     let (_, claude) = app.get(ACME, "/v1/models/ant/claude-3-5-haiku-latest").await;
     assert_eq!(claude["owned_by"], "ant");
@@ -227,16 +251,19 @@ async fn the_model_list_names_every_alias_provider_model_and_bare_model_with_wha
     app.shutdown().await;
 }
 
-#[tokio::test]
-async fn three_processes_hold_embeddings_under_the_providers_tpm() {
-    // 160 jobs of 500 tokens: 80k tokens against 60k a minute, so a third of them wait for
-    // the bucket to refill.
-    const TPM: u64 = 60_000;
-    const JOBS: usize = 160;
+/// `JOBS` jobs made by `body`, queued at a process that only serves the API, then drained
+/// by three processes with every role against the mock's `oai-embed` project allowing
+/// `TPM` tokens a minute (and the broker configured with it): every job answered, no
+/// provider 429, no limit passed. The app is returned for the test's own checks.
+async fn drained_by_three_processes_under_tpm(
+    tpm: u64,
+    jobs: usize,
+    body: impl Fn(usize) -> Value,
+) -> TestApp {
     let app = TestApp::spawn_with(TestOptions {
-        mock: embeddings_mock(TPM),
+        mock: embeddings_mock(tpm),
         extra_config: format!(
-            "{}[providers.limits.\"text-embedding-3-small\"]\ntpm = {TPM}\n",
+            "{}[providers.limits.\"text-embedding-3-small\"]\ntpm = {tpm}\n",
             EMBEDDINGS_PROVIDER.replace("learn_limits = false", "learn_limits = true")
         ),
         gate_config: "interactive_reserve = 0.0".into(),
@@ -246,41 +273,61 @@ async fn three_processes_hold_embeddings_under_the_providers_tpm() {
     })
     .await;
     let apis = vec![app.api.clone()];
-    let accepted = flood(&app, &apis, ACME, JOBS, |_| {
+    assert_eq!(flood(&app, &apis, ACME, jobs, body).await, jobs);
+    let peers = [
+        app.spawn_peer(Roles::ALL).await,
+        app.spawn_peer(Roles::ALL).await,
+        app.spawn_peer(Roles::ALL).await,
+    ];
+    wait_all_finished(&app, jobs as i64, 120).await;
+    assert_the_provider_saw_every_job_within_its_limits(&app, jobs, u64::MAX);
+    for peer in peers {
+        peer.shutdown().await;
+    }
+    app
+}
+
+#[tokio::test]
+async fn three_processes_hold_embeddings_under_the_providers_tpm() {
+    // 160 jobs of 500 tokens: 80k tokens against 60k a minute, so a third of them wait for
+    // the bucket to refill.
+    let app = drained_by_three_processes_under_tpm(60_000, 160, |_| {
         // 2,000 characters: 500 tokens by the mock's count and the broker's (" the" is
         // one token in cl100k).
         let text = "the ".repeat(500);
         json!({"endpoint": "/v1/embeddings", "request": {"model": "emb/text-embedding-3-small", "input": [text]}})
     })
     .await;
-    assert_eq!(accepted, JOBS);
-    let peers = [
-        app.spawn_peer(Roles::ALL).await,
-        app.spawn_peer(Roles::ALL).await,
-        app.spawn_peer(Roles::ALL).await,
-    ];
-    wait_all_finished(&app, JOBS as i64, 120).await;
-    assert_the_provider_saw_every_job_within_its_limits(&app, JOBS, u64::MAX);
     let project = app.mock.stats().projects["oai-embed"].clone();
-    assert_eq!(project.input_tokens_admitted, 500 * JOBS as u64);
+    assert_eq!(project.input_tokens_admitted, 500 * 160);
     assert_eq!(project.output_tokens_admitted, 0);
-    for peer in peers {
-        peer.shutdown().await;
-    }
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn three_processes_hold_responses_under_the_providers_tpm() {
+    // 160 responses charged 500 tokens each at their start (250 of input, 250 of
+    // max_output_tokens, as OpenAI counts them): 80k tokens against 60k a minute.
+    let app = drained_by_three_processes_under_tpm(60_000, 160, |_| {
+        // 3 + (4 + 243) tokens of input by the mock's count and the broker's character
+        // rule (" the" is one token in cl100k, so the BPE count is no larger).
+        let text = "the ".repeat(243);
+        json!({"endpoint": "/v1/responses", "request": {"model": "emb/text-embedding-3-small",
+               "input": text.trim_end(), "max_output_tokens": 250}})
+    })
+    .await;
+    let project = app.mock.stats().projects["oai-embed"].clone();
+    assert_eq!(
+        (project.requests_admitted, project.input_tokens_admitted),
+        (160, 250 * 160)
+    );
     app.shutdown().await;
 }
 
 #[tokio::test]
 async fn openai_python_sdk_embeds_lists_models_and_batches_embeddings() {
     let app = app_with_embeddings().await;
-    let base_url = app.url("/v1");
-    let out = crate::python::run_script(
-        "openai_endpoints.py",
-        &[],
-        &[("TOLLGATE_BASE_URL", &base_url), ("TOLLGATE_API_KEY", ACME)],
-    )
-    .await;
-    let summary: Value = serde_json::from_str(out.trim()).expect("the script's JSON summary");
+    let summary = sdk_summary("openai_endpoints.py", &app.url("/v1")).await;
     let (_, job) = app
         .get(ACME, &format!("/v1/jobs/{}", summary["job"].as_str().unwrap()))
         .await;
@@ -288,29 +335,14 @@ async fn openai_python_sdk_embeds_lists_models_and_batches_embeddings() {
         (job["endpoint"].as_str(), job["state"].as_str()),
         (Some("/v1/embeddings"), Some("succeeded"))
     );
-    let (_, batch) = app
-        .get(
-            ACME,
-            &format!("/v1/batches/{}", summary["batch"].as_str().unwrap()),
-        )
-        .await;
-    assert_eq!(
-        (batch["endpoint"].as_str(), batch["status"].as_str()),
-        (Some("/v1/embeddings"), Some("completed"))
-    );
+    assert_batch_completed(&app, &summary["batch"], "/v1/embeddings").await;
     app.shutdown().await;
 }
 
 #[tokio::test]
-async fn anthropic_python_sdk_sends_messages_through_the_queue() {
+async fn anthropic_python_sdk_sends_and_streams_messages_through_the_queue() {
     let app = TestApp::spawn().await;
-    let out = crate::python::run_script(
-        "anthropic_messages.py",
-        &[],
-        &[("TOLLGATE_BASE_URL", &app.api), ("TOLLGATE_API_KEY", ACME)],
-    )
-    .await;
-    let summary: Value = serde_json::from_str(out.trim()).expect("the script's JSON summary");
+    let summary = sdk_summary("anthropic_messages.py", &app.api).await;
     let (_, job) = app
         .get(ACME, &format!("/v1/jobs/{}", summary["job"].as_str().unwrap()))
         .await;
@@ -326,8 +358,58 @@ async fn anthropic_python_sdk_sends_messages_through_the_queue() {
         "the message as Anthropic sent it"
     );
     assert_eq!(job["result"]["type"], "message");
-    // The message, the tool call and its answer reached the provider; nothing refused did.
+    // The messages (plain and streamed), the tool calls (plain and streamed) and the
+    // answer reached the provider; nothing refused did.
     let stats = app.mock.stats();
-    assert_eq!((stats.succeeded, stats.requests), (3, 3), "{stats:?}");
+    assert_eq!((stats.succeeded, stats.requests), (5, 5), "{stats:?}");
+    // A streamed call is stored as the message its events make.
+    let (_, jobs) = app.get(ACME, "/v1/jobs?limit=100").await;
+    let calls: Vec<&Value> = jobs["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["result"]["stop_reason"] == "tool_use")
+        .collect();
+    assert_eq!(calls.len(), 2, "{jobs}");
+    for call in calls {
+        assert_eq!(
+            call["result"]["content"][0]["input"],
+            json!({"city": "mock"}),
+            "{call}"
+        );
+        assert_eq!(call["result"]["type"], "message");
+    }
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn openai_python_sdk_drives_responses() {
+    let app = TestApp::spawn().await;
+    let summary = sdk_summary("openai_responses.py", &app.url("/v1")).await;
+    let (_, job) = app
+        .get(ACME, &format!("/v1/jobs/{}", summary["job"].as_str().unwrap()))
+        .await;
+    assert_eq!(
+        (job["endpoint"].as_str(), job["state"].as_str()),
+        (Some("/v1/responses"), Some("succeeded"))
+    );
+    assert_eq!(
+        job["estimate"]["output_tokens"], 32,
+        "a response reserves its max_output_tokens"
+    );
+    assert_eq!(
+        job["usage"]["input_tokens"],
+        job["result"]["usage"]["input_tokens"]
+    );
+    // Streamed calls are stored as the response their last event carries.
+    let (_, jobs) = app.get(ACME, "/v1/jobs?limit=100").await;
+    let calls = jobs["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["result"]["output"][0]["type"] == "function_call")
+        .count();
+    assert_eq!(calls, 2, "{jobs}");
+    assert_batch_completed(&app, &summary["batch"], "/v1/responses").await;
     app.shutdown().await;
 }

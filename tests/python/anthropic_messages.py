@@ -1,18 +1,19 @@
 """Drives tollgate's Anthropic surface with the official `anthropic` package, unchanged:
-a message, a tool-calling conversation (the model calls a tool, its result goes back, the
-model answers), token counting, and errors in Anthropic's shape.
+a message, plain and streamed; a tool-calling conversation (the model calls a tool, plain
+and streamed, its result goes back, the model answers); token counting; errors in
+Anthropic's shape.
 
-Run by the e2e test `endpoints::anthropic_python_sdk_sends_messages_through_the_queue`,
+Run by the e2e test `endpoints::anthropic_python_sdk_sends_and_streams_messages_through_the_queue`,
 which passes TOLLGATE_BASE_URL (`http://host:port`) and TOLLGATE_API_KEY. Exits non-zero
 on the first failed check; prints a JSON summary on success.
 """
 
 import json
 import os
-import sys
 
 import anthropic
 from anthropic import Anthropic
+from checks import run
 
 MODEL = "claude-3-5-haiku-latest"
 TOOLS = [
@@ -37,7 +38,18 @@ def main():
     assert message.stop_reason in ("end_turn", "max_tokens"), message
     assert message.usage.input_tokens > 0 and message.usage.output_tokens > 0, message.usage
 
+    with client.messages.stream(model=MODEL, max_tokens=32, messages=[{"role": "user", "content": "Hello"}]) as stream:
+        streamed_text = "".join(stream.text_stream)
+        streamed = stream.get_final_message()
+    assert streamed_text and streamed.content[0].text == streamed_text, streamed
+    assert streamed.usage.output_tokens > 0 and streamed.stop_reason in ("end_turn", "max_tokens"), streamed
+
     question = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    with client.messages.stream(model=MODEL, max_tokens=64, tools=TOOLS, messages=question) as stream:
+        streamed_call = stream.get_final_message()
+    assert streamed_call.stop_reason == "tool_use", streamed_call
+    assert streamed_call.content[0].type == "tool_use" and streamed_call.content[0].input == {"city": "mock"}, streamed_call
+
     called = client.messages.create(model=f"ant/{MODEL}", max_tokens=64, tools=TOOLS, messages=question)
     assert called.stop_reason == "tool_use", called
     use = next(b for b in called.content if b.type == "tool_use")
@@ -80,8 +92,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print(f"check failed: {e!r}", file=sys.stderr)
-        raise
+    run(main)

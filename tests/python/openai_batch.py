@@ -9,9 +9,9 @@ first failed check; prints a JSON summary on success.
 
 import json
 import os
-import sys
 import time
 
+from checks import run
 from openai import OpenAI
 
 TERMINAL = ("completed", "failed", "expired", "cancelled")
@@ -106,8 +106,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print(f"check failed: {e!r}", file=sys.stderr)
-        raise
+    run(main)

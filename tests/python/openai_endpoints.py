@@ -9,10 +9,10 @@ non-zero on the first failed check; prints a JSON summary on success.
 
 import json
 import os
-import sys
 import time
 
 import openai
+from checks import run
 from openai import OpenAI
 
 MODEL = "text-embedding-3-small"
@@ -76,8 +76,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print(f"check failed: {e!r}", file=sys.stderr)
-        raise
+    run(main)

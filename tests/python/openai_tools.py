@@ -10,9 +10,9 @@ the first failed check; prints a JSON summary on success.
 
 import json
 import os
-import sys
 
 import openai
+from checks import run
 from openai import OpenAI
 
 MODEL = "ant/claude-3-5-haiku-latest"
@@ -106,8 +106,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print(f"check failed: {e!r}", file=sys.stderr)
-        raise
+    run(main)

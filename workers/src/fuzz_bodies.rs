@@ -144,7 +144,7 @@ fn sse_events(body: &[u8], piece: usize) -> Result<Vec<SseEvent>, String> {
 type Streamed = (Vec<(Value, bool)>, Option<(ReasonCode, Option<u16>)>, Usage, bool);
 
 fn stream(which: usize, body: &[u8], piece: usize) -> Streamed {
-    let Some(events) = adapters()[which].0.stream_events() else {
+    let Some(events) = adapters()[which].0.stream_events(Endpoint::ChatCompletions) else {
         panic!("adapter {which} does not stream");
     };
     let pieces = body.chunks(piece).map(Bytes::copy_from_slice).collect();

@@ -5,6 +5,7 @@
 //! longer held here (rescued, cancelled) is cut off, and nothing of it is written.
 
 use chrono::Utc;
+use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 use tollgate::attempt::{End, Outcome, Served};
@@ -17,7 +18,7 @@ use tollgate::store::{self, StoreError};
 use super::{Dispatcher, log_write};
 use crate::providers::streaming::ChatStream;
 use crate::providers::{CallOutcome, Success};
-use tollgate::vocab::ReasonCode;
+use tollgate::vocab::{Endpoint, ReasonCode};
 
 impl Dispatcher {
     /// Claims an admitted streaming job for this process (its client is connected here).
@@ -50,7 +51,7 @@ impl Dispatcher {
         let stop = tracked.stop.clone();
         let started_at = self.inner.clock.now();
         let opened = tokio::select! {
-            opened = self.inner.providers.call_stream(&target, &job.request) => opened,
+            opened = self.inner.providers.call_stream(&target, job.endpoint, &job.request) => opened,
             _ = stop.cancelled() => {
                 let settlement = self.settlement(&job, &target, None);
                 let served = Served::new(&target.provider, &target.model);
@@ -90,7 +91,7 @@ impl Dispatcher {
         let wants_usage = ChatStream::client_wants_usage(&job.request);
         relays.spawn(async move {
             let _tracked = tracked;
-            let mut assembled = Assembled::default();
+            let mut assembled = Assembled::for_endpoint(job.endpoint);
             let mut ended: Result<(), Failure> = Ok(());
             let mut client_gone = false;
             loop {
@@ -99,10 +100,8 @@ impl Dispatcher {
                     _ = stop.cancelled() => {
                         // Not ours any more: the client's stream ends here, unfinished.
                         drop(upstream);
-                        let error = serde_json::json!({"error": {
-                            "message": "the job was taken from this process (rescued or cancelled)",
-                            "type": "server_error", "param": null, "code": ReasonCode::LeaseExpired.as_str()}});
-                        let _ = tx.try_send(error.to_string());
+                        let message = "the job was taken from this process (rescued or cancelled)";
+                        let _ = tx.try_send(error_event(job.endpoint, message, ReasonCode::LeaseExpired));
                         let settlement = this.settlement(&job, &target, None);
                         let served = Served::new(&target.provider, &target.model);
                         this.abandon(&job, Some(served), settlement).await;
@@ -122,14 +121,16 @@ impl Dispatcher {
                         }
                     }
                     Err(failure) => {
-                        let error = serde_json::json!({"error": {"message": failure.message, "type": "server_error", "param": null, "code": failure.code}});
-                        let _ = tx.send(error.to_string()).await;
+                        let _ = tx
+                            .send(error_event(job.endpoint, &failure.message, failure.code))
+                            .await;
                         ended = Err(failure);
                         break;
                     }
                 }
             }
-            if !client_gone && ended.is_ok() {
+            // OpenAI's streams end with `[DONE]`; Anthropic's with their `message_stop`.
+            if !client_gone && ended.is_ok() && job.endpoint == Endpoint::ChatCompletions {
                 let _ = tx.send("[DONE]".to_owned()).await;
             }
             let usage = upstream.usage();
@@ -141,14 +142,15 @@ impl Dispatcher {
                 signals: tollgate::ratelimit::Signals::default(),
                 result: match &ended {
                     Ok(()) => Ok(Success {
-                        body: assembled.completion(usage),
+                        body: assembled.result(usage),
                         usage,
                     }),
                     Err(f) => Err(f.clone()),
                 },
             };
             drop(upstream); // closes the upstream connection if it is still open
-            this.finish_stream(job, target, called, client_gone, started_at).await;
+            this.finish_stream(job, target, called, client_gone, started_at)
+                .await;
         });
         Ok(rx)
     }
@@ -189,20 +191,79 @@ impl Dispatcher {
     }
 }
 
-/// A streamed answer put back together, to store as the job's result.
-#[derive(Default)]
-struct Assembled {
-    id: Option<serde_json::Value>,
-    model: Option<serde_json::Value>,
-    content: String,
-    finish_reason: Option<serde_json::Value>,
+/// The error event that ends a client's stream, in its endpoint's shape.
+fn error_event(endpoint: Endpoint, message: &str, code: ReasonCode) -> String {
+    let event = match endpoint {
+        Endpoint::Messages => serde_json::json!({"type": "error",
+            "error": {"type": "api_error", "message": message, "code": code.as_str()}}),
+        Endpoint::Responses => serde_json::json!({"type": "error", "code": code.as_str(), "message": message,
+            "param": null}),
+        _ => serde_json::json!({"error": {"message": message, "type": "server_error", "param": null,
+            "code": code.as_str()}}),
+    };
+    event.to_string()
+}
+
+/// A streamed answer put back together, to store as the job's result: a chat completion
+/// from OpenAI chunks, an Anthropic message from its events, or the response a Responses
+/// stream's last event carries whole.
+enum Assembled {
+    Chat(AssembledChat),
+    Message(AssembledMessage),
+    Response(Value),
 }
 
 impl Assembled {
+    fn for_endpoint(endpoint: Endpoint) -> Self {
+        match endpoint {
+            Endpoint::Messages => Self::Message(AssembledMessage::default()),
+            Endpoint::Responses => Self::Response(Value::Null),
+            Endpoint::ChatCompletions | Endpoint::Embeddings => Self::Chat(AssembledChat::default()),
+        }
+    }
+
     fn add(&mut self, chunk: &str) {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(chunk) else {
+        let Ok(v) = serde_json::from_str::<Value>(chunk) else {
             return;
         };
+        match self {
+            Self::Chat(chat) => chat.add(&v),
+            Self::Message(message) => message.add(&v),
+            Self::Response(response) => {
+                if let Some(whole) = v.get("response").filter(|_| {
+                    matches!(
+                        v["type"].as_str(),
+                        Some("response.completed" | "response.incomplete")
+                    )
+                }) {
+                    *response = whole.clone();
+                }
+            }
+        }
+    }
+
+    fn result(&self, usage: Usage) -> Value {
+        match self {
+            Self::Chat(chat) => chat.completion(usage),
+            Self::Message(message) => message.message(usage),
+            Self::Response(response) => response.clone(),
+        }
+    }
+}
+
+/// OpenAI chunks put back together: the text, each tool call's id, name and arguments.
+#[derive(Default)]
+struct AssembledChat {
+    id: Option<Value>,
+    model: Option<Value>,
+    content: String,
+    /// By the chunks' tool call `index`.
+    tool_calls: Vec<Value>,
+    finish_reason: Option<Value>,
+}
+
+impl AssembledChat {
+    fn add(&mut self, v: &Value) {
         if self.id.is_none() {
             self.id = v.get("id").cloned();
             self.model = v.get("model").cloned();
@@ -211,12 +272,37 @@ impl Assembled {
         if let Some(text) = choice["delta"]["content"].as_str() {
             self.content.push_str(text);
         }
+        for call in choice["delta"]["tool_calls"].as_array().into_iter().flatten() {
+            let index = call["index"].as_u64().unwrap_or(0) as usize;
+            while self.tool_calls.len() <= index {
+                self.tool_calls
+                    .push(serde_json::json!({"id": null, "type": "function",
+                    "function": {"name": null, "arguments": ""}}));
+            }
+            let assembled = &mut self.tool_calls[index];
+            for (from, to) in [("/id", "/id"), ("/function/name", "/function/name")] {
+                if let Some(v) = call.pointer(from).filter(|v| !v.is_null())
+                    && let Some(slot) = assembled.pointer_mut(to)
+                {
+                    *slot = v.clone();
+                }
+            }
+            if let Some(piece) = call.pointer("/function/arguments").and_then(Value::as_str) {
+                let so_far = assembled["function"]["arguments"].as_str().unwrap_or_default();
+                assembled["function"]["arguments"] = Value::String(format!("{so_far}{piece}"));
+            }
+        }
         if !choice["finish_reason"].is_null() {
             self.finish_reason = Some(choice["finish_reason"].clone());
         }
     }
 
-    fn completion(&self, usage: Usage) -> serde_json::Value {
+    fn completion(&self, usage: Usage) -> Value {
+        let message = match self.tool_calls.is_empty() {
+            true => serde_json::json!({"role": "assistant", "content": self.content}),
+            false => serde_json::json!({"role": "assistant",
+                "content": (!self.content.is_empty()).then_some(&self.content), "tool_calls": self.tool_calls}),
+        };
         serde_json::json!({
             "id": self.id,
             "object": "chat.completion",
@@ -224,7 +310,7 @@ impl Assembled {
             "model": self.model,
             "choices": [{
                 "index": 0,
-                "message": {"role": "assistant", "content": self.content},
+                "message": message,
                 "finish_reason": self.finish_reason,
             }],
             "usage": {
@@ -233,5 +319,73 @@ impl Assembled {
                 "total_tokens": usage.input_tokens + usage.output_tokens,
             },
         })
+    }
+}
+
+/// Anthropic's events put back together: the message of `message_start`, its content
+/// blocks with their deltas (a tool's input from its JSON pieces), its stop reason.
+#[derive(Default)]
+struct AssembledMessage {
+    message: Value,
+    blocks: Vec<Value>,
+    /// Per block, the pieces of a tool's input JSON.
+    inputs: Vec<String>,
+}
+
+impl AssembledMessage {
+    fn add(&mut self, v: &Value) {
+        match v["type"].as_str().unwrap_or_default() {
+            "message_start" => self.message = v["message"].clone(),
+            "content_block_start" => {
+                self.blocks.push(v["content_block"].clone());
+                self.inputs.push(String::new());
+            }
+            "content_block_delta" => {
+                let (Some(block), Some(input)) = (self.blocks.last_mut(), self.inputs.last_mut()) else {
+                    return;
+                };
+                let delta = &v["delta"];
+                let append = |block: &mut Value, field: &str| {
+                    let so_far = block[field].as_str().unwrap_or_default();
+                    let piece = delta[field].as_str().unwrap_or_default();
+                    block[field] = Value::String(format!("{so_far}{piece}"));
+                };
+                match delta["type"].as_str().unwrap_or_default() {
+                    "text_delta" => append(block, "text"),
+                    "thinking_delta" => append(block, "thinking"),
+                    "signature_delta" => block["signature"] = delta["signature"].clone(),
+                    "input_json_delta" => input.push_str(delta["partial_json"].as_str().unwrap_or_default()),
+                    _ => {}
+                }
+            }
+            "message_delta" => {
+                for field in ["stop_reason", "stop_sequence"] {
+                    if let Some(value) = v["delta"].get(field) {
+                        self.message[field] = value.clone();
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn message(&self, usage: Usage) -> Value {
+        let content: Vec<Value> = self
+            .blocks
+            .iter()
+            .zip(&self.inputs)
+            .map(|(block, input)| {
+                let mut block = block.clone();
+                if !input.is_empty() {
+                    block["input"] = serde_json::from_str(input).unwrap_or_else(|_| serde_json::json!({}));
+                }
+                block
+            })
+            .collect();
+        let mut message = self.message.clone();
+        message["content"] = Value::Array(content);
+        message["usage"] =
+            serde_json::json!({"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens});
+        message
     }
 }

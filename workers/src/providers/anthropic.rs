@@ -76,8 +76,11 @@ impl ProviderApi for Anthropic {
         }
     }
 
-    fn stream_events(&self) -> Option<Box<dyn StreamEvents>> {
-        Some(Box::new(Events::default()))
+    fn stream_events(&self, endpoint: Endpoint) -> Option<Box<dyn StreamEvents>> {
+        match endpoint {
+            Endpoint::Messages => Some(Box::new(PassThrough)),
+            _ => Some(Box::new(Events::default())),
+        }
     }
 
     fn keeps_header(&self, name: &str) -> bool {
@@ -430,15 +433,7 @@ pub(super) struct Events {
 
 impl StreamEvents for Events {
     fn on_event(&mut self, event: SseEvent, out: &mut StreamOut) -> Result<(), Failure> {
-        let v = out.json(&event.data)?;
-        if streaming::is_error_event(&event, &v) {
-            let error_type = v
-                .pointer("/error/type")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            let status = error_type_status(error_type).unwrap_or(500);
-            return Err(out.error_event(status, &event.data));
-        }
+        let v = read_event(&event, out)?;
         match v.get("type").and_then(Value::as_str).unwrap_or_default() {
             "message_start" => {
                 let m = v.get("message").cloned().unwrap_or(Value::Null);
@@ -492,15 +487,7 @@ impl StreamEvents for Events {
                 }
             }
             "message_delta" => {
-                if let Some(u) = v.get("usage") {
-                    if u.get("input_tokens").is_some() {
-                        let (input, cached) = input_usage(u);
-                        out.input(input, cached);
-                    }
-                    if u.get("output_tokens").is_some_and(Value::is_number) {
-                        out.output(int(u, &["output_tokens"]));
-                    }
-                }
+                message_delta_usage(&v, out);
                 let reason = v.pointer("/delta/stop_reason").and_then(Value::as_str);
                 out.chunk(self.chunk(json!({}), Some(finish_reason(reason))).to_string());
             }
@@ -522,6 +509,64 @@ impl StreamEvents for Events {
             _ => {}
         }
         Ok(())
+    }
+}
+
+/// Anthropic's stream events as they are, for a Messages request: each event's data is
+/// relayed (the relay names it by its `type`), its usage and text counted on the way.
+pub(super) struct PassThrough;
+
+impl StreamEvents for PassThrough {
+    fn on_event(&mut self, event: SseEvent, out: &mut StreamOut) -> Result<(), Failure> {
+        let v = read_event(&event, out)?;
+        match v.get("type").and_then(Value::as_str).unwrap_or_default() {
+            "message_start" => {
+                if let Some(u) = v.pointer("/message/usage") {
+                    let (input, cached) = input_usage(u);
+                    out.input(input, cached);
+                }
+            }
+            "content_block_delta" => {
+                let delta = v.get("delta").unwrap_or(&Value::Null);
+                for field in ["text", "partial_json", "thinking"] {
+                    if let Some(text) = delta.get(field).and_then(Value::as_str) {
+                        out.content(text);
+                    }
+                }
+            }
+            "message_delta" => message_delta_usage(&v, out),
+            "message_stop" => out.finish(),
+            _ => {}
+        }
+        out.chunk(event.data.to_string());
+        Ok(())
+    }
+}
+
+/// An event's data, or the failure it stands for: an `error` event by its Anthropic error
+/// type, data that is not JSON as a bad response.
+fn read_event(event: &SseEvent, out: &mut StreamOut) -> Result<Value, Failure> {
+    let v = out.json(&event.data)?;
+    if streaming::is_error_event(event, &v) {
+        let error_type = v
+            .pointer("/error/type")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let status = error_type_status(error_type).unwrap_or(500);
+        return Err(out.error_event(status, &event.data));
+    }
+    Ok(v)
+}
+
+/// The usage a `message_delta` reports: output so far, and input where it repeats it.
+fn message_delta_usage(v: &Value, out: &mut StreamOut) {
+    let Some(u) = v.get("usage") else { return };
+    if u.get("input_tokens").is_some() {
+        let (input, cached) = input_usage(u);
+        out.input(input, cached);
+    }
+    if u.get("output_tokens").is_some_and(Value::is_number) {
+        out.output(int(u, &["output_tokens"]));
     }
 }
 

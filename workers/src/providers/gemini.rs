@@ -52,7 +52,7 @@ impl ProviderApi for Gemini {
     }
 
     /// `streamGenerateContent` is not translated.
-    fn stream_events(&self) -> Option<Box<dyn StreamEvents>> {
+    fn stream_events(&self, _endpoint: Endpoint) -> Option<Box<dyn StreamEvents>> {
         None
     }
 
@@ -283,7 +283,7 @@ mod tests {
             json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}],
                    "generationConfig": {"maxOutputTokens": tollgate::estimate::DEFAULT_OUTPUT_TOKENS}})
         );
-        assert!(adapter().stream_events().is_none());
+        assert!(adapter().stream_events(Endpoint::ChatCompletions).is_none());
         assert!(adapter().batch().is_none());
     }
 

@@ -87,9 +87,10 @@ pub trait ProviderApi: Send + Sync {
     /// instead of zeros.
     fn parse_success(&self, body: &[u8], endpoint: Endpoint, model: &str) -> Result<Success, String>;
 
-    /// A fresh translator of this provider's stream events into OpenAI chunks; `None`
-    /// when tollgate does not stream from this provider.
-    fn stream_events(&self) -> Option<Box<dyn StreamEvents>>;
+    /// A fresh reader of this provider's stream events for a request of `endpoint`: a
+    /// translator into OpenAI chunks for chat, Anthropic's events as they are for Messages;
+    /// `None` when tollgate does not stream from this provider.
+    fn stream_events(&self, endpoint: Endpoint) -> Option<Box<dyn StreamEvents>>;
 
     /// A non-2xx answer, classified into the retry taxonomy. The shared classifier reads
     /// every provider's error shapes (OpenAI's codes, Anthropic's spend cap, Google's
@@ -479,9 +480,9 @@ impl ProviderClient {
             output_tokens: output,
             cached_tokens: 0,
         };
-        // In the answer's own shape: Anthropic's for Messages, OpenAI's otherwise.
+        // In the answer's own shape: Responses' and Anthropic's name their counts alike.
         let usage = match endpoint {
-            Endpoint::Messages => serde_json::json!({
+            Endpoint::Messages | Endpoint::Responses => serde_json::json!({
                 "input_tokens": input,
                 "output_tokens": output,
                 "tollgate_estimated": true,

@@ -67,8 +67,11 @@ impl ProviderApi for OpenAi {
         parse_success(body, endpoint)
     }
 
-    fn stream_events(&self) -> Option<Box<dyn StreamEvents>> {
-        Some(Box::new(Chunks))
+    fn stream_events(&self, endpoint: Endpoint) -> Option<Box<dyn StreamEvents>> {
+        match endpoint {
+            Endpoint::Responses => Some(Box::new(ResponseEvents)),
+            _ => Some(Box::new(Chunks)),
+        }
     }
 
     fn batch(&self) -> Option<&dyn BatchApi> {
@@ -81,6 +84,7 @@ pub(super) fn path(endpoint: Endpoint) -> &'static str {
     match endpoint {
         Endpoint::ChatCompletions => "chat/completions",
         Endpoint::Embeddings => "embeddings",
+        Endpoint::Responses => "responses",
         // Never routed to this family (`ProviderKind::serves`); named for completeness.
         Endpoint::Messages => "messages",
     }
@@ -90,13 +94,26 @@ pub(super) fn path(endpoint: Endpoint) -> &'static str {
 /// `cap_field`, the output cap the gate reserved when the request sets none, so the
 /// provider cannot generate more; a whole call has the streaming fields removed; a stream
 /// has `stream: true` and `stream_options.include_usage: true` (other stream options kept),
-/// so that usage arrives in the last chunk.
+/// so that usage arrives in the last chunk. A Responses request gets its cap as
+/// `max_output_tokens`, and `stream` as the mode says (its last event carries the usage).
 pub(super) fn body(model: &str, endpoint: Endpoint, request: &Value, mode: Mode, cap_field: &str) -> Value {
     let mut body = request.clone();
     if let Some(obj) = body.as_object_mut() {
         obj.insert("model".to_owned(), Value::String(model.to_owned()));
-        if endpoint == Endpoint::Embeddings {
-            return body;
+        match endpoint {
+            Endpoint::ChatCompletions => {}
+            Endpoint::Responses => {
+                obj.insert(
+                    "max_output_tokens".to_owned(),
+                    json!(estimate::responses_output_cap(request)),
+                );
+                match mode {
+                    Mode::Whole => obj.remove("stream"),
+                    Mode::Stream => obj.insert("stream".to_owned(), Value::Bool(true)),
+                };
+                return body;
+            }
+            Endpoint::Embeddings | Endpoint::Messages => return body,
         }
         if !["max_completion_tokens", "max_tokens"]
             .iter()
@@ -123,25 +140,39 @@ pub(super) fn body(model: &str, endpoint: Endpoint, request: &Value, mode: Mode,
 }
 
 /// The body is already in the format clients expect; only usage is read out (an
-/// embeddings list reports input only).
+/// embeddings list reports input only; a response names its counts as Responses do).
 pub(super) fn parse_success(body: &[u8], endpoint: Endpoint) -> Result<Success, String> {
     let body: Value = serde_json::from_slice(body)
         .map_err(|e| format!("provider answered 2xx with a body that is not JSON: {e}"))?;
     let answer = match endpoint {
         Endpoint::ChatCompletions => "choices",
         Endpoint::Embeddings => "data",
+        Endpoint::Responses => "output",
         Endpoint::Messages => "content",
     };
     if body.get(answer).is_none() {
         return Err(format!("provider answered 2xx without `{answer}`"));
     }
-    let usage = body.get("usage").cloned().unwrap_or(Value::Null);
-    let usage = Usage {
-        input_tokens: int(&usage, &["prompt_tokens"]),
-        output_tokens: int(&usage, &["completion_tokens"]),
-        cached_tokens: int(&usage, &["prompt_tokens_details", "cached_tokens"]),
+    let u = body.get("usage").cloned().unwrap_or(Value::Null);
+    let usage = match endpoint {
+        Endpoint::Responses => responses_usage(&u),
+        _ => Usage {
+            input_tokens: int(&u, &["prompt_tokens"]),
+            output_tokens: int(&u, &["completion_tokens"]),
+            cached_tokens: int(&u, &["prompt_tokens_details", "cached_tokens"]),
+        },
     };
     Ok(Success { body, usage })
+}
+
+/// A response's `usage` (`input_tokens`, `output_tokens` with reasoning in it, cached
+/// input in `input_tokens_details`).
+pub(super) fn responses_usage(u: &Value) -> Usage {
+    Usage {
+        input_tokens: int(u, &["input_tokens"]),
+        output_tokens: int(u, &["output_tokens"]),
+        cached_tokens: int(u, &["input_tokens_details", "cached_tokens"]),
+    }
 }
 
 /// OpenAI `stop` (a string or a list) as a list of stop sequences.
@@ -163,6 +194,38 @@ pub(super) fn content_text(content: Option<&Value>) -> String {
             .collect::<Vec<_>>()
             .join(""),
         _ => String::new(),
+    }
+}
+
+/// A Responses stream's events as they are (the relay names each by its `type`): text
+/// deltas counted, the usage read from the final `response.completed` (or
+/// `response.incomplete`), which ends the stream; `response.failed` and `error` events end
+/// it as failures.
+pub(super) struct ResponseEvents;
+
+impl StreamEvents for ResponseEvents {
+    fn on_event(&mut self, event: SseEvent, out: &mut StreamOut) -> Result<(), Failure> {
+        let v = out.json(&event.data)?;
+        let kind = v.get("type").and_then(Value::as_str).unwrap_or_default();
+        if kind == "response.failed" || streaming::is_error_event(&event, &v) {
+            return Err(out.error_event(500, &event.data));
+        }
+        match kind {
+            "response.output_text.delta" | "response.function_call_arguments.delta" => {
+                out.content(v.get("delta").and_then(Value::as_str).unwrap_or_default());
+            }
+            "response.completed" | "response.incomplete" => {
+                let usage = responses_usage(v.pointer("/response/usage").unwrap_or(&Value::Null));
+                out.input(usage.input_tokens, usage.cached_tokens);
+                out.output(usage.output_tokens);
+                out.chunk(event.data.to_string());
+                out.finish();
+                return Ok(());
+            }
+            _ => {}
+        }
+        out.chunk(event.data.to_string());
+        Ok(())
     }
 }
 
@@ -464,6 +527,43 @@ mod tests {
         );
         assert!(parse_success(b"not json", Endpoint::ChatCompletions).is_err());
         assert!(parse_success(b"{}", Endpoint::ChatCompletions).is_err());
+    }
+
+    #[tokio::test]
+    async fn responses_are_capped_streamed_as_they_are_and_read_for_usage() {
+        let r = json!({"model": "fast", "input": "hi", "stream": true});
+        let plain = built_for(Endpoint::Responses, Mode::Whole, &r);
+        assert_eq!(plain.url().as_str(), "https://api.openai.com/v1/responses");
+        assert_eq!(
+            body_of(&plain),
+            json!({"model": "gpt-4o-mini", "input": "hi", "max_output_tokens": estimate::DEFAULT_OUTPUT_TOKENS})
+        );
+        assert_eq!(
+            body_of(&built_for(Endpoint::Responses, Mode::Stream, &r))["stream"],
+            true
+        );
+        let ok = br#"{"object":"response","output":[],"usage":{"input_tokens":7,"output_tokens":3,"input_tokens_details":{"cached_tokens":2}}}"#;
+        let u = parse_success(ok, Endpoint::Responses).unwrap().usage;
+        assert_eq!((u.input_tokens, u.output_tokens, u.cached_tokens), (7, 3, 2));
+        let events = [
+            r#"{"type":"response.created","response":{"id":"resp_1","output":[]}}"#,
+            r#"{"type":"response.output_text.delta","delta":"hel"}"#,
+            r#"{"type":"response.output_text.delta","delta":"lo"}"#,
+            r#"{"type":"response.completed","response":{"id":"resp_1","usage":{"input_tokens":5,"output_tokens":2}}}"#,
+        ];
+        let body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+        let mut s = ChatStream::canned(Box::new(ResponseEvents), &[&body]);
+        let (chunks, _) = s.flagged().await;
+        assert!(s.finished());
+        assert_eq!(chunks.len(), 4, "every event relayed as it is");
+        assert_eq!(chunks[1]["delta"], "hel");
+        assert_eq!((s.usage().input_tokens, s.usage().output_tokens), (5, 2));
+        let failed = "data: {\"type\":\"response.failed\",\"response\":{}}\n\n";
+        let mut s = ChatStream::canned(Box::new(ResponseEvents), &[failed]);
+        assert!(
+            s.drain().await.1.is_some(),
+            "response.failed ends the stream as a failure"
+        );
     }
 
     #[test]

@@ -326,9 +326,14 @@ impl Providers {
     /// sent. A non-2xx answer (or a 2xx that is not an event stream) is classified exactly
     /// as non-streaming calls are and returned as a [`CallOutcome`] whose `result` is the
     /// `Err`.
-    pub async fn call_stream(&self, target: &Target, request: &Value) -> Result<ChatStream, CallOutcome> {
+    pub async fn call_stream(
+        &self,
+        target: &Target,
+        endpoint: Endpoint,
+        request: &Value,
+    ) -> Result<ChatStream, CallOutcome> {
         let client = self.client(target).map_err(CallOutcome::refused)?;
-        let Some(events) = client.api.stream_events() else {
+        let Some(events) = client.api.stream_events(endpoint) else {
             return Err(CallOutcome::refused(Failure {
                 class: FailureClass::Request,
                 code: ReasonCode::StreamingUnsupported,
@@ -345,13 +350,7 @@ impl Providers {
             headers,
             mut outcome,
         } = client
-            .send(
-                &self.http,
-                target,
-                Endpoint::ChatCompletions,
-                request,
-                Mode::Stream,
-            )
+            .send(&self.http, target, endpoint, request, Mode::Stream)
             .await?;
         let status = response.status().as_u16();
         let content_type = headers
@@ -461,7 +460,7 @@ mod tests {
     fn stream_and_call_are_send() {
         fn send<T: Send>(_: &T) {}
         fn _call(p: &Providers, t: &Target, r: &Value) {
-            send(&p.call_stream(t, r));
+            send(&p.call_stream(t, Endpoint::ChatCompletions, r));
         }
         let s = ChatStream::canned(Box::new(openai::Chunks), &[]);
         send(&s);
@@ -607,7 +606,11 @@ mod tests {
     #[tokio::test]
     async fn openai_stream_reassembles_text_and_usage() {
         let t = setup(MOCK).await;
-        let mut s = t.providers.call_stream(&openai(), &request(None)).await.unwrap();
+        let mut s = t
+            .providers
+            .call_stream(&openai(), Endpoint::ChatCompletions, &request(None))
+            .await
+            .unwrap();
         assert_eq!((s.key_name.as_str(), s.status), ("k1", 200));
         assert!(s.request_id.as_deref().unwrap().starts_with("req_"));
         assert_eq!(
@@ -639,7 +642,7 @@ mod tests {
         // A cap below output_tokens: finish_reason "length".
         let mut s = t
             .providers
-            .call_stream(&openai(), &request(Some(2)))
+            .call_stream(&openai(), Endpoint::ChatCompletions, &request(Some(2)))
             .await
             .unwrap();
         let chunks = collect(&mut s).await;
@@ -662,7 +665,11 @@ mod tests {
             {"role": "system", "content": "be brief"},
             {"role": "user", "content": "hello world!"}
         ]);
-        let mut s = t.providers.call_stream(&anthropic_target(), &r).await.unwrap();
+        let mut s = t
+            .providers
+            .call_stream(&anthropic_target(), Endpoint::ChatCompletions, &r)
+            .await
+            .unwrap();
         assert_eq!(s.key_name, "a1");
         assert!(s.request_id.as_deref().unwrap().starts_with("req_"));
         let (chunks, usage_flags) = s.flagged().await;
@@ -718,9 +725,17 @@ mod tests {
         )
         .await;
         for target in [openai(), anthropic_target()] {
-            let mut first = t.providers.call_stream(&target, &request(Some(2))).await.unwrap();
+            let mut first = t
+                .providers
+                .call_stream(&target, Endpoint::ChatCompletions, &request(Some(2)))
+                .await
+                .unwrap();
             collect(&mut first).await;
-            let Err(outcome) = t.providers.call_stream(&target, &request(Some(2))).await else {
+            let Err(outcome) = t
+                .providers
+                .call_stream(&target, Endpoint::ChatCompletions, &request(Some(2)))
+                .await
+            else {
                 panic!("{} should be rate limited", target.label());
             };
             assert_eq!(outcome.status, Some(429));
@@ -743,7 +758,7 @@ mod tests {
         };
         let outcome = t
             .providers
-            .call_stream(&unknown, &request(None))
+            .call_stream(&unknown, Endpoint::ChatCompletions, &request(None))
             .await
             .unwrap_err();
         assert_eq!(outcome.result.unwrap_err().code, ReasonCode::UnknownProvider);
@@ -767,7 +782,11 @@ mod tests {
         )
         .await;
         for (i, target) in [openai(), anthropic_target()].into_iter().enumerate() {
-            let mut s = t.providers.call_stream(&target, &request(None)).await.unwrap();
+            let mut s = t
+                .providers
+                .call_stream(&target, Endpoint::ChatCompletions, &request(None))
+                .await
+                .unwrap();
             let mut content = 0;
             while content < 3 {
                 let c: Value = serde_json::from_str(&s.next_chunk().await.unwrap().unwrap()).unwrap();
