@@ -346,7 +346,8 @@ pub enum ProviderKind {
 
 impl ProviderKind {
     /// Whether tollgate sends this provider kind requests of `endpoint`: chat to every
-    /// kind, embeddings to the OpenAI family (Anthropic has no embeddings API), Responses
+    /// kind, embeddings to the OpenAI family (Anthropic has no embeddings API), moderations
+    /// to OpenAI, Responses
     /// to OpenAI and OpenAI-compatible servers, Anthropic Messages to Anthropic — those two
     /// as they are.
     pub fn serves(self, endpoint: Endpoint) -> bool {
@@ -354,6 +355,7 @@ impl ProviderKind {
             Endpoint::ChatCompletions => true,
             Endpoint::Embeddings => matches!(self, Self::Openai | Self::OpenaiCompatible | Self::Azure),
             Endpoint::Responses => matches!(self, Self::Openai | Self::OpenaiCompatible),
+            Endpoint::Moderations => self == Self::Openai,
             Endpoint::Messages => self == Self::Anthropic,
         }
     }

@@ -194,6 +194,8 @@ pub fn endpoint_input_tokens<'a>(
             .max()
             .unwrap_or_else(|| embedding_input_tokens(request, None)),
         Endpoint::Responses => route_input_tokens(&responses_as_chat(request), models),
+        // Free, and counted against requests only.
+        Endpoint::Moderations => 0,
         Endpoint::Messages => messages_input_tokens(request),
     }
 }
@@ -288,7 +290,7 @@ pub fn messages_input_tokens(request: &Value) -> i32 {
 pub fn endpoint_output_tokens(endpoint: Endpoint, request: &Value) -> i32 {
     match endpoint {
         Endpoint::ChatCompletions => output_tokens(request),
-        Endpoint::Embeddings => 0,
+        Endpoint::Embeddings | Endpoint::Moderations => 0,
         Endpoint::Responses => clamp_i32(responses_output_cap(request)),
         Endpoint::Messages => clamp_i32(request.get("max_tokens").and_then(Value::as_i64).unwrap_or(0)),
     }

@@ -198,6 +198,10 @@ pub enum Endpoint {
     #[serde(rename = "/v1/embeddings")]
     #[strum(serialize = "/v1/embeddings")]
     Embeddings,
+    /// OpenAI Moderations: `input` in, a verdict per input out; requests only, no tokens.
+    #[serde(rename = "/v1/moderations")]
+    #[strum(serialize = "/v1/moderations")]
+    Moderations,
     /// OpenAI Responses: `input` (text or items) in, a response of output items out.
     #[serde(rename = "/v1/responses")]
     #[strum(serialize = "/v1/responses")]

@@ -1,5 +1,5 @@
-//! The synchronous endpoints: OpenAI's `POST /v1/chat/completions`, `POST /v1/embeddings`
-//! and `POST /v1/responses` (and, through [`synchronous`], Anthropic's Messages). The
+//! The synchronous endpoints: OpenAI's `POST /v1/chat/completions`, `POST /v1/embeddings`,
+//! `POST /v1/moderations` and `POST /v1/responses` (and, through [`synchronous`], Anthropic's Messages). The
 //! request is queued as an `interactive` job like any other — so it waits its turn instead
 //! of meeting a provider 429 — and the handler waits for the result. An existing OpenAI SDK
 //! app points its `base_url` at tollgate and changes nothing else.
@@ -120,6 +120,30 @@ pub(crate) async fn responses(
     synchronous(state, tenant, Endpoint::Responses, json_body(body)?).await
 }
 
+/// OpenAI-compatible, synchronous: queued as an `interactive` job that reserves a request
+/// and no tokens, and awaited.
+#[utoipa::path(
+    post,
+    path = "/v1/moderations",
+    operation_id = "create_moderation",
+    tag = "openai",
+    request_body(content = Object, description = "An OpenAI Moderations request (`model` required: tollgate routes by it)"),
+    responses(
+        (status = 200, description = "An OpenAI moderation; header `x-tollgate-job-id`", body = Object),
+        (status = 400, description = "`invalid_json`, `invalid_request`, `missing_field`, `unknown_model`, `endpoint_not_served`; or the job's reason code (`provider_rejected_request`, `exceeds_limit`)", body = doc::ErrorBody),
+        (status = 429, description = "`queue_timeout`, `deadline_exceeded`, `deadline_unmeetable`, `rate_limited`, `queue_full` (+ `Retry-After`)", body = doc::ErrorBody),
+        (status = 502, description = "`upstream_failed`, `upstream_auth_failed`, `insufficient_quota`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn moderations(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    synchronous(state, tenant, Endpoint::Moderations, json_body(body)?).await
+}
+
 /// One synchronous call of `endpoint`: the job queued, admitted and run like any other,
 /// the caller answered with its result (or relayed its stream, for a request of an
 /// endpoint that streams which asks for one).
@@ -129,7 +153,7 @@ pub(crate) async fn synchronous(
     endpoint: Endpoint,
     request: Value,
 ) -> Result<Response, ApiError> {
-    let streams = endpoint != Endpoint::Embeddings;
+    let streams = !matches!(endpoint, Endpoint::Embeddings | Endpoint::Moderations);
     let stream = streams && request.get("stream").and_then(Value::as_bool) == Some(true);
     let timeout = Duration::from_secs(state.config.server.sync_timeout_secs);
     let trim_param = |e: ApiError| ApiError {

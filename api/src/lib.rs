@@ -127,6 +127,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(chat::completions))
         .routes(routes!(chat::embeddings))
         .routes(routes!(chat::responses))
+        .routes(routes!(chat::moderations))
         .routes({
             // Anthropic's SDKs read errors in Anthropic's shape.
             let (schemas, paths, method) = routes!(messages::create);

@@ -39,6 +39,7 @@ pub(crate) fn check(
         Endpoint::ChatCompletions => validate_chat_request(request, param_prefix)?,
         Endpoint::Embeddings => validate_embeddings_request(request, param_prefix)?,
         Endpoint::Responses => validate_responses_request(request, param_prefix)?,
+        Endpoint::Moderations => validate_moderations_request(request, param_prefix)?,
         Endpoint::Messages => validate_messages_request(request, param_prefix)?,
     };
     let targets = routing::resolve(config, &model, endpoint).map_err(|why| {
@@ -260,6 +261,33 @@ pub(crate) fn validate_embeddings_request(request: &Value, param_prefix: &str) -
     Ok(model)
 }
 
+/// Checks an OpenAI Moderations body: `model` (optional at OpenAI, required here: tollgate
+/// routes by it), `input` a non-empty string, or a non-empty array of strings or of
+/// `text` and `image_url` parts. Returns the requested model.
+pub(crate) fn validate_moderations_request(request: &Value, param_prefix: &str) -> Result<String, ApiError> {
+    let p = |name: &str| format!("{param_prefix}{name}");
+    let (obj, model) = object_and_model(request, param_prefix, "moderations")?;
+    let part = |v: &Value| match v {
+        Value::String(s) => !s.is_empty(),
+        Value::Object(_) => matches!(v.get("type").and_then(Value::as_str), Some("text" | "image_url")),
+        _ => false,
+    };
+    match obj.get("input") {
+        None => Err(
+            ApiError::bad_request(ApiErrorCode::MissingField, "`input` is required").with_param(p("input")),
+        ),
+        Some(Value::String(s)) if !s.is_empty() => Ok(model),
+        Some(Value::Array(items)) if !items.is_empty() => match items.iter().position(|i| !part(i)) {
+            Some(i) => Err(invalid(
+                p(&format!("input[{i}]")),
+                "each input must be a non-empty string, or a `text` or `image_url` part",
+            )),
+            None => Ok(model),
+        },
+        Some(_) => Err(invalid(p("input"), "`input` must be a non-empty string or array")),
+    }
+}
+
 /// Fields of a Responses request that bring input tollgate cannot see (state kept at the
 /// provider: an earlier response, a conversation, a stored prompt) or run it in the
 /// background, so that its reservation could not cover it.
@@ -452,6 +480,37 @@ mod tests {
     fn refused(request: Value) -> (ApiErrorCode, Option<String>) {
         let e = validate_embeddings_request(&request, "body.").unwrap_err();
         (e.code, e.param)
+    }
+
+    #[test]
+    fn moderations_requests_are_checked_field_by_field() {
+        for ok in [
+            json!({"model": "m", "input": "x"}),
+            json!({"model": "m", "input": ["a", "b"]}),
+            json!({"model": "m", "input": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "u"}}]}),
+        ] {
+            assert_eq!(validate_moderations_request(&ok, "").unwrap(), "m", "{ok}");
+        }
+        let refused = |r: Value| {
+            let e = validate_moderations_request(&r, "").unwrap_err();
+            (e.code, e.param.unwrap_or_default())
+        };
+        assert_eq!(
+            refused(json!({"input": "x"})),
+            (ApiErrorCode::MissingField, "model".to_owned())
+        );
+        assert_eq!(
+            refused(json!({"model": "m"})),
+            (ApiErrorCode::MissingField, "input".to_owned())
+        );
+        assert_eq!(
+            refused(json!({"model": "m", "input": []})),
+            (ApiErrorCode::InvalidRequest, "input".to_owned())
+        );
+        assert_eq!(
+            refused(json!({"model": "m", "input": ["a", 3]})),
+            (ApiErrorCode::InvalidRequest, "input[1]".to_owned())
+        );
     }
 
     #[test]

@@ -234,6 +234,7 @@ impl MockProvider {
             .route("/v1/chat/completions", post(openai::chat_completions))
             .route("/v1/embeddings", post(openai::embeddings))
             .route("/v1/responses", post(openai_responses::responses))
+            .route("/v1/moderations", post(openai::moderations))
             .route("/v1/messages", post(anthropic::messages))
             .route("/v1beta/models/{model_action}", post(gemini::generate_content))
             .route(

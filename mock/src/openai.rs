@@ -1,4 +1,5 @@
-//! `POST /v1/chat/completions` and `POST /v1/embeddings` in OpenAI's shape (`docs/PROVIDERS.md` §1.1, §1.2, §1.4):
+//! `POST /v1/chat/completions`, `POST /v1/embeddings` and `POST /v1/moderations` in
+//! OpenAI's shape (`docs/PROVIDERS.md` §1.1, §1.2, §1.4):
 //! `Authorization: Bearer` keys, `x-ratelimit-*` headers with Go-style relative
 //! durations, `{"error":{message,type,param,code}}` bodies, 429s of type `requests` /
 //! `tokens` with `retry-after` and `retry-after-ms`, and the non-retryable
@@ -316,6 +317,73 @@ pub(super) async fn embeddings(State(p): State<MockProvider>, req: Request) -> R
         "data": data,
         "model": model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    });
+    super::stats::bump(&inner.totals.succeeded);
+    let resp = reply.json(StatusCode::OK, &answer, Some(&view));
+    super::faults::after(fault, resp).await
+}
+
+/// The categories a moderation reports, each with its flag and score.
+const MODERATION_CATEGORIES: [&str; 13] = [
+    "harassment",
+    "harassment/threatening",
+    "hate",
+    "hate/threatening",
+    "illicit",
+    "illicit/violent",
+    "self-harm",
+    "self-harm/instructions",
+    "self-harm/intent",
+    "sexual",
+    "sexual/minors",
+    "violence",
+    "violence/graphic",
+];
+
+/// `POST /v1/moderations`: a result per input (one for a string or a list of parts),
+/// nothing flagged, charged one request and no tokens.
+pub(super) async fn moderations(State(p): State<MockProvider>, req: Request) -> Response {
+    let inner = &*p.inner;
+    let _in_flight = inner.totals.begin();
+    let mut reply = Reply::new(inner);
+    let (project, body): (usize, serde_json::Value) = match reply.open(req).await {
+        Ok(opened) => opened,
+        Err(refused) => return *refused,
+    };
+    let model = body
+        .get("model")
+        .and_then(|m| m.as_str())
+        .unwrap_or("omni-moderation-latest");
+    let results = match body.get("input") {
+        Some(serde_json::Value::String(s)) if !s.is_empty() => 1,
+        Some(serde_json::Value::Array(items)) if items.iter().all(|i| i.is_string()) && !items.is_empty() => items.len(),
+        Some(serde_json::Value::Array(items)) if !items.is_empty() => 1,
+        _ => return reply.bad_request("'$.input' is invalid. Please check the API reference: https://platform.openai.com/docs/api-reference."),
+    };
+    let fault = match reply.before_admission(project, model).await {
+        Ok(fault) => fault,
+        Err(answer) => return *answer,
+    };
+    let charge = Charge {
+        tokens: 0,
+        input: 0,
+        output: 0,
+    };
+    let view = match inner.admit(project, charge, 0, 0) {
+        Admission::Admitted(view) => view,
+        Admission::Denied(denial, view) => return reply.rate_limited(model, &denial, &view),
+    };
+    drop(inner.generate(project, &view, 0, 0).await);
+    let result = serde_json::json!({
+        "flagged": false,
+        "categories": MODERATION_CATEGORIES.iter().map(|c| (c.to_string(), serde_json::json!(false))).collect::<serde_json::Map<_, _>>(),
+        "category_scores": MODERATION_CATEGORIES.iter().map(|c| (c.to_string(), serde_json::json!(0.0001))).collect::<serde_json::Map<_, _>>(),
+        "category_applied_input_types": MODERATION_CATEGORIES.iter().map(|c| (c.to_string(), serde_json::json!(["text"]))).collect::<serde_json::Map<_, _>>(),
+    });
+    let answer = serde_json::json!({
+        "id": format!("modr-{}", hex_id(32)),
+        "model": model,
+        "results": vec![result; results],
     });
     super::stats::bump(&inner.totals.succeeded);
     let resp = reply.json(StatusCode::OK, &answer, Some(&view));

@@ -8,7 +8,8 @@ use tollgate_api::broker::Roles;
 use crate::gate::{assert_the_provider_saw_every_job_within_its_limits, flood, wait_all_finished};
 use crate::harness::{ACME, GLOBEX, TestApp, TestOptions, mock_config};
 
-/// An `emb` provider (OpenAI kind) serving `text-embedding-3-small` from the mock's
+/// An `emb` provider (OpenAI kind) serving `text-embedding-3-small` (and
+/// `omni-moderation-latest`) from the mock's
 /// `oai-embed` project, whose key is `sk-embed`.
 const EMBEDDINGS_PROVIDER: &str = r#"
 [[providers]]
@@ -16,7 +17,7 @@ name = "emb"
 kind = "openai"
 base_url = "http://MOCK_ADDR/v1"
 keys = [{ name = "e1", value = "sk-embed" }]
-models = ["text-embedding-3-small"]
+models = ["text-embedding-3-small", "omni-moderation-latest"]
 learn_limits = false
 "#;
 
@@ -118,6 +119,44 @@ async fn embeddings_are_queued_reserved_at_their_input_and_answered_in_openai_sh
     assert_eq!(after.input_tokens_admitted - before.input_tokens_admitted, 10);
     assert_eq!(after.output_tokens_admitted, before.output_tokens_admitted);
 
+    // A moderation reserves a request and no tokens, and reports none.
+    let before = app.mock.stats().projects["oai-embed"].clone();
+    let answer = post_raw(
+        &app,
+        ACME,
+        "/v1/moderations",
+        &json!({"model": "omni-moderation-latest", "input": ["a", "b"]}),
+    )
+    .await;
+    assert_eq!(answer.status(), 200);
+    let job_id = answer.headers()["x-tollgate-job-id"].to_str().unwrap().to_owned();
+    let answer: Value = answer.json().await.unwrap();
+    assert_eq!(answer["results"].as_array().unwrap().len(), 2, "{answer}");
+    let (_, job) = app.get(ACME, &format!("/v1/jobs/{job_id}")).await;
+    assert_eq!(job["endpoint"], "/v1/moderations");
+    assert_eq!(job["estimate"], json!({"input_tokens": 0, "output_tokens": 0}));
+    assert_eq!(
+        (
+            job["usage"]["input_tokens"].as_i64(),
+            job["usage"]["output_tokens"].as_i64()
+        ),
+        (Some(0), Some(0))
+    );
+    let after = app.mock.stats().projects["oai-embed"].clone();
+    assert_eq!(after.requests_admitted - before.requests_admitted, 1);
+    assert_eq!(after.input_tokens_admitted, before.input_tokens_admitted);
+    let (status, refused) = app
+        .post(
+            ACME,
+            "/v1/moderations",
+            &json!({"model": "ant/claude-3-5-haiku-latest", "input": "x"}),
+        )
+        .await;
+    assert_eq!(
+        (status, refused["error"]["code"].as_str()),
+        (400, Some("endpoint_not_served"))
+    );
+
     // Chat jobs are what they were: no endpoint is chat.
     let chat = app.run_job(GLOBEX, &crate::harness::job("fast", "hi"), 30).await;
     assert_eq!(chat["endpoint"], "/v1/chat/completions");
@@ -212,9 +251,11 @@ async fn the_model_list_names_every_alias_provider_model_and_bare_model_with_wha
             "ant/claude-3-5-haiku-latest",
             "oai/gpt-4o-mini",
             "emb/text-embedding-3-small",
+            "emb/omni-moderation-latest",
             "claude-3-5-haiku-latest",
             "gpt-4o-mini",
             "text-embedding-3-small",
+            "omni-moderation-latest",
         ]
     );
     let (status, fast) = app.get(ACME, "/v1/models/fast").await;
@@ -222,7 +263,7 @@ async fn the_model_list_names_every_alias_provider_model_and_bare_model_with_wha
     assert_eq!(
         fast,
         json!({"id": "fast", "object": "model", "created": 0, "owned_by": "tollgate",
-               "endpoints": ["/v1/chat/completions", "/v1/embeddings", "/v1/responses"], "targets": ["oai/gpt-4o-mini"]})
+               "endpoints": ["/v1/chat/completions", "/v1/embeddings", "/v1/moderations", "/v1/responses"], "targets": ["oai/gpt-4o-mini"]})
     );
     let (_, claude) = app.get(ACME, "/v1/models/ant/claude-3-5-haiku-latest").await;
     assert_eq!(claude["owned_by"], "ant");

@@ -1,6 +1,6 @@
 """Drives tollgate's endpoints beside chat with the official `openai` package, unchanged:
-embeddings (the SDK's default base64 encoding and floats), the model list, and a batch of
-embeddings through the Files and Batch APIs.
+embeddings (the SDK's default base64 encoding and floats), moderations, the model list,
+and a batch of embeddings through the Files and Batch APIs.
 
 Run by the e2e test `endpoints::openai_python_sdk_embeds_lists_models_and_batches_embeddings`,
 which passes TOLLGATE_BASE_URL (`http://host:port/v1`) and TOLLGATE_API_KEY. Exits
@@ -37,6 +37,9 @@ def main():
         raise AssertionError("an embeddings request to Anthropic was accepted")
     except openai.BadRequestError as e:
         assert e.body["code"] == "endpoint_not_served", e.body
+
+    moderation = client.moderations.create(model="omni-moderation-latest", input=["fine text", "also fine"])
+    assert len(moderation.results) == 2 and not moderation.results[0].flagged, moderation
 
     models = {m.id: m for m in client.models.list()}
     assert {"fast", "oai/gpt-4o-mini", MODEL, f"emb/{MODEL}"} <= set(models), models

@@ -218,7 +218,10 @@ impl Assembled {
         match endpoint {
             Endpoint::Messages => Self::Message(AssembledMessage::default()),
             Endpoint::Responses => Self::Response(Value::Null),
-            Endpoint::ChatCompletions | Endpoint::Embeddings => Self::Chat(AssembledChat::default()),
+            // Embeddings and moderations do not stream.
+            Endpoint::ChatCompletions | Endpoint::Embeddings | Endpoint::Moderations => {
+                Self::Chat(AssembledChat::default())
+            }
         }
     }
 

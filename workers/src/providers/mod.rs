@@ -464,7 +464,8 @@ impl ProviderClient {
     /// so its reservation is kept whole rather than refunded as if nothing was used; the
     /// result says so in `usage.tollgate_estimated`.
     fn with_usage(&self, mut success: Success, model: &str, endpoint: Endpoint, request: &Value) -> Success {
-        if success.body.get("usage").is_some_and(Value::is_object) {
+        // Moderations report no usage: they cost no tokens.
+        if endpoint == Endpoint::Moderations || success.body.get("usage").is_some_and(Value::is_object) {
             return success;
         }
         let input = i64::from(tollgate::estimate::endpoint_input_tokens(

@@ -85,6 +85,7 @@ pub(super) fn path(endpoint: Endpoint) -> &'static str {
         Endpoint::ChatCompletions => "chat/completions",
         Endpoint::Embeddings => "embeddings",
         Endpoint::Responses => "responses",
+        Endpoint::Moderations => "moderations",
         // Never routed to this family (`ProviderKind::serves`); named for completeness.
         Endpoint::Messages => "messages",
     }
@@ -113,7 +114,7 @@ pub(super) fn body(model: &str, endpoint: Endpoint, request: &Value, mode: Mode,
                 };
                 return body;
             }
-            Endpoint::Embeddings | Endpoint::Messages => return body,
+            Endpoint::Embeddings | Endpoint::Moderations | Endpoint::Messages => return body,
         }
         if !["max_completion_tokens", "max_tokens"]
             .iter()
@@ -148,6 +149,7 @@ pub(super) fn parse_success(body: &[u8], endpoint: Endpoint) -> Result<Success, 
         Endpoint::ChatCompletions => "choices",
         Endpoint::Embeddings => "data",
         Endpoint::Responses => "output",
+        Endpoint::Moderations => "results",
         Endpoint::Messages => "content",
     };
     if body.get(answer).is_none() {
