@@ -347,9 +347,8 @@ pub enum ProviderKind {
 impl ProviderKind {
     /// Whether tollgate sends this provider kind requests of `endpoint`: chat to every
     /// kind, embeddings to the OpenAI family (Anthropic has no embeddings API), moderations
-    /// to OpenAI, Responses
-    /// to OpenAI and OpenAI-compatible servers, Anthropic Messages to Anthropic — those two
-    /// as they are.
+    /// to OpenAI, Responses to OpenAI and OpenAI-compatible servers, Anthropic Messages to
+    /// Anthropic — those two as they are.
     pub fn serves(self, endpoint: Endpoint) -> bool {
         match endpoint {
             Endpoint::ChatCompletions => true,

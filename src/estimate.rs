@@ -178,9 +178,11 @@ pub fn route_input_tokens<'a>(request: &Value, models: impl IntoIterator<Item = 
         .unwrap_or_else(|| prompt.tokens(None))
 }
 
-/// Input tokens to reserve for a job of `endpoint` that any of `models` may serve: the
-/// prompt of a chat request ([`route_input_tokens`]), the inputs of an embeddings request
-/// ([`embedding_input_tokens`]), the largest over the models.
+/// Input tokens to reserve for a job of `endpoint` that any of `models` may serve, the
+/// largest over the models: a chat prompt ([`route_input_tokens`]), embeddings' inputs
+/// ([`embedding_input_tokens`]), a Responses request as the chat request that bills the
+/// same ([`responses_as_chat`]), an Anthropic Messages request ([`messages_input_tokens`]);
+/// none for a moderation.
 pub fn endpoint_input_tokens<'a>(
     endpoint: Endpoint,
     request: &Value,
@@ -252,7 +254,6 @@ pub const ANTHROPIC_IMAGE_TOKENS: i64 = 1600;
 /// thinking, tool inputs and results as their JSON), the `system` prompt as one more
 /// message, the tool definitions as JSON, and [`ANTHROPIC_IMAGE_TOKENS`] per image.
 pub fn messages_input_tokens(request: &Value) -> i32 {
-    let quarters = |s: &str| s.chars().count().div_ceil(4) as i64;
     let mut images = 0i64;
     let mut content_text = |c: Option<&Value>| -> String {
         let Some(Value::Array(blocks)) = c else {
@@ -302,10 +303,7 @@ pub fn endpoint_output_tokens(endpoint: Endpoint, request: &Value) -> i32 {
 /// At least 1.
 pub fn embedding_input_tokens(request: &Value, model: Option<&str>) -> i32 {
     let tokenizer = model.and_then(tokenizer_for);
-    let text = |s: &str| {
-        let by_chars = s.chars().count().div_ceil(4) as i64;
-        by_chars.max(tokenizer.map_or(0, |t| t.count(s) as i64))
-    };
+    let text = |s: &str| quarters(s).max(tokenizer.map_or(0, |t| t.count(s) as i64));
     let one = |v: &Value| match v {
         Value::String(s) => text(s),
         Value::Array(ids) => ids.len() as i64,
@@ -408,8 +406,7 @@ fn prediction_tokens(request: &Value) -> i64 {
         return 0;
     };
     let text = content_text(Some(content));
-    let by_chars = text.chars().count().div_ceil(4) as i64;
-    by_chars.max(bpe_openai::o200k_base().count(&text) as i64)
+    quarters(&text).max(bpe_openai::o200k_base().count(&text) as i64)
 }
 
 /// What a request is charged for as input, read once whatever the models it is priced for.
@@ -493,7 +490,6 @@ impl Prompt {
 
     /// The character rule ([`char_rule`]).
     fn by_chars(&self) -> i64 {
-        let quarters = |s: &str| s.chars().count().div_ceil(4) as i64;
         let messages: i64 = self.messages.iter().map(|(_, text)| 4 + quarters(text)).sum();
         let definitions: i64 = self.definitions.iter().map(|d| quarters(d)).sum();
         if messages + definitions == 0 {
@@ -697,6 +693,11 @@ fn content_text(content: Option<&Value>) -> String {
             .collect(),
         _ => String::new(),
     }
+}
+
+/// The character rule's unit: one token per started group of four characters.
+fn quarters(s: &str) -> i64 {
+    s.chars().count().div_ceil(4) as i64
 }
 
 fn clamp_i32(v: i64) -> i32 {

@@ -63,8 +63,8 @@ pub struct Job {
     pub state: JobState,
     /// What kind of work the request is.
     pub endpoint: Endpoint,
-    /// The body as the client sent it, in its endpoint's OpenAI shape; adapters translate
-    /// it per provider.
+    /// The body as the client sent it, in its endpoint's shape; adapters translate it per
+    /// provider.
     pub request: serde_json::Value,
     /// What the client asked for: a route alias or `provider/model`.
     pub model: String,

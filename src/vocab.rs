@@ -218,6 +218,12 @@ impl Endpoint {
     pub fn all() -> &'static [Endpoint] {
         Self::VARIANTS
     }
+
+    /// Whether a request of it may ask to be streamed (embeddings and moderations answer
+    /// whole).
+    pub fn streams(self) -> bool {
+        !matches!(self, Self::Embeddings | Self::Moderations)
+    }
 }
 
 /// What a bucket counts.
@@ -465,7 +471,7 @@ pub enum ApiErrorCode {
     EmptyFile,
     /// 400: a file with more than `batches.max_lines` lines.
     TooManyLines,
-    /// 400: an endpoint tollgate does not run (a batch's `endpoint`, a job's `endpoint`).
+    /// 400: a batch `endpoint` tollgate does not run.
     UnsupportedEndpoint,
     /// 400: a `completion_window` that is malformed or out of range.
     InvalidCompletionWindow,

@@ -1,6 +1,6 @@
 //! The synchronous endpoints: OpenAI's `POST /v1/chat/completions`, `POST /v1/embeddings`,
-//! `POST /v1/moderations` and `POST /v1/responses` (and, through [`synchronous`], Anthropic's Messages). The
-//! request is queued as an `interactive` job like any other — so it waits its turn instead
+//! `POST /v1/moderations` and `POST /v1/responses` (and, through [`synchronous`],
+//! Anthropic's Messages). The request is queued as an `interactive` job like any other — so it waits its turn instead
 //! of meeting a provider 429 — and the handler waits for the result. An existing OpenAI SDK
 //! app points its `base_url` at tollgate and changes nothing else.
 //!
@@ -153,8 +153,7 @@ pub(crate) async fn synchronous(
     endpoint: Endpoint,
     request: Value,
 ) -> Result<Response, ApiError> {
-    let streams = !matches!(endpoint, Endpoint::Embeddings | Endpoint::Moderations);
-    let stream = streams && request.get("stream").and_then(Value::as_bool) == Some(true);
+    let stream = endpoint.streams() && request.get("stream").and_then(Value::as_bool) == Some(true);
     let timeout = Duration::from_secs(state.config.server.sync_timeout_secs);
     let trim_param = |e: ApiError| ApiError {
         param: e.param.map(|p| p.trim_start_matches("request.").to_owned()),

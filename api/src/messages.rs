@@ -100,7 +100,6 @@ pub(crate) async fn anthropic_errors(response: Response) -> Response {
         return Response::from_parts(parts, Body::from(bytes));
     };
     let kind = match status {
-        StatusCode::BAD_REQUEST | StatusCode::CONFLICT => "invalid_request_error",
         StatusCode::UNAUTHORIZED => "authentication_error",
         StatusCode::FORBIDDEN => "permission_error",
         StatusCode::NOT_FOUND => "not_found_error",

@@ -8,7 +8,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use serde::Serialize;
 use tollgate::config::Config;
-use tollgate::routing;
+use tollgate::routing::{self, Target};
 use tollgate::vocab::Endpoint;
 use utoipa::ToSchema;
 
@@ -47,23 +47,20 @@ pub(crate) struct ModelList {
 /// The model object of `name`, when it names any target.
 fn model(config: &Config, name: &str) -> Option<ModelObject> {
     let mut endpoints = Vec::new();
-    let mut targets: Vec<String> = Vec::new();
+    let mut targets: Vec<Target> = Vec::new();
     for &endpoint in Endpoint::all() {
         if let Ok(serving) = routing::resolve(config, name, endpoint) {
             endpoints.push(endpoint);
             for t in serving {
-                let label = t.label();
-                if !targets.contains(&label) {
-                    targets.push(label);
+                if !targets.contains(&t) {
+                    targets.push(t);
                 }
             }
         }
     }
-    let alias = config.routes.iter().any(|r| r.alias == name);
-    let owned_by = match targets.first() {
-        _ if alias => "tollgate".to_owned(),
-        Some(first) => first.split('/').next().unwrap_or_default().to_owned(),
-        None => return None,
+    let owned_by = match config.routes.iter().any(|r| r.alias == name) {
+        true => "tollgate".to_owned(),
+        false => targets.first()?.provider.clone(),
     };
     Some(ModelObject {
         id: name.to_owned(),
@@ -71,7 +68,7 @@ fn model(config: &Config, name: &str) -> Option<ModelObject> {
         created: 0,
         owned_by,
         endpoints,
-        targets,
+        targets: targets.iter().map(Target::label).collect(),
     })
 }
 

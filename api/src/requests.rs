@@ -2,9 +2,9 @@
 //! that a provider will not reject it for that, every field it is charged for reservable
 //! (`estimate::check`), its model resolved to targets that serve the endpoint, every field
 //! expressible to each of them (`providers::unexpressed`: what an adapter cannot translate
-//! is refused, never dropped), and its tokens estimated. One place for every way in (`POST /v1/jobs`, a bulk's items, a batch's
-//! lines, the synchronous endpoints), so all of them refuse the same requests with the
-//! same reason codes.
+//! is refused, never dropped), and its tokens estimated. One place for every way in (`POST
+//! /v1/jobs`, a bulk's items, a batch's lines, the synchronous endpoints), so all of them
+//! refuse the same requests with the same reason codes.
 
 use serde_json::{Map, Value};
 use tollgate::config::Config;
@@ -15,7 +15,7 @@ use tollgate::vocab::{ApiErrorCode, Endpoint};
 use crate::error::ApiError;
 
 /// Most inputs one embeddings request may hold (OpenAI's documented maximum).
-pub(crate) const MAX_EMBEDDING_INPUTS: usize = 2048;
+const MAX_EMBEDDING_INPUTS: usize = 2048;
 
 /// A request checked for its endpoint: the model asked for, and what the gate reserves
 /// (for the largest of the targets that may serve it).
@@ -43,23 +43,28 @@ pub(crate) fn check(
         Endpoint::Messages => validate_messages_request(request, param_prefix)?,
     };
     let targets = routing::resolve(config, &model, endpoint).map_err(|why| {
-        let message = match why {
-            Unresolved::UnknownModel => format!(
-                "model {model:?} is neither a route alias, a configured provider/model, nor a model a provider lists"
+        let (code, message) = match why {
+            Unresolved::UnknownModel => (
+                ApiErrorCode::UnknownModel,
+                format!(
+                    "model {model:?} is neither a route alias, a configured provider/model, nor a model a provider lists"
+                ),
             ),
-            Unresolved::EndpointNotServed => {
-                format!("no target of model {model:?} is a provider that serves {endpoint}")
-            }
-        };
-        let code = match why {
-            Unresolved::UnknownModel => ApiErrorCode::UnknownModel,
-            Unresolved::EndpointNotServed => ApiErrorCode::EndpointNotServed,
+            Unresolved::EndpointNotServed => (
+                ApiErrorCode::EndpointNotServed,
+                format!("no target of model {model:?} is a provider that serves {endpoint}"),
+            ),
         };
         ApiError::bad_request(code, message).with_param(format!("{param_prefix}model"))
     })?;
-    // What a target's adapter cannot translate is refused here, never dropped on the way.
-    let translated = endpoint == Endpoint::ChatCompletions;
-    for target in targets.iter().filter(|_| translated) {
+    // What a target's adapter cannot translate is refused here, never dropped on the way
+    // (only chat is translated; the other endpoints go as they are).
+    let translated: &[_] = if endpoint == Endpoint::ChatCompletions {
+        &targets
+    } else {
+        &[]
+    };
+    for target in translated {
         let refused = config
             .provider(&target.provider)
             .and_then(|p| tollgate_workers::providers::unexpressed(p, request));

@@ -1,5 +1,6 @@
 //! Streaming jobs, run for the API process whose client is connected: claimed by id,
-//! relayed chunk by chunk as OpenAI-style SSE payloads, and finished — succeeded, failed,
+//! relayed event by event as SSE payloads in the endpoint's shape (OpenAI chunks for chat,
+//! Anthropic's and Responses' events as they are), and finished — succeeded, failed,
 //! or `client_disconnected` — with the answer put back together and the usage produced so
 //! far. No retries: the client is waiting. A stream whose job the heartbeat finds no
 //! longer held here (rescued, cancelled) is cut off, and nothing of it is written.
@@ -17,7 +18,7 @@ use tollgate::store::{self, StoreError};
 
 use super::{Dispatcher, log_write};
 use crate::providers::streaming::ChatStream;
-use crate::providers::{CallOutcome, Success};
+use crate::providers::{CallOutcome, Success, assistant_message};
 use tollgate::vocab::{Endpoint, ReasonCode};
 
 impl Dispatcher {
@@ -34,7 +35,7 @@ impl Dispatcher {
     }
 
     /// Runs a claimed streaming job: opens the provider's stream and relays it, as the
-    /// `data:` payloads of OpenAI-style SSE (ending with `[DONE]`), into the returned
+    /// `data:` payloads of SSE (a chat stream ending with `[DONE]`), into the returned
     /// receiver. When the stream ends — or the receiver is dropped because the client went
     /// away, which cancels the upstream call — the attempt is recorded and the job
     /// finished with the usage produced so far, settling its reservation. No retries: the
@@ -218,7 +219,7 @@ impl Assembled {
         match endpoint {
             Endpoint::Messages => Self::Message(AssembledMessage::default()),
             Endpoint::Responses => Self::Response(Value::Null),
-            // Embeddings and moderations do not stream.
+            // Embeddings and moderations do not stream (`Endpoint::streams`).
             Endpoint::ChatCompletions | Endpoint::Embeddings | Endpoint::Moderations => {
                 Self::Chat(AssembledChat::default())
             }
@@ -283,17 +284,17 @@ impl AssembledChat {
                     "function": {"name": null, "arguments": ""}}));
             }
             let assembled = &mut self.tool_calls[index];
-            for (from, to) in [("/id", "/id"), ("/function/name", "/function/name")] {
-                if let Some(v) = call.pointer(from).filter(|v| !v.is_null())
-                    && let Some(slot) = assembled.pointer_mut(to)
+            for at in ["/id", "/function/name"] {
+                if let Some(v) = call.pointer(at).filter(|v| !v.is_null())
+                    && let Some(slot) = assembled.pointer_mut(at)
                 {
                     *slot = v.clone();
                 }
             }
-            if let Some(piece) = call.pointer("/function/arguments").and_then(Value::as_str) {
-                let so_far = assembled["function"]["arguments"].as_str().unwrap_or_default();
-                assembled["function"]["arguments"] = Value::String(format!("{so_far}{piece}"));
-            }
+            append(
+                &mut assembled["function"]["arguments"],
+                call.pointer("/function/arguments"),
+            );
         }
         if !choice["finish_reason"].is_null() {
             self.finish_reason = Some(choice["finish_reason"].clone());
@@ -301,11 +302,7 @@ impl AssembledChat {
     }
 
     fn completion(&self, usage: Usage) -> Value {
-        let message = match self.tool_calls.is_empty() {
-            true => serde_json::json!({"role": "assistant", "content": self.content}),
-            false => serde_json::json!({"role": "assistant",
-                "content": (!self.content.is_empty()).then_some(&self.content), "tool_calls": self.tool_calls}),
-        };
+        let message = assistant_message(self.content.clone(), self.tool_calls.clone());
         serde_json::json!({
             "id": self.id,
             "object": "chat.completion",
@@ -325,6 +322,23 @@ impl AssembledChat {
     }
 }
 
+/// `v` if it is an object, else an empty one.
+fn object(v: &Value) -> Value {
+    if v.is_object() {
+        v.clone()
+    } else {
+        serde_json::json!({})
+    }
+}
+
+/// `slot`'s text with `piece` (a delta's text) added at its end.
+fn append(slot: &mut Value, piece: Option<&Value>) {
+    let Some(piece) = piece.and_then(Value::as_str) else {
+        return;
+    };
+    *slot = Value::String(format!("{}{piece}", slot.as_str().unwrap_or_default()));
+}
+
 /// Anthropic's events put back together: the message of `message_start`, its content
 /// blocks with their deltas (a tool's input from its JSON pieces), its stop reason.
 #[derive(Default)]
@@ -338,9 +352,10 @@ struct AssembledMessage {
 impl AssembledMessage {
     fn add(&mut self, v: &Value) {
         match v["type"].as_str().unwrap_or_default() {
-            "message_start" => self.message = v["message"].clone(),
+            // Objects only, so that what is written into them below cannot meet another type.
+            "message_start" => self.message = object(&v["message"]),
             "content_block_start" => {
-                self.blocks.push(v["content_block"].clone());
+                self.blocks.push(object(&v["content_block"]));
                 self.inputs.push(String::new());
             }
             "content_block_delta" => {
@@ -348,14 +363,9 @@ impl AssembledMessage {
                     return;
                 };
                 let delta = &v["delta"];
-                let append = |block: &mut Value, field: &str| {
-                    let so_far = block[field].as_str().unwrap_or_default();
-                    let piece = delta[field].as_str().unwrap_or_default();
-                    block[field] = Value::String(format!("{so_far}{piece}"));
-                };
                 match delta["type"].as_str().unwrap_or_default() {
-                    "text_delta" => append(block, "text"),
-                    "thinking_delta" => append(block, "thinking"),
+                    "text_delta" => append(&mut block["text"], delta.get("text")),
+                    "thinking_delta" => append(&mut block["thinking"], delta.get("thinking")),
                     "signature_delta" => block["signature"] = delta["signature"].clone(),
                     "input_json_delta" => input.push_str(delta["partial_json"].as_str().unwrap_or_default()),
                     _ => {}

@@ -19,7 +19,7 @@ use super::batch_api::{BatchApi, LineResult, Status, Upload, failed};
 use super::openai::{content_text, stop_sequences};
 use super::sse::SseEvent;
 use super::streaming::{self, StreamEvents, StreamOut};
-use super::{Mode, ProviderApi, Success, Unexpressed, int};
+use super::{Mode, ProviderApi, Success, Unexpressed, array, int};
 
 /// An Anthropic provider.
 pub struct Anthropic {
@@ -53,8 +53,8 @@ impl ProviderApi for Anthropic {
         let mut body = match endpoint {
             Endpoint::Messages => {
                 let mut body = request.clone();
-                body["model"] = Value::String(model.to_owned());
                 if let Some(obj) = body.as_object_mut() {
+                    obj.insert("model".to_owned(), Value::String(model.to_owned()));
                     obj.remove("stream");
                 }
                 body
@@ -118,15 +118,9 @@ fn unexpressed(request: &Value) -> Option<Unexpressed> {
     if let Some(refused) = super::first_set(request, &UNEXPRESSED_FIELDS, "Anthropic") {
         return Some(refused);
     }
-    let refuse = |param: String, message: &str| {
-        Some(Unexpressed {
-            param,
-            message: message.to_owned(),
-        })
-    };
     for (i, tool) in array(request, "tools").iter().enumerate() {
         if tool.get("type").and_then(Value::as_str) != Some("function") {
-            return refuse(format!("tools[{i}].type"), "Anthropic takes function tools only");
+            return Unexpressed::at(format!("tools[{i}].type"), "Anthropic takes function tools only");
         }
     }
     for (i, m) in array(request, "messages").iter().enumerate() {
@@ -137,24 +131,19 @@ fn unexpressed(request: &Value) -> Option<Unexpressed> {
                 .unwrap_or_default();
             let object = serde_json::from_str::<Value>(arguments).is_ok_and(|v| v.is_object());
             if !object && !arguments.trim().is_empty() {
-                return refuse(
+                return Unexpressed::at(
                     format!("messages[{i}].tool_calls[{j}].function.arguments"),
                     "tool call arguments must be a JSON object for Anthropic",
                 );
             }
         }
-        let parts = m
-            .get("content")
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        for (j, part) in parts.iter().enumerate() {
+        for (j, part) in array(m, "content").iter().enumerate() {
             let url = part
                 .pointer("/image_url/url")
                 .and_then(Value::as_str)
                 .unwrap_or_default();
             if data_url(url).is_some_and(|(media_type, _)| !IMAGE_TYPES.contains(&media_type)) {
-                return refuse(
+                return Unexpressed::at(
                     format!("messages[{i}].content[{j}].image_url"),
                     "Anthropic reads JPEG, PNG, GIF and WebP images only",
                 );
@@ -162,14 +151,6 @@ fn unexpressed(request: &Value) -> Option<Unexpressed> {
         }
     }
     None
-}
-
-/// The array at `key` of `v`, or none.
-fn array<'a>(v: &'a Value, key: &str) -> &'a [Value] {
-    v.get(key)
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default()
 }
 
 /// A `data:` URL's media type and base64 data.
@@ -337,7 +318,8 @@ fn input_usage(u: &Value) -> (i64, i64) {
     (input, cache_read)
 }
 
-/// An Anthropic Messages response kept as it is (for a Messages request), its usage read.
+/// An Anthropic Messages response kept as it is (for a Messages request), its usage read
+/// (input counted the OpenAI way, [`input_usage`]).
 fn parse_message(body: &[u8]) -> Result<Success, String> {
     let msg: Value = serde_json::from_slice(body)
         .map_err(|e| format!("provider answered 2xx with a body that is not JSON: {e}"))?;
@@ -356,11 +338,8 @@ fn parse_message(body: &[u8]) -> Result<Success, String> {
 
 /// Anthropic Messages response → OpenAI chat completion.
 pub(super) fn parse_success(body: &[u8]) -> Result<Success, String> {
-    let msg: Value = serde_json::from_slice(body)
-        .map_err(|e| format!("provider answered 2xx with a body that is not JSON: {e}"))?;
-    let Some(content) = msg.get("content").and_then(Value::as_array) else {
-        return Err("provider answered 2xx without `content`".to_owned());
-    };
+    let Success { body: msg, usage } = parse_message(body)?;
+    let content = array(&msg, "content");
     let text: String = content
         .iter()
         .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
@@ -376,26 +355,18 @@ pub(super) fn parse_success(body: &[u8]) -> Result<Success, String> {
         })
         .collect();
     let finish = finish_reason(msg.get("stop_reason").and_then(Value::as_str));
-    let reported = msg.get("usage").filter(|u| u.is_object());
-    let u = reported.cloned().unwrap_or(Value::Null);
-    let (input, cache_read) = input_usage(&u);
-    let output = int(&u, &["output_tokens"]);
-    let usage = reported.map(|_| {
+    let reported = msg.get("usage").filter(|u| u.is_object()).map(|_| {
         json!({
-            "prompt_tokens": input,
-            "completion_tokens": output,
-            "total_tokens": input + output,
-            "prompt_tokens_details": {"cached_tokens": cache_read},
+            "prompt_tokens": usage.input_tokens,
+            "completion_tokens": usage.output_tokens,
+            "total_tokens": usage.input_tokens + usage.output_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
         })
     });
     let field = |k: &str| msg.get(k).cloned().unwrap_or(Value::Null);
     Ok(Success {
-        body: super::completion(field("id"), field("model"), text, tool_calls, finish, usage),
-        usage: Usage {
-            input_tokens: input,
-            output_tokens: output,
-            cached_tokens: cache_read,
-        },
+        body: super::completion(field("id"), field("model"), text, tool_calls, finish, reported),
+        usage,
     })
 }
 

@@ -17,7 +17,7 @@ use tollgate::vocab::Endpoint;
 
 use super::openai::{content_text, stop_sequences};
 use super::streaming::StreamEvents;
-use super::{Mode, ProviderApi, Success, Unexpressed, int};
+use super::{Mode, ProviderApi, Success, Unexpressed, array, int};
 
 /// A Google Gemini API provider.
 pub struct Gemini {
@@ -82,10 +82,7 @@ fn unexpressed(request: &Value) -> Option<Unexpressed> {
         return Some(refused);
     }
     let refuse = |param: String, message: &str| {
-        Some(Unexpressed {
-            param,
-            message: format!("{message}; remove it or route to an OpenAI model"),
-        })
+        Unexpressed::at(param, format!("{message}; remove it or route to an OpenAI model"))
     };
     if let Some(format) = request.pointer("/response_format/type").and_then(Value::as_str)
         && !matches!(format, "text" | "json_object")
@@ -95,12 +92,7 @@ fn unexpressed(request: &Value) -> Option<Unexpressed> {
             "tollgate sends Gemini text or JSON output only",
         );
     }
-    let messages = request
-        .get("messages")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten();
-    for (i, m) in messages.enumerate() {
+    for (i, m) in array(request, "messages").iter().enumerate() {
         if m.get("role").and_then(Value::as_str) == Some("tool")
             || m.get("tool_calls").is_some_and(|c| !c.is_null())
         {
@@ -109,8 +101,7 @@ fn unexpressed(request: &Value) -> Option<Unexpressed> {
                 "tollgate sends Gemini no tool calls or results",
             );
         }
-        let parts = m.get("content").and_then(Value::as_array).into_iter().flatten();
-        for (j, part) in parts.enumerate() {
+        for (j, part) in array(m, "content").iter().enumerate() {
             if part.get("type").and_then(Value::as_str) != Some("text") {
                 return refuse(
                     format!("messages[{i}].content[{j}]"),

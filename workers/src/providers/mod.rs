@@ -71,18 +71,18 @@ pub enum Mode {
 pub trait ProviderApi: Send + Sync {
     /// The URL a call of `endpoint` served by `model` is posted to. An adapter is given
     /// only the endpoints its provider kind serves (`ProviderKind::serves`: routing keeps
-    /// the others from it); streams are chat only.
+    /// the others from it).
     fn url(&self, model: &str, endpoint: Endpoint, mode: Mode) -> String;
 
     /// Adds the key, and any header the API requires on every request, to `request`.
     /// Batch API requests are authorized the same way.
     fn authorize(&self, request: RequestBuilder, key: &SecretString) -> RequestBuilder;
 
-    /// The provider's body for the OpenAI-format `request` of `endpoint` served by `model`.
+    /// The provider's body for `request` (in `endpoint`'s shape) served by `model`.
     fn body(&self, model: &str, endpoint: Endpoint, request: &Value, mode: Mode) -> Value;
 
-    /// A 2xx body as OpenAI's answer of `endpoint` (a chat completion, an embeddings list)
-    /// with its usage; `Err` (why) when the body is not an answer. A body without usage
+    /// A 2xx body as the answer of `endpoint` in its shape (a chat completion, an embeddings
+    /// list, a response, an Anthropic message) with its usage; `Err` (why) when the body is not an answer. A body without usage
     /// comes back without `usage`, so that the send path settles it with the estimate
     /// instead of zeros.
     fn parse_success(&self, body: &[u8], endpoint: Endpoint, model: &str) -> Result<Success, String>;
@@ -166,6 +166,23 @@ pub struct Unexpressed {
     pub message: String,
 }
 
+impl Unexpressed {
+    fn at(param: String, message: impl Into<String>) -> Option<Self> {
+        Some(Self {
+            param,
+            message: message.into(),
+        })
+    }
+}
+
+/// The array at `key` of `v`, or none.
+fn array<'a>(v: &'a Value, key: &str) -> &'a [Value] {
+    v.get(key)
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+}
+
 /// What of `request` (OpenAI chat) the adapter of `provider` cannot express, if anything.
 pub fn unexpressed(provider: &ProviderConfig, request: &Value) -> Option<Unexpressed> {
     adapter(provider).unexpressed(request)
@@ -183,12 +200,10 @@ fn first_set(request: &Value, fields: &[&str], provider: &str) -> Option<Unexpre
     let field = fields
         .iter()
         .find(|f| request.get(**f).is_some_and(|v| set(f, v)))?;
-    Some(Unexpressed {
-        param: (*field).to_owned(),
-        message: format!(
-            "`{field}` cannot be expressed to {provider}; remove it or route to an OpenAI model"
-        ),
-    })
+    Unexpressed::at(
+        (*field).to_owned(),
+        format!("`{field}` cannot be expressed to {provider}; remove it or route to an OpenAI model"),
+    )
 }
 
 /// The provider's base URL as configured, without a trailing `/`.
@@ -290,8 +305,7 @@ impl Providers {
         self.by_name.get(name)
     }
 
-    /// Sends `request` (the OpenAI format of `endpoint`) to `target` with the provider's
-    /// next key.
+    /// Sends `request` (in `endpoint`'s shape) to `target` with the provider's next key.
     pub async fn call(&self, target: &Target, endpoint: Endpoint, request: &Value) -> CallOutcome {
         match self.client(target) {
             Ok(client) => client.call(&self.http, target, endpoint, request).await,
@@ -561,6 +575,16 @@ pub(crate) fn int(v: &Value, path: &[&str]) -> i64 {
         .clamp(0, MAX_USAGE_TOKENS)
 }
 
+/// An assistant message of a chat completion: its text and tool calls, `content` null when
+/// it calls tools and says nothing, as OpenAI sends it.
+pub(crate) fn assistant_message(text: String, tool_calls: Vec<Value>) -> Value {
+    match tool_calls.is_empty() {
+        true => serde_json::json!({"role": "assistant", "content": text}),
+        false => serde_json::json!({"role": "assistant",
+            "content": (!text.is_empty()).then_some(text), "tool_calls": tool_calls}),
+    }
+}
+
 /// The OpenAI `chat.completion` an adapter translated a provider's answer into:
 /// one choice with `text` and its `tool_calls`, and the usage when the provider `reported` it (no usage is
 /// invented as zeros: the send path sees it missing and settles with the estimate).
@@ -572,12 +596,7 @@ pub(crate) fn completion(
     finish_reason: &str,
     usage: Option<Value>,
 ) -> Value {
-    // With tool calls and no text, `content` is null, as OpenAI sends it.
-    let message = match tool_calls.is_empty() {
-        true => serde_json::json!({"role": "assistant", "content": text}),
-        false => serde_json::json!({"role": "assistant",
-            "content": (!text.is_empty()).then_some(text), "tool_calls": tool_calls}),
-    };
+    let message = assistant_message(text, tool_calls);
     let mut body = serde_json::json!({
         "id": id,
         "object": "chat.completion",

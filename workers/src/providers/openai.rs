@@ -1,9 +1,9 @@
-//! OpenAI Chat Completions and Embeddings, and every OpenAI-compatible server (Groq,
-//! Mistral, Together, DeepSeek, vLLM, Ollama): `POST {base_url}/chat/completions` or
-//! `{base_url}/embeddings` with bearer auth. The client's request is already in this
-//! format, and so are the answers and stream chunks: only the model is set, a chat request
-//! given an output cap where it has none (the one the gate reserved:
-//! `tollgate::estimate::output_cap`), and usage read out. Also the OpenAI
+//! OpenAI Chat Completions, Embeddings, Moderations and Responses, and every
+//! OpenAI-compatible server (Groq, Mistral, Together, DeepSeek, vLLM, Ollama): `POST
+//! {base_url}/{path}` with bearer auth ([`path`]). The client's request is already in this
+//! format, and so are the answers and stream events: only the model is set, a chat or
+//! Responses request given an output cap where it has none (the one the gate reserved:
+//! `tollgate::estimate::output_cap`, `responses_output_cap`), and usage read out. Also the OpenAI
 //! request readers the translating adapters share ([`content_text`], [`stop_sequences`]),
 //! and OpenAI's batch API: the lines uploaded as a JSONL file (`POST {base_url}/files`), then
 //! `POST {base_url}/batches`; results in the batch's output and error files.
@@ -169,7 +169,7 @@ pub(super) fn parse_success(body: &[u8], endpoint: Endpoint) -> Result<Success, 
 
 /// A response's `usage` (`input_tokens`, `output_tokens` with reasoning in it, cached
 /// input in `input_tokens_details`).
-pub(super) fn responses_usage(u: &Value) -> Usage {
+fn responses_usage(u: &Value) -> Usage {
     Usage {
         input_tokens: int(u, &["input_tokens"]),
         output_tokens: int(u, &["output_tokens"]),
@@ -203,7 +203,7 @@ pub(super) fn content_text(content: Option<&Value>) -> String {
 /// deltas counted, the usage read from the final `response.completed` (or
 /// `response.incomplete`), which ends the stream; `response.failed` and `error` events end
 /// it as failures.
-pub(super) struct ResponseEvents;
+struct ResponseEvents;
 
 impl StreamEvents for ResponseEvents {
     fn on_event(&mut self, event: SseEvent, out: &mut StreamOut) -> Result<(), Failure> {
@@ -220,9 +220,7 @@ impl StreamEvents for ResponseEvents {
                 let usage = responses_usage(v.pointer("/response/usage").unwrap_or(&Value::Null));
                 out.input(usage.input_tokens, usage.cached_tokens);
                 out.output(usage.output_tokens);
-                out.chunk(event.data.to_string());
                 out.finish();
-                return Ok(());
             }
             _ => {}
         }

@@ -1,7 +1,8 @@
-//! Streaming chat completions at the provider layer: [`Providers::call_stream`] sends an
-//! OpenAI-format request with `stream: true` through the same send path as plain calls
-//! and, once the provider has answered 2xx, hands back a [`ChatStream`] that yields the
-//! provider's events as OpenAI `chat.completion.chunk`s while keeping count of the usage.
+//! Streams at the provider layer: [`Providers::call_stream`] sends a request with `stream:
+//! true` through the same send path as plain calls and, once the provider has answered
+//! 2xx, hands back a [`ChatStream`] that yields the provider's events — as OpenAI
+//! `chat.completion.chunk`s for chat, as they are for Anthropic Messages and Responses —
+//! while keeping count of the usage.
 //! What an event means is the adapter's ([`StreamEvents`], one per provider file); this
 //! module owns what every stream shares: reading the body, the end-marker and failure
 //! rules, and the usage tally.
@@ -34,8 +35,10 @@ use tollgate::vocab::{Endpoint, ReasonCode};
 use super::sse::{SseEvent, SseParser};
 use super::{Answered, CallOutcome, Mode, Providers, send_failure};
 
-/// How one provider's stream events become OpenAI chunks. A fresh value per stream, so
-/// it may keep what later chunks repeat (Anthropic's message id and model).
+/// How one provider's stream events become the chunks relayed to the client: OpenAI
+/// chunks for chat (translated where the provider's events are not), or the events as
+/// they are for Anthropic Messages and Responses. A fresh value per stream, so it may keep
+/// what later chunks repeat (Anthropic's message id and model).
 pub trait StreamEvents: Send {
     /// Handles one event with data: chunks to yield and usage go to `out`, and
     /// `out.finish()` when it is the provider's end marker. An error event (or one that
