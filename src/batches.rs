@@ -20,9 +20,20 @@ pub fn new_file_id() -> String {
     format!("file-{}", Uuid::now_v7().simple())
 }
 
+/// Ids of batches created through OpenAI's Batch API begin with this.
+pub const BATCH_PREFIX: &str = "batch_";
+
 /// A new batch id: `batch_` + a UUIDv7 in hex.
 pub fn new_batch_id() -> String {
-    format!("batch_{}", Uuid::now_v7().simple())
+    format!("{BATCH_PREFIX}{}", Uuid::now_v7().simple())
+}
+
+/// Ids of batches created as Anthropic's Message Batches begin with this.
+pub const MESSAGE_BATCH_PREFIX: &str = "msgbatch_";
+
+/// A new Message Batch id: `msgbatch_` + a UUIDv7 in hex.
+pub fn new_message_batch_id() -> String {
+    format!("{MESSAGE_BATCH_PREFIX}{}", Uuid::now_v7().simple())
 }
 
 /// File purposes tollgate accepts and produces.
@@ -49,7 +60,8 @@ pub struct BatchRow {
     pub tenant: String,
     /// What every line of the batch calls (each line's `url`).
     pub endpoint: Endpoint,
-    pub input_file_id: String,
+    /// The file its lines came from; `None` for a Message Batch (its requests came inline).
+    pub input_file_id: Option<String>,
     pub completion_window: String,
     pub status: String,
     pub class: JobClass,
@@ -61,6 +73,9 @@ pub struct BatchRow {
     pub rejected: i32,
     pub completed: Option<i32>,
     pub failed: Option<i32>,
+    /// Of `failed`: lines cancelled, and lines that expired (frozen with it).
+    pub cancelled: Option<i32>,
+    pub expired: Option<i32>,
     pub usage: Option<serde_json::Value>,
     pub output_expires_secs: i64,
     pub created_at: DateTime<Utc>,
@@ -75,6 +90,49 @@ pub struct BatchRow {
 }
 
 impl BatchRow {
+    /// A batch created at `now`, in progress and open for `window`; no input file, no
+    /// metadata, its files kept a day.
+    pub fn in_progress(
+        id: String,
+        tenant: &str,
+        endpoint: Endpoint,
+        class: JobClass,
+        completion_window: String,
+        window: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> Self {
+        Self {
+            id,
+            tenant: tenant.to_owned(),
+            endpoint,
+            input_file_id: None,
+            completion_window,
+            status: BatchStatus::InProgress.as_str().to_owned(),
+            class,
+            output_file_id: None,
+            error_file_id: None,
+            metadata: None,
+            errors: None,
+            total: 0,
+            rejected: 0,
+            completed: None,
+            failed: None,
+            cancelled: None,
+            expired: None,
+            usage: None,
+            output_expires_secs: 86_400,
+            created_at: now,
+            in_progress_at: Some(now),
+            expires_at: now + chrono::Duration::from_std(window).unwrap_or(chrono::Duration::days(1)),
+            finalizing_at: None,
+            completed_at: None,
+            failed_at: None,
+            expired_at: None,
+            cancelling_at: None,
+            cancelled_at: None,
+        }
+    }
+
     pub fn status(&self) -> BatchStatus {
         BatchStatus::parse(&self.status).unwrap_or(BatchStatus::Failed)
     }

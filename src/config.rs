@@ -347,16 +347,22 @@ pub enum ProviderKind {
 impl ProviderKind {
     /// Whether tollgate sends this provider kind requests of `endpoint`: chat to every
     /// kind, embeddings to the OpenAI family (Anthropic has no embeddings API), moderations
-    /// to OpenAI, Responses to OpenAI and OpenAI-compatible servers, Anthropic Messages to
-    /// Anthropic — those two as they are.
+    /// to OpenAI, Responses to OpenAI and OpenAI-compatible servers (as they are),
+    /// Anthropic Messages to every kind (as they are to Anthropic, translated to chat for
+    /// the others: [`ProviderKind::translates`]).
     pub fn serves(self, endpoint: Endpoint) -> bool {
         match endpoint {
-            Endpoint::ChatCompletions => true,
+            Endpoint::ChatCompletions | Endpoint::Messages => true,
             Endpoint::Embeddings => matches!(self, Self::Openai | Self::OpenaiCompatible | Self::Azure),
             Endpoint::Responses => matches!(self, Self::Openai | Self::OpenaiCompatible),
             Endpoint::Moderations => self == Self::Openai,
-            Endpoint::Messages => self == Self::Anthropic,
         }
+    }
+
+    /// Whether requests of `endpoint` reach this kind as chat requests, their answers
+    /// translated back: Anthropic Messages to every kind but Anthropic.
+    pub fn translates(self, endpoint: Endpoint) -> bool {
+        endpoint == Endpoint::Messages && self != Self::Anthropic
     }
 }
 

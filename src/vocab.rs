@@ -481,6 +481,8 @@ pub enum ApiErrorCode {
     WebhookUrlNotAllowed,
     /// 409: cancelling a finished batch.
     BatchAlreadyFinished,
+    /// 409: the results of, or deleting, a batch that has not finished.
+    BatchNotFinished,
     /// 413: an upload larger than `batches.max_file_bytes`.
     FileTooLarge,
     /// 413: an item of `POST /v1/jobs/bulk` larger than one job's body may be
@@ -561,6 +563,10 @@ pub enum ReasonCode {
     UnknownProvider,
     /// A streamed call to a target that does not stream (Gemini).
     StreamingUnsupported,
+    /// A line of a batch that was cancelled before it finished.
+    BatchCancelled,
+    /// A line of a batch whose completion window ended before it finished.
+    BatchExpired,
 }
 
 #[cfg(test)]

@@ -28,13 +28,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 use tollgate::batches::{
-    BatchRow, Line, LineEnvelope, LineSplitter, PURPOSE_BATCH, RequestCounts, new_batch_id, parse_line,
-    parse_window,
+    BATCH_PREFIX, BatchRow, Line, LineEnvelope, LineSplitter, PURPOSE_BATCH, RequestCounts, new_batch_id,
+    parse_line, parse_window,
 };
 use tollgate::config::{BatchesConfig, Config};
 use tollgate::model::{JobClass, JobId};
 use tollgate::store::{self, BatchCancel, BatchJobs, LineError};
-use tollgate::vocab::{BatchStatus, Endpoint};
+use tollgate::vocab::Endpoint;
 use tollgate::webhook_signing::{EVENT_TYPES, Secret};
 
 use crate::AppState;
@@ -140,63 +140,86 @@ pub(crate) async fn create(
         );
     }
     let now = state.clock.now().trunc_subsecs(6);
-    let expires_at = now + chrono::Duration::from_std(window).unwrap_or(chrono::Duration::days(1));
     let mut batch = BatchRow {
-        id: new_batch_id(),
-        tenant: tenant.name.clone(),
-        endpoint,
-        input_file_id: file.id.clone(),
-        completion_window: req.completion_window,
-        status: BatchStatus::InProgress.as_str().to_owned(),
-        class,
-        output_file_id: None,
-        error_file_id: None,
+        input_file_id: Some(file.id.clone()),
         metadata: req.metadata.map(|m| json!(m)),
-        errors: None,
-        total: 0,
-        rejected: 0,
-        completed: None,
-        failed: None,
-        usage: None,
         output_expires_secs,
-        created_at: now,
-        in_progress_at: Some(now),
-        expires_at,
-        finalizing_at: None,
-        completed_at: None,
-        failed_at: None,
-        expired_at: None,
-        cancelling_at: None,
-        cancelled_at: None,
+        ..BatchRow::in_progress(
+            new_batch_id(),
+            &tenant.name,
+            endpoint,
+            class,
+            req.completion_window,
+            window,
+            now,
+        )
     };
+    let lines = u64::try_from(file.lines).unwrap_or(0);
+    start(
+        &state,
+        &mut batch,
+        lines,
+        req.webhook.as_ref(),
+        Input::File(file.id),
+    )
+    .await?;
+    let counts = RequestCounts {
+        total: i64::from(batch.total),
+        completed: 0,
+        failed: i64::from(batch.rejected),
+    };
+    Ok(Json(batch_view(&batch, counts)))
+}
+
+/// Where a batch's lines come from.
+pub(crate) enum Input {
+    /// Its input file, line by line.
+    File(String),
+    /// Requests given inline, as a Message Batch's: `(custom_id, request)` in order, the
+    /// custom_ids unique.
+    Inline(Vec<(String, Value)>),
+}
+
+/// Creates `batch` with its jobs, all in one transaction: room in the tenant's queue for
+/// its `lines`, the row, its webhook, a job per valid line (each bad one recorded for the
+/// error file) and the totals, which it sets on `batch` too.
+pub(crate) async fn start(
+    state: &AppState,
+    batch: &mut BatchRow,
+    lines: u64,
+    webhook: Option<&WebhookSpec>,
+    input: Input,
+) -> Result<(), ApiError> {
     let mut tx = state.pool.begin().await.map_err(db)?;
     // Every line may become a job: the tenant's queue of the class must hold them all.
     // Checked under the queue's lock, held until the lines are in, as every submission
     // to a capped queue is (`jobs::reserve_queue_room`).
-    let lines = u64::try_from(file.lines).unwrap_or(0);
-    crate::jobs::reserve_queue_room(&state, &mut tx, &tenant.name, class, lines).await?;
-    store::insert_batch(&mut *tx, &batch).await?;
-    if let Some(hook) = &req.webhook {
+    crate::jobs::reserve_queue_room(state, &mut tx, &batch.tenant, batch.class, lines).await?;
+    store::insert_batch(&mut *tx, batch).await?;
+    if let Some(hook) = webhook {
         let events = if hook.events.is_empty() {
             EVENT_TYPES.iter().map(|e| (*e).to_owned()).collect()
         } else {
             hook.events.clone()
         };
         let key = state.config.webhooks.sealing_key().map_err(ApiError::internal)?;
-        let secret = key.seal(&tenant.name, hook.secret.expose_secret());
+        let secret = key.seal(&batch.tenant, hook.secret.expose_secret());
         store::add_batch_endpoint(
             &mut *tx,
-            &tenant.name,
+            &batch.tenant,
             &batch.id,
             &hook.url,
             &secret,
             &events,
-            now,
+            batch.created_at,
         )
         .await?;
     }
     let started = std::time::Instant::now();
-    let ingested = ingest(&state, &mut tx, &batch).await?;
+    let ingested = match input {
+        Input::File(file) => ingest(state, &mut tx, batch, &file).await?,
+        Input::Inline(requests) => ingest_inline(state, &mut tx, batch, requests).await?,
+    };
     store::set_batch_totals(&mut *tx, &batch.id, ingested.total, ingested.rejected).await?;
     tx.commit().await.map_err(db)?;
     let secs = started.elapsed().as_secs_f64();
@@ -210,12 +233,7 @@ pub(crate) async fn create(
     state.notifications.work_queued();
     batch.total = ingested.total;
     batch.rejected = ingested.rejected;
-    let counts = RequestCounts {
-        total: i64::from(batch.total),
-        completed: 0,
-        failed: i64::from(batch.rejected),
-    };
-    Ok(Json(batch_view(&batch, counts)))
+    Ok(())
 }
 
 /// A `POST /v1/batches` body, checked as far as it can be without the database and the
@@ -332,22 +350,27 @@ struct Ingested {
 /// Pipelined over the file's stored chunks: while one chunk's valid lines are inserted
 /// (on `conn`), the next chunk's lines are split, checked and estimated on a blocking
 /// thread — the CPU work and the database's work overlap instead of taking turns.
-async fn ingest(state: &AppState, conn: &mut PgConnection, batch: &BatchRow) -> Result<Ingested, ApiError> {
-    let chunk = state.config.batches.insert_chunk.max(1);
-    let max_attempts = state.config.retry.max_attempts.min(i32::MAX as u32) as i32;
+async fn ingest(
+    state: &AppState,
+    conn: &mut PgConnection,
+    batch: &BatchRow,
+    file: &str,
+) -> Result<Ingested, ApiError> {
+    let insert = Inserter::new(state);
     let mut reader = LineReader {
         lines: LineSplitter::new(state.config.batches.max_line_bytes),
         check: LineChecker {
             config: state.config.clone(),
             endpoint: batch.endpoint,
             seen: HashSet::new(),
+            at: "body.",
         },
     };
     let mut jobs: Vec<LineJob> = Vec::new();
     let mut rejected: Vec<LineError> = Vec::new();
     let mut total = 0i32;
     let mut seq = 0;
-    let mut data = store::file_chunk(&mut *conn, &batch.input_file_id, seq).await?;
+    let mut data = store::file_chunk(&mut *conn, file, seq).await?;
     loop {
         let last = data.is_none();
         let block = data.take().unwrap_or_default();
@@ -357,12 +380,9 @@ async fn ingest(state: &AppState, conn: &mut PgConnection, batch: &BatchRow) -> 
         });
         // Meanwhile: insert what the previous block gave, and fetch the next block.
         if !last {
-            while jobs.len() >= chunk {
-                let part = columns(jobs.drain(..chunk));
-                store::insert_batch_jobs(&mut *conn, batch, &part, max_attempts).await?;
-            }
+            insert.full_chunks(conn, batch, &mut jobs).await?;
             seq += 1;
-            data = store::file_chunk(&mut *conn, &batch.input_file_id, seq).await?;
+            data = store::file_chunk(&mut *conn, file, seq).await?;
         }
         let (back, read) = read
             .await
@@ -375,17 +395,93 @@ async fn ingest(state: &AppState, conn: &mut PgConnection, batch: &BatchRow) -> 
             break;
         }
     }
-    while !jobs.is_empty() {
-        let part = columns(jobs.drain(..chunk.min(jobs.len())));
-        store::insert_batch_jobs(&mut *conn, batch, &part, max_attempts).await?;
-    }
-    for part in rejected.chunks(chunk) {
-        store::insert_line_errors(&mut *conn, &batch.id, part).await?;
-    }
+    insert.rest(conn, batch, jobs, &rejected).await?;
     Ok(Ingested {
         total,
         rejected: rejected.len() as i32,
     })
+}
+
+/// Checks a Message Batch's requests (on a blocking thread: they may be many) and
+/// inserts their jobs and rejections.
+async fn ingest_inline(
+    state: &AppState,
+    conn: &mut PgConnection,
+    batch: &BatchRow,
+    requests: Vec<(String, Value)>,
+) -> Result<Ingested, ApiError> {
+    let check = LineChecker {
+        config: state.config.clone(),
+        endpoint: batch.endpoint,
+        seen: HashSet::new(),
+        at: "params.",
+    };
+    let total = requests.len() as i32;
+    let (jobs, rejected) = tokio::task::spawn_blocking(move || {
+        let mut jobs = Vec::with_capacity(requests.len());
+        let mut rejected = Vec::new();
+        for (number, (custom_id, request)) in (1..).zip(requests) {
+            match check.job(number, custom_id, request) {
+                Ok(job) => jobs.push(job),
+                Err(e) => rejected.push(e),
+            }
+        }
+        (jobs, rejected)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("checking the batch's requests: {e}")))?;
+    Inserter::new(state).rest(conn, batch, jobs, &rejected).await?;
+    Ok(Ingested {
+        total,
+        rejected: rejected.len() as i32,
+    })
+}
+
+/// Inserts a batch's jobs `batches.insert_chunk` at a time.
+struct Inserter {
+    chunk: usize,
+    max_attempts: i32,
+}
+
+impl Inserter {
+    fn new(state: &AppState) -> Self {
+        Self {
+            chunk: state.config.batches.insert_chunk.max(1),
+            max_attempts: state.config.retry.max_attempts.min(i32::MAX as u32) as i32,
+        }
+    }
+
+    /// Inserts whole chunks of `jobs`, leaving the rest in it.
+    async fn full_chunks(
+        &self,
+        conn: &mut PgConnection,
+        batch: &BatchRow,
+        jobs: &mut Vec<LineJob>,
+    ) -> Result<(), ApiError> {
+        while jobs.len() >= self.chunk {
+            let part = columns(jobs.drain(..self.chunk));
+            store::insert_batch_jobs(&mut *conn, batch, &part, self.max_attempts).await?;
+        }
+        Ok(())
+    }
+
+    /// Inserts all of `jobs` and the `rejected` lines.
+    async fn rest(
+        &self,
+        conn: &mut PgConnection,
+        batch: &BatchRow,
+        mut jobs: Vec<LineJob>,
+        rejected: &[LineError],
+    ) -> Result<(), ApiError> {
+        self.full_chunks(conn, batch, &mut jobs).await?;
+        if !jobs.is_empty() {
+            store::insert_batch_jobs(&mut *conn, batch, &columns(jobs), self.max_attempts).await?;
+        }
+        for part in rejected.chunks(self.chunk) {
+            store::insert_line_errors(&mut *conn, &batch.id, part).await?;
+        }
+        Ok(())
+    }
 }
 
 /// Splits a file's blocks into lines and checks them, remembering what it saw.
@@ -450,6 +546,8 @@ struct LineChecker {
     /// The batch's endpoint: every line's `url`, and what its body is checked as.
     endpoint: Endpoint,
     seen: HashSet<String>,
+    /// Where a line's request is, as an error's `param` names it (`body.`, `params.`).
+    at: &'static str,
 }
 
 impl LineChecker {
@@ -475,16 +573,25 @@ impl LineChecker {
         };
         let LineEnvelope { custom_id, request } = parse_line(text, self.endpoint, &mut self.seen)
             .map_err(|r| reject(r.custom_id.as_deref(), r.code, r.message))?;
-        let cid = Some(custom_id.as_str());
+        self.job(number, custom_id, request)
+    }
+
+    /// A line's request, checked as its endpoint's requests are.
+    fn job(&self, number: i32, custom_id: String, request: Value) -> Result<LineJob, LineError> {
+        let reject = |code: &str, message: String| LineError {
+            line: number,
+            custom_id: Some(custom_id.clone()),
+            code: code.to_owned(),
+            message,
+        };
         if request.get("stream").and_then(Value::as_bool) == Some(true) {
             return Err(reject(
-                cid,
                 "stream_not_supported",
                 "batch requests cannot stream".to_owned(),
             ));
         }
-        let checked = requests::check(&self.config, self.endpoint, &request, "body.")
-            .map_err(|e| reject(cid, e.code.as_str(), e.message))?;
+        let checked = requests::check(&self.config, self.endpoint, &request, self.at)
+            .map_err(|e| reject(e.code.as_str(), e.message))?;
         Ok(LineJob {
             estimated_input_tokens: checked.estimated_input_tokens,
             estimated_output_tokens: checked.estimated_output_tokens,
@@ -649,7 +756,11 @@ pub(crate) async fn list(
 ) -> Result<Json<Value>, ApiError> {
     let params = paging::params(params)?;
     let limit = paging::limit(params.limit, 20, 100)?;
-    let batches = store::list_batches(&state.pool, &tenant.name, params.after.as_deref(), limit + 1).await?;
+    let cursor = params
+        .after
+        .as_deref()
+        .map_or(store::Cursor::Newest, store::Cursor::After);
+    let batches = store::list_batches(&state.pool, &tenant.name, BATCH_PREFIX, cursor, limit + 1).await?;
     let counts = counts_of(&state, &batches).await?;
     let rows: Vec<(BatchRow, RequestCounts)> = batches.into_iter().zip(counts).collect();
     Ok(Json(paging::page(

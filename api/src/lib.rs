@@ -11,6 +11,7 @@
 //!   estimated (every way in checks through it).
 //! - [`models`]: `GET /v1/models`, the names a tenant may put in `model`.
 //! - [`messages`]: Anthropic's `POST /v1/messages` and `count_tokens`, queued and awaited.
+//! - [`message_batches`]: Anthropic's Message Batches, as batches of `/v1/messages` jobs.
 //! - [`limits`]: the buckets that apply to the caller, and what is left in them.
 //! - [`files`]: OpenAI's Files API (JSONL uploads, output and error files).
 //! - [`batches`]: OpenAI's Batch API: ingest of a JSONL file into jobs, status, cancel.
@@ -47,6 +48,7 @@ pub mod guard;
 pub mod inserts;
 pub mod jobs;
 pub mod limits;
+pub mod message_batches;
 pub mod messages;
 pub mod metrics;
 pub mod models;
@@ -136,6 +138,29 @@ pub fn routes() -> OpenApiRouter<AppState> {
         })
         .routes({
             let (schemas, paths, method) = routes!(messages::count_tokens);
+            let errors = axum::middleware::map_response(messages::anthropic_errors);
+            (schemas, paths, method.layer(errors))
+        })
+        .routes({
+            // A Message Batch's requests come inline: up to `batches.max_file_bytes`, read
+            // by the handler.
+            let (schemas, paths, method) = routes!(message_batches::create, message_batches::list);
+            let errors = axum::middleware::map_response(messages::anthropic_errors);
+            let method = method.layer(DefaultBodyLimit::disable());
+            (schemas, paths, method.layer(errors))
+        })
+        .routes({
+            let (schemas, paths, method) = routes!(message_batches::get, message_batches::delete);
+            let errors = axum::middleware::map_response(messages::anthropic_errors);
+            (schemas, paths, method.layer(errors))
+        })
+        .routes({
+            let (schemas, paths, method) = routes!(message_batches::cancel);
+            let errors = axum::middleware::map_response(messages::anthropic_errors);
+            (schemas, paths, method.layer(errors))
+        })
+        .routes({
+            let (schemas, paths, method) = routes!(message_batches::results);
             let errors = axum::middleware::map_response(messages::anthropic_errors);
             (schemas, paths, method.layer(errors))
         })

@@ -7,10 +7,11 @@
 //! send them, and errors in Anthropic's shape (`{"type": "error", "error": {type,
 //! message}}`, with tollgate's `code` and `param` beside them).
 //!
-//! A Messages request is sent as it is, to Anthropic targets only (`ProviderKind::serves`);
-//! a model with no Anthropic target is refused (`endpoint_not_served`). With `stream: true`
-//! the job is admitted like any other, then Anthropic's events are relayed as they arrive,
-//! named as Anthropic names them.
+//! A Messages request is sent as it is to Anthropic targets, and translated to chat for
+//! the others (`tollgate_workers::providers::messages_chat`), their answers translated
+//! back. With `stream: true` the job is admitted like any other, then Anthropic's events
+//! (or the chat stream's, translated) are relayed as they arrive, named as Anthropic names
+//! them.
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;

@@ -11,6 +11,7 @@ use tollgate::config::Config;
 use tollgate::estimate;
 use tollgate::routing::{self, Unresolved};
 use tollgate::vocab::{ApiErrorCode, Endpoint};
+use tollgate_workers::providers::{messages_chat, unexpressed};
 
 use crate::error::ApiError;
 
@@ -57,17 +58,22 @@ pub(crate) fn check(
         };
         ApiError::bad_request(code, message).with_param(format!("{param_prefix}model"))
     })?;
-    // What a target's adapter cannot translate is refused here, never dropped on the way
-    // (only chat is translated; the other endpoints go as they are).
-    let translated: &[_] = if endpoint == Endpoint::ChatCompletions {
-        &targets
-    } else {
-        &[]
-    };
-    for target in translated {
-        let refused = config
-            .provider(&target.provider)
-            .and_then(|p| tollgate_workers::providers::unexpressed(p, request));
+    // What a target's adapter cannot translate is refused here, never dropped on the way:
+    // chat to any kind, and Messages to chat targets (first to chat, then as that chat
+    // request to the target). The other endpoints go as they are.
+    let as_chat = targets
+        .iter()
+        .any(|t| t.kind.translates(endpoint))
+        .then(|| messages_chat::chat_request(request));
+    for target in &targets {
+        let provider = config.provider(&target.provider);
+        let refused = match (&as_chat, endpoint) {
+            (_, Endpoint::ChatCompletions) => provider.and_then(|p| unexpressed(p, request)),
+            (Some(chat), _) if target.kind.translates(endpoint) => {
+                messages_chat::unexpressed(request).or_else(|| provider.and_then(|p| unexpressed(p, chat)))
+            }
+            _ => None,
+        };
         if let Some(refused) = refused {
             return Err(ApiError::bad_request(
                 ApiErrorCode::UnsupportedField,
@@ -81,8 +87,15 @@ pub(crate) fn check(
         }
     }
     let models = targets.iter().map(|t| t.model.as_str());
+    let mut estimated_input_tokens = estimate::endpoint_input_tokens(endpoint, request, models.clone());
+    if let Some(chat) = &as_chat {
+        // A chat target counts the translation by its own tokenizer: the larger count is
+        // reserved.
+        let as_chat = estimate::endpoint_input_tokens(Endpoint::ChatCompletions, chat, models);
+        estimated_input_tokens = estimated_input_tokens.max(as_chat);
+    }
     Ok(Checked {
-        estimated_input_tokens: estimate::endpoint_input_tokens(endpoint, request, models),
+        estimated_input_tokens,
         estimated_output_tokens: estimate::endpoint_output_tokens(endpoint, request),
         model,
     })

@@ -69,9 +69,12 @@ pub(super) async fn chat_completions(
         Ok(r) => r,
         Err(e) => return reply.bad_request(&format!("Invalid request body: {e}")),
     };
-    let Some(messages) = req.messages.filter(|m| m.count > 0) else {
+    let Some(messages) = req.messages.as_ref().filter(|m| m.count > 0) else {
         return reply.bad_request("'messages' is a required property and must not be empty.");
     };
+    if let Some(message) = &messages.tool_turn_error {
+        return reply.bad_request(message);
+    }
     let max_out = req.max_out();
     if max_out == Some(0) {
         return reply.bad_request("max_tokens must be at least 1.");
@@ -106,11 +109,12 @@ pub(super) async fn chat_completions(
     let chat = Admit {
         project,
         model: &deployment,
-        input: input_tokens(&messages, None),
+        input: input_tokens(messages, None),
         max_out,
         choices,
         stream: req.stream == Some(true),
-        include_usage: req.stream_options.and_then(|o| o.include_usage) == Some(true),
+        include_usage: req.stream_options.as_ref().and_then(|o| o.include_usage) == Some(true),
+        tool_call: req.tool_call(),
     };
     complete(&p, in_flight, &reply, chat, |d, view| {
         reply.rate_limited(api_version, d, view)

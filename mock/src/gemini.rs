@@ -142,6 +142,7 @@ pub(super) async fn generate_content(
     let messages = MessagesTokens {
         count: contents.len() as u64,
         tokens: contents.iter().map(|c| message_tokens(c.parts.0)).sum(),
+        ..MessagesTokens::default()
     };
     let input = input_tokens(&messages, req.system_instruction.as_ref().map(|s| &s.parts));
     let reserved = max_out.unwrap_or(inner.output_tokens);

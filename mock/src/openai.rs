@@ -197,11 +197,14 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
     let Some(model) = req.model.as_deref().filter(|m| !m.is_empty()) else {
         return reply.bad_request("you must provide a model parameter");
     };
-    let Some(messages) = req.messages else {
+    let Some(messages) = req.messages.as_ref() else {
         return reply.bad_request("Missing required parameter: 'messages'.");
     };
     if messages.count == 0 {
         return reply.bad_request("[] is too short - 'messages'");
+    }
+    if let Some(message) = &messages.tool_turn_error {
+        return reply.bad_request(message);
     }
     let max_out = req.max_out();
     if max_out == Some(0) {
@@ -216,7 +219,7 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
         Err(answer) => return *answer,
     };
 
-    let input = input_tokens(&messages, None);
+    let input = input_tokens(messages, None);
     let chat = Admit {
         project,
         model,
@@ -224,7 +227,8 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
         max_out,
         choices,
         stream: req.stream == Some(true),
-        include_usage: req.stream_options.and_then(|o| o.include_usage) == Some(true),
+        include_usage: req.stream_options.as_ref().and_then(|o| o.include_usage) == Some(true),
+        tool_call: req.tool_call(),
     };
     let resp = complete(&p, in_flight, &reply, chat, |d, view| {
         reply.rate_limited(model, d, view)
@@ -423,6 +427,8 @@ pub(super) struct Admit<'a> {
     pub choices: u64,
     pub stream: bool,
     pub include_usage: bool,
+    /// The function called instead of an answer in text: `(name, arguments)`.
+    pub tool_call: Option<(String, String)>,
 }
 
 /// Admits a checked Chat Completions request and answers it, as JSON or as a stream, with
@@ -453,6 +459,32 @@ pub(super) async fn complete(
     } else {
         "stop"
     };
+    if let Some((name, arguments)) = &c.tool_call {
+        let call = ToolCall {
+            id: format!("call_{}", super::hex_id(24)),
+            name,
+            arguments,
+        };
+        let output = call.tokens().min(c.max_out.unwrap_or(u64::MAX));
+        let refund = inner.generate(c.project, &view, reserved, output).await;
+        super::stats::bump(&inner.totals.succeeded);
+        let id = format!("chatcmpl-{}", super::uuid_v7(inner));
+        let response = if c.stream {
+            let body = call.chunks(
+                &id,
+                inner.unix_secs(),
+                c.model,
+                (c.input, output),
+                c.include_usage,
+            );
+            reply.stream(Body::from(body), &view)
+        } else {
+            let completion = call.completion(&id, inner.unix_secs(), c.model, (c.input, output));
+            reply.json(StatusCode::OK, &completion, Some(&view))
+        };
+        drop(refund);
+        return response;
+    }
     if c.stream {
         super::stats::bump(&inner.totals.succeeded);
         in_flight.hand_over();
@@ -475,6 +507,67 @@ pub(super) async fn complete(
     let response = reply.json(StatusCode::OK, &completion, Some(&view));
     drop(refund);
     response
+}
+
+/// A function the mock calls instead of answering in text.
+struct ToolCall<'a> {
+    id: String,
+    name: &'a str,
+    arguments: &'a str,
+}
+
+impl ToolCall<'_> {
+    /// Output tokens of the call: a token per started four characters of its arguments.
+    fn tokens(&self) -> u64 {
+        (self.arguments.chars().count() as u64).div_ceil(4).max(1)
+    }
+
+    fn call(&self, arguments: &str) -> serde_json::Value {
+        serde_json::json!({"id": self.id, "type": "function", "function": {"name": self.name, "arguments": arguments}})
+    }
+
+    /// The call as a chat completion (`usage` is `(input, output)`).
+    fn completion(&self, id: &str, created: i64, model: &str, usage: (u64, u64)) -> serde_json::Value {
+        serde_json::json!({"id": id, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "refusal": null,
+                "tool_calls": [self.call(self.arguments)]}, "logprobs": null, "finish_reason": "tool_calls"}],
+            "usage": {"prompt_tokens": usage.0, "completion_tokens": usage.1, "total_tokens": usage.0 + usage.1}})
+    }
+
+    /// The call as the chat stream sends it: the call's id and name with empty arguments,
+    /// the arguments in two deltas, the finish, the usage chunk if asked, `[DONE]`.
+    fn chunks(&self, id: &str, created: i64, model: &str, usage: (u64, u64), include_usage: bool) -> String {
+        let half = self
+            .arguments
+            .char_indices()
+            .nth(self.arguments.chars().count() / 2)
+            .map_or(self.arguments.len(), |(i, _)| i);
+        let chunk = |delta: serde_json::Value, finish: Option<&str>| {
+            serde_json::json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+        };
+        let fragment =
+            |part: &str| serde_json::json!({"tool_calls": [{"index": 0, "function": {"arguments": part}}]});
+        let mut first = self.call("");
+        first["index"] = 0.into();
+        let mut chunks = vec![
+            chunk(
+                serde_json::json!({"role": "assistant", "content": null, "tool_calls": [first]}),
+                None,
+            ),
+            chunk(fragment(&self.arguments[..half]), None),
+            chunk(fragment(&self.arguments[half..]), None),
+            chunk(serde_json::json!({}), Some("tool_calls")),
+        ];
+        if include_usage {
+            chunks.push(serde_json::json!({"id": id, "object": "chat.completion.chunk", "created": created,
+                "model": model, "choices": [],
+                "usage": {"prompt_tokens": usage.0, "completion_tokens": usage.1, "total_tokens": usage.0 + usage.1}}));
+        }
+        let mut body: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+        body.push_str("data: [DONE]\n\n");
+        body
+    }
 }
 
 /// The completion of an admitted request: `choices` choices of `output` canned words each.

@@ -31,12 +31,47 @@ pub(crate) struct ChatRequest {
     pub stream: Option<bool>,
     #[serde(default)]
     pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub tools: Option<Vec<serde_json::Value>>,
+    #[serde(default)]
+    pub tool_choice: Option<serde_json::Value>,
 }
 
 /// Most choices a Chat Completions request may ask for.
 pub(crate) const MAX_CHOICES: u64 = 128;
 
 impl ChatRequest {
+    /// The function the mock calls instead of answering in text, as `(name, arguments)`:
+    /// when the request has function tools, `tool_choice` is not `"none"` and no `tool`
+    /// message answers a call yet — the chosen function (or the first) with `"mock"` for
+    /// each property of its parameters.
+    pub(crate) fn tool_call(&self) -> Option<(String, String)> {
+        let messages = self.messages.as_ref()?;
+        if messages.tool_results > 0 || self.tool_choice.as_ref().and_then(|c| c.as_str()) == Some("none") {
+            return None;
+        }
+        let chosen = self
+            .tool_choice
+            .as_ref()
+            .and_then(|c| c.pointer("/function/name"))
+            .and_then(|n| n.as_str());
+        let function = self
+            .tools
+            .iter()
+            .flatten()
+            .filter_map(|t| t.get("function"))
+            .find(|f| chosen.is_none_or(|name| f.get("name").and_then(|n| n.as_str()) == Some(name)))?;
+        let arguments: serde_json::Map<String, serde_json::Value> = function
+            .pointer("/parameters/properties")
+            .and_then(|p| p.as_object())
+            .into_iter()
+            .flatten()
+            .map(|(k, _)| (k.clone(), serde_json::Value::from("mock")))
+            .collect();
+        let name = function.get("name").and_then(|n| n.as_str()).unwrap_or_default();
+        Some((name.to_owned(), serde_json::Value::Object(arguments).to_string()))
+    }
+
     /// The output cap per choice (`max_completion_tokens` wins over `max_tokens`).
     pub(crate) fn max_out(&self) -> Option<u64> {
         self.max_completion_tokens.or(self.max_tokens)
@@ -95,11 +130,31 @@ pub(crate) fn input_tokens(messages: &MessagesTokens, system: Option<&TextChars>
     PRIMING + messages.tokens + system.map_or(0, |s| message_tokens(s.0))
 }
 
-/// A `messages` array, reduced while parsing to its count and summed message tokens.
-#[derive(Debug, Default, Clone, Copy)]
+/// A `messages` array, reduced while parsing to its count, summed message tokens, and
+/// the checks of its tool turns as OpenAI makes them: an assistant turn's `tool_calls`
+/// each answered by a `tool` message right after it, and no `tool` message without a
+/// call it answers (the first violation, in OpenAI's words).
+#[derive(Debug, Default, Clone)]
 pub(crate) struct MessagesTokens {
     pub count: u64,
     pub tokens: u64,
+    /// `tool` messages.
+    pub tool_results: u64,
+    pub tool_turn_error: Option<String>,
+}
+
+impl MessagesTokens {
+    /// Ends the run of `tool` messages after an assistant's calls: unanswered ones are an
+    /// error.
+    fn close_calls(&mut self, open: &mut Vec<String>) {
+        if !open.is_empty() && self.tool_turn_error.is_none() {
+            self.tool_turn_error = Some(format!(
+                "An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'. The following tool_call_ids did not have response messages: {}",
+                open.join(", ")
+            ));
+        }
+        open.clear();
+    }
 }
 
 impl<'de> Deserialize<'de> for MessagesTokens {
@@ -112,10 +167,34 @@ impl<'de> Deserialize<'de> for MessagesTokens {
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 let mut out = MessagesTokens::default();
+                // Calls of the last assistant turn not answered yet.
+                let mut open: Vec<String> = Vec::new();
                 while let Some(m) = seq.next_element::<Message>()? {
                     out.count += 1;
                     out.tokens += message_tokens(m.content.0);
+                    if m.role.as_deref() == Some("tool") {
+                        out.tool_results += 1;
+                        let answered = m
+                            .tool_call_id
+                            .as_ref()
+                            .and_then(|id| open.iter().position(|o| o == id));
+                        match answered {
+                            Some(i) => {
+                                open.remove(i);
+                            }
+                            None if out.tool_turn_error.is_none() => {
+                                out.tool_turn_error = Some(
+                                    "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'.".to_owned(),
+                                );
+                            }
+                            None => {}
+                        }
+                        continue;
+                    }
+                    out.close_calls(&mut open);
+                    open = m.tool_calls.into_iter().flatten().map(|c| c.id).collect();
                 }
+                out.close_calls(&mut open);
                 Ok(out)
             }
         }
@@ -126,7 +205,19 @@ impl<'de> Deserialize<'de> for MessagesTokens {
 #[derive(Debug, Deserialize)]
 struct Message {
     #[serde(default)]
+    role: Option<String>,
+    #[serde(default)]
     content: TextChars,
+    #[serde(default)]
+    tool_call_id: Option<String>,
+    #[serde(default)]
+    tool_calls: Option<Vec<CallId>>,
+}
+
+/// A tool call of an assistant turn, as far as its answer must name it.
+#[derive(Debug, Deserialize)]
+struct CallId {
+    id: String,
 }
 
 /// Character count of a text content: a string, null, or an array of parts whose

@@ -16,7 +16,7 @@ use super::buckets::{Settlement, reservation, settle};
 use super::jobs::notify_done;
 use crate::batches::BatchRow;
 use crate::model::{JobClass, JobId, JobState};
-use crate::vocab::{BatchStatus, Endpoint};
+use crate::vocab::{BatchStatus, Endpoint, ReasonCode};
 
 /// `sqlx::query_as!` of [`BatchRow`]s: the statement is `$head`, the batch's columns, then
 /// `$tail`.
@@ -26,7 +26,7 @@ macro_rules! query_batches {
             BatchRow,
             $head
                 + r#" id, tenant, endpoint AS "endpoint: Endpoint", input_file_id, completion_window, status, class AS "class: JobClass",
-                      output_file_id, error_file_id, metadata, errors, total, rejected, completed, failed, usage,
+                      output_file_id, error_file_id, metadata, errors, total, rejected, completed, failed, cancelled, expired, usage,
                       output_expires_secs, created_at, in_progress_at, expires_at, finalizing_at, completed_at,
                       failed_at, expired_at, cancelling_at, cancelled_at "#
                 + $tail
@@ -43,7 +43,7 @@ pub async fn insert_batch(ex: impl PgExecutor<'_>, b: &BatchRow) -> Result<()> {
         &b.id,
         &b.tenant,
         b.endpoint as Endpoint,
-        &b.input_file_id,
+        b.input_file_id.as_deref(),
         &b.completion_window,
         &b.status,
         b.class as JobClass,
@@ -174,17 +174,50 @@ pub async fn get_batch(ex: impl PgExecutor<'_>, tenant: &str, id: &str) -> Resul
     )
 }
 
-/// A tenant's batches, newest first; `after` is the last id of the previous page.
+/// Where a page of a list starts.
+#[derive(Debug, Clone, Copy)]
+pub enum Cursor<'a> {
+    /// The newest.
+    Newest,
+    /// Older than this id (the previous page's last).
+    After(&'a str),
+    /// Newer than this id (the next page's first).
+    Before(&'a str),
+}
+
+/// Up to `limit` of a tenant's batches whose ids begin with `prefix` (each API lists the
+/// batches made through it), newest first, from `cursor`.
 pub async fn list_batches(
     ex: impl PgExecutor<'_>,
     tenant: &str,
-    after: Option<&str>,
+    prefix: &str,
+    cursor: Cursor<'_>,
     limit: i64,
 ) -> Result<Vec<BatchRow>> {
+    if let Cursor::Before(before) = cursor {
+        let mut rows = query_batches!(
+            "SELECT",
+            "FROM batches WHERE tenant = $1 AND starts_with(id, $2) AND id > $3 ORDER BY id LIMIT $4",
+            tenant,
+            prefix,
+            before,
+            limit,
+        )
+        .fetch_all(ex)
+        .await?;
+        rows.reverse();
+        return Ok(rows);
+    }
+    let after = match cursor {
+        Cursor::After(after) => Some(after),
+        _ => None,
+    };
     Ok(query_batches!(
         "SELECT",
-        "FROM batches WHERE tenant = $1 AND ($2::text IS NULL OR id < $2) ORDER BY id DESC LIMIT $3",
+        "FROM batches WHERE tenant = $1 AND starts_with(id, $2) AND ($3::text IS NULL OR id < $3)
+         ORDER BY id DESC LIMIT $4",
         tenant,
+        prefix,
         after,
         limit,
     )
@@ -310,7 +343,8 @@ pub async fn cancel_batch(
     )
     .fetch_one(&mut *conn)
     .await?;
-    cancel_batch_jobs(conn, id, "batch_cancelled", "the batch was cancelled", now).await?;
+    let code = ReasonCode::BatchCancelled.as_str();
+    cancel_batch_jobs(conn, id, code, "the batch was cancelled", now).await?;
     Ok(BatchCancel::Cancelling(batch))
 }
 
@@ -412,6 +446,9 @@ pub struct BatchEnd {
     pub error_file_id: Option<String>,
     pub completed: i32,
     pub failed: i32,
+    /// Of `failed`: cancelled, and expired.
+    pub cancelled: i32,
+    pub expired: i32,
     pub usage: serde_json::Value,
     pub errors: Option<serde_json::Value>,
 }
@@ -430,7 +467,8 @@ pub async fn finish_batch(
                             completed_at = CASE WHEN $2 = 'completed' THEN $9 END,
                             failed_at = CASE WHEN $2 = 'failed' THEN $9 END,
                             expired_at = CASE WHEN $2 = 'expired' THEN $9 END,
-                            cancelled_at = CASE WHEN $2 = 'cancelled' THEN $9 END
+                            cancelled_at = CASE WHEN $2 = 'cancelled' THEN $9 END,
+                            cancelled = $10, expired = $11
          WHERE id = $1 RETURNING",
         "",
         id,
@@ -442,9 +480,31 @@ pub async fn finish_batch(
         &end.usage,
         end.errors.as_ref(),
         now,
+        end.cancelled,
+        end.expired,
     )
     .fetch_one(conn)
     .await?)
+}
+
+/// Deletes a tenant's finished batch with its output and error files and its webhook;
+/// `false` if it has no such batch (or it has not finished).
+pub async fn delete_finished_batch(ex: impl PgExecutor<'_>, tenant: &str, id: &str) -> Result<bool> {
+    let deleted = sqlx::query_scalar!(
+        r#"WITH gone AS (
+             DELETE FROM batches WHERE id = $1 AND tenant = $2
+               AND status IN ('completed', 'failed', 'expired', 'cancelled')
+             RETURNING id, output_file_id, error_file_id),
+         endpoints AS (DELETE FROM webhook_endpoints WHERE batch_id IN (SELECT id FROM gone)),
+         files AS (DELETE FROM files WHERE tenant = $2
+                     AND id IN (SELECT output_file_id FROM gone UNION ALL SELECT error_file_id FROM gone))
+         SELECT count(*) AS "deleted!" FROM gone"#,
+        id,
+        tenant,
+    )
+    .fetch_one(ex)
+    .await?;
+    Ok(deleted > 0)
 }
 
 /// Deletes up to `limit` finished jobs that finished before `before`, keeping those of

@@ -233,3 +233,62 @@ async fn every_provider_fault_is_classified_and_no_job_is_stuck() {
     assert_eq!(stats.limit_violations, 0);
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_call_that_times_out_keeps_the_tokens_the_provider_counted() {
+    // The mock answers after 3 s, the broker gives up after 1: the provider took each
+    // request and counted its tokens, though no answer came back. Given back, those tokens
+    // would be sent again at once, past the provider's limit.
+    let mut mock = mock_config();
+    mock.latency_ms = 3_000;
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        dispatch_config: "request_timeout_secs = 1".into(),
+        retry_config: "max_attempts = 1".into(),
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\ntpm = 6000\n".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let mut body = job("fast", &format!("slow {i}"));
+        body["request"]["max_tokens"] = 1000.into();
+        let (status, created) = app.submit(ACME, &body).await;
+        assert_eq!(status, 202, "{created}");
+        ids.push(created["id"].as_str().unwrap().to_owned());
+    }
+    for id in &ids {
+        let job = app.wait_job(ACME, id, 30).await;
+        assert_eq!(job["state"], "failed", "{job}");
+    }
+    let codes: Vec<String> = sqlx::query_scalar("SELECT error_code FROM job_attempts")
+        .fetch_all(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(codes, vec!["provider_timeout"; 4]);
+    // Settlements reach the buckets in a gate round after the jobs end.
+    eventually(10, "the timed-out calls settled", || async {
+        let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM pending_refunds")
+            .fetch_one(&app.db.pool)
+            .await
+            .ok()?;
+        (pending == 0).then_some(())
+    })
+    .await;
+    let (_, limits) = app.get(ACME, "/v1/limits").await;
+    let tpm = limits["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["bucket"] == "provider:oai:gpt-4o-mini:tpm")
+        .cloned()
+        .unwrap();
+    // About 4 × 1,010 tokens taken, and some seconds of refill at 100 a second since.
+    let remaining = tpm["remaining"].as_f64().unwrap();
+    assert!(
+        remaining < 3_000.0,
+        "the timed-out calls' tokens were given back: {tpm}"
+    );
+    assert_eq!(app.mock.stats().requests, 4);
+    app.shutdown().await;
+}

@@ -73,6 +73,16 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
         .unwrap()
         .unwrap();
     assert_eq!((batch.total, batch.rejected), (2, 1));
+    let message_batch =
+        tollgate::store::get_batch(&db.pool, "acme", "msgbatch_0190a000000070008000000000000009")
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(message_batch.input_file_id, None, "its requests came inline");
+    assert_eq!(
+        (message_batch.cancelled, message_batch.expired),
+        (Some(1), Some(1))
+    );
     let buckets = tollgate::store::all_buckets(&db.pool).await.unwrap();
     assert_eq!(buckets.len(), 1);
     let learned = tollgate::store::learned_limits(&db.pool).await.unwrap();

@@ -38,7 +38,7 @@ async fn n_choices_are_reserved_so_the_provider_never_counts_more_than_its_limit
         finished.push(app.wait_job(ACME, id, 90).await);
     }
     // No 429, no limit exceeded, within the dispatchers' concurrency.
-    assert_the_provider_saw_every_job_within_its_limits(&app, JOBS, 16);
+    assert_the_provider_saw_every_job_within_its_limits(&app, JOBS, 16).await;
     for done in &finished {
         assert_eq!(done["state"], "succeeded", "{done}");
         assert_eq!(done["estimate"]["output_tokens"], 400, "four choices of the cap");

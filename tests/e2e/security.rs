@@ -66,11 +66,28 @@ async fn every_endpoint_answers_401_403_404_as_documented_and_never_another_tena
     let file_id = f["id"].as_str().unwrap().to_owned();
     let (status, b) = create_batch(&app.http, &app.api, ACME, &batch_body(&file_id)).await;
     assert_eq!(status, 200, "{b}");
-    let (job_id, batch_id) = (
+    let message_request = json!({"model": "claude-3-5-haiku-latest", "max_tokens": 8,
+                                 "messages": [{"role": "user", "content": CANARY}]});
+    let (status, m) = app
+        .post(
+            ACME,
+            "/v1/messages/batches",
+            &json!({"requests": [{"custom_id": "c1", "params": message_request}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{m}");
+    let (job_id, batch_id, message_batch_id) = (
         j["id"].as_str().unwrap().to_owned(),
         b["id"].as_str().unwrap().to_owned(),
+        m["id"].as_str().unwrap().to_owned(),
     );
-    let secrets = [CANARY, job_id.as_str(), file_id.as_str(), batch_id.as_str()];
+    let secrets = [
+        CANARY,
+        job_id.as_str(),
+        file_id.as_str(),
+        batch_id.as_str(),
+        message_batch_id.as_str(),
+    ];
 
     let (_, doc) = app.get(ACME, "/openapi.json").await;
     let paths = doc["paths"].as_object().expect("paths in /openapi.json");
@@ -95,6 +112,8 @@ async fn every_endpoint_answers_401_403_404_as_documented_and_never_another_tena
                     &file_id
                 } else if path.starts_with("/v1/batches/") {
                     &batch_id
+                } else if path.starts_with("/v1/messages/batches/") {
+                    &message_batch_id
                 } else {
                     panic!("{method} {path}: a new resource; name tenant A's resource for it here");
                 };
@@ -152,6 +171,10 @@ async fn every_endpoint_answers_401_403_404_as_documented_and_never_another_tena
     assert_eq!(status, 200, "acme's file survives globex's DELETE");
     let (_, b) = app.get(ACME, &format!("/v1/batches/{batch_id}")).await;
     assert_eq!(b["status"], "in_progress", "{b}");
+    let (_, m) = app
+        .get(ACME, &format!("/v1/messages/batches/{message_batch_id}"))
+        .await;
+    assert_eq!(m["processing_status"], "in_progress", "{m}");
     // The admin key is no tenant's key: it cannot act as one.
     let (status, _) = app.get(ADMIN, &format!("/v1/jobs/{job_id}")).await;
     assert_eq!(status, 401);

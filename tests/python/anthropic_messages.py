@@ -70,11 +70,13 @@ def main():
     assert counted.input_tokens > 10, counted
 
     try:
-        client.messages.create(model="gpt-4o-mini", max_tokens=8, messages=question)
-        raise AssertionError("a Messages request to an OpenAI model was accepted")
+        thinking = {"type": "enabled", "budget_tokens": 1024}
+        client.messages.create(model="gpt-4o-mini", max_tokens=8, thinking=thinking, messages=question)
+        raise AssertionError("thinking was accepted for an OpenAI model")
     except anthropic.BadRequestError as e:
         assert e.body["type"] == "error", e.body
-        assert (e.body["error"]["type"], e.body["error"]["code"]) == ("invalid_request_error", "endpoint_not_served"), e.body
+        assert (e.body["error"]["type"], e.body["error"]["code"]) == ("invalid_request_error", "unsupported_field"), e.body
+        assert e.body["error"]["param"] == "thinking", e.body
     try:
         client.messages.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": [{"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}]}])
         raise AssertionError("a document block was accepted")

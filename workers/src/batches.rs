@@ -13,7 +13,7 @@ use sqlx::{PgConnection, PgPool};
 use tollgate::batches::{BatchRow, FileRow, PURPOSE_BATCH_OUTPUT, new_file_id};
 use tollgate::model::JobState;
 use tollgate::store::{self, BatchEnd, BatchJobResult, LineError, StoreError};
-use tollgate::vocab::BatchStatus;
+use tollgate::vocab::{BatchStatus, ReasonCode};
 
 /// Bytes per stored chunk of a file.
 pub const FILE_CHUNK_BYTES: usize = 1024 * 1024;
@@ -53,7 +53,8 @@ impl BatchFinalizer {
         };
         let open = store::batch_has_open_jobs(&mut *tx, id).await?;
         let status = if batch.status() == BatchStatus::Cancelling {
-            store::cancel_batch_jobs(&mut tx, id, "batch_cancelled", "the batch was cancelled", now).await?;
+            let code = ReasonCode::BatchCancelled.as_str();
+            store::cancel_batch_jobs(&mut tx, id, code, "the batch was cancelled", now).await?;
             BatchStatus::Cancelled
         } else if !open && batch.total == batch.rejected {
             BatchStatus::Failed
@@ -64,7 +65,7 @@ impl BatchFinalizer {
             store::cancel_batch_jobs(
                 &mut tx,
                 id,
-                "batch_expired",
+                ReasonCode::BatchExpired.as_str(),
                 "the batch's completion window ended before this request finished",
                 now,
             )
@@ -141,13 +142,7 @@ fn job_line(job: &BatchJobResult, status: BatchStatus) -> (bool, Value) {
         });
         return (true, line);
     }
-    let code = match job.error_code.as_deref() {
-        Some("deadline_exceeded" | "batch_expired") => "batch_expired",
-        Some("batch_cancelled") => "batch_cancelled",
-        Some("cancelled") if status == BatchStatus::Cancelled => "batch_cancelled",
-        Some(code) => code,
-        None => "failed",
-    };
+    let code = line_code(job, status);
     let message = job
         .error_message
         .clone()
@@ -159,6 +154,19 @@ fn job_line(job: &BatchJobResult, status: BatchStatus) -> (bool, Value) {
         "error": {"code": code, "message": message},
     });
     (false, line)
+}
+
+/// The error code of an unsuccessful job's line: `batch_expired` and `batch_cancelled` for
+/// lines the batch's end stopped, else the job's own.
+fn line_code(job: &BatchJobResult, status: BatchStatus) -> &str {
+    match job.error_code.as_deref().and_then(ReasonCode::parse) {
+        Some(ReasonCode::DeadlineExceeded | ReasonCode::BatchExpired) => ReasonCode::BatchExpired.as_str(),
+        Some(ReasonCode::BatchCancelled) => ReasonCode::BatchCancelled.as_str(),
+        Some(ReasonCode::Cancelled) if status == BatchStatus::Cancelled => {
+            ReasonCode::BatchCancelled.as_str()
+        }
+        _ => job.error_code.as_deref().unwrap_or("failed"),
+    }
 }
 
 /// A rejected input line in the error file.
@@ -185,6 +193,7 @@ async fn write_files(
         errors.push(conn, &rejected_line(&batch.id, &e)).await?;
     }
     let (mut input, mut output_tokens, mut cached) = (0i64, 0i64, 0i64);
+    let (mut cancelled, mut expired) = (0, 0);
     let mut after = 0;
     loop {
         let page = store::batch_results_page(&mut *conn, &batch.id, after, PAGE).await?;
@@ -198,6 +207,13 @@ async fn write_files(
                 cached += get("cached_tokens");
             }
             let (ok, line) = job_line(job, status);
+            if !ok {
+                match ReasonCode::parse(line_code(job, status)) {
+                    Some(ReasonCode::BatchCancelled) => cancelled += 1,
+                    Some(ReasonCode::BatchExpired) => expired += 1,
+                    _ => {}
+                }
+            }
             if ok {
                 output.push(conn, &line).await?;
             } else {
@@ -213,6 +229,8 @@ async fn write_files(
         error_file_id: errors.finish(conn).await?,
         completed: completed as i32,
         failed: failed as i32,
+        cancelled,
+        expired,
         usage: json!({
             "input_tokens": input,
             "input_tokens_details": {"cached_tokens": cached},

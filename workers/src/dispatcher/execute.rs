@@ -227,11 +227,7 @@ impl Dispatcher {
                 self.write(outcome, inner.clock.now()).await
             }
             Err(failure) => {
-                // A provider that answered with an overload (5xx, 529) did not serve the
-                // request: its limits did not count it, so neither do ours (else an outage
-                // would leave the buckets empty of capacity nobody used).
-                let counted = called.status.is_some() && failure.class != FailureClass::Overload;
-                let settlement = if counted {
+                let settlement = if called.counted() {
                     self.settlement(&job, &target, None)
                 } else {
                     Settlement::UNSENT

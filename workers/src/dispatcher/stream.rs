@@ -67,7 +67,7 @@ impl Dispatcher {
                     Err(f) => f.clone(),
                     Ok(_) => Failure::network("the provider refused the stream"),
                 };
-                let settlement = if called.status.is_some() {
+                let settlement = if called.counted() {
                     self.settlement(&job, &target, None)
                 } else {
                     Settlement::UNSENT
@@ -137,6 +137,7 @@ impl Dispatcher {
             let usage = upstream.usage();
             let called = CallOutcome {
                 key_name: upstream.key_name.clone(),
+                reached: true,
                 status: Some(upstream.status),
                 request_id: upstream.request_id.clone(),
                 rate_limit: upstream.rate_limit.clone(),

@@ -345,15 +345,7 @@ pub(super) fn parse_success(body: &[u8]) -> Result<Success, String> {
         .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
         .filter_map(|b| b.get("text").and_then(Value::as_str))
         .collect();
-    let tool_calls: Vec<Value> = content
-        .iter()
-        .filter(|b| b.get("type").and_then(Value::as_str) == Some("tool_use"))
-        .map(|b| {
-            let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
-            json!({"id": b.get("id"), "type": "function",
-                   "function": {"name": b.get("name"), "arguments": input.to_string()}})
-        })
-        .collect();
+    let tool_calls = super::messages_chat::tool_calls(content);
     let finish = finish_reason(msg.get("stop_reason").and_then(Value::as_str));
     let reported = msg.get("usage").filter(|u| u.is_object()).map(|_| {
         json!({

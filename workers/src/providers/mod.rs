@@ -31,6 +31,7 @@ pub mod anthropic;
 pub mod azure;
 pub mod batch_api;
 pub mod gemini;
+pub mod messages_chat;
 pub mod openai;
 pub mod sse;
 pub mod streaming;
@@ -255,6 +256,9 @@ pub struct Success {
 #[derive(Debug)]
 pub struct CallOutcome {
     pub key_name: String,
+    /// The request may have reached the provider: false only when it was refused before
+    /// sending or no connection was made.
+    pub reached: bool,
     pub status: Option<u16>,
     pub request_id: Option<String>,
     /// The rate-limit headers as sent (names lower-case), for the attempt record.
@@ -306,11 +310,24 @@ impl Providers {
     }
 
     /// Sends `request` (in `endpoint`'s shape) to `target` with the provider's next key.
+    /// A Messages request to a target that speaks chat goes as chat, and its answer comes
+    /// back as a message ([`messages_chat`]).
     pub async fn call(&self, target: &Target, endpoint: Endpoint, request: &Value) -> CallOutcome {
-        match self.client(target) {
-            Ok(client) => client.call(&self.http, target, endpoint, request).await,
-            Err(unknown) => CallOutcome::refused(unknown),
+        let client = match self.client(target) {
+            Ok(client) => client,
+            Err(unknown) => return CallOutcome::refused(unknown),
+        };
+        if !target.kind.translates(endpoint) {
+            return client.call(&self.http, target, endpoint, request).await;
         }
+        let chat = messages_chat::chat_request(request);
+        let mut called = client
+            .call(&self.http, target, Endpoint::ChatCompletions, &chat)
+            .await;
+        if let Ok(success) = &mut called.result {
+            success.body = messages_chat::message(&success.body);
+        }
+        called
     }
 
     /// The client of `target`'s provider, or the failure of a call to one not configured.
@@ -404,6 +421,7 @@ impl ProviderClient {
         }
         let mut outcome = CallOutcome {
             key_name: key.name.clone(),
+            reached: false,
             status: None,
             request_id: None,
             rate_limit: None,
@@ -413,10 +431,14 @@ impl ProviderClient {
         let response = match builder.send().await {
             Ok(r) => r,
             Err(e) => {
+                // Without a connection nothing was sent; any later failure (a timeout, a
+                // reset) may come after the provider took the request and counted it.
+                outcome.reached = !e.is_connect();
                 outcome.result = Err(send_failure(e));
                 return Err(outcome);
             }
         };
+        outcome.reached = true;
         let status = response.status().as_u16();
         let headers = response.headers().clone();
         outcome.status = Some(status);
@@ -535,12 +557,20 @@ impl CallOutcome {
     fn refused(failure: Failure) -> Self {
         Self {
             key_name: String::new(),
+            reached: false,
             status: None,
             request_id: None,
             rate_limit: None,
             signals: Signals::default(),
             result: Err(failure),
         }
+    }
+
+    /// Whether the provider's limits counted the call: it may have reached the provider,
+    /// and was not answered with an overload (a 5xx or 529 did not serve it, so an outage
+    /// does not use up capacity nobody used).
+    pub fn counted(&self) -> bool {
+        self.reached && !matches!(&self.result, Err(f) if f.class == FailureClass::Overload)
     }
 }
 

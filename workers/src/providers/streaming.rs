@@ -32,6 +32,7 @@ use tollgate::retry::{Failure, FailureClass, classify_response};
 use tollgate::routing::Target;
 use tollgate::vocab::{Endpoint, ReasonCode};
 
+use super::messages_chat::{self, MessageEvents};
 use super::sse::{SseEvent, SseParser};
 use super::{Answered, CallOutcome, Mode, Providers, send_failure};
 
@@ -336,7 +337,29 @@ impl Providers {
         request: &Value,
     ) -> Result<ChatStream, CallOutcome> {
         let client = self.client(target).map_err(CallOutcome::refused)?;
-        let Some(events) = client.api.stream_events(endpoint) else {
+        // A Messages request to a chat target streams as chat, relayed as Anthropic's events.
+        let translated = target.kind.translates(endpoint);
+        let chat;
+        let (endpoint, request) = if translated {
+            chat = messages_chat::chat_request(request);
+            (Endpoint::ChatCompletions, &chat)
+        } else {
+            (endpoint, request)
+        };
+        let events = client
+            .api
+            .stream_events(endpoint)
+            .map(|chat| -> Box<dyn StreamEvents> {
+                if translated {
+                    Box::new(AsMessages {
+                        chat,
+                        events: MessageEvents::default(),
+                    })
+                } else {
+                    chat
+                }
+            });
+        let Some(events) = events else {
             return Err(CallOutcome::refused(Failure {
                 class: FailureClass::Request,
                 code: ReasonCode::StreamingUnsupported,
@@ -382,6 +405,34 @@ impl Providers {
             ended: false,
             last_was_usage: false,
         })
+    }
+}
+
+/// A chat stream's chunks relayed as Anthropic Messages events, for a Messages job sent
+/// to a chat target: the target's own chat events read first, then each chunk they made
+/// translated ([`MessageEvents`]).
+struct AsMessages {
+    chat: Box<dyn StreamEvents>,
+    events: MessageEvents,
+}
+
+impl StreamEvents for AsMessages {
+    fn on_event(&mut self, event: SseEvent, out: &mut StreamOut) -> Result<(), Failure> {
+        let (before, was_finished) = (out.pending.len(), out.finished);
+        self.chat.on_event(event, out)?;
+        let chunks: Vec<Pending> = out.pending.drain(before..).collect();
+        for chunk in chunks {
+            let chunk = out.json(&chunk.text)?;
+            for e in self.events.chunk(&chunk) {
+                out.chunk(e.to_string());
+            }
+        }
+        if out.finished && !was_finished {
+            for e in self.events.end() {
+                out.chunk(e.to_string());
+            }
+        }
+        Ok(())
     }
 }
 
