@@ -347,14 +347,17 @@ pub enum ProviderKind {
 impl ProviderKind {
     /// Whether tollgate sends this provider kind requests of `endpoint`: chat to every
     /// kind, embeddings to the OpenAI family (Anthropic has no embeddings API), moderations
-    /// to OpenAI, Responses to OpenAI and OpenAI-compatible servers (as they are),
+    /// to OpenAI, Responses and legacy completions to OpenAI and OpenAI-compatible servers
+    /// (as they are),
     /// Anthropic Messages to every kind (as they are to Anthropic, translated to chat for
     /// the others: [`ProviderKind::translates`]).
     pub fn serves(self, endpoint: Endpoint) -> bool {
         match endpoint {
             Endpoint::ChatCompletions | Endpoint::Messages => true,
             Endpoint::Embeddings => matches!(self, Self::Openai | Self::OpenaiCompatible | Self::Azure),
-            Endpoint::Responses => matches!(self, Self::Openai | Self::OpenaiCompatible),
+            Endpoint::Responses | Endpoint::Completions => {
+                matches!(self, Self::Openai | Self::OpenaiCompatible)
+            }
             Endpoint::Moderations => self == Self::Openai,
         }
     }

@@ -199,6 +199,11 @@ pub fn endpoint_input_tokens<'a>(
         // Free, and counted against requests only.
         Endpoint::Moderations => 0,
         Endpoint::Messages => messages_input_tokens(request),
+        Endpoint::Completions => models
+            .into_iter()
+            .map(|m| completions_input_tokens(request, Some(m)))
+            .max()
+            .unwrap_or_else(|| completions_input_tokens(request, None)),
     }
 }
 
@@ -294,6 +299,7 @@ pub fn endpoint_output_tokens(endpoint: Endpoint, request: &Value) -> i32 {
         Endpoint::Embeddings | Endpoint::Moderations => 0,
         Endpoint::Responses => clamp_i32(responses_output_cap(request)),
         Endpoint::Messages => clamp_i32(request.get("max_tokens").and_then(Value::as_i64).unwrap_or(0)),
+        Endpoint::Completions => completions_output_tokens(request),
     }
 }
 
@@ -302,6 +308,13 @@ pub fn endpoint_output_tokens(endpoint: Endpoint, request: &Value) -> i32 {
 /// count where larger; an array of token ids is its length; an array of inputs, their sum.
 /// At least 1.
 pub fn embedding_input_tokens(request: &Value, model: Option<&str>) -> i32 {
+    clamp_i32(texts_tokens(request.get("input"), model).max(1))
+}
+
+/// Tokens of an embeddings `input` or a completions `prompt`: a string by the character
+/// rule or the model's BPE count where larger, an array of token ids its length, an array
+/// of either their sum.
+fn texts_tokens(texts: Option<&Value>, model: Option<&str>) -> i64 {
     let tokenizer = model.and_then(tokenizer_for);
     let text = |s: &str| quarters(s).max(tokenizer.map_or(0, |t| t.count(s) as i64));
     let one = |v: &Value| match v {
@@ -309,13 +322,40 @@ pub fn embedding_input_tokens(request: &Value, model: Option<&str>) -> i32 {
         Value::Array(ids) => ids.len() as i64,
         _ => 0,
     };
-    let total = match request.get("input") {
+    match texts {
         Some(Value::Array(items)) if items.iter().all(Value::is_number) => items.len() as i64,
         Some(Value::Array(items)) => items.iter().map(one).sum(),
         Some(single) => one(single),
         None => 0,
+    }
+}
+
+/// OpenAI's default `max_tokens` of a legacy completion.
+pub const COMPLETIONS_DEFAULT_MAX_TOKENS: i64 = 16;
+
+/// A legacy completion's input: its prompts ([`texts_tokens`]) and `suffix`; at least 1.
+pub fn completions_input_tokens(request: &Value, model: Option<&str>) -> i32 {
+    let suffix = request.get("suffix").and_then(Value::as_str).map_or(0, quarters);
+    clamp_i32((texts_tokens(request.get("prompt"), model) + suffix).max(1))
+}
+
+/// A legacy completion's output cap: `max_tokens` (default 16) for each of the `best_of`
+/// (or `n`) candidates of each prompt — OpenAI generates, and bills, every candidate.
+pub fn completions_output_tokens(request: &Value) -> i32 {
+    let count = |k: &str| request.get(k).and_then(Value::as_i64).unwrap_or(1).max(1);
+    let prompts = match request.get("prompt") {
+        Some(Value::Array(items)) if !items.iter().all(Value::is_number) => items.len().max(1) as i64,
+        _ => 1,
     };
-    clamp_i32(total.max(1))
+    let cap = request
+        .get("max_tokens")
+        .and_then(Value::as_i64)
+        .unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS)
+        .max(0);
+    clamp_i32(
+        cap.saturating_mul(count("n").max(count("best_of")))
+            .saturating_mul(prompts),
+    )
 }
 
 /// The character rule: 3 for reply priming, per message 4 plus one per started group of
@@ -1066,5 +1106,28 @@ mod tests {
         for (request, expected) in cases {
             assert_eq!(refused(&request), expected, "{request}");
         }
+    }
+
+    #[test]
+    fn a_legacy_completion_reserves_every_candidate_of_every_prompt() {
+        let out = |r: Value| completions_output_tokens(&r);
+        assert_eq!(out(json!({"prompt": "x"})), 16, "OpenAI's default cap");
+        assert_eq!(out(json!({"prompt": ["a", "b"], "n": 2, "max_tokens": 5})), 20);
+        assert_eq!(
+            out(json!({"prompt": "x", "n": 2, "best_of": 3, "max_tokens": 5})),
+            15
+        );
+        assert_eq!(
+            out(json!({"prompt": [1, 2, 3], "max_tokens": 5})),
+            5,
+            "token ids are one prompt"
+        );
+        assert_eq!(out(json!({"prompt": [[1, 2], [3]], "max_tokens": 5})), 10);
+        let input = |r: Value| completions_input_tokens(&r, None);
+        assert_eq!(
+            input(json!({"prompt": ["abcd", "abcde"], "suffix": "xy"})),
+            1 + 2 + 1
+        );
+        assert_eq!(input(json!({"prompt": [[1, 2], [3]]})), 3);
     }
 }

@@ -211,6 +211,10 @@ pub enum Endpoint {
     #[serde(rename = "/v1/messages")]
     #[strum(serialize = "/v1/messages")]
     Messages,
+    /// OpenAI's legacy Completions: a `prompt` (or several) in, text out.
+    #[serde(rename = "/v1/completions")]
+    #[strum(serialize = "/v1/completions")]
+    Completions,
 }
 
 impl Endpoint {

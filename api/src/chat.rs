@@ -1,5 +1,6 @@
 //! The synchronous endpoints: OpenAI's `POST /v1/chat/completions`, `POST /v1/embeddings`,
-//! `POST /v1/moderations` and `POST /v1/responses` (and, through [`synchronous`],
+//! `POST /v1/moderations`, `POST /v1/responses` and the legacy `POST /v1/completions`
+//! (and, through [`synchronous`],
 //! Anthropic's Messages). The request is queued as an `interactive` job like any other — so it waits its turn instead
 //! of meeting a provider 429 — and the handler waits for the result. An existing OpenAI SDK
 //! app points its `base_url` at tollgate and changes nothing else.
@@ -118,6 +119,33 @@ pub(crate) async fn responses(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     synchronous(state, tenant, Endpoint::Responses, json_body(body)?).await
+}
+
+/// OpenAI's legacy Completions, synchronous: queued as an `interactive` job that reserves
+/// its prompts and `max_tokens` (default 16) for each candidate of each prompt, and
+/// awaited; with `"stream": true`, the provider's chunks relayed as they arrive.
+#[utoipa::path(
+    post,
+    path = "/v1/completions",
+    operation_id = "create_completion",
+    tag = "openai",
+    request_body(content = Object, description = "An OpenAI (legacy) Completions request"),
+    responses(
+        (status = 200, description = "An OpenAI text completion (JSON), or its chunks (`text/event-stream`) when streaming; header `x-tollgate-job-id`", body = Object),
+        (status = 400, description = "`invalid_json`, `invalid_request`, `missing_field`, `unknown_model`, `endpoint_not_served`; or the job's reason code (`provider_rejected_request`, `request_too_large`, `exceeds_limit`)", body = doc::ErrorBody),
+        (status = 409, description = "`cancelled`", body = doc::ErrorBody),
+        (status = 413, description = "`body_too_large`", body = doc::ErrorBody),
+        (status = 429, description = "`queue_timeout`, `deadline_exceeded`, `deadline_unmeetable`, `rate_limited`, `spend_limit_reached`, `queue_full` (+ `Retry-After`)", body = doc::ErrorBody),
+        (status = 502, description = "`upstream_failed`, `upstream_auth_failed`, `insufficient_quota`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn text_completions(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    synchronous(state, tenant, Endpoint::Completions, json_body(body)?).await
 }
 
 /// OpenAI-compatible, synchronous: queued as an `interactive` job that reserves a request

@@ -130,6 +130,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(chat::embeddings))
         .routes(routes!(chat::responses))
         .routes(routes!(chat::moderations))
+        .routes(routes!(chat::text_completions))
         .routes({
             // Anthropic's SDKs read errors in Anthropic's shape.
             let (schemas, paths, method) = routes!(messages::create);

@@ -147,7 +147,8 @@ pub struct ErrorDetail {
 #[allow(dead_code)] // a description, read by utoipa only
 pub struct SubmitJobSchema {
     /// What `request` is: `/v1/chat/completions` (default), `/v1/embeddings`,
-    /// `/v1/moderations`, `/v1/responses` or `/v1/messages` (an Anthropic Messages body).
+    /// `/v1/moderations`, `/v1/responses`, `/v1/completions` or `/v1/messages` (an Anthropic
+    /// Messages body).
     endpoint: Option<tollgate::vocab::Endpoint>,
     /// The endpoint's OpenAI body; `model` is a route alias, `provider/model`, or a model a
     /// provider lists.

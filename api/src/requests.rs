@@ -42,6 +42,7 @@ pub(crate) fn check(
         Endpoint::Responses => validate_responses_request(request, param_prefix)?,
         Endpoint::Moderations => validate_moderations_request(request, param_prefix)?,
         Endpoint::Messages => validate_messages_request(request, param_prefix)?,
+        Endpoint::Completions => validate_completions_request(request, param_prefix)?,
     };
     let targets = routing::resolve(config, &model, endpoint).map_err(|why| {
         let (code, message) = match why {
@@ -216,6 +217,58 @@ pub(crate) fn validate_chat_request(request: &Value, param_prefix: &str) -> Resu
 /// array of 1 to 2048 non-empty strings, an array of token ids, or an array of non-empty
 /// arrays of token ids; `encoding_format` `float` or `base64`; `dimensions` a positive
 /// integer. Returns the requested model.
+/// A legacy completions request: `prompt` a string, strings, token ids or arrays of token
+/// ids; `max_tokens` ≥ 0; `n` 1 to 128; `best_of` from `n` to 20 and not streamed (OpenAI
+/// does not stream it); `logprobs` 0 to 5.
+pub(crate) fn validate_completions_request(request: &Value, param_prefix: &str) -> Result<String, ApiError> {
+    let p = |name: &str| format!("{param_prefix}{name}");
+    let (obj, model) = object_and_model(request, param_prefix, "completions")?;
+    let is_token = |v: &Value| v.as_u64().is_some_and(|t| t <= u64::from(u32::MAX));
+    let prompt_ok = match obj.get("prompt") {
+        None => {
+            return Err(
+                ApiError::bad_request(ApiErrorCode::MissingField, "`prompt` is required")
+                    .with_param(p("prompt")),
+            );
+        }
+        Some(Value::String(_)) => true,
+        Some(Value::Array(items)) if !items.is_empty() => {
+            items.iter().all(is_token)
+                || items.iter().all(Value::is_string)
+                || items.iter().all(|i| {
+                    i.as_array()
+                        .is_some_and(|ids| !ids.is_empty() && ids.iter().all(is_token))
+                })
+        }
+        Some(_) => false,
+    };
+    if !prompt_ok {
+        return Err(invalid(
+            p("prompt"),
+            "`prompt` must be a string, an array of strings, an array of token ids, or an array of arrays of token ids",
+        ));
+    }
+    let int = |field: &str| obj.get(field).filter(|v| !v.is_null());
+    let within = |field: &str, low: i64, high: i64, message: &str| match int(field) {
+        Some(v) if v.as_i64().is_none_or(|n| n < low || n > high) => Err(invalid(p(field), message)),
+        _ => Ok(()),
+    };
+    within(
+        "max_tokens",
+        0,
+        i64::from(i32::MAX),
+        "`max_tokens` must be a non-negative integer",
+    )?;
+    within("n", 1, 128, "`n` must be 1 to 128")?;
+    within("logprobs", 0, 5, "`logprobs` must be 0 to 5")?;
+    let n = int("n").and_then(Value::as_i64).unwrap_or(1);
+    within("best_of", n, 20, "`best_of` must be at least `n` and at most 20")?;
+    if int("best_of").is_some() && obj.get("stream") == Some(&Value::Bool(true)) {
+        return Err(invalid(p("best_of"), "`best_of` cannot be streamed"));
+    }
+    Ok(model)
+}
+
 pub(crate) fn validate_embeddings_request(request: &Value, param_prefix: &str) -> Result<String, ApiError> {
     let p = |name: &str| format!("{param_prefix}{name}");
     let (obj, model) = object_and_model(request, param_prefix, "embeddings")?;

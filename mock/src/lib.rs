@@ -41,6 +41,7 @@ mod faults;
 mod gemini;
 mod openai;
 mod openai_batch;
+mod openai_completions;
 mod openai_responses;
 mod reply;
 mod request;
@@ -235,6 +236,7 @@ impl MockProvider {
             .route("/v1/embeddings", post(openai::embeddings))
             .route("/v1/responses", post(openai_responses::responses))
             .route("/v1/moderations", post(openai::moderations))
+            .route("/v1/completions", post(openai_completions::completions))
             .route("/v1/messages", post(anthropic::messages))
             .route("/v1beta/models/{model_action}", post(gemini::generate_content))
             .route(

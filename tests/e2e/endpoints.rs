@@ -263,7 +263,8 @@ async fn the_model_list_names_every_alias_provider_model_and_bare_model_with_wha
     assert_eq!(
         fast,
         json!({"id": "fast", "object": "model", "created": 0, "owned_by": "tollgate",
-               "endpoints": ["/v1/chat/completions", "/v1/embeddings", "/v1/moderations", "/v1/responses", "/v1/messages"],
+               "endpoints": ["/v1/chat/completions", "/v1/embeddings", "/v1/moderations", "/v1/responses", "/v1/messages",
+                             "/v1/completions"],
                "targets": ["oai/gpt-4o-mini"]})
     );
     let (_, claude) = app.get(ACME, "/v1/models/ant/claude-3-5-haiku-latest").await;
@@ -421,6 +422,37 @@ async fn anthropic_python_sdk_sends_and_streams_messages_through_the_queue() {
         );
         assert_eq!(call["result"]["type"], "message");
     }
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn openai_python_sdk_drives_legacy_completions() {
+    let app = TestApp::spawn().await;
+    let summary = sdk_summary("openai_completions.py", &app.url("/v1")).await;
+    let job = |key: &str| {
+        let id = summary[key].as_str().unwrap().to_owned();
+        let app = &app;
+        async move { app.get(ACME, &format!("/v1/jobs/{id}")).await.1 }
+    };
+    let plain = job("job").await;
+    assert_eq!(
+        (
+            plain["endpoint"].as_str(),
+            plain["state"].as_str(),
+            plain["provider"].as_str()
+        ),
+        (Some("/v1/completions"), Some("succeeded"), Some("oai")),
+        "{plain}"
+    );
+    assert_eq!(plain["estimate"]["output_tokens"], 8, "its max_tokens");
+    let several = job("several").await;
+    assert_eq!(
+        several["estimate"]["output_tokens"], 20,
+        "5 tokens for each of the 2 choices of each of the 2 prompts"
+    );
+    assert_batch_completed(&app, &summary["batch"], "/v1/completions").await;
+    // What the mock charged for the multi-prompt request is what tollgate reserved.
+    assert_eq!(several["usage"]["output_tokens"], 20, "{several}");
     app.shutdown().await;
 }
 

@@ -10,10 +10,9 @@ first failed check; prints a JSON summary on success.
 
 import json
 import os
-import time
 
 import openai
-from checks import run
+from checks import run, run_batch
 from openai import OpenAI
 
 MODEL = "gpt-4o-mini"
@@ -84,19 +83,12 @@ def main():
         assert e.body["code"] == "endpoint_not_served", e.body
 
     lines = [
-        json.dumps({"custom_id": f"r-{i}", "method": "POST", "url": "/v1/responses",
-                    "body": {"model": MODEL, "input": f"question {i}", "max_output_tokens": 32}})
+        {"custom_id": f"r-{i}", "method": "POST", "url": "/v1/responses",
+         "body": {"model": MODEL, "input": f"question {i}", "max_output_tokens": 32}}
         for i in range(3)
     ]
-    uploaded = client.files.create(file=("responses.jsonl", ("\n".join(lines) + "\n").encode()), purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/responses", completion_window="24h")
-    deadline = time.time() + 120
-    while batch.status not in ("completed", "failed", "expired", "cancelled"):
-        assert time.time() < deadline, f"batch still {batch.status}"
-        time.sleep(0.2)
-        batch = client.batches.retrieve(batch.id)
+    batch, output = run_batch(client, "/v1/responses", lines)
     assert batch.status == "completed" and batch.request_counts.completed == 3, batch
-    output = [json.loads(l) for l in client.files.content(batch.output_file_id).text.splitlines()]
     assert sorted(r["custom_id"] for r in output) == ["r-0", "r-1", "r-2"], output
     for r in output:
         body = r["response"]["body"]

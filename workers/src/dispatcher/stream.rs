@@ -1,6 +1,6 @@
 //! Streaming jobs, run for the API process whose client is connected: claimed by id,
-//! relayed event by event as SSE payloads in the endpoint's shape (OpenAI chunks for chat,
-//! Anthropic's and Responses' events as they are), and finished — succeeded, failed,
+//! relayed event by event as SSE payloads in the endpoint's shape (OpenAI chunks for chat and
+//! legacy completions, Anthropic's and Responses' events as they are), and finished — succeeded, failed,
 //! or `client_disconnected` — with the answer put back together and the usage produced so
 //! far. No retries: the client is waiting. A stream whose job the heartbeat finds no
 //! longer held here (rescued, cancelled) is cut off, and nothing of it is written.
@@ -130,8 +130,10 @@ impl Dispatcher {
                     }
                 }
             }
-            // OpenAI's streams end with `[DONE]`; Anthropic's with their `message_stop`.
-            if !client_gone && ended.is_ok() && job.endpoint == Endpoint::ChatCompletions {
+            // OpenAI's chat and completions streams end with `[DONE]`; Anthropic's with
+            // their `message_stop`, Responses' with `response.completed`.
+            let done_marker = matches!(job.endpoint, Endpoint::ChatCompletions | Endpoint::Completions);
+            if !client_gone && ended.is_ok() && done_marker {
                 let _ = tx.send("[DONE]".to_owned()).await;
             }
             let usage = upstream.usage();
@@ -211,6 +213,7 @@ fn error_event(endpoint: Endpoint, message: &str, code: ReasonCode) -> String {
 /// stream's last event carries whole.
 enum Assembled {
     Chat(AssembledChat),
+    Completion(AssembledCompletion),
     Message(AssembledMessage),
     Response(Value),
 }
@@ -220,6 +223,7 @@ impl Assembled {
         match endpoint {
             Endpoint::Messages => Self::Message(AssembledMessage::default()),
             Endpoint::Responses => Self::Response(Value::Null),
+            Endpoint::Completions => Self::Completion(AssembledCompletion::default()),
             // Embeddings and moderations do not stream (`Endpoint::streams`).
             Endpoint::ChatCompletions | Endpoint::Embeddings | Endpoint::Moderations => {
                 Self::Chat(AssembledChat::default())
@@ -233,6 +237,7 @@ impl Assembled {
         };
         match self {
             Self::Chat(chat) => chat.add(&v),
+            Self::Completion(completion) => completion.add(&v),
             Self::Message(message) => message.add(&v),
             Self::Response(response) => {
                 if let Some(whole) = v.get("response").filter(|_| {
@@ -250,6 +255,7 @@ impl Assembled {
     fn result(&self, usage: Usage) -> Value {
         match self {
             Self::Chat(chat) => chat.completion(usage),
+            Self::Completion(completion) => completion.completion(usage),
             Self::Message(message) => message.message(usage),
             Self::Response(response) => response.clone(),
         }
@@ -314,6 +320,58 @@ impl AssembledChat {
                 "message": message,
                 "finish_reason": self.finish_reason,
             }],
+            "usage": {
+                "prompt_tokens": usage.input_tokens,
+                "completion_tokens": usage.output_tokens,
+                "total_tokens": usage.input_tokens + usage.output_tokens,
+            },
+        })
+    }
+}
+
+/// A legacy completion's chunks put back together: each choice's text and finish reason,
+/// by its `index` (several prompts, or `n`, stream side by side).
+#[derive(Default)]
+struct AssembledCompletion {
+    id: Option<Value>,
+    model: Option<Value>,
+    choices: Vec<(String, Value)>,
+}
+
+impl AssembledCompletion {
+    fn add(&mut self, v: &Value) {
+        if self.id.is_none() {
+            self.id = v.get("id").cloned();
+            self.model = v.get("model").cloned();
+        }
+        for choice in v["choices"].as_array().into_iter().flatten() {
+            let index = choice["index"].as_u64().unwrap_or(0) as usize;
+            while self.choices.len() <= index {
+                self.choices.push((String::new(), Value::Null));
+            }
+            let (text, finish) = &mut self.choices[index];
+            text.push_str(choice["text"].as_str().unwrap_or_default());
+            if !choice["finish_reason"].is_null() {
+                *finish = choice["finish_reason"].clone();
+            }
+        }
+    }
+
+    fn completion(&self, usage: Usage) -> Value {
+        let choices: Vec<Value> = self
+            .choices
+            .iter()
+            .enumerate()
+            .map(|(index, (text, finish))| {
+                serde_json::json!({"index": index, "text": text, "logprobs": null, "finish_reason": finish})
+            })
+            .collect();
+        serde_json::json!({
+            "id": self.id,
+            "object": "text_completion",
+            "created": Utc::now().timestamp(), // shown to the client only
+            "model": self.model,
+            "choices": choices,
             "usage": {
                 "prompt_tokens": usage.input_tokens,
                 "completion_tokens": usage.output_tokens,

@@ -86,7 +86,8 @@ pub(super) fn path(endpoint: Endpoint) -> &'static str {
         Endpoint::Embeddings => "embeddings",
         Endpoint::Responses => "responses",
         Endpoint::Moderations => "moderations",
-        // Never routed to this family (`ProviderKind::serves`); named for completeness.
+        Endpoint::Completions => "completions",
+        // Sent to this family as chat (`ProviderKind::translates`); named for completeness.
         Endpoint::Messages => "messages",
     }
 }
@@ -114,6 +115,11 @@ pub(super) fn body(model: &str, endpoint: Endpoint, request: &Value, mode: Mode,
                 };
                 return body;
             }
+            Endpoint::Completions => {
+                // The API's own default cap (16) is what the gate reserved when none is set.
+                streaming_fields(obj, mode);
+                return body;
+            }
             Endpoint::Embeddings | Endpoint::Moderations | Endpoint::Messages => return body,
         }
         if !["max_completion_tokens", "max_tokens"]
@@ -122,22 +128,29 @@ pub(super) fn body(model: &str, endpoint: Endpoint, request: &Value, mode: Mode,
         {
             obj.insert(cap_field.to_owned(), json!(estimate::output_cap(request)));
         }
-        match mode {
-            Mode::Whole => {
-                obj.remove("stream");
-                obj.remove("stream_options");
-            }
-            Mode::Stream => {
-                obj.insert("stream".to_owned(), Value::Bool(true));
-                let options = obj.entry("stream_options").or_insert_with(|| json!({}));
-                if !options.is_object() {
-                    *options = json!({});
-                }
-                options["include_usage"] = Value::Bool(true);
-            }
-        }
+        streaming_fields(obj, mode);
     }
     body
+}
+
+/// A chat or completions body's streaming fields as `mode` wants them: none for a whole
+/// call; `stream: true` and `stream_options.include_usage: true` (other options kept) for a
+/// stream, so that usage arrives in the last chunk.
+fn streaming_fields(obj: &mut serde_json::Map<String, Value>, mode: Mode) {
+    match mode {
+        Mode::Whole => {
+            obj.remove("stream");
+            obj.remove("stream_options");
+        }
+        Mode::Stream => {
+            obj.insert("stream".to_owned(), Value::Bool(true));
+            let options = obj.entry("stream_options").or_insert_with(|| json!({}));
+            if !options.is_object() {
+                *options = json!({});
+            }
+            options["include_usage"] = Value::Bool(true);
+        }
+    }
 }
 
 /// The body is already in the format clients expect; only usage is read out (an
@@ -146,7 +159,7 @@ pub(super) fn parse_success(body: &[u8], endpoint: Endpoint) -> Result<Success, 
     let body: Value = serde_json::from_slice(body)
         .map_err(|e| format!("provider answered 2xx with a body that is not JSON: {e}"))?;
     let answer = match endpoint {
-        Endpoint::ChatCompletions => "choices",
+        Endpoint::ChatCompletions | Endpoint::Completions => "choices",
         Endpoint::Embeddings => "data",
         Endpoint::Responses => "output",
         Endpoint::Moderations => "results",
@@ -245,7 +258,9 @@ impl StreamEvents for Chunks {
             return Err(out.error_event(stream_error_status(&v), &event.data));
         }
         for choice in v.get("choices").and_then(Value::as_array).into_iter().flatten() {
-            if let Some(text) = choice.pointer("/delta/content").and_then(Value::as_str) {
+            // A chat chunk's delta, or a legacy completion chunk's text.
+            let text = choice.pointer("/delta/content").or_else(|| choice.get("text"));
+            if let Some(text) = text.and_then(Value::as_str) {
                 out.content(text);
             }
         }
