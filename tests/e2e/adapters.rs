@@ -234,10 +234,11 @@ async fn openai_sdk_tool_calls_reach_anthropic_and_come_back() {
         summary["call"].as_str().unwrap().starts_with("toolu_"),
         "{summary}"
     );
-    // Four conversations reached the provider (the refused requests never did): the call,
-    // the streamed call, the answer, and the stray tool result it refused.
+    // Six requests reached the provider (the refused ones never did): the call, the
+    // streamed call, the answer, the two structured answers, and the stray tool result it
+    // refused.
     let stats = app.mock.stats();
-    assert_eq!((stats.succeeded, stats.bad_request), (3, 1), "{stats:?}");
+    assert_eq!((stats.succeeded, stats.bad_request), (5, 1), "{stats:?}");
     // Both calls are stored with their tool call, the streamed one put back together.
     let (_, jobs) = app.get(ACME, "/v1/jobs?limit=100").await;
     let calls: Vec<&Value> = jobs["data"]

@@ -1,7 +1,8 @@
 """A tool-calling conversation with the official `openai` package against an Anthropic
 model behind tollgate: the model calls a tool (plain and streamed, the call's arguments
 arriving as deltas), the tool's result goes back, the model answers in text; an image
-part is carried; what Anthropic cannot express is refused up front, naming the field.
+part is carried; a JSON-schema answer comes back as JSON text (plain and streamed); what
+Anthropic cannot express is refused up front, naming the field.
 
 Run by the e2e test `adapters::openai_sdk_tool_calls_reach_anthropic_and_come_back`, which
 passes TOLLGATE_BASE_URL (`http://host:port/v1`) and TOLLGATE_API_KEY. Exits non-zero on
@@ -91,8 +92,23 @@ def main():
     except openai.BadRequestError as e:
         assert e.body["code"] == "provider_rejected_request", e.body
 
+    # Structured output: the schema's JSON as the answer's text, plain and streamed.
+    weather = {"type": "json_schema", "json_schema": {"name": "weather", "schema": TOOLS[0]["function"]["parameters"]}}
+    structured = client.chat.completions.create(model=MODEL, messages=question, max_tokens=64, response_format=weather)
+    assert json.loads(structured.choices[0].message.content) == {"city": "mock"}, structured
+    assert structured.choices[0].finish_reason == "stop" and not structured.choices[0].message.tool_calls, structured
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=question, max_tokens=64, response_format=weather, stream=True
+        )
+    )
+    streamed_json = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert json.loads(streamed_json) == {"city": "mock"}, chunks
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"], chunks
+
     for field, extra in [
-        ("response_format", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}),
+        ("response_format", {"response_format": weather, "tools": TOOLS}),
+        ("response_format.json_schema.schema", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array"}}}}),
         ("n", {"n": 2}),
         ("logprobs", {"logprobs": True}),
     ]:

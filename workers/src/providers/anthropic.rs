@@ -97,9 +97,8 @@ impl ProviderApi for Anthropic {
 }
 
 /// Chat fields Anthropic's Messages API has no counterpart for.
-const UNEXPRESSED_FIELDS: [&str; 8] = [
+const UNEXPRESSED_FIELDS: [&str; 7] = [
     "n",
-    "response_format",
     "logprobs",
     "top_logprobs",
     "logit_bias",
@@ -117,6 +116,33 @@ const IMAGE_TYPES: [&str; 4] = ["image/jpeg", "image/png", "image/gif", "image/w
 fn unexpressed(request: &Value) -> Option<Unexpressed> {
     if let Some(refused) = super::first_set(request, &UNEXPRESSED_FIELDS, "Anthropic") {
         return Some(refused);
+    }
+    if let Some(format) = request.get("response_format").filter(|f| !f.is_null()) {
+        match format.get("type").and_then(Value::as_str) {
+            Some("text") => {}
+            Some("json_object" | "json_schema") if !array(request, "tools").is_empty() => {
+                return Unexpressed::at(
+                    "response_format".to_owned(),
+                    "Anthropic answers in JSON by a forced tool call, which other tools cannot join",
+                );
+            }
+            Some("json_object") => {}
+            Some("json_schema") => {
+                let schema = format.pointer("/json_schema/schema");
+                if schema.and_then(|s| s.get("type")).and_then(Value::as_str) != Some("object") {
+                    return Unexpressed::at(
+                        "response_format.json_schema.schema".to_owned(),
+                        "Anthropic takes JSON schemas of objects only (`\"type\": \"object\"` at the root)",
+                    );
+                }
+            }
+            _ => {
+                return Unexpressed::at(
+                    "response_format.type".to_owned(),
+                    "Anthropic takes `text`, `json_object` or `json_schema`",
+                );
+            }
+        }
     }
     for (i, tool) in array(request, "tools").iter().enumerate() {
         if tool.get("type").and_then(Value::as_str) != Some("function") {
@@ -195,7 +221,8 @@ fn content_blocks(content: Option<&Value>) -> Vec<Value> {
 /// `system`; an assistant's tool calls become `tool_use` blocks and tool messages
 /// `tool_result` blocks of a user turn; turns of one role in a row are one turn; `tools`,
 /// `tool_choice` (`required` → `any`) and `parallel_tool_calls: false`
-/// (`disable_parallel_tool_use`) carry over. `max_tokens`, which Anthropic requires, is
+/// (`disable_parallel_tool_use`) carry over; a JSON `response_format` becomes a forced call
+/// of [`JSON_TOOL`]. `max_tokens`, which Anthropic requires, is
 /// the cap the gate reserved (`tollgate::estimate::output_cap`). Fields with no
 /// counterpart were refused at submit ([`Anthropic::unexpressed`]).
 pub(super) fn translate_request(model: &str, request: &Value) -> Value {
@@ -297,7 +324,37 @@ pub(super) fn translate_request(model: &str, request: &Value) -> Value {
     if let Some(choice) = choice {
         out.insert("tool_choice".into(), choice);
     }
+    if let Some(schema) = json_schema(request) {
+        // JSON out: a tool whose input is the answer, and the model made to call it.
+        out.insert(
+            "tools".into(),
+            json!([{"name": JSON_TOOL, "description": "Answer with the JSON object this schema describes.",
+                    "input_schema": schema}]),
+        );
+        out.insert("tool_choice".into(), json!({"type": "tool", "name": JSON_TOOL}));
+    }
     Value::Object(out)
+}
+
+/// The tool a JSON answer (`response_format` `json_object` or `json_schema`) is asked
+/// through: its input is the answer, returned as the message's text.
+const JSON_TOOL: &str = "tollgate_json_answer";
+
+/// The schema a request's answer must follow, if it asks for JSON (`{"type": "object"}`
+/// for `json_object`).
+fn json_schema(request: &Value) -> Option<Value> {
+    let format = request.get("response_format")?;
+    match format.get("type").and_then(Value::as_str)? {
+        "json_object" => Some(json!({"type": "object"})),
+        "json_schema" => format.pointer("/json_schema/schema").cloned(),
+        _ => None,
+    }
+}
+
+/// Whether a content block is the call of [`JSON_TOOL`].
+fn is_json_answer(block: &Value) -> bool {
+    block.get("type").and_then(Value::as_str) == Some("tool_use")
+        && block.get("name").and_then(Value::as_str) == Some(JSON_TOOL)
 }
 
 /// `stop_reason` → OpenAI `finish_reason`.
@@ -340,13 +397,25 @@ fn parse_message(body: &[u8]) -> Result<Success, String> {
 pub(super) fn parse_success(body: &[u8]) -> Result<Success, String> {
     let Success { body: msg, usage } = parse_message(body)?;
     let content = array(&msg, "content");
-    let text: String = content
+    let (answers, content): (Vec<Value>, Vec<Value>) = content.iter().cloned().partition(is_json_answer);
+    let mut text: String = content
         .iter()
         .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
         .filter_map(|b| b.get("text").and_then(Value::as_str))
         .collect();
-    let tool_calls = super::messages_chat::tool_calls(content);
-    let finish = finish_reason(msg.get("stop_reason").and_then(Value::as_str));
+    let tool_calls = super::messages_chat::tool_calls(&content);
+    let mut finish = finish_reason(msg.get("stop_reason").and_then(Value::as_str));
+    if let Some(answer) = answers.first() {
+        // A JSON answer is the text of the completion, whatever the model said before it.
+        text = answer
+            .get("input")
+            .cloned()
+            .unwrap_or_else(|| json!({}))
+            .to_string();
+        if finish == "tool_calls" && tool_calls.is_empty() {
+            finish = "stop";
+        }
+    }
     let reported = msg.get("usage").filter(|u| u.is_object()).map(|_| {
         json!({
             "prompt_tokens": usage.input_tokens,
@@ -392,6 +461,10 @@ pub(super) struct Events {
     created: i64,
     /// Tool calls started so far: the next one's OpenAI `index`.
     tool_calls: usize,
+    /// The block open is the JSON answer ([`JSON_TOOL`]): its input is relayed as text.
+    in_json_answer: bool,
+    /// A JSON answer was given: its `tool_use` stop is a normal stop.
+    answered_json: bool,
 }
 
 impl StreamEvents for Events {
@@ -414,7 +487,10 @@ impl StreamEvents for Events {
             }
             "content_block_start" => {
                 let block = v.get("content_block").unwrap_or(&Value::Null);
+                self.in_json_answer = is_json_answer(block);
+                self.answered_json |= self.in_json_answer;
                 match block.get("type").and_then(Value::as_str) {
+                    _ if self.in_json_answer => {}
                     Some("text") => {
                         self.content(block.get("text").and_then(Value::as_str).unwrap_or_default(), out)
                     }
@@ -439,7 +515,9 @@ impl StreamEvents for Events {
                             .get("partial_json")
                             .and_then(Value::as_str)
                             .unwrap_or_default();
-                        if !partial.is_empty() && self.tool_calls > 0 {
+                        if self.in_json_answer {
+                            self.content(partial, out);
+                        } else if !partial.is_empty() && self.tool_calls > 0 {
                             out.content(partial);
                             let call =
                                 json!({"index": self.tool_calls - 1, "function": {"arguments": partial}});
@@ -452,7 +530,11 @@ impl StreamEvents for Events {
             "message_delta" => {
                 message_delta_usage(&v, out);
                 let reason = v.pointer("/delta/stop_reason").and_then(Value::as_str);
-                out.chunk(self.chunk(json!({}), Some(finish_reason(reason))).to_string());
+                let finish = match finish_reason(reason) {
+                    "tool_calls" if self.answered_json && self.tool_calls == 0 => "stop",
+                    finish => finish,
+                };
+                out.chunk(self.chunk(json!({}), Some(finish)).to_string());
             }
             "message_stop" => {
                 let usage = out.usage();
@@ -866,10 +948,16 @@ mod tests {
             None
         );
         assert_eq!(refused(json!({"response_format": {"type": "text"}})), None);
+        assert_eq!(refused(json!({"response_format": {"type": "json_object"}})), None);
+        let schema = |s: Value| json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": s}}});
+        assert_eq!(refused(schema(json!({"type": "object"}))), None);
         assert_eq!(
-            refused(json!({"response_format": {"type": "json_object"}})).as_deref(),
-            Some("response_format")
+            refused(schema(json!({"type": "array"}))).as_deref(),
+            Some("response_format.json_schema.schema")
         );
+        let mut with_tools = schema(json!({"type": "object"}));
+        with_tools["tools"] = json!([{"type": "function", "function": {"name": "f"}}]);
+        assert_eq!(refused(with_tools).as_deref(), Some("response_format"));
         assert_eq!(refused(json!({"seed": 3})).as_deref(), Some("seed"));
         assert_eq!(
             refused(json!({"tools": [{"type": "custom", "custom": {"name": "x"}}]})).as_deref(),
@@ -1014,6 +1102,27 @@ mod tests {
             let mut s = ChatStream::canned(Box::new(Events::default()), &[&event]);
             assert_eq!(s.drain().await.1.unwrap().class, class, "{error_type}");
         }
+    }
+
+    #[test]
+    fn a_json_schema_answer_is_asked_as_a_forced_tool_and_returned_as_text() {
+        let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}});
+        let r = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": schema}}});
+        let body = translate_request("m", &r);
+        assert_eq!(body["tools"][0]["input_schema"], schema);
+        assert_eq!(body["tool_choice"], json!({"type": "tool", "name": JSON_TOOL}));
+        let answer = json!({"id": "msg_1", "model": "m", "stop_reason": "tool_use",
+            "content": [{"type": "tool_use", "id": "toolu_1", "name": JSON_TOOL, "input": {"city": "Oslo"}}],
+            "usage": {"input_tokens": 5, "output_tokens": 3}});
+        let chat = parse_success(answer.to_string().as_bytes()).unwrap().body;
+        let choice = &chat["choices"][0];
+        assert_eq!(choice["message"]["content"], "{\"city\":\"Oslo\"}");
+        assert_eq!(choice["finish_reason"], "stop");
+        assert!(
+            choice["message"].get("tool_calls").is_none_or(Value::is_null),
+            "{chat}"
+        );
     }
 
     #[test]
