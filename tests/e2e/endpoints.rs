@@ -65,6 +65,17 @@ async fn assert_batch_completed(app: &TestApp, id: &Value, endpoint: &str) {
     );
 }
 
+async fn delete(app: &TestApp, key: &str, path: &str) -> (u16, Value) {
+    let r = app
+        .http
+        .delete(app.url(path))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
 async fn post_raw(app: &TestApp, key: &str, path: &str, body: &Value) -> reqwest::Response {
     app.http
         .post(app.url(path))
@@ -496,11 +507,64 @@ async fn anthropic_python_sdk_drives_message_batches() {
 alias = "slow-claude"
 targets = ["ant/claude-3-5-haiku-latest"]
 limits = { rpm = 1 }
+[[routes]]
+alias = "held-claude"
+targets = ["ant/claude-3-5-haiku-latest"]
+limits = { rpm = 1 }
 "#
         .to_owned(),
         ..TestOptions::default()
     })
     .await;
+    // Refused whole, with the reason and the request it is about.
+    let slow = |custom_id: &str| {
+        json!({"custom_id": custom_id, "params": {"model": "held-claude", "max_tokens": 8,
+               "messages": [{"role": "user", "content": "hi"}]}})
+    };
+    for (body, param) in [
+        (json!({"requests": []}), "requests"),
+        (
+            json!({"requests": [slow("ok"), slow(&"x".repeat(65))]}),
+            "requests.1.custom_id",
+        ),
+        (
+            json!({"requests": [slow("ok"), slow("ok")]}),
+            "requests.1.custom_id",
+        ),
+        (json!({"requests": [slow("a b")]}), "requests.0.custom_id"),
+        (json!({"requests": [{"custom_id": "p"}]}), "requests.0.params"),
+    ] {
+        let (status, error) = app.post(ACME, "/v1/messages/batches", &body).await;
+        assert_eq!(
+            (status, error["type"].as_str(), error["error"]["param"].as_str()),
+            (400, Some("error"), Some(param)),
+            "{error}"
+        );
+    }
+    // A batch still running has no results and cannot be deleted yet.
+    let (status, running) = app
+        .post(
+            ACME,
+            "/v1/messages/batches",
+            &json!({"requests": [slow("r1"), slow("r2")]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{running}");
+    let id = running["id"].as_str().unwrap().to_owned();
+    for (status, error) in [
+        app.get(ACME, &format!("/v1/messages/batches/{id}/results")).await,
+        delete(&app, ACME, &format!("/v1/messages/batches/{id}")).await,
+    ] {
+        assert_eq!(
+            (status, error["error"]["code"].as_str()),
+            (409, Some("batch_not_finished")),
+            "{error}"
+        );
+    }
+    let (status, _) = app
+        .post(ACME, &format!("/v1/messages/batches/{id}/cancel"), &json!({}))
+        .await;
+    assert_eq!(status, 200);
     let summary = sdk_summary("anthropic_batches.py", &app.api).await;
     // The deleted batch is gone from both APIs; the cancelled one is a batch of Messages
     // jobs, to the Anthropic provider.
@@ -523,15 +587,19 @@ limits = { rpm = 1 }
     assert_eq!(status, 404);
     let (_, listed) = app.get(GLOBEX, "/v1/messages/batches").await;
     assert_eq!(listed["data"], json!([]));
-    // Only the good requests of the first batch reached the provider, and of the
-    // cancelled one those that finished and at most the one call running when it was
-    // cancelled (its route allows one a minute; its result was discarded).
-    let finished = batch["request_counts"]["completed"].as_u64().unwrap();
+    // Only jobs that were started reached the provider (a running call of a cancelled
+    // batch too, its result discarded): no refused request, no cancelled job that had not
+    // started.
+    let (_, jobs) = app.get(ACME, "/v1/jobs?limit=100").await;
+    let started = jobs["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| !j["started_at"].is_null())
+        .count() as u64;
     let stats = app.mock.stats();
-    assert!(
-        (2 + finished..=3 + finished).contains(&stats.requests),
-        "{finished} finished: {stats:?}"
-    );
+    assert_eq!(stats.requests, started, "{stats:?}");
+    assert!(started >= 2, "the first batch's two good requests ran: {stats:?}");
     app.shutdown().await;
 }
 
