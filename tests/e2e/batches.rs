@@ -298,17 +298,9 @@ async fn batch_runs_to_completed_with_output_and_error_files() {
     assert_eq!(files["data"].as_array().unwrap().len(), 1);
     let (_, files) = app.get(ACME, "/v1/files?limit=1").await;
     assert_eq!(files["has_more"], true);
-    let r = http
-        .delete(app.url(&format!("/v1/files/{file_id}")))
-        .bearer_auth(ACME)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
-    assert_eq!(
-        r.json::<Value>().await.unwrap(),
-        json!({"id": file_id, "object": "file", "deleted": true})
-    );
+    let (status, deleted) = app.delete(ACME, &format!("/v1/files/{file_id}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(deleted, json!({"id": file_id, "object": "file", "deleted": true}));
     assert_eq!(app.get(ACME, &format!("/v1/files/{file_id}")).await.0, 404);
     // A finished batch cannot be cancelled.
     let (status, err) = app

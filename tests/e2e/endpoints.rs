@@ -65,17 +65,6 @@ async fn assert_batch_completed(app: &TestApp, id: &Value, endpoint: &str) {
     );
 }
 
-async fn delete(app: &TestApp, key: &str, path: &str) -> (u16, Value) {
-    let r = app
-        .http
-        .delete(app.url(path))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap();
-    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-}
-
 async fn post_raw(app: &TestApp, key: &str, path: &str, body: &Value) -> reqwest::Response {
     app.http
         .post(app.url(path))
@@ -553,7 +542,7 @@ limits = { rpm = 1 }
     let id = running["id"].as_str().unwrap().to_owned();
     for (status, error) in [
         app.get(ACME, &format!("/v1/messages/batches/{id}/results")).await,
-        delete(&app, ACME, &format!("/v1/messages/batches/{id}")).await,
+        app.delete(ACME, &format!("/v1/messages/batches/{id}")).await,
     ] {
         assert_eq!(
             (status, error["error"]["code"].as_str()),

@@ -433,6 +433,18 @@ impl TestApp {
         (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
     }
 
+    /// DELETE with the tenant key; returns status and body.
+    pub async fn delete(&self, key: &str, path: &str) -> (u16, Value) {
+        let r = self
+            .http
+            .delete(self.url(path))
+            .bearer_auth(key)
+            .send()
+            .await
+            .expect("DELETE");
+        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+
     pub async fn post(&self, key: &str, path: &str, body: &Value) -> (u16, Value) {
         let r = self
             .http

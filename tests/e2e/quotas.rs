@@ -206,14 +206,8 @@ async fn uploads_past_a_tenant_s_file_quotas_are_refused_and_leave_nothing() {
         .as_str()
         .unwrap()
         .to_owned();
-    let r = app
-        .http
-        .delete(app.url(&format!("/v1/files/{kept}")))
-        .bearer_auth(ACME)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
+    let (status, _) = app.delete(ACME, &format!("/v1/files/{kept}")).await;
+    assert_eq!(status, 200);
     let (status, body) = upload(&app.http, &app.api, ACME, &small).await;
     assert_eq!(status, 200, "{body}");
 
