@@ -320,8 +320,12 @@ pub(crate) async fn delete(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let batch = message_batch(&state, &tenant.name, &id).await?;
-    if !batch.status().is_terminal() || !store::delete_finished_batch(&state.pool, &tenant.name, &id).await? {
+    if !batch.status().is_terminal() {
         return Err(not_finished("deleted"));
+    }
+    if !store::delete_finished_batch(&state.pool, &tenant.name, &id).await? {
+        // Deleted by another request meanwhile.
+        return Err(ApiError::not_found("message batch"));
     }
     Ok(Json(json!({"id": id, "type": "message_batch_deleted"})))
 }

@@ -92,8 +92,8 @@ pub(crate) fn check(
     if let Some(chat) = &as_chat {
         // A chat target counts the translation by its own tokenizer: the larger count is
         // reserved.
-        let as_chat = estimate::endpoint_input_tokens(Endpoint::ChatCompletions, chat, models);
-        estimated_input_tokens = estimated_input_tokens.max(as_chat);
+        let chat_estimate = estimate::endpoint_input_tokens(Endpoint::ChatCompletions, chat, models);
+        estimated_input_tokens = estimated_input_tokens.max(chat_estimate);
     }
     Ok(Checked {
         estimated_input_tokens,
