@@ -1,7 +1,8 @@
 //! Provider batch APIs as a scheduling choice. A `batch`-class job whose route's first
-//! target has `batch_api.enabled`, and whose deadline is at least the provider's
-//! completion window away, goes through the provider's own batch API (OpenAI Batch,
-//! Anthropic Message Batches) at the batch price instead of one online call.
+//! target has `batch_api.enabled` and a batch API that takes the job's endpoint
+//! ([`BatchApiConfig::carries`]), and whose deadline is at least the provider's completion
+//! window away, goes through the provider's own batch API (OpenAI Batch, Anthropic
+//! Message Batches) at the batch price instead of one online call.
 //!
 //! Flow: the gate ([`decide_candidates`]) records the decision on each undecided queued
 //! `batch`-class job it reads (`dispatch_via`, `dispatch_reason`); the gate admits a
@@ -52,15 +53,15 @@ pub fn decide(
         via: Lane::Online,
         reason,
     };
-    if endpoint != Endpoint::ChatCompletions {
-        return online(LaneReason::EndpointNotBatched);
-    }
     let first = routing::resolve(config, model, endpoint)
         .ok()
         .and_then(|t| t.into_iter().next());
     let Some(provider) = first.as_ref().and_then(|t| batch_api(config, t)) else {
         return online(LaneReason::RouteHasNoBatchApi);
     };
+    if !BatchApiConfig::carries(provider.kind, endpoint) {
+        return online(LaneReason::EndpointNotBatched);
+    }
     let window = chrono::Duration::seconds(provider.batch_api.min_deadline_secs as i64);
     if deadline - now < window {
         return online(LaneReason::DeadlineTooCloseForBatchApi);
@@ -115,4 +116,65 @@ pub fn path(config: &Config, tenant: &str, requested: &str, target: &Target) -> 
         ));
     }
     keys
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_api_carries_the_endpoints_its_provider_takes() {
+        let example = include_str!("../tollgate.example.toml");
+        let config = Config::parse(
+            &example.replacen(
+                "# [providers.batch_api]\n# enabled = true\n",
+                "[providers.batch_api]\nenabled = true\nmin_deadline_secs = 3600\n",
+                1,
+            ),
+            "t.toml",
+        )
+        .unwrap();
+        let now = Utc::now();
+        let lane = |endpoint, model, hours| {
+            let d = decide(
+                &config,
+                endpoint,
+                model,
+                now + chrono::Duration::hours(hours),
+                now,
+            );
+            (d.via, d.reason)
+        };
+        let batched = (Lane::ProviderBatch, LaneReason::DeadlineAllowsBatchApi);
+        for endpoint in [
+            Endpoint::ChatCompletions,
+            Endpoint::Embeddings,
+            Endpoint::Responses,
+            Endpoint::Completions,
+            Endpoint::Moderations,
+        ] {
+            assert_eq!(lane(endpoint, "oai/gpt-4o-mini", 2), batched, "{endpoint}");
+        }
+        assert_eq!(
+            lane(Endpoint::Messages, "oai/gpt-4o-mini", 2),
+            (Lane::Online, LaneReason::EndpointNotBatched),
+            "a Messages request to OpenAI is translated per call"
+        );
+        assert_eq!(
+            lane(Endpoint::Embeddings, "oai/gpt-4o-mini", 0),
+            (Lane::Online, LaneReason::DeadlineTooCloseForBatchApi)
+        );
+        assert_eq!(
+            lane(Endpoint::Messages, "ant/claude-3-5-haiku-latest", 2),
+            (Lane::Online, LaneReason::RouteHasNoBatchApi)
+        );
+        assert!(BatchApiConfig::carries(
+            crate::config::ProviderKind::Anthropic,
+            Endpoint::Messages
+        ));
+        assert!(!BatchApiConfig::carries(
+            crate::config::ProviderKind::Anthropic,
+            Endpoint::Embeddings
+        ));
+    }
 }

@@ -363,7 +363,7 @@ pub enum LaneReason {
     DeadlineTooCloseForBatchApi,
     /// Its route's first target has no batch API enabled.
     RouteHasNoBatchApi,
-    /// Its endpoint is one tollgate sends online only (provider batches carry chat).
+    /// Its route's first target's batch API does not take its endpoint.
     EndpointNotBatched,
     /// A line the provider failed or expired, sent back online.
     ProviderBatchFailedRetryOnline,

@@ -172,6 +172,8 @@ pub(super) async fn results(
             Fate::Succeeded(message) => json!({"type": "succeeded", "message": message}),
             Fate::Errored => json!({"type": "errored", "error": {"type": "error",
                 "error": {"type": "api_error", "message": "Internal server error"}}}),
+            Fate::Invalid(message) => json!({"type": "errored", "error": {"type": "error",
+                "error": {"type": "invalid_request_error", "message": message}}}),
             Fate::Expired => json!({"type": "expired"}),
             Fate::Canceled => json!({"type": "canceled"}),
         };

@@ -1,7 +1,8 @@
 //! What both batch APIs share: the files and batches held in memory, and how a batch's
 //! lines are processed — `lines_per_sec` from its creation, every `fail_every_nth` line
 //! failing and every `expire_every_nth` line expiring — with the online endpoints' reply
-//! bodies (and usage) for the lines that succeed.
+//! bodies (and usage) for the lines that succeed, and their 400s for the lines the
+//! endpoint refuses.
 
 use std::collections::HashMap;
 
@@ -12,6 +13,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
 use super::config::ProviderKind;
+use super::openai::{Embeddings, Moderation};
+use super::openai_completions::Completion;
+use super::openai_responses::Responses;
 use super::request::{ChatRequest, MessagesRequest, input_tokens};
 use super::{Inner, MockProvider, uuid_v7};
 
@@ -76,6 +80,8 @@ pub(super) struct Line {
 pub(super) enum Fate {
     Succeeded(Value),
     Errored,
+    /// Refused as the online endpoint refuses it: the message of its 400.
+    Invalid(String),
     Expired,
     Canceled,
 }
@@ -136,7 +142,7 @@ impl MockBatch {
         for f in &e.fates {
             match f {
                 Fate::Succeeded(_) => c.0 += 1,
-                Fate::Errored => c.1 += 1,
+                Fate::Errored | Fate::Invalid(_) => c.1 += 1,
                 Fate::Expired => c.2 += 1,
                 Fate::Canceled => c.3 += 1,
             }
@@ -193,7 +199,10 @@ impl BatchState {
                 } else if nth(cfg.expire_every_nth, i) {
                     Fate::Expired
                 } else {
-                    Fate::Succeeded(reply(inner, b.kind, &line.body))
+                    match reply(inner, b.kind, &b.endpoint, &line.body) {
+                        Ok(answer) => Fate::Succeeded(answer),
+                        Err(message) => Fate::Invalid(message),
+                    }
                 }
             })
             .collect();
@@ -228,26 +237,45 @@ impl BatchState {
     }
 }
 
-/// The online endpoint's reply to a line's body: a chat completion or a message, with usage.
-fn reply(inner: &Inner, kind: ProviderKind, body: &Value) -> Value {
-    let model = body.get("model").and_then(Value::as_str).unwrap_or_default();
+/// The online endpoint's reply to a line's body, with usage: a message (Anthropic), or
+/// the answer of the batch's `endpoint` (OpenAI); the message of its 400 when the
+/// endpoint refuses the body.
+fn reply(inner: &Inner, kind: ProviderKind, endpoint: &str, body: &Value) -> Result<Value, String> {
     if kind == ProviderKind::Anthropic {
-        let req: Option<MessagesRequest> = serde_json::from_value(body.clone()).ok();
-        let input = req
-            .as_ref()
-            .and_then(|r| Some(input_tokens(r.messages.as_ref()?, r.system.as_ref())))
-            .unwrap_or(0);
-        let max = req.as_ref().and_then(|r| r.max_tokens);
-        let output = inner.completion_tokens(max);
-        let stop = if output < inner.output_tokens {
-            "max_tokens"
-        } else {
-            "end_turn"
-        };
-        let id = format!("msg_01{}", uuid_v7(inner).simple());
-        let m = super::anthropic::message(inner, id, model, input, output, stop);
-        return serde_json::to_value(m).unwrap_or(Value::Null);
+        return Ok(message_reply(inner, body));
     }
+    match endpoint {
+        "/v1/embeddings" => Ok(Embeddings::check(body)?.answer()),
+        "/v1/moderations" => Ok(Moderation::check(body)?.answer()),
+        "/v1/completions" => Ok(Completion::check(body)?.whole(inner)),
+        "/v1/responses" => Ok(Responses::check(body)?.whole(inner)),
+        _ => Ok(chat_reply(inner, body)),
+    }
+}
+
+/// A message answering a Messages request.
+fn message_reply(inner: &Inner, body: &Value) -> Value {
+    let model = body.get("model").and_then(Value::as_str).unwrap_or_default();
+    let req: Option<MessagesRequest> = serde_json::from_value(body.clone()).ok();
+    let input = req
+        .as_ref()
+        .and_then(|r| Some(input_tokens(r.messages.as_ref()?, r.system.as_ref())))
+        .unwrap_or(0);
+    let max = req.as_ref().and_then(|r| r.max_tokens);
+    let output = inner.completion_tokens(max);
+    let stop = if output < inner.output_tokens {
+        "max_tokens"
+    } else {
+        "end_turn"
+    };
+    let id = format!("msg_01{}", uuid_v7(inner).simple());
+    let m = super::anthropic::message(inner, id, model, input, output, stop);
+    serde_json::to_value(m).unwrap_or(Value::Null)
+}
+
+/// A chat completion answering a chat request.
+fn chat_reply(inner: &Inner, body: &Value) -> Value {
+    let model = body.get("model").and_then(Value::as_str).unwrap_or_default();
     let req: Option<ChatRequest> = serde_json::from_value(body.clone()).ok();
     let input = req
         .as_ref()
@@ -282,6 +310,13 @@ fn openai_files(inner: &Inner, lines: &[Line], fates: &[Fate]) -> (Vec<u8>, Vec<
                     "response": {"status_code": 500, "request_id": request_id, "body": {"error": {
                         "message": "The server had an error while processing your request. Sorry about that!",
                         "type": "server_error", "param": null, "code": null}}},
+                    "error": null}),
+                &mut err,
+            ),
+            Fate::Invalid(message) => (
+                serde_json::json!({"id": id, "custom_id": line.custom_id,
+                    "response": {"status_code": 400, "request_id": request_id, "body": {"error": {
+                        "message": message, "type": "invalid_request_error", "param": null, "code": null}}},
                     "error": null}),
                 &mut err,
             ),

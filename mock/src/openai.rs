@@ -255,42 +255,16 @@ pub(super) async fn embeddings(State(p): State<MockProvider>, req: Request) -> R
         Ok(opened) => opened,
         Err(refused) => return *refused,
     };
-    let Some(model) = body
-        .get("model")
-        .and_then(|m| m.as_str())
-        .filter(|m| !m.is_empty())
-    else {
-        return reply.bad_request("you must provide a model parameter");
+    let embeddings = match Embeddings::check(&body) {
+        Ok(e) => e,
+        Err(message) => return reply.bad_request(&message),
     };
-    let Some(input) = body.get("input") else {
-        return reply.bad_request("'input' is a required property");
-    };
-    let Some(inputs) = embedding_inputs(input) else {
-        return reply.bad_request(
-            "'$.input' is invalid. Please check the API reference: https://platform.openai.com/docs/api-reference.",
-        );
-    };
-    let base64 = match body.get("encoding_format").and_then(|f| f.as_str()) {
-        None | Some("float") => false,
-        Some("base64") => true,
-        Some(other) => {
-            return reply.bad_request(&format!(
-                "Invalid value for 'encoding_format': '{other}'. Supported values are: 'float' and 'base64'."
-            ));
-        }
-    };
-    let dimensions = match body.get("dimensions") {
-        None => DEFAULT_DIMENSIONS,
-        Some(d) => match d.as_u64().filter(|d| (1..=4096).contains(d)) {
-            Some(d) => d,
-            None => return reply.bad_request("Invalid value for 'dimensions': must be a positive integer."),
-        },
-    };
+    let model = embeddings.model;
     let fault = match reply.before_admission(project, model).await {
         Ok(fault) => fault,
         Err(answer) => return *answer,
     };
-    let tokens: u64 = inputs.iter().sum();
+    let tokens = embeddings.tokens();
     let charge = Charge {
         tokens,
         input: tokens,
@@ -301,27 +275,7 @@ pub(super) async fn embeddings(State(p): State<MockProvider>, req: Request) -> R
         Admission::Denied(denial, view) => return reply.rate_limited(model, &denial, &view),
     };
     drop(inner.generate(project, &view, 0, 0).await);
-    let data: Vec<serde_json::Value> = (0..inputs.len())
-        .map(|index| {
-            let vector: Vec<f32> = (0..dimensions)
-                .map(|d| ((index as u64 + 1) * (d + 1) % 97) as f32 / 97.0)
-                .collect();
-            let embedding = if base64 {
-                use base64::Engine;
-                let bytes: Vec<u8> = vector.iter().flat_map(|v| v.to_le_bytes()).collect();
-                serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
-            } else {
-                serde_json::json!(vector)
-            };
-            serde_json::json!({"object": "embedding", "index": index, "embedding": embedding})
-        })
-        .collect();
-    let answer = serde_json::json!({
-        "object": "list",
-        "data": data,
-        "model": model,
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-    });
+    let answer = embeddings.answer();
     super::stats::bump(&inner.totals.succeeded);
     let resp = reply.json(StatusCode::OK, &answer, Some(&view));
     super::faults::after(fault, resp).await
@@ -354,16 +308,11 @@ pub(super) async fn moderations(State(p): State<MockProvider>, req: Request) -> 
         Ok(opened) => opened,
         Err(refused) => return *refused,
     };
-    let model = body
-        .get("model")
-        .and_then(|m| m.as_str())
-        .unwrap_or("omni-moderation-latest");
-    let results = match body.get("input") {
-        Some(serde_json::Value::String(s)) if !s.is_empty() => 1,
-        Some(serde_json::Value::Array(items)) if items.iter().all(|i| i.is_string()) && !items.is_empty() => items.len(),
-        Some(serde_json::Value::Array(items)) if !items.is_empty() => 1,
-        _ => return reply.bad_request("'$.input' is invalid. Please check the API reference: https://platform.openai.com/docs/api-reference."),
+    let moderation = match Moderation::check(&body) {
+        Ok(m) => m,
+        Err(message) => return reply.bad_request(&message),
     };
+    let model = moderation.model;
     let fault = match reply.before_admission(project, model).await {
         Ok(fault) => fault,
         Err(answer) => return *answer,
@@ -378,20 +327,138 @@ pub(super) async fn moderations(State(p): State<MockProvider>, req: Request) -> 
         Admission::Denied(denial, view) => return reply.rate_limited(model, &denial, &view),
     };
     drop(inner.generate(project, &view, 0, 0).await);
-    let result = serde_json::json!({
-        "flagged": false,
-        "categories": MODERATION_CATEGORIES.iter().map(|c| (c.to_string(), serde_json::json!(false))).collect::<serde_json::Map<_, _>>(),
-        "category_scores": MODERATION_CATEGORIES.iter().map(|c| (c.to_string(), serde_json::json!(0.0001))).collect::<serde_json::Map<_, _>>(),
-        "category_applied_input_types": MODERATION_CATEGORIES.iter().map(|c| (c.to_string(), serde_json::json!(["text"]))).collect::<serde_json::Map<_, _>>(),
-    });
-    let answer = serde_json::json!({
-        "id": format!("modr-{}", hex_id(32)),
-        "model": model,
-        "results": vec![result; results],
-    });
+    let answer = moderation.answer();
     super::stats::bump(&inner.totals.succeeded);
     let resp = reply.json(StatusCode::OK, &answer, Some(&view));
     super::faults::after(fault, resp).await
+}
+
+/// A moderations request as OpenAI reads it.
+pub(super) struct Moderation<'a> {
+    pub model: &'a str,
+    /// Results answered: one per string of a list, one for a string or a list of parts.
+    results: usize,
+}
+
+impl<'a> Moderation<'a> {
+    /// The request checked; the message of OpenAI's 400 when its `input` is malformed.
+    pub(super) fn check(body: &'a serde_json::Value) -> Result<Self, String> {
+        let model = body
+            .get("model")
+            .and_then(|m| m.as_str())
+            .unwrap_or("omni-moderation-latest");
+        let results = match body.get("input") {
+            Some(serde_json::Value::String(s)) if !s.is_empty() => 1,
+            Some(serde_json::Value::Array(items))
+                if items.iter().all(|i| i.is_string()) && !items.is_empty() =>
+            {
+                items.len()
+            }
+            Some(serde_json::Value::Array(items)) if !items.is_empty() => 1,
+            _ => {
+                return Err("'$.input' is invalid. Please check the API reference: https://platform.openai.com/docs/api-reference.".to_owned());
+            }
+        };
+        Ok(Self { model, results })
+    }
+
+    /// The answer: nothing flagged.
+    pub(super) fn answer(&self) -> serde_json::Value {
+        let each = |v: serde_json::Value| {
+            MODERATION_CATEGORIES
+                .iter()
+                .map(|c| (c.to_string(), v.clone()))
+                .collect::<serde_json::Map<_, _>>()
+        };
+        let result = serde_json::json!({
+            "flagged": false,
+            "categories": each(serde_json::json!(false)),
+            "category_scores": each(serde_json::json!(0.0001)),
+            "category_applied_input_types": each(serde_json::json!(["text"])),
+        });
+        serde_json::json!({
+            "id": format!("modr-{}", hex_id(32)),
+            "model": self.model,
+            "results": vec![result; self.results],
+        })
+    }
+}
+
+/// An embeddings request as OpenAI reads it.
+pub(super) struct Embeddings<'a> {
+    pub model: &'a str,
+    /// The tokens of each input.
+    inputs: Vec<u64>,
+    base64: bool,
+    dimensions: u64,
+}
+
+impl<'a> Embeddings<'a> {
+    /// The request checked; the message of OpenAI's 400 when it is malformed.
+    pub(super) fn check(body: &'a serde_json::Value) -> Result<Self, String> {
+        let model = body
+            .get("model")
+            .and_then(|m| m.as_str())
+            .filter(|m| !m.is_empty())
+            .ok_or("you must provide a model parameter")?;
+        let input = body.get("input").ok_or("'input' is a required property")?;
+        let inputs = embedding_inputs(input).ok_or(
+            "'$.input' is invalid. Please check the API reference: https://platform.openai.com/docs/api-reference.",
+        )?;
+        let base64 = match body.get("encoding_format").and_then(|f| f.as_str()) {
+            None | Some("float") => false,
+            Some("base64") => true,
+            Some(other) => {
+                return Err(format!(
+                    "Invalid value for 'encoding_format': '{other}'. Supported values are: 'float' and 'base64'."
+                ));
+            }
+        };
+        let dimensions = match body.get("dimensions") {
+            None => DEFAULT_DIMENSIONS,
+            Some(d) => d
+                .as_u64()
+                .filter(|d| (1..=4096).contains(d))
+                .ok_or("Invalid value for 'dimensions': must be a positive integer.")?,
+        };
+        Ok(Self {
+            model,
+            inputs,
+            base64,
+            dimensions,
+        })
+    }
+
+    /// The tokens of every input, all charged as input.
+    pub(super) fn tokens(&self) -> u64 {
+        self.inputs.iter().sum()
+    }
+
+    /// The answer: a vector per input, with the usage.
+    pub(super) fn answer(&self) -> serde_json::Value {
+        let data: Vec<serde_json::Value> = (0..self.inputs.len())
+            .map(|index| {
+                let vector: Vec<f32> = (0..self.dimensions)
+                    .map(|d| ((index as u64 + 1) * (d + 1) % 97) as f32 / 97.0)
+                    .collect();
+                let embedding = if self.base64 {
+                    use base64::Engine;
+                    let bytes: Vec<u8> = vector.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
+                } else {
+                    serde_json::json!(vector)
+                };
+                serde_json::json!({"object": "embedding", "index": index, "embedding": embedding})
+            })
+            .collect();
+        let tokens = self.tokens();
+        serde_json::json!({
+            "object": "list",
+            "data": data,
+            "model": self.model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        })
+    }
 }
 
 /// The tokens of each input of an embeddings `input`, or `None` when it is not one of the

@@ -15,6 +15,15 @@ use super::batch_state::{BatchApi, Line, MockBatch, StoredFile};
 use super::config::ProviderKind;
 use super::{Inner, KeyLookup, MockProvider, uuid_v7};
 
+/// The endpoints a batch may carry, one per batch.
+const BATCH_ENDPOINTS: [&str; 5] = [
+    "/v1/responses",
+    "/v1/chat/completions",
+    "/v1/embeddings",
+    "/v1/completions",
+    "/v1/moderations",
+];
+
 fn error(status: StatusCode, message: &str, code: Option<&str>) -> Response {
     let kind = if status == StatusCode::UNAUTHORIZED || status.is_client_error() {
         "invalid_request_error"
@@ -143,6 +152,13 @@ pub(super) async fn create_batch(
             None,
         );
     };
+    if !BATCH_ENDPOINTS.contains(&endpoint) {
+        let message = format!(
+            "Invalid value for 'endpoint': '{endpoint}'. Supported values are: {}.",
+            BATCH_ENDPOINTS.map(|e| format!("'{e}'")).join(", ")
+        );
+        return error(StatusCode::BAD_REQUEST, &message, Some("invalid_value"));
+    }
     if body.get("completion_window").and_then(Value::as_str) != Some("24h") {
         return error(StatusCode::BAD_REQUEST, "completion_window must be '24h'.", None);
     }

@@ -44,6 +44,122 @@ fn prompts(prompt: &Value) -> Option<Vec<u64>> {
     }
 }
 
+/// A Completions request as OpenAI reads it.
+pub(super) struct Completion<'a> {
+    pub model: &'a str,
+    /// The input tokens of each prompt.
+    prompts: Vec<u64>,
+    max_tokens: u64,
+    n: u64,
+    best_of: u64,
+    stream: bool,
+}
+
+impl<'a> Completion<'a> {
+    /// The request checked; the message of OpenAI's 400 when it is malformed.
+    pub(super) fn check(body: &'a Value) -> Result<Self, String> {
+        let model = body
+            .get("model")
+            .and_then(Value::as_str)
+            .filter(|m| !m.is_empty())
+            .ok_or("you must provide a model parameter")?;
+        let prompt = body
+            .get("prompt")
+            .ok_or("Missing required parameter: 'prompt'.")?;
+        let prompts = prompts(prompt).ok_or(
+            "Invalid value for 'prompt': expected a string, an array of strings, an array of tokens, or an array of token arrays.",
+        )?;
+        let count = |k: &str| body.get(k).and_then(Value::as_u64);
+        let n = count("n").unwrap_or(1).max(1);
+        let stream = body.get("stream") == Some(&Value::Bool(true));
+        if stream && body.get("best_of").is_some_and(|b| !b.is_null()) {
+            return Err("best_of cannot be used with stream.".to_owned());
+        }
+        Ok(Self {
+            model,
+            prompts,
+            max_tokens: count("max_tokens").unwrap_or(DEFAULT_MAX_TOKENS),
+            n,
+            best_of: count("best_of").unwrap_or(n).max(n),
+            stream,
+        })
+    }
+
+    pub(super) fn input(&self) -> u64 {
+        self.prompts.iter().sum()
+    }
+
+    /// Candidates generated: `best_of` per prompt.
+    fn candidates(&self) -> u64 {
+        self.best_of.saturating_mul(self.prompts.len() as u64)
+    }
+
+    /// The output tokens charged at the start: `max_tokens` per candidate.
+    pub(super) fn reserved(&self) -> u64 {
+        self.max_tokens.saturating_mul(self.candidates())
+    }
+
+    /// Choices answered: `n` per prompt.
+    fn choices(&self) -> u64 {
+        (self.prompts.len() as u64).saturating_mul(self.n)
+    }
+
+    /// Tokens generated per candidate, and what all candidates generated.
+    pub(super) fn output(&self, inner: &super::Inner) -> (u64, u64) {
+        let per_choice = inner.completion_tokens(Some(self.max_tokens));
+        (per_choice, per_choice.saturating_mul(self.candidates()))
+    }
+
+    /// The whole answer, with the usage.
+    pub(super) fn whole(&self, inner: &super::Inner) -> Value {
+        let (per_choice, output) = self.output(inner);
+        let finish = if per_choice < inner.output_tokens {
+            "length"
+        } else {
+            "stop"
+        };
+        let text = inner.text.words(per_choice);
+        let input = self.input();
+        let choices: Vec<Value> = (0..self.choices())
+            .map(|index| json!({"text": text, "index": index, "logprobs": null, "finish_reason": finish}))
+            .collect();
+        json!({"id": format!("cmpl-{}", super::hex_id(29)), "object": "text_completion",
+               "created": inner.unix_secs(), "model": self.model, "choices": choices,
+               "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output}})
+    }
+}
+
+/// The chunks of a `whole` answer: each choice's text, then each choice's finish, then
+/// the usage when `include_usage`.
+fn chunks(whole: &Value, include_usage: bool) -> Vec<Value> {
+    let chunk = |choice: Value| {
+        let mut c = whole.clone();
+        c["choices"] = json!([choice]);
+        c.as_object_mut().map(|o| o.remove("usage"));
+        c
+    };
+    let choices = whole["choices"].as_array().cloned().unwrap_or_default();
+    let mut events: Vec<Value> = choices
+        .iter()
+        .map(|c| {
+            let mut text = c.clone();
+            text["finish_reason"] = Value::Null;
+            chunk(text)
+        })
+        .collect();
+    events.extend(choices.iter().map(|c| {
+        let mut end = c.clone();
+        end["text"] = json!("");
+        chunk(end)
+    }));
+    if include_usage {
+        let mut last = whole.clone();
+        last["choices"] = json!([]);
+        events.push(last);
+    }
+    events
+}
+
 pub(super) async fn completions(State(p): State<MockProvider>, req: Request) -> Response {
     let inner = &*p.inner;
     let _in_flight = inner.totals.begin();
@@ -52,38 +168,18 @@ pub(super) async fn completions(State(p): State<MockProvider>, req: Request) -> 
         Ok(opened) => opened,
         Err(refused) => return *refused,
     };
-    let Some(model) = body
-        .get("model")
-        .and_then(Value::as_str)
-        .filter(|m| !m.is_empty())
-    else {
-        return reply.bad_request("you must provide a model parameter");
+    let completion = match Completion::check(&body) {
+        Ok(c) => c,
+        Err(message) => return reply.bad_request(&message),
     };
-    let Some(prompt) = body.get("prompt") else {
-        return reply.bad_request("Missing required parameter: 'prompt'.");
-    };
-    let Some(prompts) = prompts(prompt) else {
-        return reply.bad_request(
-            "Invalid value for 'prompt': expected a string, an array of strings, an array of tokens, or an array of token arrays.",
-        );
-    };
-    let count = |k: &str| body.get(k).and_then(Value::as_u64);
-    let max_tokens = count("max_tokens").unwrap_or(DEFAULT_MAX_TOKENS);
-    let n = count("n").unwrap_or(1).max(1);
-    let best_of = count("best_of").unwrap_or(n).max(n);
-    let stream = body.get("stream") == Some(&Value::Bool(true));
-    if stream && body.get("best_of").is_some_and(|b| !b.is_null()) {
-        return reply.bad_request("best_of cannot be used with stream.");
-    }
+    let model = completion.model;
     let fault = match reply.before_admission(project, model).await {
         Ok(fault) => fault,
         Err(answer) => return *answer,
     };
-    let input: u64 = prompts.iter().sum();
-    let candidates = best_of.saturating_mul(prompts.len() as u64);
-    let reserved = max_tokens.saturating_mul(candidates);
-    let per_choice = inner.completion_tokens(Some(max_tokens));
-    let output = per_choice.saturating_mul(candidates);
+    let input = completion.input();
+    let reserved = completion.reserved();
+    let (_, output) = completion.output(inner);
     let charge = Charge {
         tokens: input.saturating_add(reserved),
         input,
@@ -94,35 +190,17 @@ pub(super) async fn completions(State(p): State<MockProvider>, req: Request) -> 
         Admission::Denied(denial, view) => return reply.rate_limited(model, &denial, &view),
     };
     let refund = inner.generate(project, &view, reserved, output).await;
-    let finish = if per_choice < inner.output_tokens {
-        "length"
-    } else {
-        "stop"
-    };
-    let text = inner.text.words(per_choice);
-    let id = format!("cmpl-{}", super::hex_id(29));
-    let created = inner.unix_secs();
-    let usage = json!({"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output});
-    let choices = (prompts.len() as u64).saturating_mul(n);
-    let object = |choices: Vec<Value>| json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": choices});
-    let choice = |index: u64, text: &str, finish: Option<&str>| json!({"text": text, "index": index, "logprobs": null, "finish_reason": finish});
+    let include_usage = body.pointer("/stream_options/include_usage") == Some(&Value::Bool(true));
     super::stats::bump(&inner.totals.succeeded);
-    let resp = if stream {
-        let mut events: Vec<Value> = (0..choices)
-            .map(|i| object(vec![choice(i, text, None)]))
+    let whole = completion.whole(inner);
+    let resp = if completion.stream {
+        let mut sse: String = chunks(&whole, include_usage)
+            .iter()
+            .map(|e| format!("data: {e}\n\n"))
             .collect();
-        events.extend((0..choices).map(|i| object(vec![choice(i, "", Some(finish))])));
-        if body.pointer("/stream_options/include_usage") == Some(&Value::Bool(true)) {
-            let mut last = object(Vec::new());
-            last["usage"] = usage;
-            events.push(last);
-        }
-        let mut sse: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
         sse.push_str("data: [DONE]\n\n");
         reply.stream(Body::from(sse), &view)
     } else {
-        let mut whole = object((0..choices).map(|i| choice(i, text, Some(finish))).collect());
-        whole["usage"] = usage;
         reply.json(StatusCode::OK, &whole, Some(&view))
     };
     drop(refund);

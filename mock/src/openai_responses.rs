@@ -31,6 +31,122 @@ enum Output {
     Call { name: String, arguments: String },
 }
 
+/// A Responses request as OpenAI reads it.
+pub(super) struct Responses<'a> {
+    pub model: &'a str,
+    pub input_tokens: u64,
+    pub max_out: Option<u64>,
+    /// The function tool called instead of answering in text: `(name, arguments)`.
+    call: Option<(String, String)>,
+    pub stream: bool,
+}
+
+impl<'a> Responses<'a> {
+    /// The request checked; the message of OpenAI's 400 when it is malformed.
+    pub(super) fn check(body: &'a Value) -> Result<Self, String> {
+        let model = body
+            .get("model")
+            .and_then(Value::as_str)
+            .filter(|m| !m.is_empty())
+            .ok_or("Missing required parameter: 'model'.")?;
+        let input = match body.get("input") {
+            Some(Value::String(s)) if !s.is_empty() => vec![Value::String(s.clone())],
+            Some(Value::Array(items)) if !items.is_empty() => items.clone(),
+            Some(_) => {
+                return Err("Invalid value for 'input': expected a string or an array of items.".to_owned());
+            }
+            None => return Err("Missing required parameter: 'input'.".to_owned()),
+        };
+        let max_out = body.get("max_output_tokens").and_then(Value::as_u64);
+        if let Some(m) = max_out.filter(|m| *m < MIN_OUTPUT_TOKENS) {
+            return Err(format!(
+                "Invalid 'max_output_tokens': integer below minimum value. Expected a value >= {MIN_OUTPUT_TOKENS}, but got {m} instead."
+            ));
+        }
+        let text_of = |v: &Value| match v {
+            Value::String(s) => s.chars().count() as u64,
+            Value::Array(parts) => parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .map(|t| t.chars().count() as u64)
+                .sum(),
+            _ => 0,
+        };
+        let item_chars = |item: &Value| match item {
+            Value::String(s) => s.chars().count() as u64,
+            _ => ["content", "output", "arguments"]
+                .iter()
+                .filter_map(|k| item.get(*k))
+                .map(text_of)
+                .sum(),
+        };
+        let instructions = body.get("instructions").map(text_of);
+        let input_tokens = 3
+            + input.iter().map(|i| message_tokens(item_chars(i))).sum::<u64>()
+            + instructions.map_or(0, message_tokens);
+        let answered = input
+            .iter()
+            .any(|i| i.get("type").and_then(Value::as_str) == Some("function_call_output"));
+        let call = body
+            .get("tools")
+            .and_then(Value::as_array)
+            .and_then(|t| {
+                t.iter()
+                    .find(|t| t.get("type").and_then(Value::as_str) == Some("function"))
+            })
+            .filter(|_| !answered)
+            .map(|tool| {
+                let arguments: serde_json::Map<String, Value> = tool
+                    .pointer("/parameters/properties")
+                    .and_then(Value::as_object)
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, _)| (k.clone(), Value::from("mock")))
+                    .collect();
+                let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
+                (name.to_owned(), Value::Object(arguments).to_string())
+            });
+        Ok(Self {
+            model,
+            input_tokens,
+            max_out,
+            call,
+            stream: body.get("stream") == Some(&Value::Bool(true)),
+        })
+    }
+
+    /// What the response holds, `output` tokens of text or the call.
+    fn content(&self, inner: &super::Inner, output: u64) -> Output {
+        match &self.call {
+            Some((name, arguments)) => Output::Call {
+                name: name.clone(),
+                arguments: arguments.clone(),
+            },
+            None => Output::Text(inner.text.words(output).to_owned()),
+        }
+    }
+
+    /// The completed response of `output` tokens, and what it holds.
+    fn answer(&self, inner: &super::Inner, output: u64) -> (Value, Output) {
+        let content = self.content(inner, output);
+        let id = format!("resp_{}", hex_id(32));
+        let response = response_object(
+            &id,
+            self.model,
+            inner.unix_secs(),
+            &content,
+            self.input_tokens,
+            output,
+        );
+        (response, content)
+    }
+
+    /// The completed response (a batch line's).
+    pub(super) fn whole(&self, inner: &super::Inner) -> Value {
+        self.answer(inner, inner.completion_tokens(self.max_out)).0
+    }
+}
+
 pub(super) async fn responses(State(p): State<MockProvider>, req: Request) -> Response {
     let inner = &*p.inner;
     let _in_flight = inner.totals.begin();
@@ -39,54 +155,18 @@ pub(super) async fn responses(State(p): State<MockProvider>, req: Request) -> Re
         Ok(opened) => opened,
         Err(refused) => return *refused,
     };
-    let Some(model) = body
-        .get("model")
-        .and_then(Value::as_str)
-        .filter(|m| !m.is_empty())
-    else {
-        return reply.bad_request("Missing required parameter: 'model'.");
+    let request = match Responses::check(&body) {
+        Ok(r) => r,
+        Err(message) => return reply.bad_request(&message),
     };
-    let input = match body.get("input") {
-        Some(Value::String(s)) if !s.is_empty() => vec![Value::String(s.clone())],
-        Some(Value::Array(items)) if !items.is_empty() => items.clone(),
-        Some(_) => {
-            return reply.bad_request("Invalid value for 'input': expected a string or an array of items.");
-        }
-        None => return reply.bad_request("Missing required parameter: 'input'."),
-    };
-    let max_out = body.get("max_output_tokens").and_then(Value::as_u64);
-    if let Some(m) = max_out.filter(|m| *m < MIN_OUTPUT_TOKENS) {
-        return reply.bad_request(&format!(
-            "Invalid 'max_output_tokens': integer below minimum value. Expected a value >= {MIN_OUTPUT_TOKENS}, but got {m} instead."
-        ));
-    }
+    let model = request.model;
     let fault = match reply.before_admission(project, model).await {
         Ok(fault) => fault,
         Err(answer) => return *answer,
     };
-    let text_of = |v: &Value| match v {
-        Value::String(s) => s.chars().count() as u64,
-        Value::Array(parts) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .map(|t| t.chars().count() as u64)
-            .sum(),
-        _ => 0,
-    };
-    let item_chars = |item: &Value| match item {
-        Value::String(s) => s.chars().count() as u64,
-        _ => ["content", "output", "arguments"]
-            .iter()
-            .filter_map(|k| item.get(*k))
-            .map(text_of)
-            .sum(),
-    };
-    let instructions = body.get("instructions").map(text_of);
-    let input_tokens = 3
-        + input.iter().map(|i| message_tokens(item_chars(i))).sum::<u64>()
-        + instructions.map_or(0, message_tokens);
-    let reserved = max_out.unwrap_or(inner.output_tokens);
-    let output = inner.completion_tokens(max_out);
+    let input_tokens = request.input_tokens;
+    let reserved = request.max_out.unwrap_or(inner.output_tokens);
+    let output = inner.completion_tokens(request.max_out);
     let charge = Charge {
         tokens: input_tokens.saturating_add(reserved),
         input: input_tokens,
@@ -96,42 +176,10 @@ pub(super) async fn responses(State(p): State<MockProvider>, req: Request) -> Re
         Admission::Admitted(view) => view,
         Admission::Denied(denial, view) => return reply.rate_limited(model, &denial, &view),
     };
-    let answered = input
-        .iter()
-        .any(|i| i.get("type").and_then(Value::as_str) == Some("function_call_output"));
-    let tool = body
-        .get("tools")
-        .and_then(Value::as_array)
-        .and_then(|t| {
-            t.iter()
-                .find(|t| t.get("type").and_then(Value::as_str) == Some("function"))
-        })
-        .filter(|_| !answered);
-    let content = match tool {
-        Some(tool) => {
-            let arguments: serde_json::Map<String, Value> = tool
-                .pointer("/parameters/properties")
-                .and_then(Value::as_object)
-                .into_iter()
-                .flatten()
-                .map(|(k, _)| (k.clone(), Value::from("mock")))
-                .collect();
-            Output::Call {
-                name: tool
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned(),
-                arguments: Value::Object(arguments).to_string(),
-            }
-        }
-        None => Output::Text(inner.text.words(output).to_owned()),
-    };
     let refund = inner.generate(project, &view, reserved, output).await;
-    let id = format!("resp_{}", hex_id(32));
-    let response = response_object(&id, model, inner.unix_secs(), &content, input_tokens, output);
+    let (response, content) = request.answer(inner, output);
     super::stats::bump(&inner.totals.succeeded);
-    let resp = if body.get("stream") == Some(&Value::Bool(true)) {
+    let resp = if request.stream {
         reply.stream(Body::from(events(&response, &content)), &view)
     } else {
         reply.json(StatusCode::OK, &response, Some(&view))

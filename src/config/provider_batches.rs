@@ -4,6 +4,7 @@
 use serde::Deserialize;
 
 use super::ProviderKind;
+use crate::vocab::Endpoint;
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -47,7 +48,19 @@ impl Default for BatchApiConfig {
 impl BatchApiConfig {
     /// Whether `kind` has a batch API tollgate can drive.
     pub fn supported(kind: ProviderKind) -> bool {
-        matches!(kind, ProviderKind::Openai | ProviderKind::Anthropic)
+        Endpoint::all().iter().any(|e| Self::carries(kind, *e))
+    }
+
+    /// Whether `kind`'s batch API takes jobs of `endpoint`: OpenAI's Batch API its five
+    /// endpoints as they are; Anthropic's Message Batches Messages requests, and chat
+    /// translated as online. A Messages request to a non-Anthropic target is translated
+    /// per call, so it goes online.
+    pub fn carries(kind: ProviderKind, endpoint: Endpoint) -> bool {
+        match kind {
+            ProviderKind::Openai => endpoint != Endpoint::Messages,
+            ProviderKind::Anthropic => matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Messages),
+            ProviderKind::OpenaiCompatible | ProviderKind::Gemini | ProviderKind::Azure => false,
+        }
     }
 
     pub(super) fn validate(&self, kind: ProviderKind) -> Result<(), String> {

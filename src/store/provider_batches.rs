@@ -7,6 +7,7 @@ use sqlx::{PgExecutor, PgPool};
 
 use super::Result;
 use crate::model::{Decision, Job, JobId, Lane, LaneReason};
+use crate::vocab::Endpoint;
 
 /// Records dispatch decisions on jobs still queued and undecided.
 pub async fn set_dispatch(ex: impl PgExecutor<'_>, decisions: &[(JobId, Decision)]) -> Result<usize> {
@@ -26,12 +27,14 @@ pub async fn set_dispatch(ex: impl PgExecutor<'_>, decisions: &[(JobId, Decision
     Ok(done.rows_affected() as usize)
 }
 
-/// Admitted provider-batch jobs waiting to be packed, per (provider, model, key).
+/// Admitted provider-batch jobs waiting to be packed, per (provider, model, key,
+/// endpoint): a provider batch carries one endpoint.
 #[derive(Debug, Clone)]
 pub struct PackGroup {
     pub provider: String,
     pub model: String,
     pub key: Option<String>,
+    pub endpoint: Endpoint,
     pub waiting: i64,
     pub oldest: DateTime<Utc>,
 }
@@ -41,9 +44,9 @@ pub async fn pack_groups(ex: impl PgExecutor<'_>) -> Result<Vec<PackGroup>> {
     Ok(sqlx::query_as!(
         PackGroup,
         r#"SELECT provider AS "provider!", provider_model AS "model!", provider_key AS key,
-                  count(*) AS "waiting!", min(admitted_at) AS "oldest!"
+                  endpoint AS "endpoint: Endpoint", count(*) AS "waiting!", min(admitted_at) AS "oldest!"
            FROM jobs WHERE state = 'admitted' AND dispatch_via = 'provider_batch'
-           GROUP BY provider, provider_model, provider_key"#,
+           GROUP BY provider, provider_model, provider_key, endpoint"#,
     )
     .fetch_all(ex)
     .await?)
@@ -83,6 +86,7 @@ pub async fn open_pack(pool: &PgPool, pack: &NewPack<'_>, now: DateTime<Utc>) ->
              FROM jobs
              WHERE state = 'admitted' AND dispatch_via = 'provider_batch' AND provider = $1
                AND provider_model = $2 AND provider_key IS NOT DISTINCT FROM $3 AND deadline > $6
+               AND endpoint = $10
              ORDER BY admitted_at, id LIMIT $4),
          picked AS (
              SELECT j.id FROM jobs j JOIN ordered o ON o.id = j.id
@@ -103,6 +107,7 @@ pub async fn open_pack(pool: &PgPool, pack: &NewPack<'_>, now: DateTime<Utc>) ->
         pack_owner(pack.id),
         pack.lease_until,
         pack.id,
+        pack.group.endpoint as Endpoint,
     )
     .fetch_all(&mut *tx)
     .await?;
@@ -112,8 +117,9 @@ pub async fn open_pack(pool: &PgPool, pack: &NewPack<'_>, now: DateTime<Utc>) ->
     }
     let bytes: i64 = jobs.iter().map(|j| j.request.to_string().len() as i64).sum();
     sqlx::query!(
-        "INSERT INTO provider_batches (id, provider, model, key_name, status, lines, bytes, created_at, next_poll_at)
-         VALUES ($1, $2, $3, $4, 'submitting', $5, $6, $7, $8)",
+        "INSERT INTO provider_batches (id, provider, model, key_name, status, lines, bytes, created_at, next_poll_at,
+                                       endpoint)
+         VALUES ($1, $2, $3, $4, 'submitting', $5, $6, $7, $8, $9)",
         pack.id,
         &pack.group.provider,
         &pack.group.model,
@@ -122,6 +128,7 @@ pub async fn open_pack(pool: &PgPool, pack: &NewPack<'_>, now: DateTime<Utc>) ->
         bytes,
         now,
         pack.submit_until,
+        pack.group.endpoint as Endpoint,
     )
     .execute(&mut *tx)
     .await?;
@@ -136,10 +143,11 @@ macro_rules! query_provider_batches {
         sqlx::query_as!(
             ProviderBatch,
             $head
-                + " p.id, p.provider, p.model, p.key_name, p.status, p.provider_batch_id, p.input_file_id,
+                + r#" p.id, p.provider, p.model, p.key_name, p.endpoint AS "endpoint: Endpoint", p.status,
+                    p.provider_batch_id, p.input_file_id,
                     p.provider_status, p.lines, p.bytes, p.succeeded, p.failed, p.requeued,
                     p.online_cost_micro_usd, p.batch_cost_micro_usd, p.error, p.created_at, p.submitted_at,
-                    p.next_poll_at, p.ended_at "
+                    p.next_poll_at, p.ended_at "#
                 + $tail
             $(, $arg)*
         )
@@ -153,6 +161,8 @@ pub struct ProviderBatch {
     pub provider: String,
     pub model: String,
     pub key_name: Option<String>,
+    /// The endpoint of every line.
+    pub endpoint: Endpoint,
     pub status: String,
     pub provider_batch_id: Option<String>,
     pub input_file_id: Option<String>,

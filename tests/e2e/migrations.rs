@@ -90,7 +90,15 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
     let pack = tollgate::store::get_provider_batch(&db.pool, "pb_fixture")
         .await
         .unwrap();
-    assert!(pack.is_some());
+    assert_eq!(
+        pack.unwrap().endpoint,
+        tollgate::vocab::Endpoint::ChatCompletions,
+        "a pack from before 0010 carried chat"
+    );
+    let pack = tollgate::store::get_provider_batch(&db.pool, "pb_fixture_embeddings")
+        .await
+        .unwrap();
+    assert_eq!(pack.unwrap().endpoint, tollgate::vocab::Endpoint::Embeddings);
     let limits = tollgate::store::ClaimLimits {
         slots: 10,
         per_endpoint: 4,

@@ -2,7 +2,9 @@
 //! batch whose lines go through the mock's OpenAI Batch API (files + batches) or
 //! Anthropic Message Batches API, complete, come back in the output file at the batch
 //! price with the savings reported; a job whose deadline is too close goes online; lines
-//! the mock fails or expires go back online and finish there.
+//! the mock fails or expires go back online and finish there. Every endpoint a provider's
+//! batch API takes goes that way: OpenAI's five, and Message Batches to Anthropic as they
+//! are.
 
 use std::collections::HashSet;
 
@@ -41,12 +43,55 @@ fn mock(fail_every_nth: u64, expire_every_nth: u64) -> MockConfig {
     }
 }
 
-fn input(model: &str, n: usize) -> String {
+/// The work of a test batch: its endpoint, the body of line `i` for a model, the field
+/// every answer of the endpoint holds, and whether the endpoint is charged by tokens.
+struct Work {
+    endpoint: &'static str,
+    body: fn(&str, usize) -> Value,
+    answer_holds: &'static str,
+    tokens: bool,
+}
+
+const CHAT: Work = Work {
+    endpoint: "/v1/chat/completions",
+    body: |model, i| json!({"model": model, "messages": [{"role": "user", "content": format!("item {i}")}], "max_tokens": 16}),
+    answer_holds: "choices",
+    tokens: true,
+};
+
+const EMBEDDINGS: Work = Work {
+    endpoint: "/v1/embeddings",
+    body: |model, i| json!({"model": model, "input": [format!("document {i}"), "and its title"]}),
+    answer_holds: "data",
+    tokens: true,
+};
+
+const RESPONSES: Work = Work {
+    endpoint: "/v1/responses",
+    body: |model, i| json!({"model": model, "instructions": "be brief", "input": format!("item {i}"), "max_output_tokens": 16}),
+    answer_holds: "output",
+    tokens: true,
+};
+
+const COMPLETIONS: Work = Work {
+    endpoint: "/v1/completions",
+    body: |model, i| json!({"model": model, "prompt": format!("item {i}"), "max_tokens": 8}),
+    answer_holds: "choices",
+    tokens: true,
+};
+
+const MODERATIONS: Work = Work {
+    endpoint: "/v1/moderations",
+    body: |model, i| json!({"model": model, "input": format!("item {i}")}),
+    answer_holds: "results",
+    tokens: false,
+};
+
+fn input(model: &str, work: &Work, n: usize) -> String {
     (0..n)
         .map(|i| {
-            json!({"custom_id": format!("line-{i}"), "method": "POST", "url": "/v1/chat/completions",
-                   "body": {"model": model, "messages": [{"role": "user", "content": format!("item {i}")}],
-                            "max_tokens": 16}})
+            json!({"custom_id": format!("line-{i}"), "method": "POST", "url": work.endpoint,
+                   "body": (work.body)(model, i)})
             .to_string()
                 + "\n"
         })
@@ -85,13 +130,15 @@ async fn all_released(app: &TestApp) {
     .await;
 }
 
-/// Runs a tollgate batch of `n` lines for `model` and checks everything that must hold
-/// whichever provider carried it; returns the finished batch object.
-async fn run_batch(app: &TestApp, model: &str, n: usize, batch_id_prefix: &str) -> Value {
+/// Runs a tollgate batch of `n` lines of `work` for `model` and checks everything that
+/// must hold whichever provider carried it; returns the finished batch object.
+async fn run_batch(app: &TestApp, model: &str, work: &Work, n: usize, batch_id_prefix: &str) -> Value {
     let http = &app.http;
-    let (status, file) = upload(http, &app.api, ACME, input(model, n).as_bytes()).await;
+    let (status, file) = upload(http, &app.api, ACME, input(model, work, n).as_bytes()).await;
     assert_eq!(status, 200, "{file}");
-    let (status, batch) = create_batch(http, &app.api, ACME, &batch_body(file["id"].as_str().unwrap())).await;
+    let mut body = batch_body(file["id"].as_str().unwrap());
+    body["endpoint"] = json!(work.endpoint);
+    let (status, batch) = create_batch(http, &app.api, ACME, &body).await;
     assert_eq!(status, 200, "{batch}");
     let id = batch["id"].as_str().unwrap().to_owned();
     let done = wait_batch(http, &app.api, ACME, &id, 60).await;
@@ -106,7 +153,11 @@ async fn run_batch(app: &TestApp, model: &str, n: usize, batch_id_prefix: &str) 
         .map(|l| {
             let v: Value = serde_json::from_str(l).unwrap();
             assert_eq!(v["response"]["status_code"], 200, "{v}");
-            assert_eq!(v["response"]["body"]["object"], "chat.completion", "{v}");
+            assert!(
+                v["response"]["body"][work.answer_holds].is_array(),
+                "{}: {v}",
+                work.endpoint
+            );
             v["custom_id"].as_str().unwrap().to_owned()
         })
         .collect();
@@ -118,22 +169,26 @@ async fn run_batch(app: &TestApp, model: &str, n: usize, batch_id_prefix: &str) 
     let rows = jobs_of(app, &id).await;
     assert_eq!(rows.len(), n);
     // A pack is marked ended just after its lines' outcomes are written.
-    let packs: Vec<(String, Option<String>, String)> =
-        crate::harness::eventually(20, "the packs to end", || async {
-            let packs: Vec<(String, Option<String>, String)> =
-                sqlx::query_as("SELECT id, provider_batch_id, status FROM provider_batches ORDER BY id")
-                    .fetch_all(&app.db.pool)
-                    .await
-                    .ok()?;
-            packs.iter().all(|p| p.2 == "ended").then_some(packs)
-        })
-        .await;
+    type Pack = (String, Option<String>, String, String);
+    let packs: Vec<Pack> = crate::harness::eventually(20, "the packs to end", || async {
+        let packs: Vec<Pack> = sqlx::query_as(
+            "SELECT id, provider_batch_id, status, endpoint FROM provider_batches
+             WHERE id IN (SELECT provider_batch_id FROM jobs WHERE batch_id = $1) ORDER BY id",
+        )
+        .bind(&id)
+        .fetch_all(&app.db.pool)
+        .await
+        .ok()?;
+        packs.iter().all(|p| p.2 == "ended").then_some(packs)
+    })
+    .await;
     assert!(!packs.is_empty());
-    for (_, provider_id, _) in &packs {
+    for (_, provider_id, _, endpoint) in &packs {
         assert!(
             provider_id.as_deref().unwrap().starts_with(batch_id_prefix),
             "{provider_id:?}"
         );
+        assert_eq!(endpoint, work.endpoint, "a pack carries its lines' endpoint");
     }
     for (job, ..) in &rows {
         let (status, view) = app.get(ACME, &format!("/v1/jobs/{job}")).await;
@@ -145,8 +200,9 @@ async fn run_batch(app: &TestApp, model: &str, n: usize, batch_id_prefix: &str) 
     // Spend: the succeeded batch lines cost the batch price; the saving is the other half.
     let (online, batch_cost): (f64, f64) = sqlx::query_as(
         "SELECT COALESCE(sum(online_cost_micro_usd), 0)::float8, COALESCE(sum(batch_cost_micro_usd), 0)::float8
-         FROM provider_batches",
+         FROM provider_batches WHERE id IN (SELECT provider_batch_id FROM jobs WHERE batch_id = $1)",
     )
+    .bind(&id)
     .fetch_one(&app.db.pool)
     .await
     .unwrap();
@@ -160,7 +216,7 @@ async fn run_batch(app: &TestApp, model: &str, n: usize, batch_id_prefix: &str) 
     .fetch_one(&app.db.pool)
     .await
     .unwrap();
-    assert!(online > 0.0);
+    assert_eq!(online > 0.0, work.tokens, "{}: {online}", work.endpoint);
     assert!(
         (online - expected_online).abs() < 1e-6,
         "{online} vs {expected_online}"
@@ -174,7 +230,7 @@ async fn run_batch(app: &TestApp, model: &str, n: usize, batch_id_prefix: &str) 
         .as_i64()
         .unwrap();
     assert_eq!(saved, (online - batch_cost).round() as i64, "{view}");
-    assert!(saved > 0);
+    assert_eq!(saved > 0, work.tokens, "{view}");
 
     all_released(app).await;
     done
@@ -188,7 +244,7 @@ async fn openai_batch_api_carries_a_batch_at_half_price() {
         ..TestOptions::default()
     })
     .await;
-    let done = run_batch(&app, "oai/gpt-4o-mini", 12, "batch_").await;
+    let done = run_batch(&app, "oai/gpt-4o-mini", &CHAT, 12, "batch_").await;
     let rows = jobs_of(&app, done["id"].as_str().unwrap()).await;
     for (_, via, reason, pb, _) in &rows {
         assert_eq!(via.as_deref(), Some("provider_batch"));
@@ -204,8 +260,9 @@ async fn openai_batch_api_carries_a_batch_at_half_price() {
     app.shutdown().await;
 }
 
-#[tokio::test]
-async fn anthropic_message_batches_carry_a_batch_at_half_price() {
+/// A broker whose provider `antb` (Anthropic) sends `batch`-class jobs through its
+/// Message Batches API.
+async fn anthropic_batch_app() -> TestApp {
     let extra = format!(
         "[[providers]]\nname = \"antb\"\nkind = \"anthropic\"\nbase_url = \"http://MOCK_ADDR\"\n\
          keys = [{{ name = \"a1\", value = \"sk-ant-test\" }}]\nmodels = [\"claude-3-5-haiku-latest\"]\n\
@@ -213,13 +270,18 @@ async fn anthropic_message_batches_carry_a_batch_at_half_price() {
         batch_api(""),
         prices("claude-3-5-haiku-latest")
     );
-    let app = TestApp::spawn_with(TestOptions {
+    TestApp::spawn_with(TestOptions {
         mock: mock(0, 0),
         extra_config: extra,
         ..TestOptions::default()
     })
-    .await;
-    let done = run_batch(&app, "antb/claude-3-5-haiku-latest", 9, "msgbatch_").await;
+    .await
+}
+
+#[tokio::test]
+async fn anthropic_message_batches_carry_a_batch_at_half_price() {
+    let app = anthropic_batch_app().await;
+    let done = run_batch(&app, "antb/claude-3-5-haiku-latest", &CHAT, 9, "msgbatch_").await;
     let rows = jobs_of(&app, done["id"].as_str().unwrap()).await;
     assert!(
         rows.iter().all(|r| r.1.as_deref() == Some("provider_batch")),
@@ -234,6 +296,123 @@ async fn anthropic_message_batches_carry_a_batch_at_half_price() {
 }
 
 #[tokio::test]
+async fn openai_batch_api_carries_every_endpoint_it_takes() {
+    let models = [
+        "text-embedding-3-small",
+        "gpt-4o-mini",
+        "gpt-3.5-turbo-instruct",
+        "omni-moderation-latest",
+    ];
+    let extra = format!(
+        "[[providers]]\nname = \"oaib\"\nkind = \"openai\"\nbase_url = \"http://MOCK_ADDR/v1\"\n\
+         keys = [{{ name = \"k1\", value = \"sk-test-1\" }}]\nmodels = {models:?}\nlearn_limits = false\n{}{}",
+        batch_api(""),
+        models.map(prices).concat()
+    );
+    let app = TestApp::spawn_with(TestOptions {
+        mock: mock(0, 0),
+        extra_config: extra,
+        ..TestOptions::default()
+    })
+    .await;
+    for (model, work) in [
+        ("oaib/text-embedding-3-small", &EMBEDDINGS),
+        ("oaib/gpt-4o-mini", &RESPONSES),
+        ("oaib/gpt-3.5-turbo-instruct", &COMPLETIONS),
+        ("oaib/omni-moderation-latest", &MODERATIONS),
+    ] {
+        let done = run_batch(&app, model, work, 5, "batch_").await;
+        for (_, via, reason, ..) in jobs_of(&app, done["id"].as_str().unwrap()).await {
+            assert_eq!(via.as_deref(), Some("provider_batch"), "{}", work.endpoint);
+            assert_eq!(reason.as_deref(), Some("deadline_allows_batch_api"));
+        }
+    }
+    // Embeddings are charged input only, as online.
+    let (input, output): (i64, i64) = sqlx::query_as(
+        "SELECT sum((usage->>'input_tokens')::bigint)::bigint, sum((usage->>'output_tokens')::bigint)::bigint
+         FROM jobs WHERE endpoint = '/v1/embeddings'",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    assert!(input > 0 && output == 0, "{input} in, {output} out");
+    assert_eq!(
+        app.mock.stats().succeeded,
+        0,
+        "the online endpoints served nothing"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_message_batch_reaches_anthropics_batch_api_in_its_own_shape() {
+    let app = anthropic_batch_app().await;
+    // `top_k` has no chat counterpart: sent as it is, it shows the line was not translated.
+    let requests: Vec<Value> = (0..4)
+        .map(|i| {
+            json!({"custom_id": format!("q{i}"), "params": {"model": "antb/claude-3-5-haiku-latest",
+                   "max_tokens": 32, "top_k": 5, "system": "be brief",
+                   "messages": [{"role": "user", "content": format!("question {i}")}]}})
+        })
+        .collect();
+    let (status, batch) = app
+        .post(ACME, "/v1/messages/batches", &json!({"requests": requests}))
+        .await;
+    assert_eq!(status, 200, "{batch}");
+    let id = batch["id"].as_str().unwrap().to_owned();
+    let ended = crate::harness::eventually(60, "the Message Batch to end", || async {
+        let (_, b) = app.get(ACME, &format!("/v1/messages/batches/{id}")).await;
+        (b["processing_status"] == "ended").then_some(b)
+    })
+    .await;
+    assert_eq!(ended["request_counts"]["succeeded"], 4, "{ended}");
+    let results = app
+        .http
+        .get(app.url(&format!("/v1/messages/batches/{id}/results")))
+        .bearer_auth(ACME)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let mut answered: Vec<String> = results
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            assert_eq!(v["result"]["type"], "succeeded", "{v}");
+            assert_eq!(v["result"]["message"]["type"], "message", "{v}");
+            assert_eq!(v["result"]["message"]["role"], "assistant", "{v}");
+            assert!(
+                v["result"]["message"]["usage"]["input_tokens"].as_u64() > Some(0),
+                "{v}"
+            );
+            v["custom_id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    answered.sort();
+    assert_eq!(answered, ["q0", "q1", "q2", "q3"]);
+    let rows = jobs_of(&app, &id).await;
+    assert_eq!(rows.len(), 4);
+    assert!(
+        rows.iter().all(|r| r.1.as_deref() == Some("provider_batch")),
+        "{rows:?}"
+    );
+    let endpoints: Vec<String> = sqlx::query_scalar("SELECT DISTINCT endpoint FROM provider_batches")
+        .fetch_all(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(endpoints, ["/v1/messages"]);
+    assert_eq!(
+        app.mock.stats().succeeded,
+        0,
+        "the online endpoint served nothing"
+    );
+    all_released(&app).await;
+    app.shutdown().await;
+}
+
+#[tokio::test]
 async fn failed_and_expired_lines_go_back_online_and_finish() {
     // Every 4th line fails, every 5th expires: lines 4, 8 (failed) and 5, 10 (expired)
     // of 10 come back from the mock unanswered.
@@ -243,7 +422,7 @@ async fn failed_and_expired_lines_go_back_online_and_finish() {
         ..TestOptions::default()
     })
     .await;
-    let done = run_batch(&app, "oai/gpt-4o-mini", 10, "batch_").await;
+    let done = run_batch(&app, "oai/gpt-4o-mini", &CHAT, 10, "batch_").await;
     let rows = jobs_of(&app, done["id"].as_str().unwrap()).await;
     let online: Vec<usize> = rows
         .iter()
@@ -466,7 +645,7 @@ async fn a_submission_never_recorded_is_found_by_its_tag_and_adopted_not_sent_tw
         .batch_client(&group.provider, &group.model, group.key.as_deref())
         .unwrap();
     let sent = client
-        .submit(&group.model, &lines, "pb_unrecorded")
+        .submit(&group.model, group.endpoint, &lines, "pb_unrecorded")
         .await
         .unwrap();
     let step = batcher.run_once(after_the_hold).await.unwrap();

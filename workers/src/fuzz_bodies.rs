@@ -213,7 +213,7 @@ pub fn sse_stream(data: &[u8]) {
 }
 
 /// A results file of a provider's batch API (JSONL). The first byte picks the adapter
-/// (`% 2`: OpenAI, Anthropic); the rest is the file, and each of its JSON lines is also
+/// (`% 2`: OpenAI, Anthropic) and the endpoint of the batch (`/ 2`); the rest is the file, and each of its JSON lines is also
 /// read as the provider's batch object. Invariants: every result is keyed by a
 /// `custom_id` of the file; a success has a non-negative, bounded usage; a failure has
 /// a batch reason code; reading a batch object never panics, and an ended batch is one
@@ -225,8 +225,9 @@ pub fn provider_batch_results(data: &[u8]) {
     let Some(api) = adapters()[if knob % 2 == 0 { 0 } else { 2 }].0.batch() else {
         panic!("the adapter has no batch API");
     };
+    let endpoint = Endpoint::all()[usize::from(knob / 2) % Endpoint::all().len()];
     let mut out = HashMap::new();
-    api.parse_results(&mut jsonl(file), &mut out);
+    api.parse_results(endpoint, &mut jsonl(file), &mut out);
     let ids: Vec<String> = jsonl(file)
         .filter_map(|line| line.get("custom_id")?.as_str().map(str::to_owned))
         .collect();
@@ -300,7 +301,7 @@ mod tests {
                 .batch()
                 .unwrap();
             let mut out = HashMap::new();
-            api.parse_results(&mut jsonl(&data[1..]), &mut out);
+            api.parse_results(Endpoint::ChatCompletions, &mut jsonl(&data[1..]), &mut out);
             assert_eq!(out.len(), 4, "{name}");
             assert!(matches!(out["a"], LineResult::Succeeded { .. }), "{name}");
         }

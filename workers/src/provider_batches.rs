@@ -1,5 +1,5 @@
 //! The provider-batch worker: packs admitted provider-batch jobs per (provider, model,
-//! key) within the provider's limits, submits each pack to the provider's batch API,
+//! key, endpoint) within the provider's limits, submits each pack to the provider's batch API,
 //! polls it, and writes each line's result back through the ordinary completion path
 //! (`finish_attempts`, guarded by the pack's lease, so a repeated write is a no-op) at
 //! the batch price. Lines the provider failed or expired go back to the queue as online
@@ -250,7 +250,7 @@ impl ProviderBatcher {
             jobs.iter().map(|j| (j.id.to_string(), &j.request)).collect();
         let submitting = async {
             match &client {
-                Some(c) => c.submit(&group.model, &lines, id).await,
+                Some(c) => c.submit(&group.model, group.endpoint, &lines, id).await,
                 None => Err(format!("provider {:?} is not configured", group.provider)),
             }
         };
@@ -323,7 +323,7 @@ impl ProviderBatcher {
             store::poll_later(&self.pool, &pack.id, &status.status, later).await?;
             return Ok(());
         }
-        let results = match client.results(batch_id, &status).await {
+        let results = match client.results(batch_id, pack.endpoint, &status).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(pack = %pack.id, error = %e, "could not read the provider batch's results");

@@ -194,6 +194,124 @@ async fn openai_batch_runs_at_its_speed_with_output_and_error_files() {
     assert!(err.iter().all(|l| l["response"]["status_code"] == 500));
 }
 
+impl Harness {
+    /// Creates an OpenAI batch of `endpoint` from `lines` as project `oai`.
+    async fn openai_batch(&self, endpoint: &str, lines: &[Value]) -> reqwest::Response {
+        let content: String = lines.iter().map(|l| l.to_string() + "\n").collect();
+        let file: Value = self.upload("sk-1", &content).await.json().await.unwrap();
+        let create = json!({"input_file_id": file["id"], "endpoint": endpoint, "completion_window": "24h"});
+        self.client
+            .post(format!("{}/v1/batches", self.base))
+            .bearer_auth("sk-1")
+            .json(&create)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// The lines of the OpenAI file `id` as project `oai` sees it.
+    async fn openai_file(&self, id: &Value) -> Vec<Value> {
+        let r = self
+            .openai_get("sk-1", &format!("/v1/files/{}/content", id.as_str().unwrap()))
+            .await;
+        jsonl(&r.text().await.unwrap())
+    }
+}
+
+#[tokio::test]
+async fn openai_batches_answer_each_endpoint_as_online_and_refuse_what_it_refuses() {
+    let h = start(
+        r#"
+[batch]
+lines_per_sec = 0.0
+[[projects]]
+name = "oai"
+kind = "openai"
+keys = ["sk-1"]
+"#,
+    )
+    .await;
+    let line = |id: &str, url: &str, body: Value| json!({"custom_id": id, "method": "POST", "url": url, "body": body});
+    let cases = [
+        (
+            "/v1/embeddings",
+            json!({"model": "text-embedding-3-small", "input": ["abcd", "abcdefgh"]}),
+            json!({"model": "text-embedding-3-small", "input": []}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "gpt-4o-mini", "input": "hi", "max_output_tokens": 16}),
+            json!({"model": "gpt-4o-mini", "input": "hi", "max_output_tokens": 4}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "gpt-3.5-turbo-instruct", "prompt": "abcd", "max_tokens": 5}),
+            json!({"model": "gpt-3.5-turbo-instruct"}),
+        ),
+        (
+            "/v1/moderations",
+            json!({"model": "omni-moderation-latest", "input": ["a", "b"]}),
+            json!({"model": "omni-moderation-latest", "input": ""}),
+        ),
+    ];
+    for (endpoint, good, bad) in cases {
+        let r = h
+            .openai_batch(
+                endpoint,
+                &[line("ok", endpoint, good.clone()), line("bad", endpoint, bad)],
+            )
+            .await;
+        assert_eq!(r.status(), 200, "{endpoint}");
+        let b: Value = r.json().await.unwrap();
+        assert_eq!(b["status"], "completed", "{endpoint}: {b}");
+        let out = h.openai_file(&b["output_file_id"]).await;
+        assert_eq!(out.len(), 1, "{endpoint}: {out:?}");
+        let answer = &out[0]["response"]["body"];
+        match endpoint {
+            "/v1/embeddings" => {
+                assert_eq!(answer["data"].as_array().map(Vec::len), Some(2), "{answer}");
+                assert_eq!(answer["usage"]["prompt_tokens"], 3, "{answer}");
+            }
+            "/v1/responses" => {
+                assert_eq!(answer["object"], "response", "{answer}");
+                assert_eq!(answer["usage"]["output_tokens"], 16, "{answer}");
+            }
+            "/v1/completions" => {
+                assert_eq!(answer["object"], "text_completion", "{answer}");
+                assert_eq!(
+                    answer["usage"],
+                    json!({"prompt_tokens": 1, "completion_tokens": 5, "total_tokens": 6})
+                );
+            }
+            _ => assert_eq!(answer["results"].as_array().map(Vec::len), Some(2), "{answer}"),
+        }
+        let err = h.openai_file(&b["error_file_id"]).await;
+        assert_eq!(err.len(), 1, "{endpoint}: {err:?}");
+        assert_eq!(err[0]["custom_id"], "bad");
+        assert_eq!(err[0]["response"]["status_code"], 400, "{endpoint}: {err:?}");
+        assert_eq!(
+            err[0]["response"]["body"]["error"]["type"],
+            "invalid_request_error"
+        );
+    }
+    // A batch carries one of the five endpoints.
+    let r = h
+        .openai_batch(
+            "/v1/images/generations",
+            &[line("x", "/v1/images/generations", json!({}))],
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("'/v1/embeddings'"),
+        "{e}"
+    );
+}
+
 #[tokio::test]
 async fn openai_cancel_keeps_what_was_processed() {
     let h = start(

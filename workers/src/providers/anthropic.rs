@@ -70,10 +70,7 @@ impl ProviderApi for Anthropic {
     }
 
     fn parse_success(&self, body: &[u8], endpoint: Endpoint, _model: &str) -> Result<Success, String> {
-        match endpoint {
-            Endpoint::Messages => parse_message(body),
-            _ => parse_success(body),
-        }
+        read_message(body, endpoint)
     }
 
     fn stream_events(&self, endpoint: Endpoint) -> Option<Box<dyn StreamEvents>> {
@@ -93,6 +90,15 @@ impl ProviderApi for Anthropic {
 
     fn unexpressed(&self, request: &Value) -> Option<Unexpressed> {
         unexpressed(request)
+    }
+}
+
+/// A message answering a request of `endpoint`: kept as it is for Messages, translated to
+/// a chat completion for chat.
+fn read_message(body: &[u8], endpoint: Endpoint) -> Result<Success, String> {
+    match endpoint {
+        Endpoint::Messages => parse_message(body),
+        _ => parse_success(body),
     }
 }
 
@@ -638,20 +644,29 @@ impl Events {
 
 impl BatchApi for Anthropic {
     /// Message Batches take their lines inline.
-    fn upload(&self, _model: &str, _lines: &[(String, &Value)], _tag: &str) -> Option<Upload> {
+    fn upload(
+        &self,
+        _model: &str,
+        _endpoint: Endpoint,
+        _lines: &[(String, &Value)],
+        _tag: &str,
+    ) -> Option<Upload> {
         None
     }
 
+    /// Each line's `params` is its online body: a Messages request as it is, a chat
+    /// request translated.
     fn create(
         &self,
         model: &str,
+        endpoint: Endpoint,
         lines: &[(String, &Value)],
         _tag: &str,
         _file_id: Option<&str>,
     ) -> (String, Value) {
         let requests: Vec<Value> = lines
             .iter()
-            .map(|(id, r)| json!({"custom_id": id, "params": translate_request(model, r)}))
+            .map(|(id, r)| json!({"custom_id": id, "params": self.body(model, endpoint, r, Mode::Whole)}))
             .collect();
         (
             format!("{}/v1/messages/batches", self.base_url),
@@ -687,21 +702,27 @@ impl BatchApi for Anthropic {
         )]
     }
 
-    fn parse_results(&self, lines: &mut dyn Iterator<Item = Value>, out: &mut HashMap<String, LineResult>) {
+    fn parse_results(
+        &self,
+        endpoint: Endpoint,
+        lines: &mut dyn Iterator<Item = Value>,
+        out: &mut HashMap<String, LineResult>,
+    ) {
         for line in lines {
             let Some(id) = line.get("custom_id").and_then(Value::as_str) else {
                 continue;
             };
-            out.insert(id.to_owned(), line_result(&line["result"]));
+            out.insert(id.to_owned(), line_result(&line["result"], endpoint));
         }
     }
 }
 
-/// One line's `result`: `succeeded` (with the message), `errored`, `canceled`, `expired`.
-fn line_result(result: &Value) -> LineResult {
+/// One line's `result`: `succeeded` (with the message, read as the online answer of
+/// `endpoint`), `errored`, `canceled`, `expired`.
+fn line_result(result: &Value, endpoint: Endpoint) -> LineResult {
     let kind = result.get("type").and_then(Value::as_str).unwrap_or("errored");
     match (kind, result.get("message")) {
-        ("succeeded", Some(m)) => match parse_success(m.to_string().as_bytes()) {
+        ("succeeded", Some(m)) => match read_message(m.to_string().as_bytes(), endpoint) {
             Ok(success) => LineResult::Succeeded {
                 success,
                 request_id: None,
@@ -1130,14 +1151,28 @@ mod tests {
         let a = adapter();
         let r = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5});
         let lines = [("job-1".to_owned(), &r)];
-        assert!(a.upload("claude-x", &lines, "pack-1").is_none());
-        let (url, body) = a.create("claude-x", &lines, "pack-1", None);
+        let chat = Endpoint::ChatCompletions;
+        assert!(a.upload("claude-x", chat, &lines, "pack-1").is_none());
+        let (url, body) = a.create("claude-x", chat, &lines, "pack-1", None);
         assert_eq!(url, "https://api.anthropic.com/v1/messages/batches");
         assert_eq!(
             body,
             json!({"requests": [{"custom_id": "job-1", "params": {
                 "model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}}]})
         );
+        // A Messages request goes as it is, with the target's model.
+        let m = json!({"model": "fast", "system": [{"type": "text", "text": "be brief"}],
+                       "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "top_k": 3});
+        let (_, body) = a.create(
+            "claude-x",
+            Endpoint::Messages,
+            &[("job-2".to_owned(), &m)],
+            "pack-2",
+            None,
+        );
+        let mut sent = m.clone();
+        sent["model"] = json!("claude-x");
+        assert_eq!(body["requests"][0]["params"], sent);
         assert_eq!(
             a.status_url("mb_1"),
             "https://api.anthropic.com/v1/messages/batches/mb_1"
@@ -1167,12 +1202,20 @@ mod tests {
             json!({"custom_id": "gone", "result": {"type": "canceled"}}),
         ];
         let mut out = HashMap::new();
-        a.parse_results(&mut lines.into_iter(), &mut out);
+        a.parse_results(chat, &mut lines.clone().into_iter(), &mut out);
         let Some(LineResult::Succeeded { success, .. }) = out.get("ok") else {
             panic!("{out:?}");
         };
         assert_eq!(success.body["choices"][0]["message"]["content"], "hi");
         assert_eq!(success.usage.input_tokens, 4);
+        // A batch of Messages requests: the message kept as Anthropic sent it.
+        let mut messages = HashMap::new();
+        a.parse_results(Endpoint::Messages, &mut lines.clone().into_iter(), &mut messages);
+        let Some(LineResult::Succeeded { success, .. }) = messages.get("ok") else {
+            panic!("{messages:?}");
+        };
+        assert_eq!(success.body, lines[0]["result"]["message"]);
+        assert_eq!(success.usage.output_tokens, 1);
         let code = |id: &str| failure_of(&out, id);
         assert_eq!(
             code("bad"),

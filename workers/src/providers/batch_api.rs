@@ -1,6 +1,7 @@
-//! The providers' own batch APIs, behind [`BatchApi`]: lines go in as OpenAI chat
-//! requests (translated per provider, as online) and results come back in OpenAI chat
-//! format, keyed by `custom_id`. An adapter says what to send and how to read the
+//! The providers' own batch APIs, behind [`BatchApi`]: a batch carries the jobs of one
+//! endpoint; each line goes in as the adapter's online body of its request (translated
+//! per provider, as online) and its result comes back as the online answer is read,
+//! keyed by `custom_id`. An adapter says what to send and how to read the
 //! answers (OpenAI Files + Batch in `openai.rs`, Anthropic Message Batches in
 //! `anthropic.rs`); [`BatchClient`] does the HTTP, the same for every provider.
 
@@ -9,14 +10,20 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use super::{ProviderClient, ProviderKey, Providers, Success};
-use tollgate::vocab::ReasonCode;
+use tollgate::vocab::{Endpoint, ReasonCode};
 
 /// What tollgate needs to drive one provider's batch API. Methods are pure: they build
 /// URLs and bodies and read answers; [`BatchClient`] sends.
 pub trait BatchApi: Send + Sync {
     /// The file to upload before the batch is created, where the API takes its lines as a
     /// file (OpenAI); `None` where the lines go inline (Anthropic).
-    fn upload(&self, model: &str, lines: &[(String, &Value)], tag: &str) -> Option<Upload>;
+    fn upload(
+        &self,
+        model: &str,
+        endpoint: Endpoint,
+        lines: &[(String, &Value)],
+        tag: &str,
+    ) -> Option<Upload>;
 
     /// The request that creates the batch (URL, JSON body); `file_id` is the uploaded
     /// file's id, if there was an upload. `tag` goes into the batch's metadata where the
@@ -24,6 +31,7 @@ pub trait BatchApi: Send + Sync {
     fn create(
         &self,
         model: &str,
+        endpoint: Endpoint,
         lines: &[(String, &Value)],
         tag: &str,
         file_id: Option<&str>,
@@ -39,8 +47,14 @@ pub trait BatchApi: Send + Sync {
     /// Where the results of an ended batch are read from, each a JSONL body.
     fn result_urls(&self, batch_id: &str, status: &Status) -> Vec<String>;
 
-    /// Reads the lines of one results body into `out`, by `custom_id`.
-    fn parse_results(&self, lines: &mut dyn Iterator<Item = Value>, out: &mut HashMap<String, LineResult>);
+    /// Reads the lines of one results body of a batch of `endpoint` into `out`, by
+    /// `custom_id`.
+    fn parse_results(
+        &self,
+        endpoint: Endpoint,
+        lines: &mut dyn Iterator<Item = Value>,
+        out: &mut HashMap<String, LineResult>,
+    );
 
     /// Where the key's newest batches are listed, where a batch can be found by its tag
     /// (its metadata); `None` where the API keeps no metadata (Anthropic).
@@ -171,15 +185,16 @@ impl BatchClient<'_> {
         self.client.api.authorize(self.http.post(url), &self.key.secret)
     }
 
-    /// Submits `lines` (custom_id, OpenAI chat request) for `model`; `tag` goes into
-    /// the batch's metadata where the API has one.
+    /// Submits `lines` (custom_id, the client's request) of `endpoint` for `model`; `tag`
+    /// goes into the batch's metadata where the API has one.
     pub async fn submit(
         &self,
         model: &str,
+        endpoint: Endpoint,
         lines: &[(String, &Value)],
         tag: &str,
     ) -> Result<Submitted, String> {
-        let input_file_id = match self.api.upload(model, lines, tag) {
+        let input_file_id = match self.api.upload(model, endpoint, lines, tag) {
             Some(upload) => {
                 let resp = self
                     .post(upload.url)
@@ -192,7 +207,9 @@ impl BatchClient<'_> {
             }
             None => None,
         };
-        let (url, body) = self.api.create(model, lines, tag, input_file_id.as_deref());
+        let (url, body) = self
+            .api
+            .create(model, endpoint, lines, tag, input_file_id.as_deref());
         let resp = self.post(url).json(&body).send().await.map_err(http_error)?;
         Ok(Submitted {
             batch_id: id_of(&body_of(resp).await?, "batch")?,
@@ -249,17 +266,18 @@ impl BatchClient<'_> {
         .map(|_| ())
     }
 
-    /// The results of an ended batch, by `custom_id`. Lines missing from them were not
-    /// processed (a failed batch has none).
+    /// The results of an ended batch of `endpoint`, by `custom_id`. Lines missing from
+    /// them were not processed (a failed batch has none).
     pub async fn results(
         &self,
         batch_id: &str,
+        endpoint: Endpoint,
         status: &Status,
     ) -> Result<HashMap<String, LineResult>, String> {
         let mut out = HashMap::new();
         for url in self.api.result_urls(batch_id, status) {
             let bytes = body_of(self.get(url).send().await.map_err(http_error)?).await?;
-            self.api.parse_results(&mut jsonl(&bytes), &mut out);
+            self.api.parse_results(endpoint, &mut jsonl(&bytes), &mut out);
         }
         Ok(out)
     }

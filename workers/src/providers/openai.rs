@@ -307,11 +307,17 @@ fn stream_error_status(v: &Value) -> u16 {
 impl BatchApi for OpenAi {
     /// The lines as JSONL, `POST /files` as multipart (`purpose=batch`), built by hand:
     /// one file part.
-    fn upload(&self, model: &str, lines: &[(String, &Value)], tag: &str) -> Option<Upload> {
+    fn upload(
+        &self,
+        model: &str,
+        endpoint: Endpoint,
+        lines: &[(String, &Value)],
+        tag: &str,
+    ) -> Option<Upload> {
         let mut jsonl = Vec::new();
         for (id, r) in lines {
-            let line = json!({"custom_id": id, "method": "POST", "url": "/v1/chat/completions",
-                              "body": body(model, Endpoint::ChatCompletions, r, Mode::Whole, self.cap_field)});
+            let line = json!({"custom_id": id, "method": "POST", "url": endpoint.as_str(),
+                              "body": body(model, endpoint, r, Mode::Whole, self.cap_field)});
             jsonl.extend_from_slice(line.to_string().as_bytes());
             jsonl.push(b'\n');
         }
@@ -340,11 +346,12 @@ impl BatchApi for OpenAi {
     fn create(
         &self,
         _model: &str,
+        endpoint: Endpoint,
         _lines: &[(String, &Value)],
         tag: &str,
         file_id: Option<&str>,
     ) -> (String, Value) {
-        let body = json!({"input_file_id": file_id, "endpoint": "/v1/chat/completions",
+        let body = json!({"input_file_id": file_id, "endpoint": endpoint.as_str(),
                           "completion_window": "24h", "metadata": {"tollgate_pack": tag}});
         (format!("{}/batches", self.base_url), body)
     }
@@ -392,32 +399,35 @@ impl BatchApi for OpenAi {
             .collect()
     }
 
-    fn parse_results(&self, lines: &mut dyn Iterator<Item = Value>, out: &mut HashMap<String, LineResult>) {
+    fn parse_results(
+        &self,
+        endpoint: Endpoint,
+        lines: &mut dyn Iterator<Item = Value>,
+        out: &mut HashMap<String, LineResult>,
+    ) {
         for line in lines {
             let Some(id) = line.get("custom_id").and_then(Value::as_str) else {
                 continue;
             };
-            out.insert(id.to_owned(), line_result(&line));
+            out.insert(id.to_owned(), line_result(&line, endpoint));
         }
     }
 }
 
-/// One line of an output or error file.
-fn line_result(line: &Value) -> LineResult {
+/// One line of an output or error file of a batch of `endpoint`.
+fn line_result(line: &Value, endpoint: Endpoint) -> LineResult {
     let response = line.get("response").filter(|r| !r.is_null());
     let code = response
         .and_then(|r| r.get("status_code"))
         .and_then(Value::as_u64);
     match (response, code) {
-        (Some(resp), Some(200)) => {
-            match parse_success(resp["body"].to_string().as_bytes(), Endpoint::ChatCompletions) {
-                Ok(success) => LineResult::Succeeded {
-                    success,
-                    request_id: resp.get("request_id").and_then(Value::as_str).map(str::to_owned),
-                },
-                Err(message) => failed(ReasonCode::ProviderBadResponse, message),
-            }
-        }
+        (Some(resp), Some(200)) => match parse_success(resp["body"].to_string().as_bytes(), endpoint) {
+            Ok(success) => LineResult::Succeeded {
+                success,
+                request_id: resp.get("request_id").and_then(Value::as_str).map(str::to_owned),
+            },
+            Err(message) => failed(ReasonCode::ProviderBadResponse, message),
+        },
         (Some(resp), code) => {
             let message = resp["body"]["error"]["message"]
                 .as_str()
@@ -734,12 +744,22 @@ mod tests {
         );
     }
 
+    /// The one JSON line of an upload's multipart body.
+    fn jsonl_line(body: &str) -> Value {
+        body.lines()
+            .find(|l| l.starts_with('{'))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .unwrap()
+    }
+
     #[test]
     fn batch_requests() {
         let a = adapter();
         let r = json!({"model": "fast", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
         let lines = [("job-1".to_owned(), &r)];
-        let up = a.upload("gpt-4o-mini", &lines, "pack-1").unwrap();
+        let up = a
+            .upload("gpt-4o-mini", Endpoint::ChatCompletions, &lines, "pack-1")
+            .unwrap();
         assert_eq!(up.url, "https://api.openai.com/v1/files");
         let boundary = up
             .content_type
@@ -750,24 +770,48 @@ mod tests {
         assert!(text.ends_with(&format!("\r\n--{boundary}--\r\n")));
         assert!(text.contains("name=\"purpose\"\r\n\r\nbatch\r\n"));
         assert!(text.contains("filename=\"pack-1.jsonl\""));
-        let line: Value = text
-            .lines()
-            .find(|l| l.starts_with('{'))
-            .map(|l| serde_json::from_str(l).unwrap())
-            .unwrap();
+        let line = jsonl_line(&text);
         assert_eq!(
             line,
             json!({"custom_id": "job-1", "method": "POST", "url": "/v1/chat/completions",
                    "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}],
                             "max_completion_tokens": 1024}})
         );
-        let (url, body) = a.create("gpt-4o-mini", &lines, "pack-1", Some("file-1"));
+        let (url, body) = a.create(
+            "gpt-4o-mini",
+            Endpoint::ChatCompletions,
+            &lines,
+            "pack-1",
+            Some("file-1"),
+        );
         assert_eq!(url, "https://api.openai.com/v1/batches");
         assert_eq!(
             body,
             json!({"input_file_id": "file-1", "endpoint": "/v1/chat/completions",
                    "completion_window": "24h", "metadata": {"tollgate_pack": "pack-1"}})
         );
+
+        // A batch of embeddings: its lines' url and body are the endpoint's, uncapped.
+        let r = json!({"model": "embed", "input": ["a", "b"]});
+        let lines = [("job-2".to_owned(), &r)];
+        let up = a
+            .upload("text-embedding-3-small", Endpoint::Embeddings, &lines, "pack-2")
+            .unwrap();
+        let text = String::from_utf8(up.body).unwrap();
+        let line = jsonl_line(&text);
+        assert_eq!(
+            line,
+            json!({"custom_id": "job-2", "method": "POST", "url": "/v1/embeddings",
+                   "body": {"model": "text-embedding-3-small", "input": ["a", "b"]}})
+        );
+        let (_, body) = a.create(
+            "text-embedding-3-small",
+            Endpoint::Embeddings,
+            &lines,
+            "pack-2",
+            Some("f"),
+        );
+        assert_eq!(body["endpoint"], "/v1/embeddings");
         assert_eq!(a.status_url("b1"), "https://api.openai.com/v1/batches/b1");
         assert_eq!(a.cancel_url("b1"), "https://api.openai.com/v1/batches/b1/cancel");
     }
@@ -805,7 +849,7 @@ mod tests {
             json!({"no_id": true}),
         ];
         let mut out = HashMap::new();
-        a.parse_results(&mut lines.into_iter(), &mut out);
+        a.parse_results(Endpoint::ChatCompletions, &mut lines.into_iter(), &mut out);
         assert_eq!(out.len(), 4);
         let Some(LineResult::Succeeded { success, request_id }) = out.get("ok") else {
             panic!("{out:?}");
