@@ -10,9 +10,10 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::model::JobClass;
+use crate::model::{JobClass, Lane};
 use crate::routing::Target;
 use crate::store::Candidate;
+use crate::vocab::Endpoint;
 
 /// Admission decisions: `tenant`, `route`, `bucket` (the one that held the job, or empty),
 /// `decision` (`admitted` | `waiting` | `failed`), `reason`. `waiting` is counted when a
@@ -29,13 +30,18 @@ pub const PROVIDER_RESPONSES: &str = "tollgate_provider_responses_total";
 pub const PROVIDER_THROTTLES: &str = "tollgate_provider_throttles_total";
 /// Retry-After values the providers sent, by `provider`, `model` (histogram, seconds).
 pub const RETRY_AFTER: &str = "tollgate_provider_retry_after_seconds";
-/// Estimated tokens of successful attempts, by `provider`, `model`, `direction`.
+/// Estimated tokens of successful attempts, by `provider`, `model`, `endpoint`,
+/// `direction`.
 pub const TOKENS_ESTIMATED: &str = "tollgate_tokens_estimated_total";
 /// Tokens the provider reported for the same attempts.
 pub const TOKENS_ACTUAL: &str = "tollgate_tokens_actual_total";
 /// Capacity reserved but not used (estimate above actual), by `provider`, `model`,
-/// `direction`: what over-reservation wasted until settlement gave it back.
+/// `endpoint`, `direction`: what over-reservation wasted until settlement gave it back.
 pub const OVER_RESERVED: &str = "tollgate_over_reserved_tokens_total";
+/// What each answered call cost at the configured prices, in micro-USD, by `tenant`,
+/// `provider`, `model`, `endpoint` and `lane` (`online`, `provider_batch`: at the batch
+/// price) (histogram: its `_sum` is the spend).
+pub const CALL_SPEND: &str = "tollgate_call_spend_micro_usd";
 /// Retries scheduled, by `tenant`, `provider`, `model` and the failure `code`.
 pub const RETRIES: &str = "tollgate_retries_total";
 /// Provider calls per finished job, by `tenant` and final `state` (histogram).
@@ -50,6 +56,8 @@ pub const USAGE_MISSING: &str = "tollgate_provider_usage_missing_total";
 pub const SECONDS_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
 ];
+/// Histogram buckets for [`CALL_SPEND`] (micro-USD: a tenth of a micro-dollar to a dollar).
+pub const SPEND_BUCKETS: &[f64] = &[0.1, 1.0, 10.0, 100.0, 1_000.0, 10_000.0, 100_000.0, 1_000_000.0];
 /// Histogram buckets for [`ATTEMPTS_PER_JOB`].
 pub const ATTEMPT_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0];
 
@@ -149,8 +157,9 @@ pub fn usage_missing(provider: &str, model: &str) {
         .increment(1);
 }
 
-/// Estimated against reported tokens of a successful attempt, and the over-reservation.
-pub fn tokens(provider: &str, model: &str, estimated: (i64, i64), actual: (i64, i64)) {
+/// Estimated against reported tokens of a successful attempt of `endpoint`, and the
+/// over-reservation.
+pub fn tokens(provider: &str, model: &str, endpoint: Endpoint, estimated: (i64, i64), actual: (i64, i64)) {
     for (direction, est, act) in [
         ("input", estimated.0, actual.0),
         ("output", estimated.1, actual.1),
@@ -158,10 +167,23 @@ pub fn tokens(provider: &str, model: &str, estimated: (i64, i64), actual: (i64, 
         let labels = [
             ("provider", provider.to_owned()),
             ("model", model.to_owned()),
+            ("endpoint", endpoint.as_str().to_owned()),
             ("direction", direction.to_owned()),
         ];
         metrics::counter!(TOKENS_ESTIMATED, &labels).increment(est.max(0) as u64);
         metrics::counter!(TOKENS_ACTUAL, &labels).increment(act.max(0) as u64);
         metrics::counter!(OVER_RESERVED, &labels).increment((est - act).max(0) as u64);
     }
+}
+
+/// What one answered call of `tenant` to `provider`/`model` cost, in micro-USD, by the
+/// `lane` that carried it.
+pub fn call_spend(tenant: &str, provider: &str, model: &str, endpoint: Endpoint, lane: Lane, micro_usd: f64) {
+    metrics::histogram!(CALL_SPEND,
+        "tenant" => tenant.to_owned(),
+        "provider" => provider.to_owned(),
+        "model" => model.to_owned(),
+        "endpoint" => endpoint.as_str(),
+        "lane" => lane.as_str())
+    .record(micro_usd);
 }

@@ -38,6 +38,9 @@ pub fn recorder() -> &'static PrometheusHandle {
                     Matcher::Full(names::ATTEMPTS_PER_JOB.into()),
                     names::ATTEMPT_BUCKETS,
                 )
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(Matcher::Full(names::CALL_SPEND.into()), names::SPEND_BUCKETS)
             });
         let recorder = match builder {
             Ok(b) => b.build_recorder(),

@@ -140,7 +140,8 @@ pub fn waiting_job(i: usize) -> Value {
     body
 }
 
-async fn scrape(app: &TestApp) -> String {
+/// `/metrics` as the admin scrapes it.
+pub async fn scrape(app: &TestApp) -> String {
     let r = app
         .http
         .get(app.url("/metrics"))
@@ -359,7 +360,11 @@ async fn metrics_follow_a_workload() {
     // Tokens: the mock writes 12 output tokens of the 32 reserved.
     let actual_out = m(
         "tollgate_tokens_actual_total",
-        &[("provider", "oai"), ("direction", "output")],
+        &[
+            ("provider", "oai"),
+            ("endpoint", "/v1/chat/completions"),
+            ("direction", "output"),
+        ],
     );
     let estimated_out = m(
         "tollgate_tokens_estimated_total",

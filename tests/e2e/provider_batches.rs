@@ -312,6 +312,7 @@ async fn openai_batch_api_carries_every_endpoint_it_takes() {
     let app = TestApp::spawn_with(TestOptions {
         mock: mock(0, 0),
         extra_config: extra,
+        server_config: format!("admin_key = \"{}\"", crate::observe::ADMIN),
         ..TestOptions::default()
     })
     .await;
@@ -341,6 +342,27 @@ async fn openai_batch_api_carries_every_endpoint_it_takes() {
         0,
         "the online endpoints served nothing"
     );
+    // The spend of each endpoint's lines, at the batch price, is in the metrics.
+    let metrics = crate::observe::scrape(&app).await;
+    for endpoint in [EMBEDDINGS.endpoint, RESPONSES.endpoint, COMPLETIONS.endpoint] {
+        let (cost,): (f64,) = sqlx::query_as(
+            "SELECT sum(batch_cost_micro_usd)::float8 FROM provider_batches WHERE endpoint = $1",
+        )
+        .bind(endpoint)
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+        let labels = [
+            ("provider", "oaib"),
+            ("endpoint", endpoint),
+            ("lane", "provider_batch"),
+        ];
+        let recorded = crate::observe::metric(&metrics, "tollgate_call_spend_micro_usd_sum", &labels);
+        assert!(
+            cost > 0.0 && (recorded - cost).abs() < 1e-6,
+            "{endpoint}: {recorded} vs {cost}"
+        );
+    }
     app.shutdown().await;
 }
 

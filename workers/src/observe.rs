@@ -36,6 +36,7 @@ pub fn provider_call(job: &Job, target: &Target, outcome: &CallOutcome) {
         metrics::tokens(
             &target.provider,
             &target.model,
+            job.endpoint,
             (
                 i64::from(job.estimated_input_tokens),
                 i64::from(job.estimated_output_tokens),

@@ -32,7 +32,7 @@ use tollgate::clock::Clock;
 use tollgate::config::{Config, ProviderConfig};
 use tollgate::model::{Job, JobId};
 use tollgate::store::{self, NewPack, PackEnd, PackGroup, ProviderBatch, Settlement, StoreError};
-use tollgate::vocab::{LaneReason, ReasonCode};
+use tollgate::vocab::{Lane, LaneReason, ReasonCode};
 
 use crate::providers::Providers;
 use crate::providers::batch_api::{LineResult, Status, Submitted};
@@ -377,6 +377,14 @@ impl ProviderBatcher {
                 u.output_tokens as f64,
             );
             let batch_cost = online * discount;
+            tollgate::metrics::call_spend(
+                &job.tenant,
+                &pack.provider,
+                &pack.model,
+                pack.endpoint,
+                Lane::ProviderBatch,
+                batch_cost,
+            );
             end.succeeded += 1;
             end.online_cost_micro_usd += online;
             end.batch_cost_micro_usd += batch_cost;

@@ -23,7 +23,7 @@ use tracing::Instrument;
 
 use super::{Dispatcher, Via, lock, log_write};
 use crate::providers::CallOutcome;
-use tollgate::vocab::ReasonCode;
+use tollgate::vocab::{Lane, ReasonCode};
 
 tokio::task_local! {
     /// The slot (`dispatch.concurrency`) of the call this task makes. Given back when the
@@ -105,7 +105,8 @@ impl Dispatcher {
         })
     }
 
-    /// What the reservation is settled with: actual usage and its price.
+    /// What the reservation is settled with: actual usage and its price (recorded as the
+    /// call's spend).
     pub(super) fn settlement(&self, job: &Job, target: &Target, usage: Option<Usage>) -> Settlement {
         let provider = self.inner.config.provider(&target.provider);
         let price = provider.and_then(|p| p.price_for(&target.model));
@@ -117,17 +118,27 @@ impl Dispatcher {
                 &job.request,
             ))
         });
+        let actual_spend = usage.map_or(0.0, |u| {
+            let spend = buckets::spend_micro_usd(
+                price,
+                u.input_tokens as f64,
+                u.cached_tokens as f64,
+                u.output_tokens as f64,
+            );
+            tollgate::metrics::call_spend(
+                &job.tenant,
+                &target.provider,
+                &target.model,
+                job.endpoint,
+                Lane::Online,
+                spend,
+            );
+            spend
+        });
         Settlement {
             charged_output,
             usage,
-            actual_spend: usage.map_or(0.0, |u| {
-                buckets::spend_micro_usd(
-                    price,
-                    u.input_tokens as f64,
-                    u.cached_tokens as f64,
-                    u.output_tokens as f64,
-                )
-            }),
+            actual_spend,
             sent: true,
         }
     }
