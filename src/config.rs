@@ -347,25 +347,27 @@ pub enum ProviderKind {
 impl ProviderKind {
     /// Whether tollgate sends this provider kind requests of `endpoint`: chat to every
     /// kind, embeddings to the OpenAI family (Anthropic has no embeddings API), moderations
-    /// to OpenAI, Responses and legacy completions to OpenAI and OpenAI-compatible servers
-    /// (as they are),
-    /// Anthropic Messages to every kind (as they are to Anthropic, translated to chat for
-    /// the others: [`ProviderKind::translates`]).
+    /// to OpenAI, legacy completions to OpenAI and OpenAI-compatible servers (as they are),
+    /// Anthropic Messages and OpenAI Responses to every kind (as they are to their own
+    /// APIs, translated to chat for the others: [`ProviderKind::translates`]).
     pub fn serves(self, endpoint: Endpoint) -> bool {
         match endpoint {
-            Endpoint::ChatCompletions | Endpoint::Messages => true,
+            Endpoint::ChatCompletions | Endpoint::Messages | Endpoint::Responses => true,
             Endpoint::Embeddings => matches!(self, Self::Openai | Self::OpenaiCompatible | Self::Azure),
-            Endpoint::Responses | Endpoint::Completions => {
-                matches!(self, Self::Openai | Self::OpenaiCompatible)
-            }
+            Endpoint::Completions => matches!(self, Self::Openai | Self::OpenaiCompatible),
             Endpoint::Moderations => self == Self::Openai,
         }
     }
 
     /// Whether requests of `endpoint` reach this kind as chat requests, their answers
-    /// translated back: Anthropic Messages to every kind but Anthropic.
+    /// translated back: Anthropic Messages to every kind but Anthropic, OpenAI Responses
+    /// to every kind but the OpenAI family.
     pub fn translates(self, endpoint: Endpoint) -> bool {
-        endpoint == Endpoint::Messages && self != Self::Anthropic
+        match endpoint {
+            Endpoint::Messages => self != Self::Anthropic,
+            Endpoint::Responses => !matches!(self, Self::Openai | Self::OpenaiCompatible),
+            _ => false,
+        }
     }
 }
 

@@ -11,7 +11,8 @@ use tollgate::config::Config;
 use tollgate::estimate;
 use tollgate::routing::{self, Unresolved};
 use tollgate::vocab::{ApiErrorCode, Endpoint};
-use tollgate_workers::providers::{messages_chat, unexpressed};
+use tollgate_workers::providers::as_chat::AsChat;
+use tollgate_workers::providers::unexpressed;
 
 use crate::error::ApiError;
 
@@ -60,19 +61,18 @@ pub(crate) fn check(
         ApiError::bad_request(code, message).with_param(format!("{param_prefix}model"))
     })?;
     // What a target's adapter cannot translate is refused here, never dropped on the way:
-    // chat to any kind, and Messages to chat targets (first to chat, then as that chat
-    // request to the target). The other endpoints go as they are.
-    let as_chat = targets
-        .iter()
-        .any(|t| t.kind.translates(endpoint))
-        .then(|| messages_chat::chat_request(request));
+    // chat to any kind, and Messages and Responses to targets that do not speak them
+    // (first to chat, then as that chat request to the target). The other endpoints go as
+    // they are.
+    let translation = targets.iter().find_map(|t| AsChat::of(t.kind, endpoint));
+    let as_chat = translation.map(|t| t.chat_request(request));
     for target in &targets {
         let provider = config.provider(&target.provider);
-        let refused = match (&as_chat, endpoint) {
-            (_, Endpoint::ChatCompletions) => provider.and_then(|p| unexpressed(p, request)),
-            (Some(chat), _) if target.kind.translates(endpoint) => {
-                messages_chat::unexpressed(request).or_else(|| provider.and_then(|p| unexpressed(p, chat)))
-            }
+        let refused = match (&as_chat, AsChat::of(target.kind, endpoint)) {
+            _ if endpoint == Endpoint::ChatCompletions => provider.and_then(|p| unexpressed(p, request)),
+            (Some(chat), Some(translation)) => translation
+                .unexpressed(request)
+                .or_else(|| provider.and_then(|p| unexpressed(p, chat))),
             _ => None,
         };
         if let Some(refused) = refused {

@@ -53,8 +53,8 @@ impl BatchApiConfig {
 
     /// Whether `kind`'s batch API takes jobs of `endpoint`: OpenAI's Batch API its five
     /// endpoints as they are; Anthropic's Message Batches Messages requests, and chat
-    /// translated as online. A Messages request to a non-Anthropic target is translated
-    /// per call, so it goes online.
+    /// translated as online. A request translated per call (Messages to a non-Anthropic
+    /// target, Responses to a non-OpenAI one) goes online.
     pub fn carries(kind: ProviderKind, endpoint: Endpoint) -> bool {
         match kind {
             ProviderKind::Openai => endpoint != Endpoint::Messages,

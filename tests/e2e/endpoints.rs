@@ -271,7 +271,8 @@ async fn the_model_list_names_every_alias_provider_model_and_bare_model_with_wha
     assert_eq!(claude["owned_by"], "ant");
     assert_eq!(
         claude["endpoints"],
-        json!(["/v1/chat/completions", "/v1/messages"])
+        json!(["/v1/chat/completions", "/v1/responses", "/v1/messages"]),
+        "Responses reach Claude as chat"
     );
     let (_, encoded) = app.get(ACME, "/v1/models/emb%2Ftext-embedding-3-small").await;
     assert_eq!(encoded["id"], "emb/text-embedding-3-small");
@@ -619,7 +620,24 @@ async fn openai_python_sdk_drives_responses() {
         .iter()
         .filter(|j| j["result"]["output"][0]["type"] == "function_call")
         .count();
-    assert_eq!(calls, 2, "{jobs}");
+    assert_eq!(calls, 4, "two per model: {jobs}");
+    // The Claude model's job is a Responses job served by Anthropic, its result a response.
+    let (_, job) = app
+        .get(
+            ACME,
+            &format!("/v1/jobs/{}", summary["anthropic_job"].as_str().unwrap()),
+        )
+        .await;
+    assert_eq!(
+        (job["endpoint"].as_str(), job["provider"].as_str()),
+        (Some("/v1/responses"), Some("ant")),
+        "{job}"
+    );
+    assert_eq!(job["result"]["object"], "response", "{job}");
+    assert_eq!(
+        job["usage"]["output_tokens"],
+        job["result"]["usage"]["output_tokens"]
+    );
     assert_batch_completed(&app, &summary["batch"], "/v1/responses").await;
     app.shutdown().await;
 }

@@ -1,6 +1,7 @@
 """Drives tollgate's Responses endpoint with the official `openai` package, unchanged: text
 in and out, streamed; a function tool called (plain and streamed) and its output sent
-back; what tollgate cannot reserve for refused naming the field; a batch of Responses
+back — with an OpenAI model, and with a Claude model the request reaches as chat; what
+tollgate cannot reserve for or translate refused naming the field; a batch of Responses
 requests through the Files and Batch APIs.
 
 Run by the e2e test `endpoints::openai_python_sdk_drives_responses`, which passes
@@ -16,6 +17,7 @@ from checks import run, run_batch
 from openai import OpenAI
 
 MODEL = "gpt-4o-mini"
+ANTHROPIC_MODEL = "ant/claude-3-5-haiku-latest"
 TOOLS = [
     {
         "type": "function",
@@ -26,11 +28,11 @@ TOOLS = [
 ]
 
 
-def main():
-    client = OpenAI(base_url=os.environ["TOLLGATE_BASE_URL"], api_key=os.environ["TOLLGATE_API_KEY"], max_retries=0)
-
+def converse(client, model):
+    """Text plain and streamed, a function call plain and streamed, and its output sent
+    back, with `model`; the job id of the first call and its response."""
     raw = client.responses.with_raw_response.create(
-        model=MODEL, instructions="Be brief.", input="Hello there", max_output_tokens=32
+        model=model, instructions="Be brief.", input="Hello there", max_output_tokens=32
     )
     job_id = raw.headers["x-tollgate-job-id"]
     response = raw.parse()
@@ -39,21 +41,22 @@ def main():
     assert response.usage.input_tokens > 0 and response.usage.output_tokens > 0, response.usage
 
     deltas, completed = [], None
-    for event in client.responses.create(model=MODEL, input=[{"role": "user", "content": "Hi"}], stream=True):
+    for event in client.responses.create(model=model, input=[{"role": "user", "content": "Hi"}], stream=True):
         if event.type == "response.output_text.delta":
             deltas.append(event.delta)
         elif event.type == "response.completed":
             completed = event.response
     assert completed is not None and "".join(deltas) == completed.output_text, (deltas, completed)
+    assert completed.usage.output_tokens > 0, completed.usage
 
     question = [{"role": "user", "content": [{"type": "input_text", "text": "Weather in Oslo?"}]}]
-    called = client.responses.create(model=MODEL, input=question, tools=TOOLS)
+    called = client.responses.create(model=model, input=question, tools=TOOLS)
     call = called.output[0]
     assert call.type == "function_call" and call.name == "get_weather", called
     assert json.loads(call.arguments) == {"city": "mock"}, call
 
     arguments = ""
-    with client.responses.stream(model=MODEL, input=question, tools=TOOLS) as stream:
+    with client.responses.stream(model=model, input=question, tools=TOOLS) as stream:
         for event in stream:
             if event.type == "response.function_call_arguments.delta":
                 arguments += event.delta
@@ -61,11 +64,20 @@ def main():
     assert json.loads(arguments) == {"city": "mock"} and final.output[0].type == "function_call", final
 
     answered = client.responses.create(
-        model=MODEL,
+        model=model,
         input=question + [call.model_dump(), {"type": "function_call_output", "call_id": call.call_id, "output": "rain"}],
         tools=TOOLS,
     )
     assert answered.output_text and answered.output[0].type == "message", answered
+    return job_id, response
+
+
+def main():
+    client = OpenAI(base_url=os.environ["TOLLGATE_BASE_URL"], api_key=os.environ["TOLLGATE_API_KEY"], max_retries=0)
+
+    job_id, response = converse(client, MODEL)
+    # The same conversation with a Claude model: Responses translated to chat and back.
+    anthropic_job, _ = converse(client, ANTHROPIC_MODEL)
 
     for field, extra in [
         ("previous_response_id", {"previous_response_id": response.id}),
@@ -77,10 +89,10 @@ def main():
         except openai.BadRequestError as e:
             assert (e.body["code"], e.body["param"]) == ("unsupported_field", field), e.body
     try:
-        client.responses.create(model="ant/claude-3-5-haiku-latest", input="x")
-        raise AssertionError("a Responses request to Anthropic was accepted")
+        client.responses.create(model=ANTHROPIC_MODEL, input="x", reasoning={"effort": "high"})
+        raise AssertionError("reasoning was accepted for a chat target")
     except openai.BadRequestError as e:
-        assert e.body["code"] == "endpoint_not_served", e.body
+        assert (e.body["code"], e.body["param"]) == ("unsupported_field", "reasoning"), e.body
 
     lines = [
         {"custom_id": f"r-{i}", "method": "POST", "url": "/v1/responses",
@@ -94,7 +106,7 @@ def main():
         body = r["response"]["body"]
         assert body["object"] == "response" and body["output"][0]["content"][0]["text"], r
 
-    print(json.dumps({"job": job_id, "batch": batch.id}))
+    print(json.dumps({"job": job_id, "anthropic_job": anthropic_job, "batch": batch.id}))
 
 
 if __name__ == "__main__":

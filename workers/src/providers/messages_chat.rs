@@ -16,6 +16,7 @@
 use serde_json::{Map, Value, json};
 
 use super::Unexpressed;
+use super::as_chat::{ChunkEvents, copy_fields, insert_tools};
 
 /// Most stop sequences OpenAI chat takes.
 const MAX_STOPS: usize = 4;
@@ -137,33 +138,21 @@ pub fn chat_request(request: &Value) -> Value {
         request.get("model").cloned().unwrap_or(Value::Null),
     );
     chat.insert("messages".into(), Value::Array(messages));
-    for (from, to) in [
-        ("max_tokens", "max_tokens"),
-        ("temperature", "temperature"),
-        ("top_p", "top_p"),
-        ("stop_sequences", "stop"),
-        ("stream", "stream"),
-    ] {
-        if let Some(v) = request.get(from).filter(|v| !v.is_null()) {
-            chat.insert(to.into(), v.clone());
-        }
-    }
+    copy_fields(
+        &mut chat,
+        request,
+        &[
+            ("max_tokens", "max_tokens"),
+            ("temperature", "temperature"),
+            ("top_p", "top_p"),
+            ("stop_sequences", "stop"),
+            ("stream", "stream"),
+        ],
+    );
     if let Some(user) = request.pointer("/metadata/user_id").filter(|v| v.is_string()) {
         chat.insert("user".into(), user.clone());
     }
-    let tools: Vec<Value> = super::array(request, "tools")
-        .iter()
-        .map(|t| {
-            let mut function = json!({"name": t.get("name"), "parameters": t.get("input_schema")});
-            if let Some(description) = t.get("description") {
-                function["description"] = description.clone();
-            }
-            json!({"type": "function", "function": function})
-        })
-        .collect();
-    if !tools.is_empty() {
-        chat.insert("tools".into(), Value::Array(tools));
-    }
+    insert_tools(&mut chat, request, "input_schema");
     if let Some(choice) = request.get("tool_choice").filter(|v| !v.is_null()) {
         let mapped = match choice.get("type").and_then(Value::as_str) {
             Some("any") => json!("required"),
@@ -329,9 +318,8 @@ impl Default for MessageEvents {
     }
 }
 
-impl MessageEvents {
-    /// The events one chat chunk makes.
-    pub fn chunk(&mut self, chunk: &Value) -> Vec<Value> {
+impl ChunkEvents for MessageEvents {
+    fn chunk(&mut self, chunk: &Value) -> Vec<Value> {
         let mut out = Vec::new();
         if !self.started {
             self.started = true;
@@ -387,8 +375,7 @@ impl MessageEvents {
         out
     }
 
-    /// The events that end the message, once the chat stream has ended.
-    pub fn end(&mut self) -> Vec<Value> {
+    fn end(&mut self) -> Vec<Value> {
         let mut out = Vec::new();
         self.close(&mut out);
         let (input, output) = self.usage;
@@ -398,7 +385,9 @@ impl MessageEvents {
         out.push(json!({"type": "message_stop"}));
         out
     }
+}
 
+impl MessageEvents {
     /// Closes the open block and opens `block`; its index.
     fn start(&mut self, out: &mut Vec<Value>, block: Value, open: impl Fn(usize) -> Open) -> usize {
         self.close(out);
@@ -420,6 +409,7 @@ impl MessageEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::providers::as_chat::tests::{translated, types};
 
     #[test]
     fn a_tool_conversation_becomes_chat_with_its_calls_and_results_in_order() {
@@ -517,24 +507,13 @@ mod tests {
 
     #[test]
     fn a_chat_stream_becomes_anthropic_events() {
-        let mut events = MessageEvents::default();
-        let chunks = [
-            json!({"id": "chatcmpl-1", "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hi"}}]}),
-            json!({"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1",
-                "type": "function", "function": {"name": "f", "arguments": "{\"a\":"}}]}}]}),
-            json!({"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0,
-                "function": {"arguments": "1}"}}]}}]}),
-            json!({"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
-            json!({"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}}),
-        ];
-        let mut all: Vec<Value> = chunks.iter().flat_map(|c| events.chunk(c)).collect();
-        all.extend(events.end());
-        let types: Vec<&str> = all.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        let all = translated(Box::<MessageEvents>::default());
         assert_eq!(
-            types,
+            types(&all),
             [
                 "message_start",
                 "content_block_start",
+                "content_block_delta",
                 "content_block_delta",
                 "content_block_stop",
                 "content_block_start",
@@ -545,9 +524,10 @@ mod tests {
                 "message_stop"
             ]
         );
-        assert_eq!(all[4]["content_block"]["name"], "f");
-        assert_eq!(all[6]["delta"]["partial_json"], "1}");
-        assert_eq!(all[8]["delta"]["stop_reason"], "tool_use");
-        assert_eq!(all[8]["usage"], json!({"input_tokens": 9, "output_tokens": 4}));
+        assert_eq!(all[3]["delta"]["text"], " there");
+        assert_eq!(all[5]["content_block"]["name"], "f");
+        assert_eq!(all[7]["delta"]["partial_json"], "1}");
+        assert_eq!(all[9]["delta"]["stop_reason"], "tool_use");
+        assert_eq!(all[9]["usage"], json!({"input_tokens": 9, "output_tokens": 4}));
     }
 }

@@ -14,6 +14,8 @@
 //! - [`anthropic`]: Anthropic Messages (requests, responses and stream events translated
 //!   to and from the OpenAI chat format) and Message Batches.
 //! - [`gemini`]: Google Gemini `generateContent`, translated to and from the OpenAI chat format.
+//! - [`as_chat`]: endpoints a target does not speak sent to it as chat: Anthropic Messages
+//!   ([`messages_chat`]) and OpenAI Responses ([`responses_chat`]).
 //! - [`azure`]: Azure OpenAI deployments: OpenAI's format at Azure's URL and auth header.
 //! - [`streaming`]: [`streaming::ChatStream`], a started stream read event by event.
 //! - [`sse`]: the `text/event-stream` parser the streams share.
@@ -28,11 +30,13 @@
 //! ```
 
 pub mod anthropic;
+pub mod as_chat;
 pub mod azure;
 pub mod batch_api;
 pub mod gemini;
 pub mod messages_chat;
 pub mod openai;
+pub mod responses_chat;
 pub mod sse;
 pub mod streaming;
 
@@ -55,6 +59,7 @@ use tollgate::routing::Target;
 use tollgate::vocab::ReasonCode;
 use tollgate::vocab::{Dialect, Endpoint};
 
+use as_chat::AsChat;
 use batch_api::BatchApi;
 use streaming::StreamEvents;
 
@@ -310,22 +315,22 @@ impl Providers {
     }
 
     /// Sends `request` (in `endpoint`'s shape) to `target` with the provider's next key.
-    /// A Messages request to a target that speaks chat goes as chat, and its answer comes
-    /// back as a message ([`messages_chat`]).
+    /// A request of an endpoint the target does not speak goes as chat, and its answer
+    /// comes back in the endpoint's shape ([`as_chat`]).
     pub async fn call(&self, target: &Target, endpoint: Endpoint, request: &Value) -> CallOutcome {
         let client = match self.client(target) {
             Ok(client) => client,
             Err(unknown) => return CallOutcome::refused(unknown),
         };
-        if !target.kind.translates(endpoint) {
+        let Some(as_chat) = AsChat::of(target.kind, endpoint) else {
             return client.call(&self.http, target, endpoint, request).await;
-        }
-        let chat = messages_chat::chat_request(request);
+        };
+        let chat = as_chat.chat_request(request);
         let mut called = client
             .call(&self.http, target, Endpoint::ChatCompletions, &chat)
             .await;
         if let Ok(success) = &mut called.result {
-            success.body = messages_chat::message(&success.body);
+            success.body = as_chat.answer(&success.body);
         }
         called
     }

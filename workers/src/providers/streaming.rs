@@ -32,7 +32,7 @@ use tollgate::retry::{Failure, FailureClass, classify_response};
 use tollgate::routing::Target;
 use tollgate::vocab::{Endpoint, ReasonCode};
 
-use super::messages_chat::{self, MessageEvents};
+use super::as_chat::{AsChat, ChunkEvents};
 use super::sse::{SseEvent, SseParser};
 use super::{Answered, CallOutcome, Mode, Providers, send_failure};
 
@@ -337,26 +337,27 @@ impl Providers {
         request: &Value,
     ) -> Result<ChatStream, CallOutcome> {
         let client = self.client(target).map_err(CallOutcome::refused)?;
-        // A Messages request to a chat target streams as chat, relayed as Anthropic's events.
-        let translated = target.kind.translates(endpoint);
+        // A request of an endpoint the target does not speak streams as chat, relayed as
+        // the endpoint's events.
+        let as_chat = AsChat::of(target.kind, endpoint);
         let chat;
-        let (endpoint, request) = if translated {
-            chat = messages_chat::chat_request(request);
-            (Endpoint::ChatCompletions, &chat)
-        } else {
-            (endpoint, request)
+        let (endpoint, request) = match as_chat {
+            Some(as_chat) => {
+                chat = as_chat.chat_request(request);
+                (Endpoint::ChatCompletions, &chat)
+            }
+            None => (endpoint, request),
         };
         let events = client
             .api
             .stream_events(endpoint)
             .map(|chat| -> Box<dyn StreamEvents> {
-                if translated {
-                    Box::new(AsMessages {
+                match as_chat {
+                    Some(as_chat) => Box::new(Translated {
                         chat,
-                        events: MessageEvents::default(),
-                    })
-                } else {
-                    chat
+                        events: as_chat.events(),
+                    }),
+                    None => chat,
                 }
             });
         let Some(events) = events else {
@@ -408,15 +409,15 @@ impl Providers {
     }
 }
 
-/// A chat stream's chunks relayed as Anthropic Messages events, for a Messages job sent
-/// to a chat target: the target's own chat events read first, then each chunk they made
-/// translated ([`MessageEvents`]).
-struct AsMessages {
+/// A chat stream's chunks relayed as another endpoint's events, for a job sent to its
+/// target as chat ([`AsChat`]): the target's own chat events read first, then each chunk
+/// they made translated.
+struct Translated {
     chat: Box<dyn StreamEvents>,
-    events: MessageEvents,
+    events: Box<dyn ChunkEvents>,
 }
 
-impl StreamEvents for AsMessages {
+impl StreamEvents for Translated {
     fn on_event(&mut self, event: SseEvent, out: &mut StreamOut) -> Result<(), Failure> {
         let (before, was_finished) = (out.pending.len(), out.finished);
         self.chat.on_event(event, out)?;
