@@ -8,7 +8,9 @@
 //! Auth errors as Google sends them: no key → 403 `PERMISSION_DENIED`; an unknown key →
 //! 400 `INVALID_ARGUMENT` with `ErrorInfo.reason = API_KEY_INVALID`; a revoked key → 403
 //! `PERMISSION_DENIED` (`CONSUMER_SUSPENDED`). Token rule: `contents` count as messages and
-//! `systemInstruction` as one more (`request`). Only `generateContent` is served.
+//! `systemInstruction` as one more (`request`). Only `generateContent` is served. Function
+//! calling as Gemini checks it: declared functions are called (see [`function_call`]), a
+//! turn of function responses must follow the turn of calls it answers, one per call.
 
 use std::collections::HashMap;
 
@@ -112,6 +114,11 @@ pub(super) async fn generate_content(
         Ok(r) => r,
         Err(e) => return reply.bad_request(&format!("Invalid JSON payload received. {e}")),
     };
+    let call = match serde_json::from_slice::<Value>(&bytes).map(|raw| function_call(&raw)) {
+        Ok(Ok(call)) => call,
+        Ok(Err(message)) => return reply.bad_request(&message),
+        Err(e) => return reply.bad_request(&format!("Invalid JSON payload received. {e}")),
+    };
     let contents = req.contents.unwrap_or_default();
     if contents.is_empty() {
         return reply.bad_request("* GenerateContentRequest.contents: contents is not specified\n");
@@ -162,9 +169,13 @@ pub(super) async fn generate_content(
     } else {
         "STOP"
     };
+    let part = match call {
+        Some(call) => json!({"functionCall": call}),
+        None => json!({"text": inner.text.words(output)}),
+    };
     let body = json!({
         "candidates": [{
-            "content": {"parts": [{"text": inner.text.words(output)}], "role": "model"},
+            "content": {"parts": [part], "role": "model"},
             "finishReason": finish_reason,
             "index": 0,
         }],
@@ -181,6 +192,78 @@ pub(super) async fn generate_content(
     let response = reply.json(StatusCode::OK, &body, None);
     drop(refund);
     response
+}
+
+/// The parts of a content holding `key` (`functionCall`, `functionResponse`).
+fn parts_with(content: &Value, key: &str) -> usize {
+    content
+        .get("parts")
+        .and_then(Value::as_array)
+        .map_or(0, |parts| parts.iter().filter(|p| p.get(key).is_some()).count())
+}
+
+/// Checks the request's function turns as Gemini does — a turn of function responses
+/// right after the model's turn of calls, one response per call — and decides whether the
+/// mock calls a function instead of answering in text: when the request declares
+/// functions, its `toolConfig` does not say `NONE`, and its last turn answers no call. It
+/// calls the one `allowedFunctionNames` names (or the first declared) with `"mock"` for
+/// each property of its parameters.
+fn function_call(body: &Value) -> Result<Option<Value>, String> {
+    let contents = body
+        .get("contents")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    for (i, content) in contents.iter().enumerate() {
+        let answers = parts_with(content, "functionResponse");
+        if answers == 0 {
+            continue;
+        }
+        let calls = i
+            .checked_sub(1)
+            .map_or(0, |before| parts_with(&contents[before], "functionCall"));
+        if calls == 0 {
+            return Err(
+                "Please ensure that function response turn comes immediately after a function call turn."
+                    .to_owned(),
+            );
+        }
+        if calls != answers {
+            return Err("Please ensure that the number of function response parts is equal to the number of function call parts of the function call turn.".to_owned());
+        }
+    }
+    let declarations: Vec<&Value> = body
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t.get("functionDeclarations").and_then(Value::as_array))
+        .flatten()
+        .collect();
+    let config = body.pointer("/toolConfig/functionCallingConfig");
+    let answered = contents
+        .last()
+        .is_some_and(|c| parts_with(c, "functionResponse") > 0);
+    if declarations.is_empty() || answered || config.and_then(|c| c.get("mode")) == Some(&json!("NONE")) {
+        return Ok(None);
+    }
+    let allowed = config
+        .and_then(|c| c.pointer("/allowedFunctionNames/0"))
+        .and_then(Value::as_str);
+    let chosen = declarations
+        .iter()
+        .find(|d| allowed.is_none_or(|name| d.get("name").and_then(Value::as_str) == Some(name)))
+        .ok_or_else(|| format!("allowedFunctionNames names no declared function: {allowed:?}"))?;
+    let args: serde_json::Map<String, Value> = ["parametersJsonSchema", "parameters"]
+        .iter()
+        .find_map(|k| chosen.get(*k))
+        .and_then(|schema| schema.get("properties"))
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .map(|(k, _)| (k.clone(), Value::from("mock")))
+        .collect();
+    Ok(Some(json!({"name": chosen.get("name"), "args": args})))
 }
 
 impl Respond for Reply<'_> {

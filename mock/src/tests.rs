@@ -1359,6 +1359,62 @@ fn gemini_body(max: u64) -> Value {
 }
 
 #[tokio::test]
+async fn gemini_calls_declared_functions_and_checks_their_responses() {
+    let h = start("[[projects]]\nname = \"gem\"\nkind = \"gemini\"\nkeys = [\"g-1\"]\n").await;
+    let tools = json!([{"functionDeclarations": [
+        {"name": "other", "parametersJsonSchema": {"type": "object"}},
+        {"name": "get_weather", "parametersJsonSchema": {"type": "object", "properties": {"city": {"type": "string"}}}}]}]);
+    let ask = json!({"role": "user", "parts": [{"text": "Oslo?"}]});
+    let call = json!({"role": "model", "parts": [{"functionCall": {"name": "get_weather", "args": {"city": "Oslo"}}}]});
+    let answer = |n: usize| {
+        let part = json!({"functionResponse": {"name": "get_weather", "response": {"result": "sunny"}}});
+        json!({"role": "user", "parts": vec![part; n]})
+    };
+    let body =
+        |contents: Value, config: Value| json!({"contents": contents, "tools": tools, "toolConfig": config});
+    let named = json!({"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["get_weather"]}});
+    let r = h
+        .gemini("gemini-2.0-flash", Some("g-1"), body(json!([ask]), named))
+        .await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        v["candidates"][0]["content"]["parts"][0]["functionCall"],
+        json!({"name": "get_weather", "args": {"city": "mock"}})
+    );
+    // Answered, or told not to call: text.
+    let none = json!({"functionCallingConfig": {"mode": "NONE"}});
+    for (contents, config) in [(json!([ask, call, answer(1)]), json!({})), (json!([ask]), none)] {
+        let r = h
+            .gemini("gemini-2.0-flash", Some("g-1"), body(contents, config))
+            .await;
+        assert_eq!(r.status(), 200);
+        let v: Value = r.json().await.unwrap();
+        assert!(
+            v["candidates"][0]["content"]["parts"][0]["text"].is_string(),
+            "{v}"
+        );
+    }
+    // A response with no call before it, or one response for two calls: 400.
+    let two_calls = json!({"role": "model", "parts": [call["parts"][0], call["parts"][0]]});
+    for contents in [json!([ask, answer(1)]), json!([ask, two_calls, answer(1)])] {
+        let r = h
+            .gemini("gemini-2.0-flash", Some("g-1"), body(contents, json!({})))
+            .await;
+        assert_eq!(r.status(), 400);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["status"], "INVALID_ARGUMENT", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("function response"),
+            "{v}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn gemini_success_errors_and_quota_429() {
     let h = start(GEMINI).await;
     let r = h.gemini("gemini-2.0-flash", Some("g-1"), gemini_body(3)).await;

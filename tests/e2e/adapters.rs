@@ -263,18 +263,20 @@ async fn what_gemini_cannot_express_is_refused_naming_the_field() {
         ..TestOptions::default()
     })
     .await;
-    let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
     let user = json!({"role": "user", "content": "hi"});
     for (extra, param) in [
-        (json!({"tools": tools}), "request.tools"),
         (json!({"n": 3}), "request.n"),
         (
-            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}),
-            "request.response_format",
+            json!({"parallel_tool_calls": false}),
+            "request.parallel_tool_calls",
         ),
         (
             json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}),
-            "request.messages[0].content[0]",
+            "request.messages[0].content[0].image_url.url",
+        ),
+        (
+            json!({"messages": [user, {"role": "tool", "tool_call_id": "call_9", "content": "x"}]}),
+            "request.messages[1].tool_call_id",
         ),
     ] {
         let mut request = json!({"model": "gem/gemini-2.0-flash", "messages": [user]});
@@ -298,5 +300,54 @@ async fn what_gemini_cannot_express_is_refused_naming_the_field() {
     let done = app.run_job(GLOBEX, &json!({"request": request}), 30).await;
     assert_eq!(done["state"], "succeeded", "{done}");
     assert_eq!(app.mock.stats().requests, 1);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_tool_conversation_reaches_gemini_and_comes_back() {
+    let app = TestApp::spawn_with(TestOptions {
+        mock: mock(1000),
+        extra_config: providers(false),
+        ..TestOptions::default()
+    })
+    .await;
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let pixel =
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==";
+    let question = json!([{"role": "user", "content": [{"type": "text", "text": "Weather where this was taken?"},
+        {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{pixel}")}}]}]);
+    let ask = |messages: &Value| {
+        json!({"model": "gem/gemini-2.0-flash", "messages": messages, "tools": tools,
+               "tool_choice": "required", "max_tokens": 64})
+    };
+    let (status, called) = app.post(ACME, "/v1/chat/completions", &ask(&question)).await;
+    assert_eq!(status, 200, "{called}");
+    let choice = &called["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{called}");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "get_weather");
+    assert_eq!(call["function"]["arguments"], r#"{"city":"mock"}"#);
+    // The result goes back as a function response; the model answers in text.
+    let mut answered = question.as_array().unwrap().clone();
+    answered.push(json!({"role": "assistant", "content": null, "tool_calls": [call]}));
+    answered.push(json!({"role": "tool", "tool_call_id": call["id"], "content": "sunny"}));
+    let (status, answer) = app
+        .post(ACME, "/v1/chat/completions", &ask(&Value::Array(answered)))
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["choices"][0]["finish_reason"], "stop", "{answer}");
+    assert!(
+        answer["choices"][0]["message"]["content"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty())
+    );
+    // A JSON schema answer is asked with the schema.
+    let structured = json!({"model": "gem/gemini-2.0-flash", "messages": question, "max_tokens": 16,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}}});
+    let (status, done) = app.post(ACME, "/v1/chat/completions", &structured).await;
+    assert_eq!(status, 200, "{done}");
+    let stats = app.mock.stats();
+    assert_eq!((stats.succeeded, stats.bad_request), (3, 0), "{stats:?}");
     app.shutdown().await;
 }

@@ -19,7 +19,7 @@ use super::batch_api::{BatchApi, LineResult, Status, Upload, failed};
 use super::openai::{content_text, stop_sequences};
 use super::sse::SseEvent;
 use super::streaming::{self, StreamEvents, StreamOut};
-use super::{Mode, ProviderApi, Success, Unexpressed, array, int};
+use super::{Mode, ProviderApi, Success, Unexpressed, arguments_object, array, data_url, int};
 
 /// An Anthropic provider.
 pub struct Anthropic {
@@ -161,8 +161,7 @@ fn unexpressed(request: &Value) -> Option<Unexpressed> {
                 .pointer("/function/arguments")
                 .and_then(Value::as_str)
                 .unwrap_or_default();
-            let object = serde_json::from_str::<Value>(arguments).is_ok_and(|v| v.is_object());
-            if !object && !arguments.trim().is_empty() {
+            if arguments_object(call).is_none() && !arguments.trim().is_empty() {
                 return Unexpressed::at(
                     format!("messages[{i}].tool_calls[{j}].function.arguments"),
                     "tool call arguments must be a JSON object for Anthropic",
@@ -183,12 +182,6 @@ fn unexpressed(request: &Value) -> Option<Unexpressed> {
         }
     }
     None
-}
-
-/// A `data:` URL's media type and base64 data.
-fn data_url(url: &str) -> Option<(&str, &str)> {
-    let (head, data) = url.strip_prefix("data:")?.split_once(',')?;
-    Some((head.strip_suffix(";base64")?, data))
 }
 
 /// OpenAI content (a string, or parts) → Anthropic content blocks: text parts as text
@@ -243,11 +236,7 @@ pub(super) fn translate_request(model: &str, request: &Value) -> Value {
             "assistant" => {
                 let mut blocks = content_blocks(m.get("content"));
                 for call in array(m, "tool_calls") {
-                    let arguments = call.pointer("/function/arguments").and_then(Value::as_str);
-                    let input = arguments
-                        .and_then(|a| serde_json::from_str::<Value>(a).ok())
-                        .filter(Value::is_object)
-                        .unwrap_or_else(|| json!({}));
+                    let input = arguments_object(call).unwrap_or_else(|| json!({}));
                     blocks.push(json!({"type": "tool_use", "id": call.get("id"),
                         "name": call.pointer("/function/name"), "input": input}));
                 }

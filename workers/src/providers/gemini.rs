@@ -2,11 +2,16 @@
 //! with an `x-goog-api-key` header. Requests arrive in OpenAI chat format and are
 //! translated (`system` → `systemInstruction`, `assistant` → role `model`, sampling
 //! fields → `generationConfig`, whose `maxOutputTokens` is always the cap the gate
-//! reserved: `tollgate::estimate::output_cap`); the response is translated back, usage from
-//! `usageMetadata`. Gemini sends no rate-limit headers: its 429 bodies (`QuotaFailure`,
+//! reserved: `tollgate::estimate::output_cap`; function tools → `functionDeclarations`
+//! with their JSON Schema, `tool_choice` → `toolConfig`, an assistant's tool calls →
+//! `functionCall` parts, `tool` messages → `functionResponse` parts, `data:` image URLs →
+//! `inlineData`, a JSON schema `response_format` → `responseJsonSchema`); the response is
+//! translated back (`functionCall` parts → tool calls), usage from `usageMetadata`. Gemini sends no rate-limit headers: its 429 bodies (`QuotaFailure`,
 //! `RetryInfo`) are read by `tollgate::ratelimit` and classified by
 //! `tollgate::retry::classify_response`. Streaming (`streamGenerateContent`) is not
 //! translated: a stream to Gemini is refused with `streaming_unsupported`.
+
+use std::collections::HashMap;
 
 use reqwest::RequestBuilder;
 use secrecy::{ExposeSecret, SecretString};
@@ -17,7 +22,7 @@ use tollgate::vocab::Endpoint;
 
 use super::openai::{content_text, stop_sequences};
 use super::streaming::StreamEvents;
-use super::{Mode, ProviderApi, Success, Unexpressed, array, int};
+use super::{Mode, ProviderApi, Success, Unexpressed, arguments_object, array, data_url, int};
 
 /// A Google Gemini API provider.
 pub struct Gemini {
@@ -62,21 +67,21 @@ impl ProviderApi for Gemini {
 }
 
 /// Chat fields the translation below does not carry to Gemini.
-const UNEXPRESSED_FIELDS: [&str; 9] = [
+const UNEXPRESSED_FIELDS: [&str; 6] = [
     "n",
     "logprobs",
     "top_logprobs",
     "logit_bias",
-    "tools",
-    "tool_choice",
     "functions",
     "function_call",
-    "parallel_tool_calls",
 ];
 
 /// What of an OpenAI chat request [`translate_request`] cannot carry: the fields above,
-/// a `response_format` other than text or `json_object`, and messages with tool calls,
-/// tool results or images (it sends text).
+/// `parallel_tool_calls: false` (Gemini has no such switch), tools that are not functions,
+/// a `response_format` other than text, `json_object` or `json_schema`, tool call
+/// arguments that are not a JSON object, a tool result answering no call of the
+/// conversation, images not given inline (`data:` URLs), and parts other than text and
+/// images.
 fn unexpressed(request: &Value) -> Option<Unexpressed> {
     if let Some(refused) = super::first_set(request, &UNEXPRESSED_FIELDS, "Gemini") {
         return Some(refused);
@@ -84,50 +89,139 @@ fn unexpressed(request: &Value) -> Option<Unexpressed> {
     let refuse = |param: String, message: &str| {
         Unexpressed::at(param, format!("{message}; remove it or route to an OpenAI model"))
     };
+    if request.get("parallel_tool_calls") == Some(&Value::Bool(false)) {
+        return refuse(
+            "parallel_tool_calls".to_owned(),
+            "Gemini cannot be told to call one tool at a time",
+        );
+    }
     if let Some(format) = request.pointer("/response_format/type").and_then(Value::as_str)
-        && !matches!(format, "text" | "json_object")
+        && !matches!(format, "text" | "json_object" | "json_schema")
     {
         return refuse(
             "response_format".to_owned(),
             "tollgate sends Gemini text or JSON output only",
         );
     }
+    for (i, tool) in array(request, "tools").iter().enumerate() {
+        if tool.get("type").and_then(Value::as_str) != Some("function") {
+            return refuse(format!("tools[{i}].type"), "Gemini takes function tools only");
+        }
+    }
+    let calls = call_names(request);
     for (i, m) in array(request, "messages").iter().enumerate() {
+        for (j, call) in array(m, "tool_calls").iter().enumerate() {
+            let arguments = call
+                .pointer("/function/arguments")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            if arguments_object(call).is_none() && !arguments.trim().is_empty() {
+                return refuse(
+                    format!("messages[{i}].tool_calls[{j}].function.arguments"),
+                    "tool call arguments must be a JSON object for Gemini",
+                );
+            }
+        }
         if m.get("role").and_then(Value::as_str) == Some("tool")
-            || m.get("tool_calls").is_some_and(|c| !c.is_null())
+            && !m
+                .get("tool_call_id")
+                .and_then(Value::as_str)
+                .is_some_and(|id| calls.contains_key(id))
         {
             return refuse(
-                format!("messages[{i}]"),
-                "tollgate sends Gemini no tool calls or results",
+                format!("messages[{i}].tool_call_id"),
+                "a tool result must answer a tool call of the conversation (Gemini names the function it answers)",
             );
         }
         for (j, part) in array(m, "content").iter().enumerate() {
-            if part.get("type").and_then(Value::as_str) != Some("text") {
-                return refuse(
-                    format!("messages[{i}].content[{j}]"),
-                    "tollgate sends Gemini text parts only",
-                );
+            match part.get("type").and_then(Value::as_str) {
+                Some("text") => {}
+                Some("image_url") => {
+                    let url = part.pointer("/image_url/url").and_then(Value::as_str);
+                    if url.and_then(data_url).is_none() {
+                        return refuse(
+                            format!("messages[{i}].content[{j}].image_url.url"),
+                            "Gemini takes images inline: send the image as a base64 `data:` URL",
+                        );
+                    }
+                }
+                _ => {
+                    return refuse(
+                        format!("messages[{i}].content[{j}]"),
+                        "tollgate sends Gemini text and image parts only",
+                    );
+                }
             }
         }
     }
     None
 }
 
+/// The function name of each tool call of the conversation, by call id.
+fn call_names(request: &Value) -> HashMap<&str, &Value> {
+    array(request, "messages")
+        .iter()
+        .flat_map(|m| array(m, "tool_calls"))
+        .filter_map(|c| Some((c.get("id")?.as_str()?, c.pointer("/function/name")?)))
+        .collect()
+}
+
+/// A chat message's content as Gemini parts: text, and `data:` images inline.
+fn parts(content: Option<&Value>) -> Vec<Value> {
+    let Some(Value::Array(items)) = content else {
+        return vec![json!({"text": content_text(content)})];
+    };
+    items
+        .iter()
+        .filter_map(|p| match p.get("type").and_then(Value::as_str) {
+            Some("image_url") => {
+                let url = p.pointer("/image_url/url").and_then(Value::as_str)?;
+                let (mime, data) = data_url(url)?;
+                Some(json!({"inlineData": {"mimeType": mime, "data": data}}))
+            }
+            _ => Some(json!({"text": p.get("text").and_then(Value::as_str).unwrap_or_default()})),
+        })
+        .collect()
+}
+
 /// OpenAI chat request → Gemini `GenerateContentRequest` (the model is in the URL).
 pub(super) fn translate_request(request: &Value) -> Value {
     let mut system = Vec::new();
-    let mut contents = Vec::new();
-    for m in request
-        .get("messages")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let text = content_text(m.get("content"));
+    let mut contents: Vec<Value> = Vec::new();
+    let names = call_names(request);
+    for m in array(request, "messages") {
         match m.get("role").and_then(Value::as_str).unwrap_or("user") {
-            "system" | "developer" => system.push(json!({"text": text})),
-            "assistant" => contents.push(json!({"role": "model", "parts": [{"text": text}]})),
-            _ => contents.push(json!({"role": "user", "parts": [{"text": text}]})),
+            "system" | "developer" => system.push(json!({"text": content_text(m.get("content"))})),
+            "assistant" => {
+                let text = content_text(m.get("content"));
+                let calls = array(m, "tool_calls");
+                let mut parts: Vec<Value> = Vec::new();
+                if !text.is_empty() || calls.is_empty() {
+                    parts.push(json!({"text": text}));
+                }
+                parts.extend(calls.iter().map(|c| {
+                    json!({"functionCall": {"id": c.get("id"), "name": c.pointer("/function/name"),
+                                            "args": arguments_object(c).unwrap_or_else(|| json!({}))}})
+                }));
+                contents.push(json!({"role": "model", "parts": parts}));
+            }
+            "tool" => {
+                // The results of one turn's calls go back together, as one user turn.
+                let id = m.get("tool_call_id").and_then(Value::as_str).unwrap_or_default();
+                let answer = json!({"functionResponse": {"id": id, "name": names.get(id),
+                    "response": {"result": content_text(m.get("content"))}}});
+                let answers_before = contents.last_mut().filter(|c| {
+                    c["role"] == "user"
+                        && array(c, "parts")
+                            .iter()
+                            .all(|p| p.get("functionResponse").is_some())
+                });
+                match answers_before.and_then(|c| c["parts"].as_array_mut()) {
+                    Some(parts) => parts.push(answer),
+                    None => contents.push(json!({"role": "user", "parts": [answer]})),
+                }
+            }
+            _ => contents.push(json!({"role": "user", "parts": parts(m.get("content"))})),
         }
     }
     let mut config = Map::new();
@@ -149,13 +243,54 @@ pub(super) fn translate_request(request: &Value) -> Value {
     if let Some(stop) = stop_sequences(request) {
         config.insert("stopSequences".into(), stop);
     }
-    if request.pointer("/response_format/type").and_then(Value::as_str) == Some("json_object") {
-        config.insert("responseMimeType".into(), json!("application/json"));
+    match request.pointer("/response_format/type").and_then(Value::as_str) {
+        Some("json_object") => {
+            config.insert("responseMimeType".into(), json!("application/json"));
+        }
+        Some("json_schema") => {
+            config.insert("responseMimeType".into(), json!("application/json"));
+            config.insert(
+                "responseJsonSchema".into(),
+                request
+                    .pointer("/response_format/json_schema/schema")
+                    .cloned()
+                    .unwrap_or_else(|| json!({})),
+            );
+        }
+        _ => {}
     }
     let mut out = Map::new();
     out.insert("contents".into(), Value::Array(contents));
     if !system.is_empty() {
         out.insert("systemInstruction".into(), json!({"parts": system}));
+    }
+    let declarations: Vec<Value> = array(request, "tools")
+        .iter()
+        .map(|t| {
+            let f = t.get("function").unwrap_or(&Value::Null);
+            let mut declaration = json!({"name": f.get("name")});
+            for (from, to) in [
+                ("description", "description"),
+                ("parameters", "parametersJsonSchema"),
+            ] {
+                if let Some(v) = f.get(from).filter(|v| !v.is_null()) {
+                    declaration[to] = v.clone();
+                }
+            }
+            declaration
+        })
+        .collect();
+    if !declarations.is_empty() {
+        out.insert("tools".into(), json!([{"functionDeclarations": declarations}]));
+    }
+    if let Some(choice) = request.get("tool_choice").filter(|v| !v.is_null()) {
+        let config = match choice.as_str() {
+            Some("none") => json!({"mode": "NONE"}),
+            Some("required") => json!({"mode": "ANY"}),
+            Some(_) => json!({"mode": "AUTO"}),
+            None => json!({"mode": "ANY", "allowedFunctionNames": [choice.pointer("/function/name")]}),
+        };
+        out.insert("toolConfig".into(), json!({"functionCallingConfig": config}));
     }
     out.insert("generationConfig".into(), Value::Object(config));
     Value::Object(out)
@@ -183,22 +318,34 @@ pub(super) fn parse_success(body: &[u8], model: &str) -> Result<Success, String>
     if candidate.is_none() && !blocked {
         return Err("provider answered 2xx without `candidates`".to_owned());
     }
-    let text: String = candidate
+    let parts = candidate
         .and_then(|c| c.pointer("/content/parts"))
         .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let text: String = parts
+        .iter()
         .filter(|p| p.get("thought").and_then(Value::as_bool) != Some(true))
         .filter_map(|p| p.get("text").and_then(Value::as_str))
         .collect();
-    let finish = if candidate.is_none() {
-        "content_filter"
-    } else {
-        finish_reason(
-            candidate
-                .and_then(|c| c.get("finishReason"))
-                .and_then(Value::as_str),
-        )
+    let tool_calls: Vec<Value> = parts
+        .iter()
+        .filter_map(|p| p.get("functionCall"))
+        .enumerate()
+        .map(|(i, call)| {
+            let id = call
+                .get("id")
+                .and_then(Value::as_str)
+                .map_or_else(|| format!("call_{i}"), str::to_owned);
+            let arguments = call.get("args").cloned().unwrap_or_else(|| json!({}));
+            json!({"id": id, "type": "function",
+                   "function": {"name": call.get("name"), "arguments": arguments.to_string()}})
+        })
+        .collect();
+    let finish = match candidate {
+        None => "content_filter",
+        Some(_) if !tool_calls.is_empty() => "tool_calls",
+        Some(c) => finish_reason(c.get("finishReason").and_then(Value::as_str)),
     };
     let reported = r.get("usageMetadata").is_some_and(Value::is_object);
     let u = r.get("usageMetadata").cloned().unwrap_or(Value::Null);
@@ -221,7 +368,7 @@ pub(super) fn parse_success(body: &[u8], model: &str) -> Result<Success, String>
         r.get("responseId").cloned().unwrap_or(Value::Null),
         Value::String(model.to_owned()),
         text,
-        Vec::new(),
+        tool_calls,
         finish,
         usage,
     );
@@ -320,7 +467,7 @@ mod tests {
         assert_eq!(
             g["contents"],
             json!([
-                {"role": "user", "parts": [{"text": "hi there"}]},
+                {"role": "user", "parts": [{"text": "hi "}, {"text": "there"}]},
                 {"role": "model", "parts": [{"text": "yes?"}]},
                 {"role": "user", "parts": [{"text": "go"}]}
             ])
@@ -344,6 +491,107 @@ mod tests {
         assert_eq!(
             translate_request(&json!("nope")),
             json!({"contents": [], "generationConfig": {"maxOutputTokens": 1024}})
+        );
+    }
+
+    #[test]
+    fn translates_tools_calls_results_images_and_schemas() {
+        let r = json!({
+            "model": "fast",
+            "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                       "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}},
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "Oslo and Bergen?"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}},
+                    {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+                {"role": "tool", "tool_call_id": "call_2", "content": "rain"}
+            ]
+        });
+        assert_eq!(unexpressed(&r), None);
+        let g = translate_request(&r);
+        assert_eq!(
+            g["contents"],
+            json!([
+                {"role": "user", "parts": [{"text": "Oslo and Bergen?"},
+                    {"inlineData": {"mimeType": "image/png", "data": "AAAA"}}]},
+                {"role": "model", "parts": [
+                    {"functionCall": {"id": "call_1", "name": "get_weather", "args": {"city": "Oslo"}}},
+                    {"functionCall": {"id": "call_2", "name": "get_weather", "args": {}}}]},
+                {"role": "user", "parts": [
+                    {"functionResponse": {"id": "call_1", "name": "get_weather", "response": {"result": "sunny"}}},
+                    {"functionResponse": {"id": "call_2", "name": "get_weather", "response": {"result": "rain"}}}]}
+            ])
+        );
+        assert_eq!(
+            g["tools"],
+            json!([{"functionDeclarations": [{"name": "get_weather", "description": "Weather",
+                "parametersJsonSchema": {"type": "object", "properties": {"city": {"type": "string"}}}}]}])
+        );
+        assert_eq!(
+            g["toolConfig"],
+            json!({"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["get_weather"]}})
+        );
+        assert_eq!(
+            g["generationConfig"]["responseJsonSchema"],
+            json!({"type": "object"})
+        );
+        assert_eq!(g["generationConfig"]["responseMimeType"], "application/json");
+        for (choice, mode) in [("none", "NONE"), ("auto", "AUTO"), ("required", "ANY")] {
+            let g = translate_request(&json!({"messages": [], "tool_choice": choice}));
+            assert_eq!(g["toolConfig"]["functionCallingConfig"]["mode"], mode);
+        }
+
+        let called = br#"{"candidates":[{"content":{"parts":[{"text":"Checking."},{"functionCall":{"name":"get_weather","args":{"city":"Oslo"}}}],"role":"model"},"finishReason":"STOP"}],
+            "usageMetadata":{"promptTokenCount":9,"candidatesTokenCount":4}}"#;
+        let s = parse_success(called, "m").unwrap();
+        let choice = &s.body["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        assert_eq!(choice["message"]["content"], "Checking.");
+        assert_eq!(
+            choice["message"]["tool_calls"],
+            json!([{"id": "call_0", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}}])
+        );
+    }
+
+    #[test]
+    fn what_gemini_cannot_express_is_refused_by_its_field() {
+        let param = |extra: Value| {
+            let mut r = json!({"messages": [{"role": "user", "content": "hi"}]});
+            for (k, v) in extra.as_object().unwrap() {
+                r[k] = v.clone();
+            }
+            unexpressed(&r).map(|u| u.param)
+        };
+        assert_eq!(
+            param(json!({"parallel_tool_calls": false})),
+            Some("parallel_tool_calls".into())
+        );
+        assert_eq!(param(json!({"parallel_tool_calls": true})), None);
+        assert_eq!(
+            param(json!({"tools": [{"type": "custom", "custom": {"name": "x"}}]})),
+            Some("tools[0].type".into())
+        );
+        let url = json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]);
+        assert_eq!(
+            param(json!({"messages": url})),
+            Some("messages[0].content[0].image_url.url".into())
+        );
+        let stray = json!([{"role": "tool", "tool_call_id": "call_9", "content": "x"}]);
+        assert_eq!(
+            param(json!({"messages": stray})),
+            Some("messages[0].tool_call_id".into())
+        );
+        let bad = json!([{"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+            "function": {"name": "f", "arguments": "[1]"}}]}]);
+        assert_eq!(
+            param(json!({"messages": bad})),
+            Some("messages[0].tool_calls[0].function.arguments".into())
         );
     }
 

@@ -181,6 +181,21 @@ impl Unexpressed {
     }
 }
 
+/// A `data:` URL's media type and base64 data.
+fn data_url(url: &str) -> Option<(&str, &str)> {
+    let (head, data) = url.strip_prefix("data:")?.split_once(',')?;
+    Some((head.strip_suffix(";base64")?, data))
+}
+
+/// A chat tool call's arguments as the JSON object they encode (`None` when they are not
+/// one).
+fn arguments_object(call: &Value) -> Option<Value> {
+    call.pointer("/function/arguments")
+        .and_then(Value::as_str)
+        .and_then(|a| serde_json::from_str::<Value>(a).ok())
+        .filter(Value::is_object)
+}
+
 /// The array at `key` of `v`, or none.
 fn array<'a>(v: &'a Value, key: &str) -> &'a [Value] {
     v.get(key)
