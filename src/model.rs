@@ -126,6 +126,9 @@ pub struct Job {
     pub dispatch_reason: Option<String>,
     /// The provider batch carrying (or that carried) the job.
     pub provider_batch_id: Option<String>,
+    /// What the job's attempts cost at the configured prices, in micro-USD (a
+    /// provider-batch line at the batch price); `None` until one is charged.
+    pub spend_micro_usd: Option<f64>,
 }
 
 impl Job {
@@ -170,6 +173,7 @@ impl Job {
             dispatch_via: None,
             dispatch_reason: None,
             provider_batch_id: None,
+            spend_micro_usd: None,
         }
     }
 }

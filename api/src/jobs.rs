@@ -657,5 +657,10 @@ pub(crate) fn job_view(job: &Job) -> Value {
             "reason": job.dispatch_reason,
             "provider_batch_id": job.provider_batch_id,
         },
+        // What its attempts cost at the configured prices (`null` until one is charged).
+        "cost": {
+            "charged_usd": job.spend_micro_usd.map(|m| m / 1e6),
+            "lane": job.dispatch_via.as_deref().unwrap_or(tollgate::vocab::Lane::Online.as_str()),
+        },
     })
 }

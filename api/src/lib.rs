@@ -58,6 +58,7 @@ pub(crate) mod requests;
 pub mod serve;
 pub mod status;
 pub mod supervise;
+pub mod usage;
 
 use std::sync::Arc;
 use tollgate::vocab::ApiErrorCode;
@@ -169,6 +170,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(models::get))
         .routes(routes!(models::get_qualified))
         .routes(routes!(limits::list))
+        .routes(routes!(usage::get))
         .routes({
             // Uploads stream and enforce `batches.max_file_bytes` themselves.
             let (schemas, paths, method) = routes!(files::upload, files::list);

@@ -254,10 +254,16 @@ pub struct JobSchema {
     metadata: Option<Value>,
     /// `{via, reason, provider_batch_id}`: `online` or `provider_batch` (the provider's own
     /// batch API), why (`deadline_allows_batch_api`, `deadline_too_close_for_batch_api`,
-    /// `route_has_no_batch_api`, `provider_batch_failed_retry_online`; null when not
-    /// decided), and the provider batch that carries or carried it.
+    /// `route_has_no_batch_api`, `endpoint_not_batched`,
+    /// `provider_batch_failed_retry_online`; null when not decided), and the provider batch
+    /// that carries or carried it.
     #[schema(value_type = Object)]
     dispatch: Value,
+    /// `{charged_usd, lane}`: what its attempts cost at the configured prices (a
+    /// provider-batch line at the batch discount; null until a provider answers one), and
+    /// the lane that carried it.
+    #[schema(value_type = Object)]
+    cost: Value,
 }
 
 /// `GET /v1/jobs`: a page of jobs, newest first.

@@ -429,6 +429,11 @@ impl<'a> Embeddings<'a> {
         })
     }
 
+    /// How many inputs it holds.
+    pub(super) fn inputs(&self) -> usize {
+        self.inputs.len()
+    }
+
     /// The tokens of every input, all charged as input.
     pub(super) fn tokens(&self) -> u64 {
         self.inputs.iter().sum()

@@ -13,7 +13,11 @@ use serde_json::{Value, json};
 
 use super::batch_state::{BatchApi, Line, MockBatch, StoredFile};
 use super::config::ProviderKind;
+use super::openai::Embeddings;
 use super::{Inner, KeyLookup, MockProvider, uuid_v7};
+
+/// Most embedding inputs across the requests of one batch of embeddings.
+const MAX_EMBEDDING_INPUTS: usize = 50_000;
 
 /// The endpoints a batch may carry, one per batch.
 const BATCH_ENDPOINTS: [&str; 5] = [
@@ -195,6 +199,16 @@ pub(super) async fn create_batch(
                 return error(StatusCode::BAD_REQUEST, &msg, Some("invalid_request"));
             }
         }
+    }
+    let inputs: usize = lines
+        .iter()
+        .map(|l| Embeddings::check(&l.body).map_or(1, |e| e.inputs()))
+        .sum();
+    if endpoint == "/v1/embeddings" && inputs > MAX_EMBEDDING_INPUTS {
+        let message = format!(
+            "A batch of embeddings may hold at most {MAX_EMBEDDING_INPUTS} embedding inputs across its requests; this one has {inputs}."
+        );
+        return error(StatusCode::BAD_REQUEST, &message, Some("invalid_request"));
     }
     let id = format!("batch_{}", uuid_v7(inner).simple());
     let batch = MockBatch {

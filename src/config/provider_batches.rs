@@ -20,6 +20,9 @@ pub struct BatchApiConfig {
     pub max_lines: Option<u64>,
     /// Largest provider batch in bytes. Default by kind: OpenAI 200 MB, Anthropic 256 MB.
     pub max_bytes: Option<u64>,
+    /// Most embedding inputs across the lines of one OpenAI batch of embeddings. Default
+    /// 50,000, OpenAI's limit.
+    pub max_embedding_inputs: Option<u64>,
     /// The provider's enqueued-token pool per model (prompt tokens of unfinished batches):
     /// becomes the gauge bucket `provider:<p>:<m>:batch_queue_tokens`. None = unlimited.
     pub enqueued_tokens: Option<u64>,
@@ -38,6 +41,7 @@ impl Default for BatchApiConfig {
             min_deadline_secs: 24 * 3600,
             max_lines: None,
             max_bytes: None,
+            max_embedding_inputs: None,
             enqueued_tokens: None,
             poll_interval_ms: 60_000,
             pack_wait_ms: 60_000,
@@ -70,10 +74,25 @@ impl BatchApiConfig {
         if !(self.discount > 0.0 && self.discount <= 1.0) {
             return Err("`discount` must be in (0, 1]".into());
         }
-        if self.max_lines == Some(0) || self.max_bytes == Some(0) || self.poll_interval_ms == 0 {
-            return Err("`max_lines`, `max_bytes` and `poll_interval_ms` must be at least 1".into());
+        if self.max_lines == Some(0)
+            || self.max_bytes == Some(0)
+            || self.max_embedding_inputs == Some(0)
+            || self.poll_interval_ms == 0
+        {
+            return Err(
+                "`max_lines`, `max_bytes`, `max_embedding_inputs` and `poll_interval_ms` must be at least 1"
+                    .into(),
+            );
         }
         Ok(())
+    }
+
+    /// Most embedding inputs across the lines of one provider batch of `endpoint` to `kind`
+    /// (OpenAI's batches of embeddings: configured, else 50,000); `None` where only lines
+    /// and bytes count.
+    pub fn max_inputs(&self, kind: ProviderKind, endpoint: Endpoint) -> Option<u64> {
+        (kind == ProviderKind::Openai && endpoint == Endpoint::Embeddings)
+            .then(|| self.max_embedding_inputs.unwrap_or(50_000))
     }
 
     /// Lines and bytes per provider batch: configured, else the provider's own limits.

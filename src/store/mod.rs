@@ -57,7 +57,8 @@ macro_rules! query_jobs {
                     j.provider_request_id, j.estimated_input_tokens, j.estimated_output_tokens, j.usage,
                     j.result, j.error_code, j.error_message, j.created_at, j.started_at, j.finished_at,
                     j.admitted_at, j.reserved_buckets, j.reserved_amounts, j.admission, j.stream,
-                    j.provider_key, j.failed_targets, j.dispatch_via, j.dispatch_reason, j.provider_batch_id "
+                    j.provider_key, j.failed_targets, j.dispatch_via, j.dispatch_reason, j.provider_batch_id,
+                    j.spend_micro_usd "
                 + $tail
             $(, $arg)*
         )
@@ -81,6 +82,7 @@ pub mod learned;
 pub mod observe;
 pub mod provider_batches;
 pub mod statistics;
+pub mod usage;
 pub mod webhooks;
 
 pub use batches::*;
@@ -92,6 +94,7 @@ pub use learned::*;
 pub use observe::*;
 pub use provider_batches::*;
 pub use statistics::*;
+pub use usage::*;
 pub use webhooks::*;
 
 /// Channel on which a job's id is announced when it reaches a terminal state.

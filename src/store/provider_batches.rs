@@ -64,6 +64,9 @@ pub struct NewPack<'a> {
     pub group: &'a PackGroup,
     pub max_lines: i64,
     pub max_bytes: i64,
+    /// Most embedding inputs across the pack's lines (each line of another endpoint is
+    /// one).
+    pub max_inputs: i64,
     /// Lease of the pack's jobs: the provider's window and a margin; whoever polls the
     /// pack holds them, not a process.
     pub lease_until: DateTime<Utc>,
@@ -82,7 +85,11 @@ pub async fn open_pack(pool: &PgPool, pack: &NewPack<'_>, now: DateTime<Utc>) ->
     let mut tx = pool.begin().await?;
     let jobs = query_jobs!(
         "WITH ordered AS (
-             SELECT id, sum(octet_length(request::text) + 256) OVER (ORDER BY admitted_at, id) AS upto
+             SELECT id, sum(octet_length(request::text) + 256) OVER (ORDER BY admitted_at, id) AS upto,
+                    sum(CASE WHEN endpoint = '/v1/embeddings' AND jsonb_typeof(request->'input') = 'array'
+                                  AND jsonb_typeof(request->'input'->0) IN ('string', 'array')
+                             THEN jsonb_array_length(request->'input') ELSE 1 END)
+                        OVER (ORDER BY admitted_at, id) AS inputs_upto
              FROM jobs
              WHERE state = 'admitted' AND dispatch_via = 'provider_batch' AND provider = $1
                AND provider_model = $2 AND provider_key IS NOT DISTINCT FROM $3 AND deadline > $6
@@ -90,7 +97,7 @@ pub async fn open_pack(pool: &PgPool, pack: &NewPack<'_>, now: DateTime<Utc>) ->
              ORDER BY admitted_at, id LIMIT $4),
          picked AS (
              SELECT j.id FROM jobs j JOIN ordered o ON o.id = j.id
-             WHERE (o.upto <= $5 OR o.id = (SELECT id FROM ordered ORDER BY upto LIMIT 1))
+             WHERE ((o.upto <= $5 AND o.inputs_upto <= $11) OR o.id = (SELECT id FROM ordered ORDER BY upto LIMIT 1))
                AND j.state = 'admitted'
              FOR UPDATE OF j SKIP LOCKED)
          UPDATE jobs j SET state = 'running', attempt = j.attempt + 1, lease_owner = $7, lease_expires_at = $8,
@@ -108,6 +115,7 @@ pub async fn open_pack(pool: &PgPool, pack: &NewPack<'_>, now: DateTime<Utc>) ->
         pack.lease_until,
         pack.id,
         pack.group.endpoint as Endpoint,
+        pack.max_inputs,
     )
     .fetch_all(&mut *tx)
     .await?;

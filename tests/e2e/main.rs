@@ -37,6 +37,8 @@
 //!   whose lock connection died admits nothing.
 //! - [`quotas`]: a tenant's queue caps and file quotas hold exactly under racing clients
 //!   on two processes.
+//! - [`usage`]: each job's cost at the configured prices, and `GET /v1/usage` summing them
+//!   per tenant, as grouped, in JSON and CSV.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test should stop right there
 
@@ -65,4 +67,5 @@ mod reservations;
 mod schemathesis;
 mod security;
 mod streaming;
+mod usage;
 mod webhooks;

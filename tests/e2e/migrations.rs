@@ -60,6 +60,12 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
         tollgate::vocab::Endpoint::ChatCompletions,
         "a job from before 0008 is chat"
     );
+    let charged: JobId = "0190a000-0000-7000-8000-000000000011".parse().unwrap();
+    let job = tollgate::store::get_job(&db.pool, "acme", charged)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(job.spend_micro_usd, Some(42.0));
     let embeddings: JobId = "0190a000-0000-7000-8000-000000000008".parse().unwrap();
     let job = tollgate::store::get_job(&db.pool, "acme", embeddings)
         .await

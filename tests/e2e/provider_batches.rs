@@ -367,6 +367,29 @@ async fn openai_batch_api_carries_every_endpoint_it_takes() {
 }
 
 #[tokio::test]
+async fn a_batch_of_embeddings_is_packed_within_the_providers_input_limit() {
+    // Five lines of two inputs each, at most five inputs per provider batch: packs of two
+    // lines, then one.
+    let app = TestApp::spawn_with(TestOptions {
+        mock: mock(0, 0),
+        extra_config: batch_api("max_embedding_inputs = 5\n") + &prices("gpt-4o-mini"),
+        ..TestOptions::default()
+    })
+    .await;
+    let done = run_batch(&app, "oai/gpt-4o-mini", &EMBEDDINGS, 5, "batch_").await;
+    let lines: Vec<i32> = sqlx::query_scalar(
+        "SELECT lines FROM provider_batches WHERE id IN (SELECT provider_batch_id FROM jobs WHERE batch_id = $1)
+         ORDER BY created_at",
+    )
+    .bind(done["id"].as_str().unwrap())
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(lines, [2, 2, 1], "packs of at most five inputs");
+    app.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_message_batch_reaches_anthropics_batch_api_in_its_own_shape() {
     let app = anthropic_batch_app().await;
     // `top_k` has no chat counterpart: sent as it is, it shows the line was not translated.
@@ -604,6 +627,7 @@ async fn open(
         group,
         max_lines: 100,
         max_bytes: 1 << 20,
+        max_inputs: 100,
         lease_until: now + chrono::Duration::hours(2),
         submit_until: now + chrono::Duration::seconds(60),
     };

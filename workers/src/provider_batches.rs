@@ -1,8 +1,8 @@
 //! The provider-batch worker: packs admitted provider-batch jobs per (provider, model,
-//! key, endpoint) within the provider's limits, submits each pack to the provider's batch API,
-//! polls it, and writes each line's result back through the ordinary completion path
-//! (`finish_attempts`, guarded by the pack's lease, so a repeated write is a no-op) at
-//! the batch price. Lines the provider failed or expired go back to the queue as online
+//! key, endpoint) within the provider's limits (lines, bytes, embedding inputs), submits
+//! each pack to the provider's batch API, polls it, and writes each line's result back
+//! through the ordinary completion path (`finish_attempts`, guarded by the pack's lease,
+//! so a repeated write is a no-op) at the batch price. Lines the provider failed or expired go back to the queue as online
 //! jobs when their deadline allows (`provider_batch_failed_retry_online`), else fail.
 //!
 //! Crash safety: a pack's row and its jobs' claim commit together (`submitting`) before
@@ -220,6 +220,10 @@ impl ProviderBatcher {
                 group,
                 max_lines: max_lines as i64,
                 max_bytes: max_bytes as i64,
+                max_inputs: p
+                    .batch_api
+                    .max_inputs(p.kind, group.endpoint)
+                    .map_or(i64::MAX, |n| n as i64),
                 lease_until: now + lease,
                 submit_until: now + SUBMIT_HOLD,
             };
