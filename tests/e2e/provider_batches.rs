@@ -217,6 +217,17 @@ async fn run_batch(app: &TestApp, model: &str, work: &Work, n: usize, batch_id_p
     .await
     .unwrap();
     assert_eq!(online > 0.0, work.tokens, "{}: {online}", work.endpoint);
+    let (charged,): (f64,) = sqlx::query_as(
+        "SELECT COALESCE(sum(spend_micro_usd), 0)::float8 FROM jobs WHERE batch_id = $1 AND dispatch_via = 'provider_batch'",
+    )
+    .bind(&id)
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    assert!(
+        (charged - batch_cost).abs() < 1e-6,
+        "each line is charged the batch price: {charged} vs {batch_cost}"
+    );
     assert!(
         (online - expected_online).abs() < 1e-6,
         "{online} vs {expected_online}"
