@@ -294,6 +294,28 @@ pub struct StatusArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct UsageArgs {
+    /// Comma-separated: at most one of `hour` and `day`, and any of `tenant`, `provider`,
+    /// `model`, `endpoint`, `lane`.
+    #[arg(long, default_value = "day,model")]
+    pub group_by: String,
+    /// From this time (RFC 3339); default 30 days before --to.
+    #[arg(long)]
+    pub from: Option<String>,
+    /// Until this time (RFC 3339, exclusive); default now.
+    #[arg(long)]
+    pub to: Option<String>,
+    /// Print the server's CSV instead of a table.
+    #[arg(long, conflicts_with = "json")]
+    pub csv: bool,
+    /// Print the server's JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub remote: Remote,
+}
+
+#[derive(Debug, Args)]
 pub struct JobsArgs {
     #[command(subcommand)]
     pub command: JobsCommand,
@@ -332,7 +354,6 @@ pub enum JobsCommand {
     Cancel {
         /// The job's id.
         id: String,
-        /// Print the cancelled job as JSON.
         /// Print the server's JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -489,6 +510,74 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<bool> {
     }
     print!("{}", render_status(&s));
     Ok(true)
+}
+
+/// What finished jobs used and cost (`GET /v1/usage`), in USD and tokens, grouped.
+pub async fn usage(args: UsageArgs) -> anyhow::Result<bool> {
+    let http = reqwest::Client::new();
+    let mut query = vec![("group_by", args.group_by.clone())];
+    query.extend(args.from.clone().map(|f| ("from", f)));
+    query.extend(args.to.clone().map(|t| ("to", t)));
+    if args.csv {
+        query.push(("format", "csv".to_owned()));
+    }
+    let query = reqwest::Url::parse_with_params("http://x/", &query)
+        .context("encoding the query")?
+        .query()
+        .map(str::to_owned)
+        .unwrap_or_default();
+    let path = format!("/v1/usage?{query}");
+    if args.csv {
+        let r = args.remote.send(&http, Method::GET, &path, None).await?;
+        print!("{}", r.text().await?);
+        return Ok(true);
+    }
+    let u = args.remote.get(&http, &path).await?;
+    if args.json {
+        print_json(&u)?;
+        return Ok(true);
+    }
+    print!("{}", render_usage(&u));
+    Ok(true)
+}
+
+/// Usage rows as a table: their group fields, then USD, tokens and requests.
+pub fn render_usage(u: &Value) -> String {
+    let data = rows(&u["data"]);
+    let fields: Vec<String> = data
+        .first()
+        .and_then(Value::as_object)
+        .map(|r| {
+            r.keys()
+                .filter(|k| !["usd", "input_tokens", "output_tokens", "requests"].contains(&k.as_str()))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    let header = |field: &str| match field {
+        "hour" => "HOUR",
+        "day" => "DAY",
+        "tenant" => "TENANT",
+        "provider" => "PROVIDER",
+        "model" => "MODEL",
+        "endpoint" => "ENDPOINT",
+        _ => "LANE",
+    };
+    let mut columns: Vec<(&'static str, Align)> = fields.iter().map(|f| (header(f), Align::Left)).collect();
+    columns.extend([
+        ("USD", Align::Right),
+        ("INPUT TOKENS", Align::Right),
+        ("OUTPUT TOKENS", Align::Right),
+        ("REQUESTS", Align::Right),
+    ]);
+    let mut table = Table::new(&columns);
+    for r in data {
+        let mut row: Vec<String> = fields.iter().map(|f| cell(&r[f.as_str()])).collect();
+        row.push(format!("{:.6}", r["usd"].as_f64().unwrap_or(0.0)));
+        row.extend(["input_tokens", "output_tokens", "requests"].map(|k| cell(&r[k])));
+        table.row(row);
+    }
+    table.render_or("(no finished jobs in the period)")
 }
 
 fn rows(v: &Value) -> &[Value] {

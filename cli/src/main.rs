@@ -78,6 +78,8 @@ enum Command {
     Batches(tollgate_api::cli::BatchesArgs),
     /// A running server's files: list, get, delete, content.
     Files(tollgate_api::cli::FilesArgs),
+    /// What a running server's finished jobs used and cost, in USD and tokens, grouped.
+    Usage(tollgate_api::cli::UsageArgs),
 }
 
 /// mimalloc instead of glibc's allocator: the broker allocates per request, per job and
@@ -137,6 +139,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Submit(args) => exit_unless(tollgate_api::cli::submit(args).await?),
         Command::Batches(args) => exit_unless(tollgate_api::cli::batches(args).await?),
         Command::Files(args) => exit_unless(tollgate_api::cli::files(args).await?),
+        Command::Usage(args) => exit_unless(tollgate_api::cli::usage(args).await?),
         Command::Demo(args) => {
             let ok = tollgate_bench::demo::run(args).await?;
             if !ok {

@@ -11,7 +11,7 @@ use crate::batches::{batch_body, content, create_batch, upload, wait_batch};
 use crate::harness::{ACME, TestApp, TestOptions, job};
 
 /// Runs `tollgate ARGS` against `app` as `key`; returns (exit code, stdout, stderr).
-async fn tollgate(app: &TestApp, key: &str, args: &[&str]) -> (i32, String, String) {
+pub async fn tollgate(app: &TestApp, key: &str, args: &[&str]) -> (i32, String, String) {
     run(&[("TOLLGATE_URL", &app.api), ("TOLLGATE_KEY", key)], args).await
 }
 

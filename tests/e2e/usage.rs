@@ -115,6 +115,27 @@ async fn usage_sums_what_each_job_cost() {
     assert_eq!(lines.len(), 3, "{text}");
     assert!(lines[1].contains(",acme,") && lines[1].ends_with(",3"), "{text}");
 
+    // The CLI prints the same rows as a table, and the server's CSV as it is.
+    let (code, table, err) =
+        crate::cli::tollgate(&app, ACME, &["usage", "--group-by", "model,endpoint"]).await;
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].contains("MODEL") && lines[0].contains("USD") && lines[0].contains("REQUESTS"),
+        "{table}"
+    );
+    assert!(
+        lines[1].contains("gpt-4o-mini") && lines[1].contains(&format!("{acme_cost:.6}")),
+        "{table}"
+    );
+    let (code, csv, err) =
+        crate::cli::tollgate(&app, ACME, &["usage", "--group-by", "tenant", "--csv"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        csv.starts_with("tenant,usd,input_tokens,output_tokens,requests\nacme,"),
+        "{csv}"
+    );
+
     // What it cannot group by, or a period that is not one, is refused by its parameter.
     for (query, param) in [
         ("group_by=day,hour", "group_by"),
