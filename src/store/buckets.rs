@@ -248,6 +248,25 @@ pub async fn settle(conn: &mut PgConnection, ended: &[(JobId, Reservation, Settl
     Ok(())
 }
 
+/// Those of `buckets` that something will still give back to: a reservation held by a job
+/// not settled yet, or a refund not applied yet. A window bucket (a daily budget) short
+/// only by these is not short for good.
+pub async fn held(conn: &mut PgConnection, buckets: &[i64]) -> Result<std::collections::BTreeSet<i64>> {
+    if buckets.is_empty() {
+        return Ok(Default::default());
+    }
+    let rows = sqlx::query_scalar!(
+        r#"SELECT b AS "bucket!" FROM jobs j, unnest(j.reserved_buckets) AS b
+           WHERE j.reserved_buckets && $1::bigint[] AND b = ANY($1)
+           UNION
+           SELECT bucket FROM pending_refunds WHERE bucket = ANY($1)"#,
+        buckets,
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().collect())
+}
+
 /// Takes up to `limit` pending refunds (skipping rows other transactions hold) and
 /// returns them summed per bucket id. Run in the gate's transaction, which applies them to
 /// the buckets it has locked: the delete and the new levels commit together.

@@ -396,6 +396,68 @@ async fn interactive_work_goes_first_and_keeps_its_reserve() {
 }
 
 #[tokio::test]
+async fn a_budget_fails_a_job_only_for_what_is_spent_not_for_what_is_held() {
+    // At 1000 USD per million tokens, a job reserves its input and 20 output tokens (about
+    // 0.028 USD) and spends what the mock writes (fewer). A budget of 0.05 USD holds one
+    // reservation at a time, but more than one job's spend: the jobs after the first wait
+    // for its settlement rather than fail, and only a job the spent budget cannot hold
+    // fails.
+    let mut mock = mock_config();
+    mock.projects[0].rpm = 1000;
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        extra_config:
+            "[providers.prices.\"gpt-4o-mini\"]\ninput_per_mtok = 1000.0\noutput_per_mtok = 1000.0\n\
+                       [[tenants]]\nname = \"frugal\"\napi_key = \"tk-frugal\"\ndaily_spend_usd = 0.05\n"
+                .into(),
+        ..TestOptions::default()
+    })
+    .await;
+    // Due before the budget's reset at midnight UTC, so waiting for the reset cannot help.
+    let now = Utc::now();
+    let midnight = (now + ChronoDuration::days(1))
+        .date_naive()
+        .and_hms_opt(0, 0, 0)
+        .unwrap()
+        .and_utc();
+    let deadline = (now + ChronoDuration::minutes(10)).min(midnight - ChronoDuration::seconds(1));
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        let mut body = job("oai/gpt-4o-mini", &format!("q{i}"));
+        body["request"]["max_tokens"] = json!(20);
+        body["deadline"] = json!(deadline);
+        let (status, j) = app.submit("tk-frugal", &body).await;
+        assert_eq!(status, 202, "{j}");
+        ids.push(j["id"].as_str().unwrap().to_owned());
+    }
+    let mut done = Vec::new();
+    for id in &ids {
+        done.push(app.wait_job("tk-frugal", id, 60).await);
+    }
+    let succeeded: Vec<&Value> = done.iter().filter(|j| j["state"] == "succeeded").collect();
+    let failed: Vec<&Value> = done.iter().filter(|j| j["state"] == "failed").collect();
+    assert_eq!(succeeded.len() + failed.len(), 6, "{done:?}");
+    assert!(
+        succeeded.len() >= 2,
+        "the jobs behind the first waited for its settlement: {done:?}"
+    );
+    let spent: f64 = succeeded
+        .iter()
+        .map(|j| j["cost"]["charged_usd"].as_f64().unwrap())
+        .sum();
+    assert!(spent <= 0.05 + 1e-9, "the budget held: {spent}");
+    let reserve = (succeeded[0]["estimate"]["input_tokens"].as_f64().unwrap() + 20.0) * 1000.0 / 1e6;
+    for f in &failed {
+        assert_eq!(f["error"]["code"], "deadline_unmeetable", "{f}");
+        assert!(
+            0.05 - spent < reserve,
+            "a job failed only when what was spent left no room for it: {spent} spent, {reserve} needed"
+        );
+    }
+    app.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_budget_blocks_a_tenant_without_touching_provider_buckets_and_resets_daily() {
     let mut mock = mock_config();
     mock.projects[0].rpm = 1000;
@@ -482,7 +544,28 @@ async fn a_budget_blocks_a_tenant_without_touching_provider_buckets_and_resets_d
         .execute(&app.db.pool)
         .await
         .unwrap();
+    // While the admitted jobs hold their reservations, what they do not spend may come
+    // back: the job waits for their settlement.
     let round = gate.run_once(noon).await.unwrap();
+    assert_eq!(round.failed, 0, "{round:?}");
+    let (_, waiting) = app
+        .get("tk-frugal", &format!("/v1/jobs/{}", blocked_ids[2]))
+        .await;
+    assert_eq!(
+        (waiting["state"].as_str(), waiting["admission"]["reason"].as_str()),
+        (Some("queued"), Some("waiting_for_settlement")),
+        "{waiting}"
+    );
+    // They settle having spent all they held: the budget is spent for the day.
+    sqlx::query(
+        "UPDATE jobs SET state = 'succeeded', finished_at = $1, reserved_buckets = NULL, reserved_amounts = NULL
+         WHERE state = 'admitted'",
+    )
+    .bind(noon)
+    .execute(&app.db.pool)
+    .await
+    .unwrap();
+    let round = gate.run_once(noon + ChronoDuration::seconds(1)).await.unwrap();
     assert!(round.failed >= 1, "{round:?}");
     let (_, failed) = app
         .get("tk-frugal", &format!("/v1/jobs/{}", blocked_ids[2]))

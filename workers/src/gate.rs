@@ -516,7 +516,10 @@ impl Gate {
             .await?;
         let refilled = buckets.clone();
 
-        let decision = locked(&self.scheduler).schedule(plans, &mut buckets, &paused, limit, now);
+        let mut decision = locked(&self.scheduler).schedule(plans, &mut buckets, &paused, limit, now);
+        let failed = std::mem::take(&mut decision.failed);
+        let waiting = std::mem::take(&mut decision.waiting);
+        (decision.failed, decision.waiting) = self.not_for_good(&mut tx, failed, &refilled, waiting).await?;
         record(&decision, now);
         let Decision {
             admitted,
@@ -585,6 +588,39 @@ impl Gate {
         store::explain(&self.pool, &notes).await?;
         locked(&self.scheduler).admitted(admitted);
         Ok(round)
+    }
+
+    /// Of the jobs the round would fail because a window bucket (a daily budget or quota)
+    /// cannot hold them before their deadline, those whose bucket is short only of what
+    /// unsettled jobs hold or refunds not yet applied: they wait instead (with `waiting`),
+    /// for a job fails only for what is spent and cannot come back.
+    async fn not_for_good(
+        &self,
+        tx: &mut PgConnection,
+        failed: Vec<Failed>,
+        buckets: &HashMap<String, Bucket>,
+        mut waiting: Vec<scheduler::Waiting>,
+    ) -> Result<(Vec<Failed>, Vec<scheduler::Waiting>), StoreError> {
+        let window = |f: &Failed| {
+            buckets.get(&f.bucket).filter(|b| {
+                f.verdict == scheduler::Verdict::DeadlineUnmeetable
+                    && matches!(b.rule, Rule::Fixed | Rule::Ramp)
+            })
+        };
+        let ids: Vec<i64> = failed.iter().filter_map(|f| window(f).map(|b| b.id)).collect();
+        if ids.is_empty() {
+            return Ok((failed, waiting));
+        }
+        let held = store::held(tx, &ids).await?;
+        let (later, now): (Vec<_>, Vec<_>) = failed
+            .into_iter()
+            .partition(|f| window(f).is_some_and(|b| held.contains(&b.id)));
+        waiting.extend(later.into_iter().map(|f| scheduler::Waiting {
+            note: serde_json::json!({"reason": "waiting_for_settlement", "bucket": f.bucket,
+                "message": "what running jobs hold of this bucket may come back when they settle"}),
+            job: f.job,
+        }));
+        Ok((now, waiting))
     }
 
     /// How many jobs this round may admit, and the room taken for those it starts itself.
