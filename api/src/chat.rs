@@ -221,7 +221,9 @@ pub(crate) async fn synchronous(
         Finish::Succeeded(body) => Ok((StatusCode::OK, axum::Json(body)).into_response()),
         Finish::Unfinished { admission } => {
             // Out of time: give the slot back and tell the caller when to try again.
-            if let Err(e) = store::cancel_job(&state.pool, &tenant.name, job.id, state.clock.now()).await {
+            if let Err(e) =
+                store::cancel_job(&state.pool, Some(&tenant.name), job.id, state.clock.now()).await
+            {
                 tracing::warn!(error = %e, "could not cancel a timed-out synchronous job");
             }
             Err(queue_timeout(admission.as_ref()))
@@ -295,7 +297,7 @@ async fn finish(
         if let Some(finished) = watch.ended().as_deref().and_then(Finish::of_end) {
             return Ok(finished);
         }
-        let job = store::get_job(&state.pool, tenant, id)
+        let job = store::get_job(&state.pool, Some(tenant), id)
             .await?
             .ok_or_else(|| ApiError::internal("a job vanished while its caller waited"))?;
         if job.state.is_terminal() || !woken {
@@ -329,7 +331,7 @@ impl Drop for CancelIfAbandoned {
         if let Some((state, tenant, id)) = self.armed.take() {
             let relays = state.relays.clone();
             relays.spawn(async move {
-                match store::cancel_job(&state.pool, &tenant, id, state.clock.now()).await {
+                match store::cancel_job(&state.pool, Some(&tenant), id, state.clock.now()).await {
                     Ok(_) => tracing::debug!(job = %id, "the caller hung up; its job is cancelled"),
                     Err(e) => {
                         tracing::warn!(job = %id, error = %e, "could not cancel an abandoned synchronous job")
@@ -407,7 +409,7 @@ async fn stream_response(
         if let Some(job) = state.dispatcher.claim_stream(id).await? {
             break job;
         }
-        let current = store::get_job(&state.pool, tenant, id)
+        let current = store::get_job(&state.pool, Some(tenant), id)
             .await?
             .ok_or_else(|| ApiError::internal("a streaming job vanished while its caller waited"))?;
         if current.state.is_terminal() {
@@ -418,10 +420,10 @@ async fn stream_response(
             _ = &mut admitted => {}
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
             _ = tokio::time::sleep_until(give_up) => {
-                if let Err(e) = store::cancel_job(&state.pool, tenant, id, state.clock.now()).await {
+                if let Err(e) = store::cancel_job(&state.pool, Some(tenant), id, state.clock.now()).await {
                     tracing::warn!(error = %e, "could not cancel a timed-out streaming job");
                 }
-                let admission = store::get_job(&state.pool, tenant, id).await?.and_then(|j| j.admission);
+                let admission = store::get_job(&state.pool, Some(tenant), id).await?.and_then(|j| j.admission);
                 return Err(queue_timeout(admission.as_ref()));
             }
         }

@@ -24,7 +24,7 @@ use tollgate::store::{self, Cancelled, Inserted};
 use tollgate::tenants::Tenant;
 
 use crate::AppState;
-use crate::auth::AuthTenant;
+use crate::auth::{AuthTenant, Viewer};
 use crate::error::ApiError;
 use crate::openapi as doc;
 use crate::paging;
@@ -473,7 +473,8 @@ fn parse_id(id: &str) -> Result<JobId, ApiError> {
     id.parse().map_err(|_| ApiError::not_found("job"))
 }
 
-/// The job; with `wait`, long-polls until it is finished or the wait ends.
+/// The job (any tenant's, with the admin key); with `wait`, long-polls until it is
+/// finished or the wait ends.
 #[utoipa::path(
     get,
     path = "/v1/jobs/{id}",
@@ -492,7 +493,7 @@ fn parse_id(id: &str) -> Result<JobId, ApiError> {
 )]
 pub(crate) async fn get(
     State(state): State<AppState>,
-    AuthTenant(tenant): AuthTenant,
+    viewer: Viewer,
     Path(id): Path<String>,
     Query(params): Query<GetParams>,
 ) -> Result<Json<Value>, ApiError> {
@@ -506,17 +507,17 @@ pub(crate) async fn get(
         .with_param("wait"));
     }
     let wait = Duration::from_secs_f64(wait.min(state.config.server.max_wait_secs as f64));
-    let job = wait_terminal(&state, &tenant.name, id, wait)
+    let job = wait_terminal(&state, viewer.tenant(), id, wait)
         .await?
         .ok_or_else(|| ApiError::not_found("job"))?;
     Ok(Json(job_view(&job)))
 }
 
 /// Reads the job, waiting up to `wait` for it to reach a terminal state. `None` if the
-/// tenant has no such job.
+/// tenant (any, when `None`) has no such job.
 pub(crate) async fn wait_terminal(
     state: &AppState,
-    tenant: &str,
+    tenant: Option<&str>,
     id: JobId,
     wait: Duration,
 ) -> Result<Option<Job>, ApiError> {
@@ -543,7 +544,7 @@ pub(crate) struct ListParams {
     after: Option<String>,
 }
 
-/// The tenant's jobs, newest first, a page at a time.
+/// The tenant's jobs (every tenant's, with the admin key), newest first, a page at a time.
 #[utoipa::path(
     get,
     path = "/v1/jobs",
@@ -562,7 +563,7 @@ pub(crate) struct ListParams {
 )]
 pub(crate) async fn list(
     State(state): State<AppState>,
-    AuthTenant(tenant): AuthTenant,
+    viewer: Viewer,
     params: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let params = paging::params(params)?;
@@ -577,11 +578,12 @@ pub(crate) async fn list(
             })
         })
         .transpose()?;
-    let jobs = store::list_jobs(&state.pool, &tenant.name, params.state, after, limit + 1).await?;
+    let jobs = store::list_jobs(&state.pool, viewer.tenant(), params.state, after, limit + 1).await?;
     Ok(Json(paging::page(jobs, limit, |j| j.id, job_view)))
 }
 
-/// Cancel a queued, admitted or running job (a running call's result is discarded).
+/// Cancel a queued, admitted or running job (a running call's result is discarded); the
+/// admin key cancels any tenant's.
 #[utoipa::path(
     post,
     path = "/v1/jobs/{id}/cancel",
@@ -597,11 +599,11 @@ pub(crate) async fn list(
 )]
 pub(crate) async fn cancel(
     State(state): State<AppState>,
-    AuthTenant(tenant): AuthTenant,
+    viewer: Viewer,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let id = parse_id(&id)?;
-    match store::cancel_job(&state.pool, &tenant.name, id, state.clock.now()).await? {
+    match store::cancel_job(&state.pool, viewer.tenant(), id, state.clock.now()).await? {
         Cancelled::Now(job) => Ok(Json(job_view(&job))),
         Cancelled::AlreadyFinished(job) => Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -621,6 +623,7 @@ pub(crate) fn job_view(job: &Job) -> Value {
     json!({
         "id": job.id,
         "object": "job",
+        "tenant": job.tenant,
         "state": job.state,
         "class": job.class,
         "priority": job.priority,

@@ -210,6 +210,8 @@ pub struct JobSchema {
     id: String,
     /// Always `job`.
     object: String,
+    /// The tenant whose job it is.
+    tenant: String,
     /// `queued` → `admitted` → `running` → `succeeded` | `failed` | `cancelled`.
     state: String,
     class: String,

@@ -312,11 +312,12 @@ pub async fn notify_gate(ex: impl PgExecutor<'_>) -> Result<()> {
     Ok(())
 }
 
-/// A tenant's job, or `None` (also when it belongs to another tenant).
-pub async fn get_job(ex: impl PgExecutor<'_>, tenant: &str, id: JobId) -> Result<Option<Job>> {
+/// A tenant's job, or `None` (also when it belongs to another tenant); any tenant's when
+/// `tenant` is `None` (for workers and operators, never for tenant-facing paths).
+pub async fn get_job(ex: impl PgExecutor<'_>, tenant: Option<&str>, id: JobId) -> Result<Option<Job>> {
     Ok(query_jobs!(
         "SELECT",
-        "FROM jobs j WHERE j.id = $1 AND j.tenant = $2",
+        "FROM jobs j WHERE j.id = $1 AND ($2::text IS NULL OR j.tenant = $2)",
         id.0,
         tenant
     )
@@ -324,33 +325,42 @@ pub async fn get_job(ex: impl PgExecutor<'_>, tenant: &str, id: JobId) -> Result
     .await?)
 }
 
-/// Any job by id: for workers and operators, never for tenant-facing paths.
-pub async fn get_job_any_tenant(ex: impl PgExecutor<'_>, id: JobId) -> Result<Option<Job>> {
-    Ok(query_jobs!("SELECT", "FROM jobs j WHERE j.id = $1", id.0)
-        .fetch_optional(ex)
-        .await?)
-}
-
-/// A tenant's jobs, newest first; `after` is the last id of the previous page.
+/// A tenant's jobs (every tenant's when `None`: the operators'), newest first; `after` is
+/// the last id of the previous page.
 pub async fn list_jobs(
     ex: impl PgExecutor<'_>,
-    tenant: &str,
+    tenant: Option<&str>,
     state: Option<JobState>,
     after: Option<JobId>,
     limit: i64,
 ) -> Result<Vec<Job>> {
-    Ok(query_jobs!(
-        "SELECT",
-        "FROM jobs j
-         WHERE j.tenant = $1 AND ($2::job_state IS NULL OR j.state = $2) AND ($3::uuid IS NULL OR j.id < $3)
-         ORDER BY j.id DESC LIMIT $4",
-        tenant,
-        state as Option<JobState>,
-        after.map(|a| a.0),
-        limit,
-    )
-    .fetch_all(ex)
-    .await?)
+    let after = after.map(|a| a.0);
+    // Two statements, so that a tenant's list is always planned on its own index.
+    Ok(match tenant {
+        Some(tenant) => query_jobs!(
+            "SELECT",
+            "FROM jobs j
+             WHERE j.tenant = $1 AND ($2::job_state IS NULL OR j.state = $2) AND ($3::uuid IS NULL OR j.id < $3)
+             ORDER BY j.id DESC LIMIT $4",
+            tenant,
+            state as Option<JobState>,
+            after,
+            limit,
+        )
+        .fetch_all(ex)
+        .await?,
+        None => query_jobs!(
+            "SELECT",
+            "FROM jobs j
+             WHERE ($1::job_state IS NULL OR j.state = $1) AND ($2::uuid IS NULL OR j.id < $2)
+             ORDER BY j.id DESC LIMIT $3",
+            state as Option<JobState>,
+            after,
+            limit,
+        )
+        .fetch_all(ex)
+        .await?,
+    })
 }
 
 #[derive(Debug)]
@@ -371,7 +381,13 @@ struct Previous {
     old_amounts: Option<Vec<f64>>,
 }
 
-pub async fn cancel_job(pool: &PgPool, tenant: &str, id: JobId, now: DateTime<Utc>) -> Result<Cancelled> {
+/// Cancels a job of `tenant` (any tenant's when `None`: the operators').
+pub async fn cancel_job(
+    pool: &PgPool,
+    tenant: Option<&str>,
+    id: JobId,
+    now: DateTime<Utc>,
+) -> Result<Cancelled> {
     let mut tx = pool.begin().await?;
     // A running job keeps its lease fields and reservation: the call is still in flight.
     let prev = sqlx::query_as!(
@@ -381,7 +397,7 @@ pub async fn cancel_job(pool: &PgPool, tenant: &str, id: JobId, now: DateTime<Ut
                              reserved_buckets = CASE WHEN old.state = 'running' THEN j.reserved_buckets END,
                              reserved_amounts = CASE WHEN old.state = 'running' THEN j.reserved_amounts END
            FROM (SELECT id, state, reserved_buckets, reserved_amounts FROM jobs
-                 WHERE id = $1 AND tenant = $2 FOR UPDATE) old
+                 WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) FOR UPDATE) old
            WHERE j.id = old.id AND old.state IN ('queued', 'admitted', 'running')
            RETURNING j.id AS "id: JobId", old.state AS "old_state: JobState", old.reserved_buckets AS old_buckets,
                      old.reserved_amounts AS old_amounts"#,

@@ -63,7 +63,7 @@ async fn expired_lease_is_rescued_and_the_old_holder_cannot_write() {
     expire().await;
     let pass = maintenance.run_once(Utc::now()).await.unwrap();
     assert_eq!(pass.rescued.requeued, 1);
-    let row = store::get_job_any_tenant(pool, ghost.id).await.unwrap().unwrap();
+    let row = store::get_job(pool, None, ghost.id).await.unwrap().unwrap();
     assert_eq!((row.state, row.lease_owner.as_deref()), (JobState::Queued, None));
     // The ghost's late result is refused: zero rows, not an error.
     let served = Served::new("oai", "gpt-4o-mini");
@@ -246,7 +246,7 @@ async fn accepted_job_survives_sigkill_of_the_server_and_completes_once() {
     eventually(30, "the job to be in flight", || {
         let pool = pool.clone();
         async move {
-            let j = store::get_job_any_tenant(&*pool, job_id).await.unwrap().unwrap();
+            let j = store::get_job(&*pool, None, job_id).await.unwrap().unwrap();
             (j.state == JobState::Running).then_some(())
         }
     })

@@ -44,13 +44,13 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
 
     // What the fixtures wrote reads back through the store, as the broker reads it.
     let finished: JobId = "0190a000-0000-7000-8000-000000000001".parse().unwrap();
-    let job = tollgate::store::get_job(&db.pool, "acme", finished)
+    let job = tollgate::store::get_job(&db.pool, Some("acme"), finished)
         .await
         .unwrap()
         .unwrap();
     assert_eq!(job.state, tollgate::model::JobState::Succeeded);
     let queued: JobId = "0190a000-0000-7000-8000-000000000002".parse().unwrap();
-    let job = tollgate::store::get_job(&db.pool, "acme", queued)
+    let job = tollgate::store::get_job(&db.pool, Some("acme"), queued)
         .await
         .unwrap()
         .unwrap();
@@ -61,13 +61,13 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
         "a job from before 0008 is chat"
     );
     let charged: JobId = "0190a000-0000-7000-8000-000000000011".parse().unwrap();
-    let job = tollgate::store::get_job(&db.pool, "acme", charged)
+    let job = tollgate::store::get_job(&db.pool, Some("acme"), charged)
         .await
         .unwrap()
         .unwrap();
     assert_eq!(job.spend_micro_usd, Some(42.0));
     let embeddings: JobId = "0190a000-0000-7000-8000-000000000008".parse().unwrap();
-    let job = tollgate::store::get_job(&db.pool, "acme", embeddings)
+    let job = tollgate::store::get_job(&db.pool, Some("acme"), embeddings)
         .await
         .unwrap()
         .unwrap();

@@ -175,9 +175,29 @@ async fn every_endpoint_answers_401_403_404_as_documented_and_never_another_tena
         .get(ACME, &format!("/v1/messages/batches/{message_batch_id}"))
         .await;
     assert_eq!(m["processing_status"], "in_progress", "{m}");
-    // The admin key is no tenant's key: it cannot act as one.
-    let (status, _) = app.get(ADMIN, &format!("/v1/jobs/{job_id}")).await;
-    assert_eq!(status, 401);
+    // The admin key reads and cancels any tenant's job, the tenant shown; it submits none.
+    let (status, seen) = app.get(ADMIN, &format!("/v1/jobs/{job_id}")).await;
+    assert_eq!((status, seen["tenant"].as_str()), (200, Some("acme")), "{seen}");
+    let (status, listed) = app.get(ADMIN, "/v1/jobs?limit=100").await;
+    assert_eq!(status, 200, "{listed}");
+    assert!(
+        listed["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|j| j["id"] == job_id.as_str()),
+        "{listed}"
+    );
+    let (status, _) = app.submit(ADMIN, &job("fast", "as whom?")).await;
+    assert_eq!(status, 401, "the admin key is no tenant's: it cannot submit");
+    let (status, cancelled) = app
+        .post(ADMIN, &format!("/v1/jobs/{job_id}/cancel"), &json!({}))
+        .await;
+    assert_eq!(
+        (status, cancelled["state"].as_str()),
+        (200, Some("cancelled")),
+        "{cancelled}"
+    );
     app.shutdown().await;
 }
 
