@@ -77,6 +77,15 @@ pub fn role_connections(config: &Config) -> u32 {
     dispatch_connections(config) + GATE_CONNECTIONS + MAINTENANCE_CONNECTIONS + crate::arrivals::CONNECTIONS
 }
 
+/// What [`Broker::start`] builds from `config` before it starts anything — the tenants with their
+/// keys, the provider clients with theirs (from the environment or files) — or the
+/// first thing wrong with it. `tollgate config check` runs it alone.
+pub fn check(config: &Config) -> anyhow::Result<(TenantDirectory, Providers)> {
+    let tenants = TenantDirectory::from_config(config).map_err(anyhow::Error::msg)?;
+    let providers = Providers::from_config(config)?;
+    Ok((tenants, providers))
+}
+
 impl Broker {
     /// Starts the roles on `pool` (already migrated). The API serves on `listener`.
     pub async fn start(
@@ -123,8 +132,7 @@ impl Broker {
         let dispatch_pool = role_pool(dispatch_connections(&config));
         let gate_pool = role_pool(GATE_CONNECTIONS);
         let maintenance_pool = role_pool(MAINTENANCE_CONNECTIONS);
-        let tenants = TenantDirectory::from_config(&config).map_err(anyhow::Error::msg)?;
-        let providers = Providers::from_config(&config)?;
+        let (tenants, providers) = check(&config)?;
         let dispatcher = Dispatcher::with_clock(
             dispatch_pool,
             config.clone(),

@@ -512,6 +512,31 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<bool> {
     Ok(true)
 }
 
+/// Checks a config file as `serve` does before it starts ([`crate::broker::check`]):
+/// prints what it configures, or the first thing wrong with it (false).
+#[allow(clippy::print_stderr)] // the error is the command's output
+pub fn config_check(file: &Path) -> bool {
+    let checked = tollgate::config::Config::load(file)
+        .map_err(anyhow::Error::from)
+        .and_then(|config| crate::broker::check(&config).map(|_| config));
+    match checked {
+        Ok(config) => {
+            println!(
+                "{}: ok (tenants: {}, providers: {}, routes: {})",
+                file.display(),
+                config.tenants.len(),
+                config.providers.len(),
+                config.routes.len()
+            );
+            true
+        }
+        Err(e) => {
+            eprintln!("{e:#}");
+            false
+        }
+    }
+}
+
 /// What finished jobs used and cost (`GET /v1/usage`), in USD and tokens, grouped.
 pub async fn usage(args: UsageArgs) -> anyhow::Result<bool> {
     let http = reqwest::Client::new();

@@ -33,7 +33,9 @@ Run the broker with `tollgate serve --config FILE`. With DATABASE_URL unset, it 
 private PostgreSQL from the server binaries installed on this machine (data under \
 `database.embedded_dir`, default .tollgate/pg), migrates it, and stops it on exit.
 
-The client commands (status, jobs, submit, batches, files) talk to a running server: \
+Check a config file without starting anything with `tollgate config check FILE`.
+
+The client commands (status, jobs, submit, batches, files, usage) talk to a running server: \
 --url / TOLLGATE_URL, --key / TOLLGATE_KEY.";
 
 #[derive(Subcommand)]
@@ -46,6 +48,11 @@ enum Command {
         /// Address for the API; overrides `server.listen`.
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
+    },
+    /// Check a config file without starting anything.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
     },
     /// Apply database migrations and exit.
     Migrate {
@@ -82,6 +89,17 @@ enum Command {
     Usage(tollgate_api::cli::UsageArgs),
 }
 
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Validate FILE as `serve` would before starting (syntax, every rule, the secrets its
+    /// keys name in the environment or files): prints what it configures, or the first
+    /// error and exits 1.
+    Check {
+        /// Config file (TOML).
+        file: PathBuf,
+    },
+}
+
 /// mimalloc instead of glibc's allocator: the broker allocates per request, per job and
 /// per row, and glibc's malloc/free took 9 % of the machine at full throughput.
 #[global_allocator]
@@ -103,6 +121,9 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match cli.command {
         Command::Serve { config, listen } => serve(config, listen).await,
+        Command::Config {
+            command: ConfigCommand::Check { file },
+        } => exit_unless(tollgate_api::cli::config_check(&file)),
         Command::Migrate { config } => {
             let db_config = match config {
                 Some(path) => Config::load(&path)?.database,

@@ -472,3 +472,44 @@ async fn batches_outputs_downloads_the_results() {
     assert!(err.contains("batch_already_finished"), "{err}");
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn config_check_validates_a_file_without_starting_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let example = include_str!("../../tollgate.example.toml");
+    let good = dir.path().join("good.toml");
+    std::fs::write(&good, example).unwrap();
+    let (code, out, err) = run(&[], &["config", "check", good.to_str().unwrap()]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.trim().ends_with("ok (tenants: 2, providers: 2, routes: 1)"),
+        "{out}"
+    );
+    // A field no table has, and a provider key read from a variable that is not set:
+    // each named, exit 1.
+    let unknown = dir.path().join("unknown.toml");
+    std::fs::write(
+        &unknown,
+        example.replacen("[server]\n", "[server]\nbogus = 1\n", 1),
+    )
+    .unwrap();
+    let (code, _, err) = run(&[], &["config", "check", unknown.to_str().unwrap()]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("unknown field `bogus`"), "{err}");
+    let missing = dir.path().join("missing.toml");
+    std::fs::write(
+        &missing,
+        example.replacen(
+            "{ name = \"k1\", value = \"sk-demo-1\" }",
+            "{ name = \"k1\", env = \"TOLLGATE_TEST_UNSET_KEY\" }",
+            1,
+        ),
+    )
+    .unwrap();
+    let (code, _, err) = run(&[], &["config", "check", missing.to_str().unwrap()]).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("TOLLGATE_TEST_UNSET_KEY") && err.contains("providers[0].keys[0]"),
+        "{err}"
+    );
+}
