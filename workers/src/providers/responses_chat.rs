@@ -47,10 +47,15 @@ pub fn unexpressed(request: &Value) -> Option<Unexpressed> {
         )
     };
     for (field, v) in request.as_object().into_iter().flatten() {
+        // A field set to what it is when left out says nothing chat cannot say.
         let default = match v {
-            Value::Null => true,
+            Value::Null | Value::Bool(false) => true,
             Value::Array(a) => a.is_empty(),
-            Value::String(s) => field == "service_tier" && matches!(s.as_str(), "auto" | "default"),
+            Value::Object(o) => o.is_empty(),
+            Value::String(s) => matches!(
+                (field.as_str(), s.as_str()),
+                ("service_tier", "auto" | "default") | ("truncation", "disabled")
+            ),
             _ => false,
         };
         if !TRANSLATED_FIELDS.contains(&field.as_str()) && !default {
@@ -659,7 +664,14 @@ mod tests {
             param(json!({"include": ["reasoning.encrypted_content"]})),
             Some("include".into())
         );
-        assert_eq!(param(json!({"include": [], "service_tier": "auto"})), None);
+        assert_eq!(
+            param(
+                json!({"include": [], "service_tier": "auto", "truncation": "disabled", "background": false})
+            ),
+            None,
+            "defaults said out loud"
+        );
+        assert_eq!(param(json!({"truncation": "auto"})), Some("truncation".into()));
         assert_eq!(
             param(json!({"service_tier": "flex"})),
             Some("service_tier".into())
