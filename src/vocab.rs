@@ -242,6 +242,17 @@ pub enum Dimension {
     SpendMicroUsd,
 }
 
+impl Dimension {
+    /// An amount of this dimension as people read it: spend in dollars (`$0.028000`),
+    /// everything else a whole count.
+    pub fn show(self, amount: f64) -> String {
+        match self {
+            Self::SpendMicroUsd => format!("${:.6}", amount / 1e6),
+            _ => format!("{amount:.0}"),
+        }
+    }
+}
+
 /// How a bucket refills.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoStaticStr, EnumString, VariantArray)]
 #[strum(serialize_all = "snake_case")]
@@ -585,6 +596,8 @@ mod tests {
             serde_json::json!("admitted")
         );
         assert_eq!(Dimension::SpendMicroUsd.as_str(), "spend_micro_usd");
+        assert_eq!(Dimension::SpendMicroUsd.show(28_000.0), "$0.028000");
+        assert_eq!(Dimension::InputTokens.show(1234.4), "1234");
         assert_eq!(Dimension::parse("input_tokens"), Some(Dimension::InputTokens));
         assert_eq!(Dimension::parse("tokens"), None);
         assert_eq!(LimitName::ALL.len(), 5);

@@ -649,11 +649,15 @@ pub fn render_status(s: &Value) -> String {
             b["capacity"].as_f64().unwrap_or(0.0),
         );
         let pct = if cap > 0.0 { 100.0 * used / cap } else { 0.0 };
+        let dimension = b["dimension"]
+            .as_str()
+            .and_then(tollgate::vocab::Dimension::parse)
+            .unwrap_or(tollgate::vocab::Dimension::Requests);
         buckets.row(vec![
             cell(&b["bucket"]),
             cell(&b["dimension"]),
-            format!("{used:.0}"),
-            format!("{cap:.0}"),
+            dimension.show(used),
+            dimension.show(cap),
             format!("{pct:.0}%"),
             cell(&b["source"]),
         ]);

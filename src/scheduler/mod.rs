@@ -58,8 +58,8 @@ use crate::model::{JobClass, JobId};
 use crate::provider_batches;
 use crate::routing::Target;
 use crate::store::{Admission, Candidate};
-use crate::vocab::ReasonCode;
 use crate::vocab::Rule;
+use crate::vocab::{Dimension, ReasonCode};
 
 /// Active pauses: scope (a provider model's, or a key's) → until when.
 pub type Pauses = HashMap<String, DateTime<Utc>>;
@@ -510,9 +510,14 @@ impl Scheduler {
                 })
                 .cloned()
                 .unwrap_or_default();
-            let capacity = buckets.get(&key).map_or(0.0, |b| b.capacity);
-            let message =
-                format!("the job needs {amount:.0} of {key} but its whole capacity is {capacity:.0}");
+            let (capacity, dimension) = buckets
+                .get(&key)
+                .map_or((0.0, Dimension::Requests), |b| (b.capacity, b.dimension));
+            let message = format!(
+                "the job needs {} of {key} but its whole capacity is {}",
+                dimension.show(amount),
+                dimension.show(capacity)
+            );
             return fails(plan.job, Verdict::ExceedsLimit, &key, message);
         }
         let headroom = |b: &Bucket| self.policy.headroom(b, plan.class);

@@ -454,6 +454,20 @@ async fn a_budget_fails_a_job_only_for_what_is_spent_not_for_what_is_held() {
             "a job failed only when what was spent left no room for it: {spent} spent, {reserve} needed"
         );
     }
+    // A job the whole budget could never hold fails at once, its message in dollars.
+    let mut body = job("oai/gpt-4o-mini", "too big");
+    body["request"]["max_tokens"] = json!(100);
+    let (status, submitted) = app.submit("tk-frugal", &body).await;
+    assert_eq!(status, 202, "{submitted}");
+    let done = app
+        .wait_job("tk-frugal", submitted["id"].as_str().unwrap(), 30)
+        .await;
+    assert_eq!(done["error"]["code"], "exceeds_limit", "{done}");
+    let message = done["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("tenant:frugal:daily_spend") && message.ends_with("its whole capacity is $0.050000"),
+        "{message}"
+    );
     app.shutdown().await;
 }
 
