@@ -252,16 +252,23 @@ fn response_id(chat_id: Option<&str>) -> String {
     )
 }
 
-/// An assistant message item holding `text`.
+/// An assistant message item holding `text`, of id `msg_<id>`.
 fn message_item(id: &str, text: &str, status: &str) -> Value {
     json!({"type": "message", "id": format!("msg_{id}"), "status": status, "role": "assistant",
            "content": [{"type": "output_text", "text": text, "annotations": []}]})
 }
 
+/// The item id of the function call `call_id`.
+fn call_item_id(call_id: &Value) -> String {
+    format!(
+        "fc_{}",
+        call_id.as_str().unwrap_or_default().trim_start_matches("call_")
+    )
+}
+
 /// A function call item.
 fn call_item(call_id: &Value, name: &Value, arguments: &str, status: &str) -> Value {
-    let id = call_id.as_str().unwrap_or_default();
-    json!({"type": "function_call", "id": format!("fc_{}", id.trim_start_matches("call_")), "call_id": call_id,
+    json!({"type": "function_call", "id": call_item_id(call_id), "call_id": call_id,
            "name": name, "arguments": arguments, "status": status})
 }
 
@@ -430,7 +437,7 @@ impl ChunkEvents for ResponseEvents {
             if let Open::Text(so_far) = &mut self.open {
                 so_far.push_str(text);
             }
-            let item_id = self.text_item("", "").get("id").cloned();
+            let item_id = format!("msg_{}", self.text_id());
             let output_index = self.done.len();
             self.emit(
                 &mut out,
@@ -461,16 +468,13 @@ impl ChunkEvents for ResponseEvents {
                 .filter(|a| !a.is_empty())
             {
                 let output_index = self.done.len();
-                let mut item_id = Value::Null;
+                let mut item_id = None;
                 if let Open::Call {
-                    call_id,
-                    name,
-                    arguments,
-                    ..
+                    call_id, arguments, ..
                 } = &mut self.open
                 {
                     arguments.push_str(fragment);
-                    item_id = call_item(call_id, name, "", "")["id"].clone();
+                    item_id = Some(call_item_id(call_id));
                 }
                 self.emit(
                     &mut out,
@@ -508,13 +512,14 @@ impl ResponseEvents {
         out.push(event);
     }
 
+    /// The id (after `msg_`) of the message item of this stream's text at this point.
+    fn text_id(&self) -> String {
+        format!("{}_{}", self.id.trim_start_matches("resp_"), self.done.len())
+    }
+
     /// The message item of this stream's text.
     fn text_item(&self, text: &str, status: &str) -> Value {
-        message_item(
-            &format!("{}_{}", self.id.trim_start_matches("resp_"), self.done.len()),
-            text,
-            status,
-        )
+        message_item(&self.text_id(), text, status)
     }
 
     fn response(&self, output: Vec<Value>) -> Value {
