@@ -254,10 +254,20 @@ pub fn responses_as_chat(request: &Value) -> Value {
 /// megapixels, which bill about 1,600.
 pub const ANTHROPIC_IMAGE_TOKENS: i64 = 1600;
 
+/// The output format an Anthropic Messages request asks for: `output_config.format`, or
+/// the structured-outputs beta's `output_format` (`{"type": "json_schema", "schema": …}`).
+pub fn messages_output_format(request: &Value) -> Option<&Value> {
+    request
+        .pointer("/output_config/format")
+        .or_else(|| request.get("output_format"))
+        .filter(|f| !f.is_null())
+}
+
 /// An Anthropic Messages request's input, by the character rule: 3 for priming, per
 /// message 4 plus one per started group of four characters of its text (text blocks,
 /// thinking, tool inputs and results as their JSON), the `system` prompt as one more
-/// message, the tool definitions as JSON, and [`ANTHROPIC_IMAGE_TOKENS`] per image.
+/// message, the tool definitions and the output format's schema as JSON (both become
+/// instructions the model reads), and [`ANTHROPIC_IMAGE_TOKENS`] per image.
 pub fn messages_input_tokens(request: &Value) -> i32 {
     let mut images = 0i64;
     let mut content_text = |c: Option<&Value>| -> String {
@@ -286,6 +296,9 @@ pub fn messages_input_tokens(request: &Value) -> i32 {
     }
     if let Some(tools) = field(request, "tools") {
         total += quarters(&tools.to_string());
+    }
+    if let Some(format) = messages_output_format(request) {
+        total += quarters(&format.to_string());
     }
     clamp_i32(total.saturating_add(images.saturating_mul(ANTHROPIC_IMAGE_TOKENS)))
 }

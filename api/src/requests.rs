@@ -539,6 +539,29 @@ pub(crate) fn validate_messages_request(request: &Value, param_prefix: &str) -> 
             ));
         }
     }
+    if obj
+        .get("output_config")
+        .is_some_and(|c| !c.is_null() && !c.is_object())
+    {
+        return Err(invalid(p("output_config"), "`output_config` must be an object"));
+    }
+    if let Some(format) = tollgate::estimate::messages_output_format(request)
+        && (format.get("type").and_then(Value::as_str) != Some("json_schema")
+            || !format.get("schema").is_some_and(Value::is_object))
+    {
+        let at = if request
+            .pointer("/output_config/format")
+            .is_some_and(|f| !f.is_null())
+        {
+            "output_config.format"
+        } else {
+            "output_format"
+        };
+        return Err(invalid(
+            p(at),
+            "an output format is `{\"type\": \"json_schema\", \"schema\": {…}}`",
+        ));
+    }
     Ok(model)
 }
 
@@ -669,6 +692,23 @@ mod tests {
             refused(json!({"mcp_servers": []})),
             (UnsupportedField, "mcp_servers".to_owned())
         );
+        for (change, param) in [
+            (json!({"output_config": "json"}), "output_config"),
+            (
+                json!({"output_config": {"format": {"type": "json_object"}}}),
+                "output_config.format",
+            ),
+            (
+                json!({"output_format": {"type": "json_schema", "schema": "x"}}),
+                "output_format",
+            ),
+        ] {
+            assert_eq!(refused(change), (InvalidRequest, param.to_owned()));
+        }
+        let schema = json!({"type": "json_schema", "schema": {"type": "object"}});
+        let mut structured = ok.clone();
+        structured["output_config"] = json!({"format": schema});
+        assert_eq!(validate_messages_request(&structured, "").unwrap(), "m");
         let mut no_cap = ok.clone();
         no_cap.as_object_mut().unwrap().remove("max_tokens");
         let e = validate_messages_request(&no_cap, "").unwrap_err();

@@ -280,13 +280,7 @@ fn tool_turn(body: &serde_json::Value) -> Result<Option<ToolCall>, String> {
         .iter()
         .find(|t| chosen.is_none_or(|name| t.get("name").and_then(Value::as_str) == Some(name)))
         .ok_or_else(|| format!("tool_choice.name: tool {chosen:?} is not in `tools`"))?;
-    let input: serde_json::Map<String, Value> = tool
-        .pointer("/input_schema/properties")
-        .and_then(Value::as_object)
-        .into_iter()
-        .flatten()
-        .map(|(k, _)| (k.clone(), Value::from("mock")))
-        .collect();
+    let input = super::request::mock_object(tool.get("input_schema"));
     Ok(Some(ToolCall {
         id: format!("toolu_01{}", hex_id(22)),
         name: tool
@@ -294,7 +288,7 @@ fn tool_turn(body: &serde_json::Value) -> Result<Option<ToolCall>, String> {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned(),
-        input: Value::Object(input),
+        input,
     }))
 }
 

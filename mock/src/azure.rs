@@ -114,7 +114,7 @@ pub(super) async fn chat_completions(
         choices,
         stream: req.stream == Some(true),
         include_usage: req.stream_options.as_ref().and_then(|o| o.include_usage) == Some(true),
-        tool_call: req.tool_call(),
+        fixed: req.fixed_answer(),
     };
     complete(&p, in_flight, &reply, chat, |d, view| {
         reply.rate_limited(api_version, d, view)

@@ -254,15 +254,10 @@ fn function_call(body: &Value) -> Result<Option<Value>, String> {
         .iter()
         .find(|d| allowed.is_none_or(|name| d.get("name").and_then(Value::as_str) == Some(name)))
         .ok_or_else(|| format!("allowedFunctionNames names no declared function: {allowed:?}"))?;
-    let args: serde_json::Map<String, Value> = ["parametersJsonSchema", "parameters"]
+    let schema = ["parametersJsonSchema", "parameters"]
         .iter()
-        .find_map(|k| chosen.get(*k))
-        .and_then(|schema| schema.get("properties"))
-        .and_then(Value::as_object)
-        .into_iter()
-        .flatten()
-        .map(|(k, _)| (k.clone(), Value::from("mock")))
-        .collect();
+        .find_map(|k| chosen.get(*k));
+    let args = super::request::mock_object(schema);
     Ok(Some(json!({"name": chosen.get("name"), "args": args})))
 }
 

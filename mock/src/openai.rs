@@ -22,7 +22,7 @@ use serde::Serialize;
 
 use super::buckets::{Admission, BucketView, Charge, Denial, LimitKind, LimitsView};
 use super::reply::Respond;
-use super::request::{ChatRequest, input_tokens};
+use super::request::{ChatRequest, Fixed, input_tokens};
 use super::stats::InFlight;
 use super::stream::{self, Shape, StreamGuard};
 use super::{Inner, KeyLookup, MAX_BODY_BYTES, MockProvider, ProviderKind, ceil_secs, hex_id};
@@ -228,7 +228,7 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
         choices,
         stream: req.stream == Some(true),
         include_usage: req.stream_options.as_ref().and_then(|o| o.include_usage) == Some(true),
-        tool_call: req.tool_call(),
+        fixed: req.fixed_answer(),
     };
     let resp = complete(&p, in_flight, &reply, chat, |d, view| {
         reply.rate_limited(model, d, view)
@@ -499,8 +499,8 @@ pub(super) struct Admit<'a> {
     pub choices: u64,
     pub stream: bool,
     pub include_usage: bool,
-    /// The function called instead of an answer in text: `(name, arguments)`.
-    pub tool_call: Option<(String, String)>,
+    /// The function call or JSON answered instead of canned words.
+    pub fixed: Option<Fixed>,
 }
 
 /// Admits a checked Chat Completions request and answers it, as JSON or as a stream, with
@@ -531,11 +531,10 @@ pub(super) async fn complete(
     } else {
         "stop"
     };
-    if let Some((name, arguments)) = &c.tool_call {
-        let call = ToolCall {
-            id: format!("call_{}", super::hex_id(24)),
-            name,
-            arguments,
+    if let Some(fixed) = &c.fixed {
+        let call = FixedAnswer {
+            call_id: format!("call_{}", super::hex_id(24)),
+            fixed,
         };
         let output = call.tokens().min(c.max_out.unwrap_or(u64::MAX));
         let refund = inner.generate(c.project, &view, reserved, output).await;
@@ -581,55 +580,75 @@ pub(super) async fn complete(
     response
 }
 
-/// A function the mock calls instead of answering in text.
-struct ToolCall<'a> {
-    id: String,
-    name: &'a str,
-    arguments: &'a str,
+/// A function call, or the JSON a `response_format` asked for, answered instead of canned
+/// words.
+struct FixedAnswer<'a> {
+    /// The call's id (unused for JSON).
+    call_id: String,
+    fixed: &'a Fixed,
 }
 
-impl ToolCall<'_> {
-    /// Output tokens of the call: a token per started four characters of its arguments.
+impl FixedAnswer<'_> {
+    /// Output tokens of the answer: a token per started four characters of its text.
     fn tokens(&self) -> u64 {
-        (self.arguments.chars().count() as u64).div_ceil(4).max(1)
+        (self.fixed.text().chars().count() as u64).div_ceil(4).max(1)
     }
 
-    fn call(&self, arguments: &str) -> serde_json::Value {
-        serde_json::json!({"id": self.id, "type": "function", "function": {"name": self.name, "arguments": arguments}})
+    fn call(&self, name: &str, arguments: &str) -> serde_json::Value {
+        serde_json::json!({"id": self.call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
     }
 
-    /// The call as a chat completion (`usage` is `(input, output)`).
+    fn finish_reason(&self) -> &'static str {
+        match self.fixed {
+            Fixed::Call { .. } => "tool_calls",
+            Fixed::Json(_) => "stop",
+        }
+    }
+
+    /// The answer as a chat completion (`usage` is `(input, output)`).
     fn completion(&self, id: &str, created: i64, model: &str, usage: (u64, u64)) -> serde_json::Value {
+        let message = match self.fixed {
+            Fixed::Call { name, arguments } => serde_json::json!({"role": "assistant", "content": null,
+                "refusal": null, "tool_calls": [self.call(name, arguments)]}),
+            Fixed::Json(text) => serde_json::json!({"role": "assistant", "content": text, "refusal": null}),
+        };
         serde_json::json!({"id": id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "refusal": null,
-                "tool_calls": [self.call(self.arguments)]}, "logprobs": null, "finish_reason": "tool_calls"}],
+            "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": self.finish_reason()}],
             "usage": {"prompt_tokens": usage.0, "completion_tokens": usage.1, "total_tokens": usage.0 + usage.1}})
     }
 
-    /// The call as the chat stream sends it: the call's id and name with empty arguments,
-    /// the arguments in two deltas, the finish, the usage chunk if asked, `[DONE]`.
+    /// The answer as the chat stream sends it: the role (and a call's id and name with
+    /// empty arguments), the text in two deltas, the finish, the usage chunk if asked,
+    /// `[DONE]`.
     fn chunks(&self, id: &str, created: i64, model: &str, usage: (u64, u64), include_usage: bool) -> String {
-        let half = self
-            .arguments
+        let text = self.fixed.text();
+        let half = text
             .char_indices()
-            .nth(self.arguments.chars().count() / 2)
-            .map_or(self.arguments.len(), |(i, _)| i);
+            .nth(text.chars().count() / 2)
+            .map_or(text.len(), |(i, _)| i);
         let chunk = |delta: serde_json::Value, finish: Option<&str>| {
             serde_json::json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
                 "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
         };
-        let fragment =
-            |part: &str| serde_json::json!({"tool_calls": [{"index": 0, "function": {"arguments": part}}]});
-        let mut first = self.call("");
-        first["index"] = 0.into();
-        let mut chunks = vec![
-            chunk(
-                serde_json::json!({"role": "assistant", "content": null, "tool_calls": [first]}),
-                None,
+        let (opening, fragment): (serde_json::Value, fn(&str) -> serde_json::Value) = match self.fixed {
+            Fixed::Call { name, .. } => {
+                let mut first = self.call(name, "");
+                first["index"] = 0.into();
+                (
+                    serde_json::json!({"role": "assistant", "content": null, "tool_calls": [first]}),
+                    |part| serde_json::json!({"tool_calls": [{"index": 0, "function": {"arguments": part}}]}),
+                )
+            }
+            Fixed::Json(_) => (
+                serde_json::json!({"role": "assistant", "content": ""}),
+                |part| serde_json::json!({"content": part}),
             ),
-            chunk(fragment(&self.arguments[..half]), None),
-            chunk(fragment(&self.arguments[half..]), None),
-            chunk(serde_json::json!({}), Some("tool_calls")),
+        };
+        let mut chunks = vec![
+            chunk(opening, None),
+            chunk(fragment(&text[..half]), None),
+            chunk(fragment(&text[half..]), None),
+            chunk(serde_json::json!({}), Some(self.finish_reason())),
         ];
         if include_usage {
             chunks.push(serde_json::json!({"id": id, "object": "chat.completion.chunk", "created": created,

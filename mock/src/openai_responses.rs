@@ -96,15 +96,9 @@ impl<'a> Responses<'a> {
             })
             .filter(|_| !answered)
             .map(|tool| {
-                let arguments: serde_json::Map<String, Value> = tool
-                    .pointer("/parameters/properties")
-                    .and_then(Value::as_object)
-                    .into_iter()
-                    .flatten()
-                    .map(|(k, _)| (k.clone(), Value::from("mock")))
-                    .collect();
+                let arguments = super::request::mock_object(tool.get("parameters"));
                 let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
-                (name.to_owned(), Value::Object(arguments).to_string())
+                (name.to_owned(), arguments.to_string())
             });
         Ok(Self {
             model,

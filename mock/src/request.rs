@@ -35,6 +35,42 @@ pub(crate) struct ChatRequest {
     pub tools: Option<Vec<serde_json::Value>>,
     #[serde(default)]
     pub tool_choice: Option<serde_json::Value>,
+    #[serde(default)]
+    pub response_format: Option<serde_json::Value>,
+}
+
+/// An answer the mock gives instead of canned words.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Fixed {
+    /// A call of the function `name` with `arguments` (JSON text).
+    Call { name: String, arguments: String },
+    /// The JSON text a `response_format` asked for, as the message's content.
+    Json(String),
+}
+
+impl Fixed {
+    /// The answer's text: a call's arguments, or the JSON.
+    pub(crate) fn text(&self) -> &str {
+        match self {
+            Fixed::Call { arguments, .. } => arguments,
+            Fixed::Json(text) => text,
+        }
+    }
+}
+
+/// An object with `"mock"` for each property `schema` (a JSON Schema) declares: the
+/// arguments of every function the mock calls and the JSON it answers a schema with.
+pub(crate) fn mock_object(schema: Option<&serde_json::Value>) -> serde_json::Value {
+    let properties = schema
+        .and_then(|s| s.get("properties"))
+        .and_then(|p| p.as_object());
+    serde_json::Value::Object(
+        properties
+            .into_iter()
+            .flatten()
+            .map(|(k, _)| (k.clone(), serde_json::Value::from("mock")))
+            .collect(),
+    )
 }
 
 /// Most choices a Chat Completions request may ask for.
@@ -45,7 +81,7 @@ impl ChatRequest {
     /// when the request has function tools, `tool_choice` is not `"none"` and no `tool`
     /// message answers a call yet — the chosen function (or the first) with `"mock"` for
     /// each property of its parameters.
-    pub(crate) fn tool_call(&self) -> Option<(String, String)> {
+    fn tool_call(&self) -> Option<(String, String)> {
         let messages = self.messages.as_ref()?;
         if messages.tool_results > 0 || self.tool_choice.as_ref().and_then(|c| c.as_str()) == Some("none") {
             return None;
@@ -61,15 +97,26 @@ impl ChatRequest {
             .flatten()
             .filter_map(|t| t.get("function"))
             .find(|f| chosen.is_none_or(|name| f.get("name").and_then(|n| n.as_str()) == Some(name)))?;
-        let arguments: serde_json::Map<String, serde_json::Value> = function
-            .pointer("/parameters/properties")
-            .and_then(|p| p.as_object())
-            .into_iter()
-            .flatten()
-            .map(|(k, _)| (k.clone(), serde_json::Value::from("mock")))
-            .collect();
+        let arguments = mock_object(function.get("parameters"));
         let name = function.get("name").and_then(|n| n.as_str()).unwrap_or_default();
-        Some((name.to_owned(), serde_json::Value::Object(arguments).to_string()))
+        Some((name.to_owned(), arguments.to_string()))
+    }
+
+    /// What the mock answers instead of canned words: the [`Self::tool_call`], else, for a
+    /// `response_format` of `json_schema`, an object of its schema's properties (`"mock"`
+    /// each), or for `json_object` an object of one.
+    pub(crate) fn fixed_answer(&self) -> Option<Fixed> {
+        if let Some((name, arguments)) = self.tool_call() {
+            return Some(Fixed::Call { name, arguments });
+        }
+        let format = self.response_format.as_ref()?;
+        match format.get("type").and_then(|t| t.as_str()) {
+            Some("json_schema") => Some(Fixed::Json(
+                mock_object(format.pointer("/json_schema/schema")).to_string(),
+            )),
+            Some("json_object") => Some(Fixed::Json(serde_json::json!({"answer": "mock"}).to_string())),
+            _ => None,
+        }
     }
 
     /// The output cap per choice (`max_completion_tokens` wins over `max_tokens`).

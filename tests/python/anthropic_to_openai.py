@@ -1,7 +1,8 @@
 """A tool-calling conversation with the official `anthropic` package against an OpenAI
 model behind tollgate: a message (plain and streamed), the model calls a tool (plain and
 streamed, the call's input arriving as `input_json_delta`s), the tool's result goes back,
-the model answers in text; what chat cannot express is refused up front, naming the field.
+the model answers in text; a JSON schema output format answered as JSON, plain and
+streamed; what chat cannot express is refused up front, naming the field.
 
 Run by the e2e test `endpoints::anthropic_sdk_reaches_an_openai_model_and_its_tools`,
 which passes TOLLGATE_BASE_URL (`http://host:port`) and TOLLGATE_API_KEY. Exits non-zero
@@ -24,6 +25,12 @@ TOOLS = [
     }
 ]
 QUESTION = [{"role": "user", "content": "What is the weather in Oslo?"}]
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "forecast": {"type": "string"}},
+    "required": ["city", "forecast"],
+    "additionalProperties": False,
+}
 
 
 def main():
@@ -66,6 +73,24 @@ def main():
     with client.messages.stream(model=MODEL, max_tokens=64, tools=TOOLS, messages=answered_turns) as stream:
         streamed_answer = stream.get_final_message()
     assert streamed_answer.content[0].type == "text" and streamed_answer.content[0].text, streamed_answer
+
+    # Structured output: the schema goes as a strict JSON-schema response_format, and the
+    # JSON comes back as the text block, plain and streamed.
+    output_config = {"format": {"type": "json_schema", "schema": SCHEMA}}
+    structured = client.messages.create(model=MODEL, max_tokens=64, messages=QUESTION, output_config=output_config)
+    assert structured.stop_reason == "end_turn", structured
+    assert json.loads(structured.content[0].text) == {"city": "mock", "forecast": "mock"}, structured
+    with client.messages.stream(model=MODEL, max_tokens=64, messages=QUESTION, output_config=output_config) as stream:
+        streamed_json = "".join(stream.text_stream)
+    assert json.loads(streamed_json) == {"city": "mock", "forecast": "mock"}, streamed_json
+
+    try:
+        client.messages.create(
+            model=MODEL, max_tokens=8, messages=QUESTION, output_config={"effort": "low", "format": output_config["format"]}
+        )
+        raise AssertionError("output_config.effort was accepted for an OpenAI model")
+    except anthropic.BadRequestError as e:
+        assert (e.body["error"]["code"], e.body["error"]["param"]) == ("unsupported_field", "output_config.effort"), e.body
 
     try:
         cached = [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}]

@@ -71,6 +71,26 @@ impl AsChat {
     }
 }
 
+/// The first top-level field of `request` that is set (not left at what it is when left
+/// out: null, false, empty, or one of `default_strings` for its field) and is not one of
+/// `translated`: what the translation would drop.
+pub(super) fn untranslated_field<'a>(
+    request: &'a Value,
+    translated: &[&str],
+    default_strings: &[(&str, &str)],
+) -> Option<&'a str> {
+    request.as_object().into_iter().flatten().find_map(|(field, v)| {
+        let default = match v {
+            Value::Null | Value::Bool(false) => true,
+            Value::Array(a) => a.is_empty(),
+            Value::Object(o) => o.is_empty(),
+            Value::String(s) => default_strings.contains(&(field.as_str(), s.as_str())),
+            _ => false,
+        };
+        (!default && !translated.contains(&field.as_str())).then_some(field.as_str())
+    })
+}
+
 /// `to` with each of `keys` that `from` sets (not null) copied over.
 pub(super) fn with_set(mut to: Value, from: &Value, keys: &[&str]) -> Value {
     for key in keys {

@@ -8,18 +8,40 @@
 //! blocks as `tool` messages right after the assistant turn that called them; `tools`
 //! (`input_schema` as `parameters`), `tool_choice` (`auto`, `any` as `required`, `tool`,
 //! `none`, `disable_parallel_tool_use` as `parallel_tool_calls: false`); `max_tokens`,
-//! `stop_sequences` (up to 4), `temperature`, `top_p`, `metadata.user_id` as `user`. What
-//! chat cannot say is refused before the job is queued ([`unexpressed`]): thinking,
-//! `top_k`, `cache_control`, images inside tool results, `is_error` tool results, more than
-//! four stop sequences.
+//! `stop_sequences` (up to 4), `temperature`, `top_p`, `metadata.user_id` as `user`, a
+//! JSON schema output format (`output_config.format`, or the beta's `output_format`) as
+//! a strict `json_schema` `response_format` — its JSON comes back as the text block, as
+//! Anthropic answers it. What chat cannot say is refused before the job is queued
+//! ([`unexpressed`]): any other field set (thinking, `top_k`, `context_management`, other
+//! output options, …), `cache_control`, images inside tool results, `is_error` tool
+//! results, more than four stop sequences.
 
 use serde_json::{Map, Value, json};
 
 use super::Unexpressed;
-use super::as_chat::{ChunkEvents, copy_fields, insert_tools};
+use super::as_chat::{ChunkEvents, copy_fields, insert_tools, untranslated_field};
 
 /// Most stop sequences OpenAI chat takes.
 const MAX_STOPS: usize = 4;
+
+/// Request fields the translation carries (`service_tier` only chooses among Anthropic's
+/// own capacity, which a chat target does not have).
+const TRANSLATED_FIELDS: [&str; 14] = [
+    "model",
+    "messages",
+    "max_tokens",
+    "system",
+    "metadata",
+    "stop_sequences",
+    "stream",
+    "temperature",
+    "top_p",
+    "tools",
+    "tool_choice",
+    "output_config",
+    "output_format",
+    "service_tier",
+];
 
 /// What of `request` (an Anthropic Messages request, validated) chat cannot express.
 pub fn unexpressed(request: &Value) -> Option<Unexpressed> {
@@ -31,10 +53,19 @@ pub fn unexpressed(request: &Value) -> Option<Unexpressed> {
             ),
         )
     };
-    for field in ["thinking", "top_k"] {
-        if request.get(field).is_some_and(|v| !v.is_null()) {
-            return say(field.to_owned(), &format!("`{field}`"));
-        }
+    if let Some(field) = untranslated_field(request, &TRANSLATED_FIELDS, &[]) {
+        return say(field.to_owned(), &format!("`{field}`"));
+    }
+    if let Some(option) = request
+        .get("output_config")
+        .and_then(Value::as_object)
+        .and_then(|o| o.iter().find(|(k, v)| *k != "format" && !v.is_null()))
+        .map(|(k, _)| k)
+    {
+        return say(
+            format!("output_config.{option}"),
+            &format!("`output_config.{option}`"),
+        );
     }
     if super::array(request, "stop_sequences").len() > MAX_STOPS {
         return say("stop_sequences".to_owned(), "more than four stop sequences");
@@ -153,6 +184,13 @@ pub fn chat_request(request: &Value) -> Value {
         chat.insert("user".into(), user.clone());
     }
     insert_tools(&mut chat, request, "input_schema");
+    if let Some(format) = tollgate::estimate::messages_output_format(request) {
+        chat.insert(
+            "response_format".into(),
+            json!({"type": "json_schema",
+                   "json_schema": {"name": "output", "strict": true, "schema": format.get("schema")}}),
+        );
+    }
     if let Some(choice) = request.get("tool_choice").filter(|v| !v.is_null()) {
         let mapped = match choice.get("type").and_then(Value::as_str) {
             Some("any") => json!("required"),
@@ -487,6 +525,41 @@ mod tests {
             param(base(failed_tool)),
             Some("messages[0].content[0].is_error".into())
         );
+        for (extra, field) in [
+            (json!({"top_k": 5}), "top_k"),
+            (
+                json!({"context_management": {"edits": [{}]}}),
+                "context_management",
+            ),
+            (json!({"inference_geo": "us"}), "inference_geo"),
+            (
+                json!({"output_config": {"effort": "low", "format": {"type": "json_schema", "schema": {}}}}),
+                "output_config.effort",
+            ),
+        ] {
+            assert_eq!(param(base(extra)), Some(field.into()));
+        }
+        // Fields left at what they are when absent, and those translated, pass.
+        let passes = json!({"service_tier": "auto", "thinking": null, "stream": false,
+            "output_config": {"effort": null, "format": {"type": "json_schema", "schema": {"type": "object"}}}});
+        assert_eq!(param(base(passes)), None);
+    }
+
+    #[test]
+    fn an_output_schema_becomes_a_strict_json_schema_response_format() {
+        let schema = json!({"type": "object", "properties": {"city": {"type": "string"}},
+            "required": ["city"], "additionalProperties": false});
+        let expected = json!({"type": "json_schema",
+            "json_schema": {"name": "output", "strict": true, "schema": schema}});
+        for request in [
+            json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}],
+                "output_config": {"format": {"type": "json_schema", "schema": schema}}}),
+            json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}],
+                "output_format": {"type": "json_schema", "schema": schema}}),
+        ] {
+            assert_eq!(unexpressed(&request), None);
+            assert_eq!(chat_request(&request)["response_format"], expected);
+        }
     }
 
     #[test]

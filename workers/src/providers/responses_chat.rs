@@ -17,7 +17,7 @@
 use serde_json::{Map, Value, json};
 
 use super::Unexpressed;
-use super::as_chat::{ChunkEvents, copy_fields, insert_tools, with_set};
+use super::as_chat::{ChunkEvents, copy_fields, insert_tools, untranslated_field, with_set};
 
 /// Request fields the translation carries (or, for `store` and `metadata`, may leave).
 const TRANSLATED_FIELDS: [&str; 15] = [
@@ -46,21 +46,14 @@ pub fn unexpressed(request: &Value) -> Option<Unexpressed> {
             format!("{what} cannot be expressed to a chat target (no OpenAI target serves this model)"),
         )
     };
-    for (field, v) in request.as_object().into_iter().flatten() {
-        // A field set to what it is when left out says nothing chat cannot say.
-        let default = match v {
-            Value::Null | Value::Bool(false) => true,
-            Value::Array(a) => a.is_empty(),
-            Value::Object(o) => o.is_empty(),
-            Value::String(s) => matches!(
-                (field.as_str(), s.as_str()),
-                ("service_tier", "auto" | "default") | ("truncation", "disabled")
-            ),
-            _ => false,
-        };
-        if !TRANSLATED_FIELDS.contains(&field.as_str()) && !default {
-            return say(field.clone(), &format!("`{field}`"));
-        }
+    // A field set to what it is when left out says nothing chat cannot say.
+    let defaults = [
+        ("service_tier", "auto"),
+        ("service_tier", "default"),
+        ("truncation", "disabled"),
+    ];
+    if let Some(field) = untranslated_field(request, &TRANSLATED_FIELDS, &defaults) {
+        return say(field.to_owned(), &format!("`{field}`"));
     }
     if let Some(format) = request.pointer("/text/format/type").and_then(Value::as_str)
         && !matches!(format, "text" | "json_object" | "json_schema")
