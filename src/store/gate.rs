@@ -201,18 +201,18 @@ macro_rules! admit_query {
     }};
 }
 
-/// Admissions column by column, as [`admit_query!`] binds them.
-struct AdmissionArrays<'a> {
-    ids: Vec<uuid::Uuid>,
-    providers: Vec<&'a str>,
-    models: Vec<&'a str>,
-    keys: Vec<Option<&'a str>>,
-    buckets: Vec<Option<String>>,
-    amounts: Vec<Option<String>>,
+/// Admissions column by column, as [`admit_query!`] (and `insert_started_jobs`) binds them.
+pub(super) struct AdmissionArrays<'a> {
+    pub(super) ids: Vec<uuid::Uuid>,
+    pub(super) providers: Vec<&'a str>,
+    pub(super) models: Vec<&'a str>,
+    pub(super) keys: Vec<Option<&'a str>>,
+    pub(super) buckets: Vec<Option<String>>,
+    pub(super) amounts: Vec<Option<String>>,
 }
 
 impl<'a> AdmissionArrays<'a> {
-    fn of(admissions: &'a [Admission]) -> Self {
+    pub(super) fn of(admissions: &'a [Admission]) -> Self {
         // Arrays of arrays must be rectangular in PostgreSQL: each job's reservation goes
         // as array literals (`{3,7}`, `{1,850}`) cast per row. (An earlier form regrouped a
         // flattened list in SQL; behind a large queue the planner re-ran that grouping for

@@ -81,61 +81,155 @@ async fn insert_new_job(ex: impl PgExecutor<'_>, job: &NewJob) -> Result<bool> {
         .is_some())
 }
 
-/// Inserts the job already admitted with `admission` and running for `starter`, as if
-/// queued, admitted and claimed in one write (see [`super::admit`]), and writes the
-/// `buckets` it took from in the same statement; `None` when its tenant already used its
-/// idempotency key (the buckets are written all the same: roll back). Run in the
-/// transaction holding the buckets.
-pub async fn insert_started_job(
+/// New jobs column by column, as the `INSERT … FROM unnest(…)` statements bind them (the
+/// request and the idempotency key, which each statement sends its own way, apart).
+struct JobColumns<'a> {
+    ids: Vec<uuid::Uuid>,
+    tenants: Vec<&'a str>,
+    classes: Vec<JobClass>,
+    priorities: Vec<i32>,
+    models: Vec<&'a str>,
+    metadata: Vec<Option<&'a serde_json::Value>>,
+    deadlines: Vec<DateTime<Utc>>,
+    created: Vec<DateTime<Utc>>,
+    attempts: Vec<i32>,
+    input_tokens: Vec<i32>,
+    output_tokens: Vec<i32>,
+    streams: Vec<bool>,
+    endpoints: Vec<Endpoint>,
+}
+
+impl<'a> JobColumns<'a> {
+    fn of<R: 'a>(jobs: impl Iterator<Item = &'a NewJob<R>>) -> Self {
+        let mut c = Self {
+            ids: Vec::new(),
+            tenants: Vec::new(),
+            classes: Vec::new(),
+            priorities: Vec::new(),
+            models: Vec::new(),
+            metadata: Vec::new(),
+            deadlines: Vec::new(),
+            created: Vec::new(),
+            attempts: Vec::new(),
+            input_tokens: Vec::new(),
+            output_tokens: Vec::new(),
+            streams: Vec::new(),
+            endpoints: Vec::new(),
+        };
+        for j in jobs {
+            c.ids.push(j.id.0);
+            c.tenants.push(&j.tenant);
+            c.classes.push(j.class);
+            c.priorities.push(j.priority);
+            c.models.push(&j.model);
+            c.metadata.push(j.metadata.as_ref());
+            c.deadlines.push(j.deadline);
+            c.created.push(j.created_at);
+            c.attempts.push(j.max_attempts);
+            c.input_tokens.push(j.estimated_input_tokens);
+            c.output_tokens.push(j.estimated_output_tokens);
+            c.streams.push(j.stream);
+            c.endpoints.push(j.endpoint);
+        }
+        c
+    }
+}
+
+/// Inserts `jobs` already admitted, each with its admission (the same position in
+/// `admissions`), and running for `starter` —
+/// as if queued, admitted and claimed in one write (see [`super::admit`]) — and writes the
+/// `buckets` they took from, all in one statement. The jobs carry no idempotency key (one
+/// could name a job already there): every one is written. Run in the transaction holding
+/// the buckets. Returns their rows, in the order given.
+pub async fn insert_started_jobs(
     conn: &mut PgConnection,
-    job: &NewJob,
-    admission: &super::Admission,
+    jobs: &[&NewJob],
+    admissions: &[super::Admission],
     starter: super::Starter<'_>,
     buckets: &[crate::buckets::Bucket],
     now: DateTime<Utc>,
-) -> Result<Option<Job>> {
-    let (bucket_ids, amounts) = admission.held();
-    // No reservation is NULL, as the admission's UPDATE writes it.
-    let (bucket_ids, amounts) = match bucket_ids.is_empty() {
-        true => (None, None),
-        false => (Some(bucket_ids), Some(amounts)),
-    };
+) -> Result<Vec<Job>> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    debug_assert_eq!(jobs.len(), admissions.len());
+    debug_assert!(jobs.iter().all(|job| job.idempotency_key.is_none()));
+    let held = super::gate::AdmissionArrays::of(admissions);
+    let c = JobColumns::of(jobs.iter().copied());
+    let requests: Vec<&serde_json::Value> = jobs.iter().map(|j| &j.request).collect();
     let saved = BucketArrays::of(buckets);
-    let inserted = save_buckets_query!(insert_job_query!(
+    let written = save_buckets_query!(sqlx::query!(
         "WITH saved AS (",
-        ") ",
-        ["$24", "$25", "$26", "$27", "$28", "$29"],
-        ", state, attempt, lease_owner, lease_expires_at, started_at, admitted_at, provider, provider_model,
-           provider_key, reserved_buckets, reserved_amounts",
-        ", 'running', 1, $16, now() + make_interval(secs => $17), $18, $18, $19, $20, $21, $22, $23",
-        job,
+        r#") INSERT INTO jobs (id, tenant, class, priority, request, model, metadata, deadline, not_before,
+                              max_attempts, estimated_input_tokens, estimated_output_tokens, created_at,
+                              stream, endpoint, state, attempt, lease_owner, lease_expires_at, started_at,
+                              admitted_at, provider, provider_model, provider_key, reserved_buckets,
+                              reserved_amounts)
+             SELECT id, tenant, class, priority, request, model, metadata, deadline, created_at, attempts,
+                    ein, eout, created_at, stream, endpoint, 'running', 1, $20,
+                    now() + make_interval(secs => $21), $22, $22, provider, provider_model, key,
+                    held_buckets::bigint[], held_amounts::float8[]
+             FROM unnest($1::uuid[], $2::text[], $3::job_class[], $4::int[], $5::jsonb[], $6::text[],
+                         $7::jsonb[], $8::timestamptz[], $9::timestamptz[], $10::int[], $11::int[],
+                         $12::int[], $13::bool[], $14::text[], $15::text[], $16::text[], $17::text[],
+                         $18::text[], $19::text[])
+                 AS t(id, tenant, class, priority, request, model, metadata, deadline, created_at, attempts,
+                      ein, eout, stream, endpoint, provider, provider_model, key, held_buckets, held_amounts)"#,
+        ["$23", "$24", "$25", "$26", "$27", "$28"],
+        &c.ids,
+        &c.tenants as &[&str],
+        &c.classes as &[JobClass],
+        &c.priorities,
+        &requests as &[&serde_json::Value],
+        &c.models as &[&str],
+        &c.metadata as &[Option<&serde_json::Value>],
+        &c.deadlines,
+        &c.created,
+        &c.attempts,
+        &c.input_tokens,
+        &c.output_tokens,
+        &c.streams,
+        &c.endpoints as &[Endpoint],
+        &held.providers as &[&str],
+        &held.models as &[&str],
+        &held.keys as &[Option<&str>],
+        &held.buckets as &[Option<String>],
+        &held.amounts as &[Option<String>],
         starter.owner,
         starter.lease.as_secs_f64(),
-        now,
-        &admission.provider,
-        &admission.model,
-        admission.key.as_deref(),
-        bucket_ids.as_deref(),
-        amounts.as_deref();
+        now;
         &saved
     ))
-    .fetch_optional(conn)
+    .execute(&mut *conn)
     .await?;
-    Ok(inserted.map(|_| Job {
-        state: JobState::Running,
-        attempt: 1,
-        lease_owner: Some(starter.owner.to_owned()),
-        // Written as the database's `now()` plus the lease; this is the caller's reckoning.
-        lease_expires_at: chrono::Duration::from_std(starter.lease).ok().map(|l| now + l),
-        started_at: Some(now),
-        admitted_at: Some(now),
-        provider: Some(admission.provider.clone()),
-        provider_model: Some(admission.model.clone()),
-        provider_key: admission.key.clone(),
-        reserved_buckets: bucket_ids,
-        reserved_amounts: amounts,
-        ..Job::queued(job)
-    }))
+    debug_assert_eq!(written.rows_affected(), admissions.len() as u64);
+    Ok(jobs
+        .iter()
+        .zip(admissions)
+        .map(|(job, admission)| {
+            let (bucket_ids, amounts) = admission.held();
+            // No reservation is NULL, as the admission's UPDATE writes it.
+            let (reserved_buckets, reserved_amounts) = match bucket_ids.is_empty() {
+                true => (None, None),
+                false => (Some(bucket_ids), Some(amounts)),
+            };
+            Job {
+                state: JobState::Running,
+                attempt: 1,
+                lease_owner: Some(starter.owner.to_owned()),
+                // Written as the database's `now()` plus the lease; this is the caller's reckoning.
+                lease_expires_at: chrono::Duration::from_std(starter.lease).ok().map(|l| now + l),
+                started_at: Some(now),
+                admitted_at: Some(now),
+                provider: Some(admission.provider.clone()),
+                provider_model: Some(admission.model.clone()),
+                provider_key: admission.key.clone(),
+                reserved_buckets,
+                reserved_amounts,
+                ..Job::queued(job)
+            }
+        })
+        .collect())
 }
 
 /// What [`insert_jobs`] did with each job, in the order given.
@@ -163,18 +257,9 @@ pub async fn insert_jobs(
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
-    let col = |f: fn(&NewJob<Box<RawValue>>) -> i32| jobs.iter().map(f).collect::<Vec<_>>();
-    let ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.id.0).collect();
-    let tenants: Vec<&str> = jobs.iter().map(|j| j.tenant.as_str()).collect();
-    let classes: Vec<JobClass> = jobs.iter().map(|j| j.class).collect();
+    let c = JobColumns::of(jobs.iter());
     let requests: Vec<&str> = jobs.iter().map(|j| j.request.get()).collect();
-    let models: Vec<&str> = jobs.iter().map(|j| j.model.as_str()).collect();
     let keys: Vec<Option<&str>> = jobs.iter().map(|j| j.idempotency_key.as_deref()).collect();
-    let metadata: Vec<Option<&serde_json::Value>> = jobs.iter().map(|j| j.metadata.as_ref()).collect();
-    let deadlines: Vec<DateTime<Utc>> = jobs.iter().map(|j| j.deadline).collect();
-    let created: Vec<DateTime<Utc>> = jobs.iter().map(|j| j.created_at).collect();
-    let streams: Vec<bool> = jobs.iter().map(|j| j.stream).collect();
-    let endpoints: Vec<Endpoint> = jobs.iter().map(|j| j.endpoint).collect();
     let inserted = sqlx::query_scalar!(
         r#"INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
                            deadline, not_before, max_attempts, estimated_input_tokens,
@@ -189,21 +274,21 @@ pub async fn insert_jobs(
          ORDER BY tenant, key
          ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
          RETURNING id AS "id: JobId""#,
-        &ids,
-        &tenants as &[&str],
-        &classes as &[JobClass],
-        &col(|j| j.priority),
+        &c.ids,
+        &c.tenants as &[&str],
+        &c.classes as &[JobClass],
+        &c.priorities,
         &requests as &[&str],
-        &models as &[&str],
+        &c.models as &[&str],
         &keys as &[Option<&str>],
-        &metadata as &[Option<&serde_json::Value>],
-        &deadlines,
-        &created,
-        &col(|j| j.max_attempts),
-        &col(|j| j.estimated_input_tokens),
-        &col(|j| j.estimated_output_tokens),
-        &streams,
-        &endpoints as &[Endpoint],
+        &c.metadata as &[Option<&serde_json::Value>],
+        &c.deadlines,
+        &c.created,
+        &c.attempts,
+        &c.input_tokens,
+        &c.output_tokens,
+        &c.streams,
+        &c.endpoints as &[Endpoint],
     )
     .fetch_all(&mut *conn)
     .await?;

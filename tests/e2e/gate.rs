@@ -1262,5 +1262,28 @@ async fn arrivals_admitted_together_start_only_what_the_buckets_hold() {
         .await
         .unwrap();
     assert_eq!((running, all), (3, 3));
+    // The rows written are the ones handed back (one statement wrote all three), and the
+    // buckets were written with them: the tenant's three requests are taken.
+    type Row = (uuid::Uuid, Option<Vec<i64>>, Option<Vec<f64>>, Option<String>);
+    let stored: Vec<Row> = sqlx::query_as(
+        "SELECT id, reserved_buckets, reserved_amounts, provider FROM jobs WHERE tenant = 'tiny' ORDER BY id",
+    )
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap();
+    let handed: Vec<Row> = started
+        .iter()
+        .flatten()
+        .map(|j| {
+            let held = (j.reserved_buckets.clone(), j.reserved_amounts.clone());
+            (j.id.0, held.0, held.1, j.provider.clone())
+        })
+        .collect();
+    assert_eq!(stored, handed);
+    let level: f64 = sqlx::query_scalar("SELECT level FROM buckets WHERE key = 'tenant:tiny:rpm'")
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert!(level < 1.0, "three of three requests taken: {level}");
     app.shutdown().await;
 }

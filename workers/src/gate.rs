@@ -18,10 +18,10 @@
 //! - **The admission's own write** (`store::admit` with a `Starter`): what this process's
 //!   dispatcher has room for goes straight to `running`, leased to it, and is handed over
 //!   ([`Handoff`]): one write of the job row instead of two, and no wake-up in between.
-//! - **Admission on arrival** ([`Gate::admit_arrivals`], `store::insert_started_job`): in
+//! - **Admission on arrival** ([`Gate::admit_arrivals`], `store::insert_started_jobs`): in
 //!   the API process, interactive jobs with no other interactive job queued are inserted
 //!   admitted and running when their buckets hold them — all the arrivals waiting in one
-//!   transaction, one statement each — without waiting for a round: the round would
+//!   transaction and one statement — without waiting for a round: the round would
 //!   decide the same, later.
 //! - **The stream claim** (`store::claim_stream_job`, by `Dispatcher::claim_stream`): a
 //!   streaming job runs in the process holding its client's connection, which claims it
@@ -267,7 +267,7 @@ impl Gate {
             owner: &handoff.owner,
             lease: handoff.lease,
         };
-        let mut served = Vec::new();
+        let (mut served, mut admitted, mut took) = (Vec::new(), Vec::new(), HashSet::new());
         for (i, plan) in &plans {
             // A bucket not created yet (a probe, a limit just learned) is the round's to create.
             if !plan.bucket_keys().all(|k| buckets.contains_key(k)) {
@@ -280,30 +280,25 @@ impl Gate {
                 continue;
             };
             let admission = scheduler::take(plan, route, &mut buckets);
-            let taken: Vec<Bucket> = buckets
-                .values()
-                .filter(|b| admission.bucket_ids.contains(&b.id))
-                .cloned()
-                .collect();
-            // No idempotency key, so the insert always writes its job.
-            let Some(job) =
-                store::insert_started_job(&mut tx, &jobs[*i], &admission, starter, &taken, now).await?
-            else {
-                tx.rollback().await?;
-                return Ok(vec![None; jobs.len()]);
-            };
+            took.extend(admission.bucket_ids.iter().copied());
             metrics::admitted(&plan.job, &plan.routes[route].target, &plan.routes[0].target, now);
-            started[*i] = Some(job);
-            served.push(plan);
+            admitted.push(admission);
+            served.push((*i, plan));
         }
         if served.is_empty() {
             tx.rollback().await?;
             return Ok(started);
         }
+        let taken: Vec<Bucket> = buckets.into_values().filter(|b| took.contains(&b.id)).collect();
+        let arrived: Vec<&NewJob> = served.iter().map(|(i, _)| &jobs[*i]).collect();
+        let rows = store::insert_started_jobs(&mut tx, &arrived, &admitted, starter, &taken, now).await?;
         tx.commit().await?;
+        for ((i, _), job) in served.iter().zip(rows) {
+            started[*i] = Some(job);
+        }
         {
             let mut scheduler = locked(&self.scheduler);
-            for plan in served {
+            for (_, plan) in served {
                 scheduler.served_on_arrival(plan);
             }
         }
@@ -437,17 +432,23 @@ impl Gate {
     ) -> Result<Round, StoreError> {
         let batch = self.config.gate.batch;
         let queues = store::active_queues(&self.pool).await?;
-        let mut candidates = if queues.is_empty() {
-            Vec::new()
-        } else {
+        let read_candidates = async {
+            if queues.is_empty() {
+                return Ok(Vec::new());
+            }
             let last = self.last_admitted.load(Ordering::Relaxed);
             let wanted = (2 * last.max(MIN_READ)).min(2 * batch);
             let per_queue = (wanted / queues.len()).clamp(4, batch) as i64;
-            store::candidates(&self.pool, &queues, per_queue, now).await?
+            store::candidates(&self.pool, &queues, per_queue, now).await
         };
+        // The reads side by side, each on a connection of its own: a round's wait is one
+        // read's, not three in a row.
+        let (mut candidates, calibration, mut learned) = tokio::try_join!(
+            read_candidates,
+            self.calibration(&self.pool),
+            store::learned_limits(&self.pool),
+        )?;
         provider_batches::decide_candidates(&self.pool, &self.config, &mut candidates, now).await?;
-        let calibration = self.calibration(&self.pool).await?;
-        let mut learned = store::learned_limits(&self.pool).await?;
         let known = Known::new(&learned);
         let planner = self.planner(&calibration, &known);
         let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
@@ -573,19 +574,24 @@ impl Gate {
             handoff.hand(written.started, permits);
         }
         let rows: Vec<Learned> = learned_changed.iter().map(|&i| learned[i].clone()).collect();
-        store::save_learned(&self.pool, &rows).await?;
+        let notes: Vec<(JobId, serde_json::Value)> =
+            waiting.into_iter().map(|w| (w.job.id, w.note)).collect();
+        // The round's last writes touch different rows: side by side, on connections of
+        // their own, so the next round waits for one of them, not three in a row.
+        let ((), failed, ()) = tokio::try_join!(
+            store::save_learned(&self.pool, &rows),
+            store::fail_queued(&self.pool, &failures, now),
+            store::explain(&self.pool, &notes),
+        )?;
         let round = Round {
             admitted: admitted.len(),
             blocked,
-            failed: store::fail_queued(&self.pool, &failures, now).await? as usize,
+            failed: failed as usize,
             next_ready,
             full,
         };
         self.last_admitted
             .store(if round.full { batch } else { round.admitted }, Ordering::Relaxed);
-        let notes: Vec<(JobId, serde_json::Value)> =
-            waiting.into_iter().map(|w| (w.job.id, w.note)).collect();
-        store::explain(&self.pool, &notes).await?;
         locked(&self.scheduler).admitted(admitted);
         Ok(round)
     }
