@@ -170,7 +170,9 @@ impl Default for DatabaseConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DispatchConfig {
-    /// Provider calls in flight at once in this process.
+    /// Provider calls in flight at once in this process. Each synchronous caller beyond it
+    /// waits for a slot, so it is at least the callers one process serves at once; a call
+    /// holds one connection to its provider while it runs.
     pub concurrency: usize,
     /// A claimed job's lease; a dispatcher that dies loses its jobs to the rescuer after this.
     pub lease_secs: u64,
@@ -192,7 +194,7 @@ pub struct DispatchConfig {
 impl Default for DispatchConfig {
     fn default() -> Self {
         Self {
-            concurrency: 64,
+            concurrency: 256,
             lease_secs: 30,
             heartbeat_secs: 10,
             poll_interval_ms: 1000,

@@ -148,6 +148,13 @@ fn run_hey(
 #[allow(clippy::print_stdout)] // the report is the command's output
 pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let hey = hey()?;
+    // Every caller of the largest row may have its call in flight, as through a proxy: a
+    // broker with fewer call slots than callers queues them by its configuration.
+    let most_clients = LOADS.iter().map(|l| l.clients).max().unwrap_or(1);
+    let args = &BenchArgs {
+        concurrency: args.concurrency.max(most_clients),
+        ..args.clone()
+    };
     let stack = stack_for(args, Roles::ALL).await?;
     let mut direct = request(0);
     direct["model"] = json!("gpt-4o-mini");
@@ -158,13 +165,16 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let seconds = args.seconds;
 
     println!(
-        "\n### sync: `POST /v1/chat/completions` through tollgate beside the mock directly ({seconds} s per row, `hey`)\n"
+        "\n### sync: `POST /v1/chat/completions` through tollgate beside the mock directly ({seconds} s per row, `hey`, `dispatch.concurrency` {})\n",
+        args.concurrency
     );
     println!(
         "| path | load | throughput | p50 ms | p90 ms | p99 ms | failed | added p50 ms | added p99 ms |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut stages = Vec::new();
     for load in &LOADS {
+        let row_started = chrono::Utc::now();
         let (hey, direct_url, broker_url) = (hey.clone(), direct_url.clone(), broker_url.clone());
         let (direct_body, broker_body) = (direct_body.clone(), broker_body.clone());
         let load = *load;
@@ -196,7 +206,66 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 m.failed,
             );
         }
+        stages.push((load.label(), Stages::read(&stack.pool, row_started).await?));
+    }
+    println!(
+        "\nWhere each tollgate row's time went, from the job rows it wrote (ms, p50 / p90): \
+         submitted → admitted (the insert and the admission, on arrival or by the gate's round), \
+         admitted → started (the claim; 0 when handed over in the admission's write), \
+         started → finished (the provider call and the outcome's commit).\n"
+    );
+    println!("| load | jobs | → admitted | → started | → finished |");
+    println!("|---|---:|---:|---:|---:|");
+    for (label, s) in stages {
+        println!(
+            "| {label} | {} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} |",
+            s.jobs, s.admitted[0], s.admitted[1], s.started[0], s.started[1], s.finished[0], s.finished[1]
+        );
     }
     stack.stop().await?;
     Ok(())
+}
+
+/// The p50 and p90, in ms, of each stage of the jobs one row submitted.
+struct Stages {
+    jobs: i64,
+    admitted: [f64; 2],
+    started: [f64; 2],
+    finished: [f64; 2],
+}
+
+impl Stages {
+    async fn read(pool: &sqlx::PgPool, since: chrono::DateTime<chrono::Utc>) -> anyhow::Result<Self> {
+        let row: (i64, Vec<f64>, Vec<f64>, Vec<f64>) = sqlx::query_as(
+            "WITH j AS (
+                 SELECT extract(epoch FROM admitted_at - created_at) * 1e3 AS admitted,
+                        extract(epoch FROM started_at - admitted_at) * 1e3 AS started,
+                        extract(epoch FROM finished_at - started_at) * 1e3 AS finished
+                 FROM jobs WHERE created_at >= $1 AND state = 'succeeded')
+             SELECT count(*),
+                    ARRAY[coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY admitted), 0),
+                          coalesce(percentile_cont(0.9) WITHIN GROUP (ORDER BY admitted), 0)]::float8[],
+                    ARRAY[coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY started), 0),
+                          coalesce(percentile_cont(0.9) WITHIN GROUP (ORDER BY started), 0)]::float8[],
+                    ARRAY[coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY finished), 0),
+                          coalesce(percentile_cont(0.9) WITHIN GROUP (ORDER BY finished), 0)]::float8[]
+             FROM j",
+        )
+        .bind(since)
+        .fetch_one(pool)
+        .await
+        .context("reading the row's job stages")?;
+        let pair = |v: &[f64]| {
+            [
+                v.first().copied().unwrap_or(0.0),
+                v.get(1).copied().unwrap_or(0.0),
+            ]
+        };
+        Ok(Self {
+            jobs: row.0,
+            admitted: pair(&row.1),
+            started: pair(&row.2),
+            finished: pair(&row.3),
+        })
+    }
 }
