@@ -209,7 +209,7 @@ pub(crate) async fn synchronous(
     let mut abandoned = CancelIfAbandoned::new(&state, &tenant.name, job.id);
     if stream {
         drop(watch);
-        let answer = stream_response(&state, &tenant.name, job.id, endpoint, timeout).await;
+        let answer = stream_response(&state, &tenant.name, job, endpoint, timeout).await;
         // From here the relay owns the job: a client leaving mid-stream cancels its call.
         abandoned.disarm();
         return answer;
@@ -397,36 +397,17 @@ fn failure_response(code: &str, message: String) -> ApiError {
 async fn stream_response(
     state: &AppState,
     tenant: &str,
-    id: JobId,
+    job: Job,
     endpoint: Endpoint,
     timeout: Duration,
 ) -> Result<Response, ApiError> {
+    let id = job.id;
     let give_up = tokio::time::Instant::now() + timeout;
-    let job = loop {
-        let admitted = state.notifications.jobs_ready();
-        tokio::pin!(admitted);
-        admitted.as_mut().enable();
-        if let Some(job) = state.dispatcher.claim_stream(id).await? {
-            break job;
-        }
-        let current = store::get_job(&state.pool, Some(tenant), id)
-            .await?
-            .ok_or_else(|| ApiError::internal("a streaming job vanished while its caller waited"))?;
-        if current.state.is_terminal() {
-            let code = current.error_code.unwrap_or_else(|| "failed".to_owned());
-            return Err(failure_response(&code, current.error_message.unwrap_or_default()));
-        }
-        tokio::select! {
-            _ = &mut admitted => {}
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-            _ = tokio::time::sleep_until(give_up) => {
-                if let Err(e) = store::cancel_job(&state.pool, Some(tenant), id, state.clock.now()).await {
-                    tracing::warn!(error = %e, "could not cancel a timed-out streaming job");
-                }
-                let admission = store::get_job(&state.pool, Some(tenant), id).await?.and_then(|j| j.admission);
-                return Err(queue_timeout(admission.as_ref()));
-            }
-        }
+    // Started on arrival, it is running for this process already: nothing to claim.
+    let job = if job.state == JobState::Running {
+        job
+    } else {
+        claimed_stream(state, tenant, id, give_up).await?
     };
     let chunks = match state.dispatcher.stream(job, &state.relays).await {
         Ok(rx) => rx,
@@ -448,4 +429,40 @@ async fn stream_response(
         response.headers_mut().insert("x-tollgate-job-id", v);
     }
     Ok(response)
+}
+
+/// Claims the streaming job `id` for this process once the gate admits it, or answers why
+/// it cannot run: it failed, or `give_up` came first (then it is cancelled).
+async fn claimed_stream(
+    state: &AppState,
+    tenant: &str,
+    id: JobId,
+    give_up: tokio::time::Instant,
+) -> Result<Job, ApiError> {
+    loop {
+        let admitted = state.notifications.jobs_ready();
+        tokio::pin!(admitted);
+        admitted.as_mut().enable();
+        if let Some(job) = state.dispatcher.claim_stream(id).await? {
+            return Ok(job);
+        }
+        let current = store::get_job(&state.pool, Some(tenant), id)
+            .await?
+            .ok_or_else(|| ApiError::internal("a streaming job vanished while its caller waited"))?;
+        if current.state.is_terminal() {
+            let code = current.error_code.unwrap_or_else(|| "failed".to_owned());
+            return Err(failure_response(&code, current.error_message.unwrap_or_default()));
+        }
+        tokio::select! {
+            _ = &mut admitted => {}
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = tokio::time::sleep_until(give_up) => {
+                if let Err(e) = store::cancel_job(&state.pool, Some(tenant), id, state.clock.now()).await {
+                    tracing::warn!(error = %e, "could not cancel a timed-out streaming job");
+                }
+                let admission = store::get_job(&state.pool, Some(tenant), id).await?.and_then(|j| j.admission);
+                return Err(queue_timeout(admission.as_ref()));
+            }
+        }
+    }
 }

@@ -366,7 +366,7 @@ pub(crate) async fn insert(
 ) -> Result<Inserted, ApiError> {
     // A job started on arrival does not wait: it takes no room in the queue.
     let started = match &state.arrivals {
-        Some(arrivals) if job.class == JobClass::Interactive && !job.stream => arrivals.admit(&job).await,
+        Some(arrivals) if job.class == JobClass::Interactive => arrivals.admit(&job).await,
         _ => None,
     };
     if let Some(started) = started {

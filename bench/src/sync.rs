@@ -3,7 +3,8 @@
 //! mock provider, in one run and by one external load generator (`hey`, installed with
 //! `apt-get` when missing), at fixed rates and at saturation. Each request is admitted,
 //! committed, dispatched, settled and answered by tollgate; the direct run is the floor
-//! of the machine, the client and the mock.
+//! of the machine, the client and the mock. Then the same request streamed, timed to its
+//! first byte.
 
 use std::process::Command;
 
@@ -52,18 +53,42 @@ const LOADS: [Load; 5] = [
     },
 ];
 
+/// Streams at the rate the goal names (1,000 a second), and at half of it.
+const STREAM_LOADS: [Load; 2] = [
+    Load {
+        clients: 16,
+        per_client: Some(30),
+    },
+    Load {
+        clients: 20,
+        per_client: Some(50),
+    },
+];
+
 /// What one `hey` run measured.
 struct Measured {
     throughput: f64,
     /// Latencies of the successful requests, in seconds, sorted.
     latencies: Vec<f64>,
+    /// Their times to the first byte of the response (its headers: for a stream, sent
+    /// when the stream starts), in seconds, sorted.
+    first_bytes: Vec<f64>,
     failed: usize,
+}
+
+/// The `p` quantile of sorted `seconds`, in milliseconds.
+fn ms_at(seconds: &[f64], p: f64) -> f64 {
+    let i = ((seconds.len() as f64 - 1.0) * p).round() as usize;
+    seconds.get(i).map_or(f64::NAN, |s| s * 1e3)
 }
 
 impl Measured {
     fn ms_at(&self, p: f64) -> f64 {
-        let i = ((self.latencies.len() as f64 - 1.0) * p).round() as usize;
-        self.latencies.get(i).map_or(f64::NAN, |s| s * 1e3)
+        ms_at(&self.latencies, p)
+    }
+
+    fn first_byte_ms_at(&self, p: f64) -> f64 {
+        ms_at(&self.first_bytes, p)
     }
 }
 
@@ -118,29 +143,36 @@ fn run_hey(
     }
     let text = String::from_utf8_lossy(&out.stdout);
     // response-time,DNS+dialup,DNS,Request-write,Response-delay,Response-read,status-code,offset
-    let mut latencies = Vec::new();
+    let (mut latencies, mut first_bytes) = (Vec::new(), Vec::new());
     let (mut failed, mut last_offset) = (0, 0.0f64);
     for line in text.lines().skip(1) {
         let fields: Vec<&str> = line.split(',').collect();
-        let (Some(time), Some(status), Some(offset)) = (fields.first(), fields.get(6), fields.get(7)) else {
+        let (Some(time), Some(delay), Some(status), Some(offset)) =
+            (fields.first(), fields.get(4), fields.get(6), fields.get(7))
+        else {
             continue;
         };
-        let (Ok(time), Ok(offset)) = (time.parse::<f64>(), offset.parse::<f64>()) else {
+        let (Ok(time), Ok(delay), Ok(offset)) =
+            (time.parse::<f64>(), delay.parse::<f64>(), offset.parse::<f64>())
+        else {
             continue;
         };
         last_offset = last_offset.max(offset + time);
         if *status == "200" {
             latencies.push(time);
+            first_bytes.push(delay);
         } else {
             failed += 1;
         }
     }
     // Requests cut off at the end of the run are not in the CSV; those answered are.
     latencies.sort_by(f64::total_cmp);
+    first_bytes.sort_by(f64::total_cmp);
     let elapsed = last_offset.max(seconds as f64);
     Ok(Measured {
         throughput: (latencies.len() + failed) as f64 / elapsed,
         latencies,
+        first_bytes,
         failed,
     })
 }
@@ -222,7 +254,65 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             s.jobs, s.admitted[0], s.admitted[1], s.started[0], s.started[1], s.finished[0], s.finished[1]
         );
     }
+    streams(&hey, &stack, seconds).await?;
     stack.stop().await?;
+    Ok(())
+}
+
+/// The same request streamed (`"stream": true`) at [`STREAM_LOADS`], through tollgate
+/// beside the mock directly: the time to the first byte of the response, and to its end.
+#[allow(clippy::print_stdout)] // the report is the command's output
+async fn streams(hey: &str, stack: &crate::local::LocalStack, seconds: u64) -> anyhow::Result<()> {
+    let streamed = |model: &str| {
+        let mut body = request(0);
+        body["model"] = json!(model);
+        body["stream"] = json!(true);
+        serde_json::to_string(&body)
+    };
+    let direct_body = streamed("gpt-4o-mini")?;
+    let broker_body = streamed("oai/gpt-4o-mini")?;
+    let direct_url = format!("http://{}/v1/chat/completions", stack.mock_addr);
+    let broker_url = format!("{}/v1/chat/completions", stack.api);
+    println!(
+        "\nStreamed (`\"stream\": true`): time to the first byte (the response's headers, sent when \
+         the stream starts) and to the stream's end, ms.\n"
+    );
+    println!(
+        "| path | load | throughput | first byte p50 | first byte p99 | end p50 | failed | added first byte p50 | added first byte p99 |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    for load in STREAM_LOADS {
+        let (hey, direct_url, broker_url) = (hey.to_owned(), direct_url.clone(), broker_url.clone());
+        let (direct_body, broker_body) = (direct_body.clone(), broker_body.clone());
+        let (floor, measured) = tokio::task::spawn_blocking(move || {
+            let floor = run_hey(&hey, &direct_url, "sk-bench", &direct_body, &load, seconds)?;
+            let measured = run_hey(&hey, &broker_url, "tk-bench", &broker_body, &load, seconds)?;
+            anyhow::Ok((floor, measured))
+        })
+        .await??;
+        for (path, m, added) in [
+            ("direct to the mock", &floor, false),
+            ("tollgate", &measured, true),
+        ] {
+            let (added_p50, added_p99) = if added {
+                (
+                    format!("{:.1}", m.first_byte_ms_at(0.5) - floor.first_byte_ms_at(0.5)),
+                    format!("{:.1}", m.first_byte_ms_at(0.99) - floor.first_byte_ms_at(0.99)),
+                )
+            } else {
+                (String::new(), String::new())
+            };
+            println!(
+                "| {path} | {} | {:.0}/s | {:.1} | {:.1} | {:.1} | {} | {added_p50} | {added_p99} |",
+                load.label(),
+                m.throughput,
+                m.first_byte_ms_at(0.5),
+                m.first_byte_ms_at(0.99),
+                m.ms_at(0.5),
+                m.failed,
+            );
+        }
+    }
     Ok(())
 }
 

@@ -25,7 +25,9 @@
 //!   decide the same, later.
 //! - **The stream claim** (`store::claim_stream_job`, by `Dispatcher::claim_stream`): a
 //!   streaming job runs in the process holding its client's connection, which claims it
-//!   by id once admitted; the gate never starts one (`Admission::startable`).
+//!   by id once admitted; the round never starts one (`Admission::startable`). Admitted on
+//!   arrival — in that same process — it is inserted running for it, and its caller relays
+//!   it at once.
 //! - **A provider-batch pack** (`store::open_pack`, by the provider-batch worker): jobs
 //!   going through a provider's batch API are claimed together, as one pack, under the
 //!   pack's lease (the provider's window), not a process's.
@@ -191,13 +193,15 @@ impl Gate {
     /// Admits interactive jobs as they arrive, without waiting for a round: in one
     /// transaction the buckets on their paths are locked (in id order, as a round locks
     /// them) and each job, in the order given, that they hold is inserted admitted and
-    /// running for this process's dispatcher, which is handed it. A round would decide the
-    /// same: interactive work goes first, and with no interactive job queued these are next
-    /// in line. When another interactive job is queued, a limit was just learned and not
-    /// yet applied, this dispatcher has no room, or the buckets cannot hold a job now,
-    /// nothing is written for it (`None`) and the caller queues it as usual. A job with an
-    /// idempotency key is left to the usual insert too (it may name an existing job).
-    /// Returns each job's started row, in the order given.
+    /// running for this process's dispatcher, which is handed it — or, for a stream, whose
+    /// caller relays it (its client is connected to this process; a stream takes no call
+    /// slot). A round would decide the same: interactive work goes first, and with no
+    /// interactive job queued these are next in line. When another interactive job is
+    /// queued, a limit was just learned and not yet applied, this dispatcher has no room,
+    /// or the buckets cannot hold a job now, nothing is written for it (`None`) and the
+    /// caller queues it as usual. A job with an idempotency key is left to the usual insert
+    /// too (it may name an existing job). Returns each job's started row, in the order
+    /// given.
     /// `pool` is the caller's (the gate's own connections belong to its thread); the
     /// arrivals use up to [`ARRIVAL_CONNECTIONS`] of them at once, and never hold one while
     /// waiting for another.
@@ -213,14 +217,25 @@ impl Gate {
         let arriving: Vec<usize> = (0..jobs.len())
             .filter(|&i| {
                 let job = &jobs[i];
-                job.class == JobClass::Interactive && !job.stream && job.idempotency_key.is_none()
+                job.class == JobClass::Interactive && job.idempotency_key.is_none()
+            })
+            .collect();
+        let calls = arriving.iter().filter(|&&i| !jobs[i].stream).count();
+        let mut permits = handoff.permits(calls);
+        // Streams need no room; other jobs beyond the room there is are not started.
+        let mut room = permits.len();
+        let arriving: Vec<usize> = arriving
+            .into_iter()
+            .filter(|&i| {
+                if jobs[i].stream {
+                    return true;
+                }
+                let fits = room > 0;
+                room = room.saturating_sub(1);
+                fits
             })
             .collect();
         if arriving.is_empty() {
-            return Ok(started);
-        }
-        let mut permits = handoff.permits(arriving.len());
-        if permits.is_empty() {
             return Ok(started);
         }
         let now = self.clock.now();
@@ -242,7 +257,6 @@ impl Gate {
         // What a round would fail is the round's to fail, with its reason.
         let plans: Vec<(usize, scheduler::Plan)> = arriving
             .into_iter()
-            .take(permits.len())
             .filter_map(|i| Some((i, planner.plan(Candidate::arriving(&jobs[i]), now).ok()?)))
             .collect();
         let mut keys: Vec<String> = plans.iter().flat_map(|(_, p)| p.bucket_keys().cloned()).collect();
@@ -302,7 +316,7 @@ impl Gate {
                 scheduler.served_on_arrival(plan);
             }
         }
-        let handed: Vec<Job> = started.iter().flatten().cloned().collect();
+        let handed: Vec<Job> = started.iter().flatten().filter(|j| !j.stream).cloned().collect();
         permits.truncate(handed.len());
         handoff.hand(handed, permits);
         Ok(started)
