@@ -65,6 +65,80 @@ const STREAM_LOADS: [Load; 2] = [
     },
 ];
 
+/// A row's two runs, with the same request: to the mock directly, then through tollgate.
+struct Pair {
+    direct_url: String,
+    direct_body: String,
+    broker_url: String,
+    broker_body: String,
+}
+
+impl Pair {
+    fn new(stack: &crate::local::LocalStack, stream: bool) -> anyhow::Result<Self> {
+        let body = |model: &str| {
+            let mut body = request(0);
+            body["model"] = json!(model);
+            if stream {
+                body["stream"] = json!(true);
+            }
+            serde_json::to_string(&body)
+        };
+        Ok(Self {
+            direct_url: format!("http://{}/v1/chat/completions", stack.mock_addr),
+            direct_body: body("gpt-4o-mini")?,
+            broker_url: format!("{}/v1/chat/completions", stack.api),
+            broker_body: body("oai/gpt-4o-mini")?,
+        })
+    }
+
+    /// Runs `load` for `seconds` directly, then through tollgate.
+    async fn run(&self, hey: &str, load: Load, seconds: u64) -> anyhow::Result<(Measured, Measured)> {
+        let (hey, urls) = (
+            hey.to_owned(),
+            [&self.direct_url, &self.broker_url].map(String::clone),
+        );
+        let bodies = [&self.direct_body, &self.broker_body].map(String::clone);
+        tokio::task::spawn_blocking(move || {
+            let floor = run_hey(&hey, &urls[0], "sk-bench", &bodies[0], &load, seconds)?;
+            let measured = run_hey(&hey, &urls[1], "tk-bench", &bodies[1], &load, seconds)?;
+            anyhow::Ok((floor, measured))
+        })
+        .await?
+    }
+}
+
+/// A latency quantile of a run, in ms.
+type Quantile = fn(&Measured, f64) -> f64;
+
+/// Prints a row's two lines: each run's throughput, the three `shown` quantiles and its
+/// failures, and what tollgate added to the `added` latency at p50 and p99.
+#[allow(clippy::print_stdout)] // the report is the command's output
+fn print_rows(
+    load: &Load,
+    floor: &Measured,
+    measured: &Measured,
+    shown: [(Quantile, f64); 3],
+    added: Quantile,
+) {
+    for (path, m) in [("direct to the mock", floor), ("tollgate", measured)] {
+        let (added_p50, added_p99) = if std::ptr::eq(m, measured) {
+            (
+                format!("{:.1}", added(m, 0.5) - added(floor, 0.5)),
+                format!("{:.1}", added(m, 0.99) - added(floor, 0.99)),
+            )
+        } else {
+            (String::new(), String::new())
+        };
+        let [a, b, c] = shown.map(|(q, p)| q(m, p));
+        println!(
+            "| {path} | {} | {:.0}/s | {a:.1} | {b:.1} | {c:.1} | {} | {added_p50} | {added_p99} |",
+            load.label(),
+            m.throughput,
+            m.failed,
+        );
+    }
+}
+
 /// What one `hey` run measured.
 struct Measured {
     throughput: f64,
@@ -188,12 +262,7 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         ..args.clone()
     };
     let stack = stack_for(args, Roles::ALL).await?;
-    let mut direct = request(0);
-    direct["model"] = json!("gpt-4o-mini");
-    let direct_body = serde_json::to_string(&direct)?;
-    let broker_body = serde_json::to_string(&request(0))?;
-    let direct_url = format!("http://{}/v1/chat/completions", stack.mock_addr);
-    let broker_url = format!("{}/v1/chat/completions", stack.api);
+    let pair = Pair::new(&stack, false)?;
     let seconds = args.seconds;
 
     println!(
@@ -207,37 +276,15 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let mut stages = Vec::new();
     for load in &LOADS {
         let row_started = chrono::Utc::now();
-        let (hey, direct_url, broker_url) = (hey.clone(), direct_url.clone(), broker_url.clone());
-        let (direct_body, broker_body) = (direct_body.clone(), broker_body.clone());
-        let load = *load;
-        let (floor, measured) = tokio::task::spawn_blocking(move || {
-            let floor = run_hey(&hey, &direct_url, "sk-bench", &direct_body, &load, seconds)?;
-            let measured = run_hey(&hey, &broker_url, "tk-bench", &broker_body, &load, seconds)?;
-            anyhow::Ok((floor, measured))
-        })
-        .await??;
-        for (path, m, added) in [
-            ("direct to the mock", &floor, false),
-            ("tollgate", &measured, true),
-        ] {
-            let (added_p50, added_p99) = if added {
-                (
-                    format!("{:.1}", m.ms_at(0.5) - floor.ms_at(0.5)),
-                    format!("{:.1}", m.ms_at(0.99) - floor.ms_at(0.99)),
-                )
-            } else {
-                (String::new(), String::new())
-            };
-            println!(
-                "| {path} | {} | {:.0}/s | {:.1} | {:.1} | {:.1} | {} | {added_p50} | {added_p99} |",
-                load.label(),
-                m.throughput,
-                m.ms_at(0.5),
-                m.ms_at(0.9),
-                m.ms_at(0.99),
-                m.failed,
-            );
-        }
+        let (floor, measured) = pair.run(&hey, *load, seconds).await?;
+        let latency = Measured::ms_at as Quantile;
+        print_rows(
+            load,
+            &floor,
+            &measured,
+            [(latency, 0.5), (latency, 0.9), (latency, 0.99)],
+            latency,
+        );
         stages.push((load.label(), Stages::read(&stack.pool, row_started).await?));
     }
     println!(
@@ -263,16 +310,7 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
 /// beside the mock directly: the time to the first byte of the response, and to its end.
 #[allow(clippy::print_stdout)] // the report is the command's output
 async fn streams(hey: &str, stack: &crate::local::LocalStack, seconds: u64) -> anyhow::Result<()> {
-    let streamed = |model: &str| {
-        let mut body = request(0);
-        body["model"] = json!(model);
-        body["stream"] = json!(true);
-        serde_json::to_string(&body)
-    };
-    let direct_body = streamed("gpt-4o-mini")?;
-    let broker_body = streamed("oai/gpt-4o-mini")?;
-    let direct_url = format!("http://{}/v1/chat/completions", stack.mock_addr);
-    let broker_url = format!("{}/v1/chat/completions", stack.api);
+    let pair = Pair::new(stack, true)?;
     println!(
         "\nStreamed (`\"stream\": true`): time to the first byte (the response's headers, sent when \
          the stream starts) and to the stream's end, ms.\n"
@@ -282,36 +320,14 @@ async fn streams(hey: &str, stack: &crate::local::LocalStack, seconds: u64) -> a
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
     for load in STREAM_LOADS {
-        let (hey, direct_url, broker_url) = (hey.to_owned(), direct_url.clone(), broker_url.clone());
-        let (direct_body, broker_body) = (direct_body.clone(), broker_body.clone());
-        let (floor, measured) = tokio::task::spawn_blocking(move || {
-            let floor = run_hey(&hey, &direct_url, "sk-bench", &direct_body, &load, seconds)?;
-            let measured = run_hey(&hey, &broker_url, "tk-bench", &broker_body, &load, seconds)?;
-            anyhow::Ok((floor, measured))
-        })
-        .await??;
-        for (path, m, added) in [
-            ("direct to the mock", &floor, false),
-            ("tollgate", &measured, true),
-        ] {
-            let (added_p50, added_p99) = if added {
-                (
-                    format!("{:.1}", m.first_byte_ms_at(0.5) - floor.first_byte_ms_at(0.5)),
-                    format!("{:.1}", m.first_byte_ms_at(0.99) - floor.first_byte_ms_at(0.99)),
-                )
-            } else {
-                (String::new(), String::new())
-            };
-            println!(
-                "| {path} | {} | {:.0}/s | {:.1} | {:.1} | {:.1} | {} | {added_p50} | {added_p99} |",
-                load.label(),
-                m.throughput,
-                m.first_byte_ms_at(0.5),
-                m.first_byte_ms_at(0.99),
-                m.ms_at(0.5),
-                m.failed,
-            );
-        }
+        let (floor, measured) = pair.run(hey, load, seconds).await?;
+        let first_byte = Measured::first_byte_ms_at as Quantile;
+        let rows = [
+            (first_byte, 0.5),
+            (first_byte, 0.99),
+            (Measured::ms_at as Quantile, 0.5),
+        ];
+        print_rows(&load, &floor, &measured, rows, first_byte);
     }
     Ok(())
 }
