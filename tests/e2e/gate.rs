@@ -108,7 +108,20 @@ pub(crate) async fn assert_the_provider_saw_every_job_within_its_limits(
         .fetch_all(&app.db.pool)
         .await
         .unwrap_or_default();
-        panic!("the broker caused provider 429s: {stats:?}; attempts that did not succeed: {failed:?}");
+        // When the first admission and the first call were, and how long calls took: a
+        // provider bucket sits full (losing its refill) until the first request reaches it.
+        let timeline: Option<String> = sqlx::query_scalar(
+            "SELECT format('first admitted %s, first call %s, calls took %s to %s',
+                           (SELECT min(admitted_at) FROM jobs), min(started_at),
+                           min(finished_at - started_at), max(finished_at - started_at))
+             FROM job_attempts",
+        )
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap_or_default();
+        panic!(
+            "the broker caused provider 429s: {stats:?}; attempts that did not succeed: {failed:?}; {timeline:?}"
+        );
     }
     assert_eq!(stats.limit_violations, 0, "{stats:?}");
     assert_eq!(stats.succeeded, jobs as u64);
