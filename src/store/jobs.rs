@@ -19,42 +19,6 @@ pub enum Inserted {
     Existing(Job),
 }
 
-/// `sqlx::query_scalar!` of the `INSERT` of a new job, `$with` before it (a `WITH` clause,
-/// or nothing), with `$columns` and their `$values` added: $1–$15 are `$job`'s fields,
-/// `$arg`s bind from $16. Only the id comes back: the new row is exactly what was sent, so
-/// it is not read (and its request body not decoded) again.
-macro_rules! insert_job_query {
-    ($with:expr, $columns:expr, $values:expr, $job:expr $(, $arg:expr)* $(,)?) => {
-        sqlx::query_scalar!(
-            $with
-                + "INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
-                                     deadline, not_before, max_attempts, estimated_input_tokens,
-                                     estimated_output_tokens, created_at, stream, endpoint"
-                + $columns
-                + ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $10, $14, $15"
-                + $values
-                + ") ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-                   RETURNING id AS \"id: JobId\"",
-            $job.id.0,
-            &$job.tenant,
-            $job.class as JobClass,
-            $job.priority,
-            &$job.request,
-            &$job.model,
-            $job.idempotency_key.as_deref(),
-            $job.metadata.as_ref(),
-            $job.deadline,
-            $job.created_at,
-            $job.max_attempts,
-            $job.estimated_input_tokens,
-            $job.estimated_output_tokens,
-            $job.stream,
-            $job.endpoint as crate::vocab::Endpoint
-            $(, $arg)*
-        )
-    };
-}
-
 /// Inserts the job, queued, or finds the one its idempotency key already made. On a
 /// connection, so that it can run in the transaction holding its queue's lock
 /// ([`lock_queue_and_count`]).
@@ -74,11 +38,35 @@ pub async fn insert_job(conn: &mut PgConnection, job: &NewJob) -> Result<Inserte
 }
 
 /// Inserts the job, queued, unless its tenant already used its idempotency key (`false`).
+/// Only the id comes back: the new row is exactly what was sent, so it is not read (and its
+/// request body not decoded) again.
 async fn insert_new_job(ex: impl PgExecutor<'_>, job: &NewJob) -> Result<bool> {
-    Ok(insert_job_query!("", "", "", job)
-        .fetch_optional(ex)
-        .await?
-        .is_some())
+    Ok(sqlx::query_scalar!(
+        "INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
+                                     deadline, not_before, max_attempts, estimated_input_tokens,
+                                     estimated_output_tokens, created_at, stream, endpoint"
+            + ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $10, $14, $15"
+            + ") ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+                   RETURNING id AS \"id: JobId\"",
+        job.id.0,
+        &job.tenant,
+        job.class as JobClass,
+        job.priority,
+        &job.request,
+        &job.model,
+        job.idempotency_key.as_deref(),
+        job.metadata.as_ref(),
+        job.deadline,
+        job.created_at,
+        job.max_attempts,
+        job.estimated_input_tokens,
+        job.estimated_output_tokens,
+        job.stream,
+        job.endpoint as Endpoint
+    )
+    .fetch_optional(ex)
+    .await?
+    .is_some())
 }
 
 /// New jobs column by column, as the `INSERT … FROM unnest(…)` statements bind them (the
