@@ -87,6 +87,8 @@ pub struct BatchRow {
     pub expired_at: Option<DateTime<Utc>>,
     pub cancelling_at: Option<DateTime<Utc>>,
     pub cancelled_at: Option<DateTime<Utc>>,
+    /// The API key that created it: its lines' jobs carry it.
+    pub api_key: Option<uuid::Uuid>,
 }
 
 impl BatchRow {
@@ -130,6 +132,7 @@ impl BatchRow {
             expired_at: None,
             cancelling_at: None,
             cancelled_at: None,
+            api_key: None,
         }
     }
 

@@ -20,6 +20,7 @@ use chrono::{DateTime, Datelike, TimeZone, Utc};
 use crate::config::{Config, ModelLimits, ModelPrice};
 use crate::model::Usage;
 use crate::routing::Target;
+use crate::tenants::{Budget, BudgetWindow, TenantLimits};
 use crate::vocab::{Dimension, Rule};
 
 /// A bucket as configured: what `buckets` rows are synced from.
@@ -37,6 +38,10 @@ pub struct BucketSpec {
 
 const MINUTE: i64 = 60;
 const DAY: i64 = 86_400;
+/// A fixed window of a week resets at Monday 00:00 UTC.
+pub const WEEK: i64 = 7 * DAY;
+/// A fixed window of this length is a calendar month: it resets on the first, 00:00 UTC.
+pub const MONTH: i64 = 31 * DAY;
 
 fn spec(
     scope: &str,
@@ -69,6 +74,11 @@ pub fn target_scope(provider: &str, model: &str) -> String {
 pub fn scope_target(scope: &str) -> (&str, &str) {
     let rest = scope.strip_prefix("provider:").unwrap_or(scope);
     rest.split_once(':').unwrap_or((rest, ""))
+}
+
+/// The scope of a tenant's API key's own limits and budgets.
+pub fn api_key_scope(id: uuid::Uuid) -> String {
+    format!("apikey:{id}")
 }
 
 pub fn route_scope(alias: &str) -> String {
@@ -134,52 +144,67 @@ fn target_specs(scope: &str, limits: &ModelLimits) -> Vec<BucketSpec> {
     out
 }
 
-/// Every bucket the config defines.
-pub fn configured(config: &Config) -> Vec<BucketSpec> {
+/// The buckets of a tenant's or a key's limits and budgets, in `scope`.
+pub fn limit_specs(scope: &str, limits: &TenantLimits, budgets: &[Budget]) -> Vec<BucketSpec> {
     let mut out = Vec::new();
-    for t in &config.tenants {
-        let scope = tenant_scope(&t.name);
-        let mut add = |name, dim, rule, cap: Option<f64>, window| {
-            if let Some(cap) = cap {
-                out.push(spec(&scope, name, dim, rule, cap, window));
-            }
-        };
+    let mut add = |name, dim, rule, cap: Option<f64>, window| {
+        if let Some(cap) = cap {
+            out.push(spec(scope, name, dim, rule, cap, window));
+        }
+    };
+    add(
+        "rpm",
+        Dimension::Requests,
+        Rule::Rolling,
+        limits.rpm.map(|v| v as f64),
+        MINUTE,
+    );
+    add(
+        "tpm",
+        Dimension::TotalTokens,
+        Rule::Rolling,
+        limits.tpm.map(|v| v as f64),
+        MINUTE,
+    );
+    add(
+        "rpd",
+        Dimension::Requests,
+        Rule::Fixed,
+        limits.rpd.map(|v| v as f64),
+        DAY,
+    );
+    add(
+        "concurrency",
+        Dimension::Concurrency,
+        Rule::Gauge,
+        limits.concurrency.map(|v| v as f64),
+        0,
+    );
+    for b in budgets {
         add(
-            "rpm",
-            Dimension::Requests,
-            Rule::Rolling,
-            t.rpm.map(|v| v as f64),
-            MINUTE,
-        );
-        add(
-            "tpm",
-            Dimension::TotalTokens,
-            Rule::Rolling,
-            t.tpm.map(|v| v as f64),
-            MINUTE,
-        );
-        add(
-            "rpd",
-            Dimension::Requests,
-            Rule::Fixed,
-            t.rpd.map(|v| v as f64),
-            DAY,
-        );
-        add(
-            "concurrency",
-            Dimension::Concurrency,
-            Rule::Gauge,
-            t.concurrency.map(|v| v as f64),
-            0,
-        );
-        add(
-            "daily_spend",
+            b.window.bucket_name(),
             Dimension::SpendMicroUsd,
             Rule::Fixed,
-            t.daily_spend_usd.map(|usd| (usd * 1e6).round()),
-            DAY,
+            Some((b.usd * 1e6).round()),
+            window_secs(b.window),
         );
     }
+    out
+}
+
+/// A budget window's length as its bucket records it (a calendar month is [`MONTH`]).
+pub fn window_secs(window: BudgetWindow) -> i64 {
+    match window {
+        BudgetWindow::Day => DAY,
+        BudgetWindow::Week => WEEK,
+        BudgetWindow::Month => MONTH,
+    }
+}
+
+/// Every provider-side bucket the config defines: its models', keys' and routes' limits.
+/// Tenants' buckets come from the directory ([`tenant_specs`]).
+pub fn configured(config: &Config) -> Vec<BucketSpec> {
+    let mut out = Vec::new();
     for p in &config.providers {
         for model in &p.models {
             if let Some(limits) = p.limits_for(model) {
@@ -238,11 +263,33 @@ pub fn amount(dimension: Dimension, demand: Demand, spend: f64) -> f64 {
     }
 }
 
-/// The keys of the buckets a job sent to `target` by `tenant` must fit: the tenant's,
-/// the route's (when the job asked for a route alias, `requested`), the target model's
-/// and the chosen key's.
-pub fn path(config: &Config, tenant: &str, requested: &str, target: &Target) -> Vec<(String, Dimension)> {
-    let tenant_scope = tenant_scope(tenant);
+/// Who holds limits and budgets on a job's path besides the provider: the API key it was
+/// submitted with, its tenant, and the tenants above it.
+#[derive(Debug, Clone, Copy)]
+pub struct Holder<'a> {
+    pub scope: &'a str,
+    pub limits: &'a TenantLimits,
+    pub budgets: &'a [Budget],
+}
+
+/// The keys of the buckets of `holders`' limits and budgets.
+pub fn holders_path(holders: &[Holder]) -> Vec<(String, Dimension)> {
+    holders
+        .iter()
+        .flat_map(|h| limit_specs(h.scope, h.limits, h.budgets))
+        .map(|s| (s.key, s.dimension))
+        .collect()
+}
+
+/// The keys of the buckets a job sent to `target` must fit: the route's (when the job
+/// asked for a route alias, `requested`), its `holders`' (its key, its tenant, the
+/// tenants above), the target model's and the chosen provider key's.
+pub fn path(
+    config: &Config,
+    holders: &[Holder],
+    requested: &str,
+    target: &Target,
+) -> Vec<(String, Dimension)> {
     let target_scope = target_scope(&target.provider, &target.model);
     let mut keys = Vec::new();
     if let Some(limits) = config
@@ -255,22 +302,7 @@ pub fn path(config: &Config, tenant: &str, requested: &str, target: &Target) -> 
             keys.push((s.key, s.dimension));
         }
     }
-    if let Some(t) = config.tenants.iter().find(|t| t.name == tenant) {
-        let mut add = |name: &str, dim, present: bool| {
-            if present {
-                keys.push((format!("{tenant_scope}:{name}"), dim));
-            }
-        };
-        add("rpm", Dimension::Requests, t.rpm.is_some());
-        add("tpm", Dimension::TotalTokens, t.tpm.is_some());
-        add("rpd", Dimension::Requests, t.rpd.is_some());
-        add("concurrency", Dimension::Concurrency, t.concurrency.is_some());
-        add(
-            "daily_spend",
-            Dimension::SpendMicroUsd,
-            t.daily_spend_usd.is_some(),
-        );
-    }
+    keys.extend(holders_path(holders));
     if let Some(p) = config.provider(&target.provider) {
         if let Some(limits) = p.limits_for(&target.model) {
             for s in target_specs(&target_scope, limits) {
@@ -351,6 +383,28 @@ pub fn next_utc_midnight(now: DateTime<Utc>) -> DateTime<Utc> {
         .unwrap_or(now)
 }
 
+/// When a fixed window of `window_secs` that is open at `now` ends: the next midnight
+/// (a day), the next Monday's ([`WEEK`]), the next month's first ([`MONTH`]), all UTC.
+pub fn next_window_reset(now: DateTime<Utc>, window_secs: i64) -> DateTime<Utc> {
+    let midnight = next_utc_midnight(now);
+    match window_secs {
+        WEEK => {
+            let days = (7 - midnight.weekday().num_days_from_monday()) % 7;
+            midnight + chrono::Duration::days(i64::from(days))
+        }
+        MONTH => {
+            let (year, month) = match now.month() {
+                12 => (now.year() + 1, 1),
+                m => (now.year(), m + 1),
+            };
+            Utc.with_ymd_and_hms(year, month, 1, 0, 0, 0)
+                .single()
+                .unwrap_or(midnight)
+        }
+        _ => midnight,
+    }
+}
+
 impl Bucket {
     /// Refill per second of a rolling bucket.
     pub fn rate(&self) -> f64 {
@@ -375,9 +429,9 @@ impl Bucket {
                 match self.resets_at {
                     Some(at) if now >= at => {
                         self.level = self.capacity;
-                        self.resets_at = Some(next_utc_midnight(now));
+                        self.resets_at = Some(next_window_reset(now, self.window_secs));
                     }
-                    None => self.resets_at = Some(next_utc_midnight(now)),
+                    None => self.resets_at = Some(next_window_reset(now, self.window_secs)),
                     _ => {}
                 }
                 self.updated_at = now;
@@ -589,6 +643,25 @@ mod tests {
             b.resets_at,
             Some(Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0).unwrap())
         );
+    }
+
+    #[test]
+    fn weekly_and_monthly_windows_reset_on_monday_and_on_the_first() {
+        let at = |y, m, d, h| Utc.with_ymd_and_hms(y, m, d, h, 0, 0).unwrap();
+        // 2026-12-04 is a Friday.
+        assert_eq!(next_window_reset(at(2026, 12, 4, 10), WEEK), at(2026, 12, 7, 0));
+        assert_eq!(next_window_reset(at(2026, 12, 6, 23), WEEK), at(2026, 12, 7, 0));
+        assert_eq!(next_window_reset(at(2026, 12, 7, 0), WEEK), at(2026, 12, 14, 0));
+        assert_eq!(next_window_reset(at(2026, 12, 4, 10), MONTH), at(2027, 1, 1, 0));
+        assert_eq!(next_window_reset(at(2027, 1, 31, 23), MONTH), at(2027, 2, 1, 0));
+        assert_eq!(next_window_reset(at(2027, 1, 31, 23), DAY), at(2027, 2, 1, 0));
+        let mut b = bucket(Rule::Fixed, 100.0, 0.0, at(2026, 12, 4, 10));
+        b.window_secs = MONTH;
+        b.refill(at(2026, 12, 4, 10));
+        b.refill(at(2026, 12, 31, 23));
+        assert_eq!(b.level, 0.0, "a month's budget does not come back at midnight");
+        b.refill(at(2027, 1, 1, 0));
+        assert_eq!((b.level, b.resets_at), (100.0, Some(at(2027, 2, 1, 0))));
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::time::Duration;
 use secrecy::SecretString;
 use serde::Deserialize;
 
+use crate::tenant_spec::{Budget, BudgetWindow, TenantLimits, TenantSettings, TenantSpec};
 use crate::vocab::{Authority, Dialect, Endpoint, JobClass};
 
 mod batches;
@@ -557,6 +558,15 @@ pub struct TenantConfig {
     /// Spend per UTC day, in USD, priced with `providers[].prices`.
     #[serde(default)]
     pub daily_spend_usd: Option<f64>,
+    /// Spend per week (from Monday 00:00 UTC), in USD.
+    #[serde(default)]
+    pub weekly_spend_usd: Option<f64>,
+    /// Spend per calendar month (UTC), in USD.
+    #[serde(default)]
+    pub monthly_spend_usd: Option<f64>,
+    /// A tenant (of this file) whose limits and budgets also cover this one.
+    #[serde(default)]
+    pub parent: Option<String>,
     /// This tenant's `quotas.max_files`.
     #[serde(default)]
     pub max_files: Option<u64>,
@@ -593,22 +603,33 @@ impl ApiRate {
 }
 
 impl TenantConfig {
-    /// The tenant's API rate: its own where it sets one, else the server's.
-    pub fn api_rate(&self, server: &ServerConfig) -> ApiRate {
-        let default = server.api_rate();
-        ApiRate {
-            per_sec: self.api_rate_per_sec.unwrap_or(default.per_sec),
-            burst: self.api_burst.unwrap_or(default.burst),
-        }
-    }
-
-    /// The tenant's quotas: its own where it sets them, else `defaults` (`[quotas]`).
-    pub fn quotas(&self, defaults: &Quotas) -> Quotas {
-        Quotas {
-            max_files: self.max_files.unwrap_or(defaults.max_files),
-            max_stored_file_bytes: self
-                .max_stored_file_bytes
-                .unwrap_or(defaults.max_stored_file_bytes),
+    /// The tenant this entry describes.
+    pub fn spec(&self) -> TenantSpec {
+        let budgets = [
+            (BudgetWindow::Day, self.daily_spend_usd),
+            (BudgetWindow::Week, self.weekly_spend_usd),
+            (BudgetWindow::Month, self.monthly_spend_usd),
+        ]
+        .into_iter()
+        .filter_map(|(window, usd)| Some(Budget { window, usd: usd? }))
+        .collect();
+        TenantSpec {
+            name: self.name.clone(),
+            weight: self.weight,
+            parent: self.parent.clone(),
+            limits: TenantLimits {
+                rpm: self.rpm,
+                tpm: self.tpm,
+                rpd: self.rpd,
+                concurrency: self.concurrency,
+            },
+            budgets,
+            settings: TenantSettings {
+                max_files: self.max_files,
+                max_stored_file_bytes: self.max_stored_file_bytes,
+                api_rate_per_sec: self.api_rate_per_sec,
+                api_burst: self.api_burst,
+            },
         }
     }
 }
@@ -672,8 +693,11 @@ impl Config {
         if self.providers.is_empty() {
             return Err(invalid("providers", "at least one provider is required"));
         }
-        if self.tenants.is_empty() {
-            return Err(invalid("tenants", "at least one tenant is required"));
+        if self.tenants.is_empty() && self.server.admin_key.is_none() && self.server.admin_key_env.is_none() {
+            return Err(invalid(
+                "tenants",
+                "at least one tenant is required, or `server.admin_key` to create tenants through the admin API",
+            ));
         }
         if self.dispatch.concurrency == 0 {
             return Err(invalid("dispatch.concurrency", "must be at least 1"));
@@ -826,41 +850,14 @@ impl Config {
         }
         let mut tenant_names = HashSet::new();
         for (i, t) in self.tenants.iter().enumerate() {
-            // Names are parts of bucket scopes (`tenant:<name>:…`) and of prefix filters:
-            // a `:` or `/` in one would let tenant `a` match `a:b`'s rows.
-            if t.name.is_empty()
-                || t.name.len() > MAX_TENANT_NAME
-                || !t
-                    .name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-            {
-                return Err(invalid(
-                    format!("tenants[{i}].name"),
-                    format!(
-                        "must be 1 to {MAX_TENANT_NAME} of A-Z a-z 0-9 - _ . (it is part of bucket scopes)"
-                    ),
-                ));
-            }
+            t.spec()
+                .check()
+                .map_err(|e| invalid(format!("tenants[{i}].{}", tenant_field(t, &e.field)), e.reason))?;
             if !tenant_names.insert(t.name.as_str()) {
                 return Err(invalid(
                     format!("tenants[{i}].name"),
                     format!("duplicate tenant {:?}", t.name),
                 ));
-            }
-            if t.daily_spend_usd
-                .is_some_and(|usd| !(usd.is_finite() && usd >= 0.0))
-            {
-                return Err(invalid(
-                    format!("tenants[{i}].daily_spend_usd"),
-                    "must be a non-negative number",
-                ));
-            }
-            if t.weight == 0 {
-                return Err(invalid(format!("tenants[{i}].weight"), "must be at least 1"));
-            }
-            if let Some((field, reason)) = t.api_rate(&self.server).check() {
-                return Err(invalid(format!("tenants[{i}].{field}"), reason));
             }
             t.key_sha256()
                 .map_err(|reason| invalid(format!("tenants[{i}]"), reason))?;
@@ -871,6 +868,14 @@ impl Config {
         // A missing variable or both fields set is the tenant directory's error to give.
         if let Ok(Some(key)) = self.server.admin_key() {
             self.server.check_key("server.admin_key", &key)?;
+        }
+        for (i, t) in self.tenants.iter().enumerate() {
+            if t.parent.as_deref().is_some_and(|p| !tenant_names.contains(p)) {
+                return Err(invalid(
+                    format!("tenants[{i}].parent"),
+                    "must name another tenant of this file",
+                ));
+            }
         }
         let tenant_names: Vec<&str> = self.tenants.iter().map(|t| t.name.as_str()).collect();
         batches::validate(&self.batches, &self.retention, &self.webhooks, &tenant_names)?;
@@ -915,9 +920,6 @@ impl KeyConfig {
         }
     }
 }
-
-/// Longest tenant name.
-pub const MAX_TENANT_NAME: usize = 64;
 
 /// Longest duration any `*_secs` / `*_ms` / `*_seconds` setting may give: ten years.
 /// Beyond it, time arithmetic overflows (chrono panics), so such a value is refused when
@@ -1035,6 +1037,26 @@ impl TenantConfig {
             _ => return Err("give one of `api_key`, `api_key_env`, `api_key_sha256`".to_owned()),
         };
         Ok(Sha256::digest(key.expose_secret().as_bytes()).into())
+    }
+}
+
+/// The `[[tenants]]` field a tenant spec's `field` comes from (`limits.rpm` → `rpm`,
+/// `budgets[1].usd` → that budget's `…_spend_usd`).
+fn tenant_field(t: &TenantConfig, field: &str) -> String {
+    if let Some(rest) = field
+        .strip_prefix("limits.")
+        .or_else(|| field.strip_prefix("settings."))
+    {
+        return rest.to_owned();
+    }
+    let budget = field
+        .strip_prefix("budgets[")
+        .and_then(|rest| rest.split(']').next())
+        .and_then(|i| i.parse::<usize>().ok())
+        .and_then(|i| t.spec().budgets.get(i).copied());
+    match budget {
+        Some(b) => format!("{}_usd", b.window.bucket_name()),
+        None => field.to_owned(),
     }
 }
 
@@ -1161,25 +1183,13 @@ weight = 3
     }
 
     #[test]
-    fn quotas_have_defaults_and_a_tenant_may_set_its_own() {
+    fn quotas_have_defaults() {
         let c = Config::parse(GOOD, "test.toml").unwrap();
         let defaults = Quotas::default();
         assert_eq!(c.quotas, defaults);
         assert_eq!(
             (defaults.max_files, defaults.max_stored_file_bytes),
             (10_000, 10 << 30)
-        );
-        assert_eq!(c.tenants[0].quotas(&c.quotas), defaults);
-        let own = format!(
-            "{GOOD}max_files = 5\n[[tenants]]\nname = \"globex\"\napi_key = \"tk-globex\"\n\
-             [quotas]\nmax_stored_file_bytes = 1000\n"
-        );
-        let c = Config::parse(&own, "test.toml").unwrap();
-        let quotas = |i: usize| c.tenants[i].quotas(&c.quotas);
-        assert_eq!((quotas(0).max_files, quotas(0).max_stored_file_bytes), (5, 1000));
-        assert_eq!(
-            (quotas(1).max_files, quotas(1).max_stored_file_bytes),
-            (10_000, 1000)
         );
         assert!(err(&format!("{GOOD}[quotas]\nmax_bytes = 1\n")).contains("max_bytes"));
     }

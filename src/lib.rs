@@ -11,7 +11,11 @@
 //! - [`store`]: all SQL — insert, claim, complete, rescue — as small functions.
 //! - [`db`]: connecting (URL or [`embedded`] PostgreSQL) and migrating ([`MIGRATOR`]).
 //! - [`notify`]: one LISTEN connection per process, fanned out to waiters.
-//! - [`tenants`]: API key → tenant.
+//! - [`tenant_spec`]: a tenant's limits, budgets and settings, and the rules they follow.
+//! - [`tenants`]: tenants, their limits, budgets and keys; the directory API keys are
+//!   looked up in.
+//! - [`control`]: the control plane: tenants and keys changed at runtime, seeded from the
+//!   config file, and each process's directory kept current within a second.
 //! - [`sanitize`]: outside text made safe to store and show (U+0000, secrets in provider
 //!   messages).
 //! - [`routing`]: requested model (route alias or `provider/model`) → provider targets.
@@ -46,6 +50,7 @@ pub mod batches;
 pub mod buckets;
 pub mod clock;
 pub mod config;
+pub mod control;
 pub mod db;
 pub mod embedded;
 pub mod estimate;
@@ -63,6 +68,7 @@ pub mod routing;
 pub mod sanitize;
 pub mod scheduler;
 pub mod store;
+pub mod tenant_spec;
 pub mod tenants;
 pub mod vocab;
 pub mod webhook_secrets;

@@ -129,6 +129,8 @@ pub struct Job {
     /// What the job's attempts cost at the configured prices, in micro-USD (a
     /// provider-batch line at the batch price); `None` until one is charged.
     pub spend_micro_usd: Option<f64>,
+    /// The API key it was submitted with (`None` before keys were recorded).
+    pub api_key: Option<uuid::Uuid>,
 }
 
 impl Job {
@@ -174,6 +176,7 @@ impl Job {
             dispatch_reason: None,
             provider_batch_id: None,
             spend_micro_usd: None,
+            api_key: new.api_key,
         }
     }
 }
@@ -205,6 +208,8 @@ pub struct NewJob<R = serde_json::Value> {
     pub created_at: DateTime<Utc>,
     /// A streaming chat completion (see [`Job::stream`]).
     pub stream: bool,
+    /// The API key it is submitted with: its limits and budgets are on the job's path.
+    pub api_key: Option<uuid::Uuid>,
 }
 
 impl<R> NewJob<R> {
@@ -226,6 +231,7 @@ impl<R> NewJob<R> {
             estimated_output_tokens: self.estimated_output_tokens,
             created_at: self.created_at,
             stream: self.stream,
+            api_key: self.api_key,
         }
     }
 }

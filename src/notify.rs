@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::attempt::End;
 use crate::model::JobId;
-use crate::store::{CHANNEL_GATE, CHANNEL_JOB_DONE, CHANNEL_JOBS_READY};
+use crate::store::{CHANNEL_CONTROL, CHANNEL_GATE, CHANNEL_JOB_DONE, CHANNEL_JOBS_READY};
 
 /// Most one NOTIFY per this period announces local inserts to the gate.
 const ANNOUNCE_EVERY: Duration = Duration::from_millis(2);
@@ -108,6 +108,8 @@ pub struct Notifications {
     jobs_ready: Arc<Notify>,
     /// Queued work or freed capacity for the gate.
     gate: Arc<Notify>,
+    /// The control plane changed (tenants, keys).
+    control: Arc<Notify>,
     /// Local inserts not yet announced to other processes.
     gate_notify_pending: Arc<Notify>,
     /// An interactive job was queued here since the gate last looked: its next round
@@ -121,6 +123,7 @@ impl Default for Notifications {
             job_waiters: Arc::default(),
             jobs_ready: Arc::new(Notify::new()),
             gate: Arc::new(Notify::new()),
+            control: Arc::new(Notify::new()),
             gate_notify_pending: Arc::new(Notify::new()),
             interactive_pending: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         }
@@ -219,7 +222,18 @@ impl Notifications {
             .swap(false, std::sync::atomic::Ordering::AcqRel)
     }
 
+    /// Resolves when the control plane may have changed (`control::Directory` re-reads).
+    pub fn control_changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.control.notified()
+    }
+
+    fn wake_control(&self) {
+        self.control.notify_waiters();
+        self.control.notify_one();
+    }
+
     fn wake_all(&self) {
+        self.wake_control();
         self.job_waiters.wake_all();
         self.wake_dispatchers();
         self.wake_gate();
@@ -279,6 +293,7 @@ impl Notifications {
                     match next {
                         Ok(Some(n)) if n.channel() == CHANNEL_JOB_DONE => hub.jobs_done(n.payload()),
                         Ok(Some(n)) if n.channel() == CHANNEL_GATE => hub.wake_gate(),
+                        Ok(Some(n)) if n.channel() == CHANNEL_CONTROL => hub.wake_control(),
                         Ok(Some(_)) => hub.wake_dispatchers(),
                         Ok(None) => {
                             // Connection lost; try_recv reconnects on the next call.
@@ -298,7 +313,12 @@ impl Notifications {
 async fn connect(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
     listener
-        .listen_all([CHANNEL_JOB_DONE, CHANNEL_JOBS_READY, CHANNEL_GATE])
+        .listen_all([
+            CHANNEL_JOB_DONE,
+            CHANNEL_JOBS_READY,
+            CHANNEL_GATE,
+            CHANNEL_CONTROL,
+        ])
         .await?;
     Ok(listener)
 }

@@ -15,7 +15,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
-use crate::buckets;
+use crate::buckets::{self, Holder};
 use crate::config::{BatchApiConfig, Config, ProviderConfig};
 use crate::model::{Decision, JobClass, Lane, LaneReason};
 use crate::routing::{self, Target};
@@ -100,14 +100,13 @@ pub async fn decide_candidates(
     store::set_dispatch(pool, &decisions).await
 }
 
-/// The buckets a provider-batch job sent to `target` must fit: its tenant's (all but
-/// concurrency: a line waiting at the provider holds no connection) and the provider's
-/// enqueued-token pool, not the online rate limits.
-pub fn path(config: &Config, tenant: &str, requested: &str, target: &Target) -> Vec<(String, Dimension)> {
-    let tenant_prefix = format!("{}:", buckets::tenant_scope(tenant));
-    let mut keys: Vec<(String, Dimension)> = buckets::path(config, tenant, requested, target)
+/// The buckets a provider-batch job sent to `target` must fit: its holders' (its key's and
+/// tenants'; all but concurrency: a line waiting at the provider holds no connection) and
+/// the provider's enqueued-token pool, not the online rate limits.
+pub fn path(config: &Config, holders: &[Holder], target: &Target) -> Vec<(String, Dimension)> {
+    let mut keys: Vec<(String, Dimension)> = buckets::holders_path(holders)
         .into_iter()
-        .filter(|(k, d)| k.starts_with(&tenant_prefix) && *d != Dimension::Concurrency)
+        .filter(|(_, d)| *d != Dimension::Concurrency)
         .collect();
     if batch_api(config, target).is_some_and(|p| p.batch_api.enqueued_tokens.is_some()) {
         keys.push((

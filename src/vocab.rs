@@ -464,6 +464,11 @@ pub enum ApiErrorCode {
     IdempotencyKeyReused,
     /// 409: cancelling a finished job.
     JobAlreadyFinished,
+    /// 409: creating what exists already (a tenant of that name).
+    AlreadyExists,
+    /// 409: deleting a tenant that other tenants name as their parent, or that has jobs not
+    /// finished.
+    TenantInUse,
     /// 413: the body is larger than `server.max_body_bytes`.
     BodyTooLarge,
     /// 429 (+ `Retry-After`): the tenant's queue of that class is full.

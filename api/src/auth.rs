@@ -1,19 +1,24 @@
 //! Authentication: `Authorization: Bearer <tenant key>` (or `x-api-key: <tenant key>`, as
 //! Anthropic's SDKs send it) → the tenant ([`AuthTenant`]), or
 //! the admin key (`server.admin_key`) → every tenant ([`Viewer`], for what operators
-//! watch). Missing or unknown keys answer 401 with `missing_api_key` / `invalid_api_key`.
+//! watch; [`Admin`], for what only they may do). Keys are looked up in the process's
+//! directory of the control plane (`tollgate::control`), current within a second of any
+//! change. Missing, unknown, revoked or expired keys answer 401 with `missing_api_key` /
+//! `invalid_api_key`; a tenant's key where the admin key is needed, 403 `admin_only`.
+
+use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
-use tollgate::tenants::Tenant;
+use tollgate::tenants::{Caller, Tenant};
 use tollgate::vocab::ApiErrorCode;
 
 use crate::AppState;
 use crate::error::ApiError;
 
-/// The authenticated tenant of a request.
-pub struct AuthTenant(pub Tenant);
+/// The authenticated tenant of a request, and the key it came with.
+pub struct AuthTenant(pub Caller);
 
 impl FromRequestParts<AppState> for AuthTenant {
     type Rejection = ApiError;
@@ -22,17 +27,34 @@ impl FromRequestParts<AppState> for AuthTenant {
         let key = bearer(&parts.headers)?;
         state
             .tenants
-            .authenticate(key)
-            .cloned()
+            .authenticate(key, state.clock.now())
             .map(AuthTenant)
             .ok_or_else(invalid_key)
+    }
+}
+
+/// A request made with the admin key.
+pub struct Admin;
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        match Viewer::from_request_parts(parts, state).await? {
+            Viewer::Admin => Ok(Admin),
+            Viewer::Tenant(_) => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                ApiErrorCode::AdminOnly,
+                "this endpoint needs the admin key (server.admin_key)",
+            )),
+        }
     }
 }
 
 /// Who is looking: the operators (admin key) see every tenant, a tenant its own.
 pub enum Viewer {
     Admin,
-    Tenant(Tenant),
+    Tenant(Arc<Tenant>),
 }
 
 impl Viewer {
@@ -54,14 +76,13 @@ impl FromRequestParts<AppState> for Viewer {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         let key = bearer(&parts.headers)?;
-        if state.tenants.is_admin(key) {
+        if state.tenants.current().is_admin(key) {
             return Ok(Viewer::Admin);
         }
         state
             .tenants
-            .authenticate(key)
-            .cloned()
-            .map(Viewer::Tenant)
+            .authenticate(key, state.clock.now())
+            .map(|found| Viewer::Tenant(found.tenant))
             .ok_or_else(invalid_key)
     }
 }

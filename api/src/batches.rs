@@ -144,6 +144,7 @@ pub(crate) async fn create(
         input_file_id: Some(file.id.clone()),
         metadata: req.metadata.map(|m| json!(m)),
         output_expires_secs,
+        api_key: tenant.key,
         ..BatchRow::in_progress(
             new_batch_id(),
             &tenant.name,

@@ -86,6 +86,17 @@ pub fn check(config: &Config) -> anyhow::Result<(TenantDirectory, Providers)> {
     Ok((tenants, providers))
 }
 
+/// Applies the config file's tenants and keys to the control plane (at start, and on
+/// `SIGHUP`): those it names are created or updated, every process sees them within a
+/// second; tenants created through the admin API stay.
+pub async fn seed_tenants(pool: &PgPool, config: &Config) -> anyhow::Result<tollgate::control::Applied> {
+    let seed = tollgate::tenants::Seed::from_config(config).map_err(anyhow::Error::msg)?;
+    let now = tollgate::store::database_time(pool).await?;
+    tollgate::control::apply_seed(pool, &seed, now)
+        .await
+        .context("applying the config file's tenants and keys")
+}
+
 impl Broker {
     /// Starts the roles on `pool` (already migrated). The API serves on `listener`.
     pub async fn start(
@@ -132,7 +143,19 @@ impl Broker {
         let dispatch_pool = role_pool(dispatch_connections(&config));
         let gate_pool = role_pool(GATE_CONNECTIONS);
         let maintenance_pool = role_pool(MAINTENANCE_CONNECTIONS);
-        let (tenants, providers) = check(&config)?;
+        let (_, providers) = check(&config)?;
+        let applied = seed_tenants(&pool, &config).await?;
+        if !applied.created.is_empty() || !applied.updated.is_empty() {
+            tracing::info!(created = ?applied.created, updated = ?applied.updated, "tenants from the config file");
+        }
+        let tenants = tollgate::control::Directory::load(&pool, config.clone())
+            .await
+            .context("reading the tenants and keys")?;
+        tracker.spawn(
+            tenants
+                .clone()
+                .keep_current(pool.clone(), notifications.clone(), cancel.clone()),
+        );
         let dispatcher = Dispatcher::with_clock(
             dispatch_pool,
             config.clone(),
@@ -142,7 +165,9 @@ impl Broker {
         );
         let relays = TaskTracker::new();
         let gate = roles.gate.then(|| {
-            let gate = Gate::new(gate_pool, config.clone(), notifications.clone()).with_clock(clock.clone());
+            let gate = Gate::new(gate_pool, config.clone(), notifications.clone())
+                .with_clock(clock.clone())
+                .with_tenants(tenants.clone());
             Arc::new(if roles.dispatch {
                 gate.with_handoff(dispatcher.handoff())
             } else {
@@ -160,7 +185,7 @@ impl Broker {
             inserts: crate::inserts::Inserts::start(pool.clone(), &tracker, &cancel),
             pool: pool.clone(),
             config: config.clone(),
-            tenants: Arc::new(tenants),
+            tenants,
             notifications: notifications.clone(),
             dispatcher: dispatcher.clone(),
             relays: relays.clone(),

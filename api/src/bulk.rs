@@ -27,7 +27,7 @@ use serde_json::value::RawValue;
 use tollgate::config::Config;
 use tollgate::model::NewJob;
 use tollgate::store::{self, BulkInserted};
-use tollgate::tenants::Tenant;
+use tollgate::tenants::Caller;
 use tollgate::vocab::JobClass;
 
 use crate::AppState;
@@ -100,7 +100,7 @@ fn at_item(i: usize, mut e: ApiError) -> ApiError {
 /// requests' text and one item's parsed values, never the body as values.
 pub fn prepare(
     config: &Config,
-    tenant: &Tenant,
+    tenant: &Caller,
     body: &[u8],
     now: DateTime<Utc>,
 ) -> Result<Vec<BulkJob>, ApiError> {

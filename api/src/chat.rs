@@ -20,7 +20,7 @@
 
 use std::convert::Infallible;
 use std::time::Duration;
-use tollgate::tenants::Tenant;
+use tollgate::tenants::Caller;
 use tollgate::vocab::{ApiErrorCode, Endpoint};
 
 use axum::body::Bytes;
@@ -177,7 +177,7 @@ pub(crate) async fn moderations(
 /// endpoint that streams which asks for one).
 pub(crate) async fn synchronous(
     state: AppState,
-    tenant: Tenant,
+    tenant: Caller,
     endpoint: Endpoint,
     request: Value,
 ) -> Result<Response, ApiError> {

@@ -13,6 +13,8 @@
 //!   `batches outputs ID [--errors] [-o FILE]` (the output or error file's content).
 //! - `tollgate files list [--purpose P]`, `files get ID`, `files delete ID`,
 //!   `files content ID [-o FILE]`.
+//! - `tollgate tenants list|get|create|update|delete`, `tollgate keys list|create|revoke`
+//!   ([`admin`]): the admin API (the admin key).
 //!
 //! A refused key (401/403) or an unreachable server stops a command at the first
 //! request that meets it, with one message ([`Refused`]), instead of once per job
@@ -21,6 +23,7 @@
 
 #![allow(clippy::print_stdout)] // these commands' output is their user interface
 
+mod admin;
 mod progress;
 mod table;
 
@@ -38,6 +41,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
+pub use self::admin::{KeysArgs, TenantsArgs, keys, tenants};
 use self::progress::{Progress, short_duration};
 use self::table::{Align, Table, fields};
 

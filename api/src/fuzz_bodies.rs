@@ -19,7 +19,7 @@ use tollgate::estimate::{self, MAX_CHOICES};
 use tollgate::routing;
 use tollgate::sanitize::first_nul;
 use tollgate::store::StoredFiles;
-use tollgate::tenants::Tenant;
+use tollgate::tenants::{Caller, Tenant};
 use tollgate::vocab::ApiErrorCode;
 use tollgate::webhook_signing::Secret;
 
@@ -63,12 +63,10 @@ fn config() -> &'static Config {
     })
 }
 
-fn tenant() -> Tenant {
-    Tenant {
-        name: "acme".to_owned(),
-        weight: 1,
-        quotas: config().quotas,
-        api_rate: config().server.api_rate(),
+fn tenant() -> Caller {
+    Caller {
+        tenant: std::sync::Arc::new(Tenant::plain("acme", config())),
+        key: None,
     }
 }
 

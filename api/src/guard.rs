@@ -38,7 +38,8 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tollgate::config::ApiRate;
-use tollgate::tenants::{Tenant, TenantDirectory};
+use tollgate::control::Directory;
+use tollgate::tenants::Tenant;
 
 use crate::AppState;
 use crate::error::ApiError;
@@ -150,7 +151,8 @@ impl TenantRate {
 pub struct Guard {
     limiter: TenantRate,
     anonymous: Arc<ApiRateLimiter<IpAddr>>,
-    tenants: Arc<TenantDirectory>,
+    tenants: Directory,
+    clock: tollgate::clock::Clock,
     max_header_bytes: usize,
 }
 
@@ -167,6 +169,7 @@ impl Guard {
                 MAX_SOURCES,
             )),
             tenants: state.tenants.clone(),
+            clock: state.clock.clone(),
             max_header_bytes: server.max_header_bytes,
         }
     }
@@ -192,15 +195,15 @@ pub async fn check(State(guard): State<Guard>, request: Request, next: Next) -> 
     }
     let key = crate::auth::bearer(request.headers()).ok();
     let now = Instant::now();
-    let throttled = match key.and_then(|key| guard.tenants.authenticate(key)) {
-        Some(tenant) => guard.limiter.take(tenant, now).err().map(|wait| {
+    let throttled = match key.and_then(|key| guard.tenants.authenticate(key, guard.clock.now())) {
+        Some(found) => guard.limiter.take(&found.tenant, now).err().map(|wait| {
             (
                 wait,
                 "too many API requests (a bulk counts each of its jobs) from this tenant (server.api_rate_per_sec); retry after the delay given",
                 wait.min(REFUSAL_HOLD),
             )
         }),
-        None if key.is_some_and(|key| guard.tenants.is_admin(key)) => None,
+        None if key.is_some_and(|key| guard.tenants.current().is_admin(key)) => None,
         None if matches!(request.uri().path(), "/healthz" | "/readyz") => None,
         None => {
             // Without a socket (a router driven in-process) every request is one source.

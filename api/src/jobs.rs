@@ -21,7 +21,7 @@ use sqlx::PgConnection;
 use tollgate::config::Config;
 use tollgate::model::{Endpoint, Job, JobClass, JobId, JobState, NewJob};
 use tollgate::store::{self, Cancelled, Inserted};
-use tollgate::tenants::Tenant;
+use tollgate::tenants::{Caller, Tenant};
 
 use crate::AppState;
 use crate::auth::{AuthTenant, Viewer};
@@ -172,7 +172,7 @@ pub(crate) struct Submission {
 /// defaulted by class, its tokens estimated. `now` is the acceptance time.
 pub(crate) fn new_job(
     config: &Config,
-    tenant: &Tenant,
+    tenant: &Caller,
     s: Submission,
     now: DateTime<Utc>,
 ) -> Result<NewJob, ApiError> {
@@ -203,6 +203,7 @@ pub(crate) fn new_job(
         max_attempts: config.retry.max_attempts.min(i32::MAX as u32) as i32,
         created_at: now,
         stream: s.stream,
+        api_key: tenant.key,
     })
 }
 
@@ -343,12 +344,12 @@ pub(crate) fn idempotency_key_reused() -> ApiError {
 }
 
 /// Validates and inserts; the row is committed when this returns.
-pub(crate) async fn enqueue(state: &AppState, tenant: &Tenant, s: Submission) -> Result<Inserted, ApiError> {
+pub(crate) async fn enqueue(state: &AppState, tenant: &Caller, s: Submission) -> Result<Inserted, ApiError> {
     insert(state, tenant, prepare(state, tenant, s)?).await
 }
 
 /// The job a submission makes, validated, not yet inserted ([`insert`]).
-pub(crate) fn prepare(state: &AppState, tenant: &Tenant, s: Submission) -> Result<Arc<NewJob>, ApiError> {
+pub(crate) fn prepare(state: &AppState, tenant: &Caller, s: Submission) -> Result<Arc<NewJob>, ApiError> {
     // PostgreSQL keeps microseconds: so does the 202, to match every later read.
     Ok(Arc::new(new_job(
         &state.config,
@@ -653,6 +654,8 @@ pub(crate) fn job_view(job: &Job) -> Value {
         "admission": (job.state == JobState::Queued).then_some(&job.admission),
         "idempotency_key": job.idempotency_key,
         "metadata": job.metadata,
+        // The id of the API key it was submitted with.
+        "api_key": job.api_key,
         // Online or through the provider's batch API, and why (`null` reason: not a
         // `batch`-class job, or no provider batch API is configured).
         "dispatch": {

@@ -16,6 +16,7 @@
 //! - [`files`]: OpenAI's Files API (JSONL uploads, output and error files).
 //! - [`batches`]: OpenAI's Batch API: ingest of a JSONL file into jobs, status, cancel.
 //! - [`auth`]: bearer tenant key → tenant; the admin key → every tenant.
+//! - [`admin`]: the admin API: tenants and their keys, changed at runtime.
 //! - [`status`]: `/v1/status` and its history: queues, buckets, traffic, failures.
 //! - [`metrics`]: `GET /metrics`, Prometheus text (events and database levels).
 //! - [`error`]: `ApiError`, status + stable code + safe message.
@@ -33,6 +34,7 @@
 //! workers, the mock provider and the benchmarks together, so none of them depends on
 //! another it should not.
 
+pub mod admin;
 pub mod arrivals;
 pub mod auth;
 pub mod batches;
@@ -67,11 +69,10 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use sqlx::PgPool;
+pub use sqlx::PgPool;
 use tokio_util::task::TaskTracker;
 use tollgate::config::Config;
 use tollgate::notify::Notifications;
-use tollgate::tenants::TenantDirectory;
 use tollgate_workers::dispatcher::Dispatcher;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
@@ -84,7 +85,8 @@ use crate::error::ApiError;
 pub struct AppState {
     pub pool: PgPool,
     pub config: Arc<Config>,
-    pub tenants: Arc<TenantDirectory>,
+    /// The tenants and keys, kept current with the control plane.
+    pub tenants: tollgate::control::Directory,
     pub notifications: Notifications,
     /// Runs streaming chat completions for clients connected to this process.
     pub dispatcher: Dispatcher,
@@ -181,6 +183,14 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(batches::create, batches::list))
         .routes(routes!(batches::get))
         .routes(routes!(batches::cancel))
+        .routes(routes!(admin::create_tenant, admin::list_tenants))
+        .routes(routes!(
+            admin::get_tenant,
+            admin::update_tenant,
+            admin::delete_tenant
+        ))
+        .routes(routes!(admin::create_key, admin::list_keys))
+        .routes(routes!(admin::revoke_key))
         .routes(routes!(healthz))
         .routes(routes!(readyz))
         .routes(routes!(openapi::openapi_json))

@@ -1,6 +1,7 @@
 //! `GET /v1/limits`: the buckets that apply to the caller — every provider-side bucket
-//! (provider models, keys, routes) and the caller's own tenant buckets, never another
-//! tenant's — with their capacity, what is left now, and where the capacity comes from:
+//! (provider models, keys, routes), the caller's own tenant buckets, those of the tenants
+//! above it (its parent's) and those of the API key it calls with, never another tenant's
+//! or key's — with their capacity, what is left now, and where the capacity comes from:
 //! `configured`, `learned` (a provider's reading or its 429s set it; `learned_at` says
 //! when, `configured_capacity` what the config says) or `probe` (a cold-start limit on
 //! calls in flight while nothing is known of a model's limits).
@@ -58,11 +59,21 @@ pub(crate) async fn list(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,
 ) -> Result<Json<Value>, ApiError> {
-    let own = format!("{}:", buckets::tenant_scope(&tenant.name));
+    let directory = state.tenants.current();
+    let mut own: Vec<String> = directory
+        .lineage(&tenant.name)
+        .iter()
+        .map(|t| format!("{}:", buckets::tenant_scope(&t.name)))
+        .collect();
+    if own.is_empty() {
+        own.push(format!("{}:", buckets::tenant_scope(&tenant.name)));
+    }
+    own.extend(tenant.key.map(|id| format!("{}:", buckets::api_key_scope(id))));
+    let someone_s = |key: &str| key.starts_with("tenant:") || key.starts_with("apikey:");
     let data: Vec<Value> = store::all_buckets(&state.pool)
         .await?
         .into_iter()
-        .filter(|b| b.key.starts_with(&own) || !b.key.starts_with("tenant:"))
+        .filter(|b| own.iter().any(|o| b.key.starts_with(o)) || !someone_s(&b.key))
         .map(view)
         .collect();
     Ok(Json(json!({"object": "list", "data": data})))

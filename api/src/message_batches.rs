@@ -77,6 +77,7 @@ pub(crate) async fn create(
     ));
     let mut batch = BatchRow {
         output_expires_secs: state.config.batches.output_expires_secs.min(i64::MAX as u64) as i64,
+        api_key: tenant.key,
         ..BatchRow::in_progress(
             new_message_batch_id(),
             &tenant.name,

@@ -76,7 +76,7 @@ pub(crate) async fn scrape(
 ) -> Result<Response, ApiError> {
     // Every tenant's names, depths and spend are in here: the operators' key only, and
     // with none configured, nobody.
-    if !state.tenants.has_admin() {
+    if !state.tenants.current().has_admin() {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             ApiErrorCode::AdminOnly,
@@ -229,7 +229,8 @@ async fn levels(state: &AppState, out: &mut String) -> Result<(), ApiError> {
         "tollgate_tenant_share",
         "Each tenant's share of the estimated tokens held by admitted and running jobs, 0 to 1.",
     );
-    for t in &state.config.tenants {
+    let directory = state.tenants.current();
+    for t in directory.tenants() {
         let held = holdings.iter().find(|(n, _)| n == &t.name).map_or(0, |(_, h)| *h);
         let share = if total > 0 {
             held as f64 / total as f64
@@ -242,8 +243,8 @@ async fn levels(state: &AppState, out: &mut String) -> Result<(), ApiError> {
             esc(&t.name)
         );
     }
-    family(out, "tollgate_tenant_weight", "Each tenant's configured weight.");
-    for t in &state.config.tenants {
+    family(out, "tollgate_tenant_weight", "Each tenant's weight.");
+    for t in directory.tenants() {
         let _ = writeln!(
             out,
             "tollgate_tenant_weight{{tenant=\"{}\"}} {}",

@@ -34,6 +34,7 @@ use tollgate::vocab::{ApiErrorCode, ReasonCode};
         (name = "anthropic", description = "The Anthropic-compatible surface"),
         (name = "limits", description = "Buckets, queues and status"),
         (name = "operations", description = "Health, metrics, dashboard, this document"),
+        (name = "admin", description = "The control plane (the admin key only): tenants and their API keys"),
     )
 )]
 pub struct ApiDoc;
@@ -254,6 +255,8 @@ pub struct JobSchema {
     idempotency_key: Option<String>,
     #[schema(value_type = Option<Object>)]
     metadata: Option<Value>,
+    /// The id of the API key it was submitted with (`GET /v1/admin/tenants/{tenant}/keys`).
+    api_key: Option<uuid::Uuid>,
     /// `{via, reason, provider_batch_id}`: `online` or `provider_batch` (the provider's own
     /// batch API), why (`deadline_allows_batch_api`, `deadline_too_close_for_batch_api`,
     /// `route_has_no_batch_api`, `endpoint_not_batched`,

@@ -1,5 +1,6 @@
 //! `GET /v1/usage`: what finished jobs used and cost, in USD and tokens, per hour or day
-//! and by any of tenant, provider, model (the one that served), endpoint and lane — as
+//! and by any of tenant, provider, model (the one that served), endpoint, lane, API key and
+//! the key's application — as
 //! JSON or, with `format=csv`, as CSV. A tenant sees its own jobs; the admin key every
 //! tenant's. Costs are the jobs' charges at the configured prices (`providers[].prices`;
 //! a provider-batch line at the batch price), so the rows sum to what the jobs show.
@@ -22,7 +23,15 @@ use crate::error::ApiError;
 use crate::openapi as doc;
 
 /// What rows may be grouped by, besides the period.
-const GROUPS: [&str; 5] = ["tenant", "provider", "model", "endpoint", "lane"];
+const GROUPS: [&str; 7] = [
+    "tenant",
+    "provider",
+    "model",
+    "endpoint",
+    "lane",
+    "key",
+    "application",
+];
 /// The longest period one request may cover.
 const MAX_SPAN_DAYS: i64 = 366;
 
@@ -78,6 +87,8 @@ fn field(group: &UsageGroup, field: &str) -> Value {
         "provider" => json!(group.provider),
         "model" => json!(group.model),
         "endpoint" => json!(group.endpoint),
+        "key" => json!(group.api_key),
+        "application" => json!(group.application),
         _ => json!(group.lane),
     }
 }
@@ -159,7 +170,7 @@ fn csv(rows: &[Map<String, Value>], grouping: &Grouping) -> String {
     operation_id = "get_usage",
     tag = "limits",
     params(
-        ("group_by" = Option<String>, Query, description = "Comma-separated (default `day`): at most one of `hour` and `day`, and any of `tenant`, `provider`, `model`, `endpoint`, `lane`"),
+        ("group_by" = Option<String>, Query, description = "Comma-separated (default `day`): at most one of `hour` and `day`, and any of `tenant`, `provider`, `model`, `endpoint`, `lane`, `key` (the API key's id), `application` (the key's)"),
         ("from" = Option<String>, Query, description = "RFC 3339; default 30 days before `to`"),
         ("to" = Option<String>, Query, description = "RFC 3339, exclusive; default now"),
         ("format" = Option<String>, Query, description = "`json` (default) or `csv`"),

@@ -6,7 +6,7 @@
 use chrono::Utc;
 use serde_json::{Value, json};
 use tollgate::config::Config;
-use tollgate::tenants::Tenant;
+use tollgate::tenants::{Caller, Tenant};
 use tollgate_api::bulk::prepare;
 
 #[global_allocator]
@@ -48,11 +48,9 @@ fn body(jobs: usize) -> Vec<u8> {
 #[test]
 fn reading_a_bulk_keeps_requests_as_text_and_never_the_body_as_values() {
     let config = Config::parse(CONFIG, "test.toml").unwrap();
-    let tenant = Tenant {
-        name: "acme".into(),
-        weight: 1,
-        quotas: config.quotas,
-        api_rate: config.server.api_rate(),
+    let tenant = Caller {
+        tenant: std::sync::Arc::new(Tenant::plain("acme", &config)),
+        key: None,
     };
     let now = Utc::now();
     let body = body(500);

@@ -87,6 +87,10 @@ enum Command {
     Files(tollgate_api::cli::FilesArgs),
     /// What a running server's finished jobs used and cost, in USD and tokens, grouped.
     Usage(tollgate_api::cli::UsageArgs),
+    /// A running server's tenants (the admin key): list, get, create, update, delete.
+    Tenants(tollgate_api::cli::TenantsArgs),
+    /// A tenant's API keys (the admin key): list, create, revoke.
+    Keys(tollgate_api::cli::KeysArgs),
 }
 
 #[derive(Subcommand)]
@@ -161,6 +165,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Batches(args) => exit_unless(tollgate_api::cli::batches(args).await?),
         Command::Files(args) => exit_unless(tollgate_api::cli::files(args).await?),
         Command::Usage(args) => exit_unless(tollgate_api::cli::usage(args).await?),
+        Command::Tenants(args) => exit_unless(tollgate_api::cli::tenants(args).await?),
+        Command::Keys(args) => exit_unless(tollgate_api::cli::keys(args).await?),
         Command::Demo(args) => {
             let ok = tollgate_bench::demo::run(args).await?;
             if !ok {
@@ -188,9 +194,11 @@ async fn serve(config_path: PathBuf, listen: Option<std::net::SocketAddr>) -> an
     if let Some(addr) = broker.addr {
         tracing::info!(%addr, "tollgate serving");
     }
+    let reloads = reload_on_hangup(config_path, db.pool.clone());
     tokio::select! {
         _ = shutdown_signal() => tracing::info!("shutting down: draining in-flight calls"),
         _ = broker.stopped() => tracing::warn!("a role stopped on its own; shutting down"),
+        _ = reloads => {}
     }
     broker.shutdown().await;
     db.close().await?;
@@ -203,6 +211,37 @@ fn exit_unless(ok: bool) -> anyhow::Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// On every SIGHUP, reads the config file again and applies its tenants and keys (the
+/// rest of the file takes effect at the next start). A file that does not load is
+/// reported and changes nothing. Never resolves (without SIGHUP support, at once).
+async fn reload_on_hangup(config_path: PathBuf, pool: tollgate_api::PgPool) {
+    #[cfg(unix)]
+    {
+        let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+            return std::future::pending().await;
+        };
+        while hangups.recv().await.is_some() {
+            let applied = match Config::load(&config_path) {
+                Ok(config) => tollgate_api::broker::seed_tenants(&pool, &config).await,
+                Err(e) => Err(e.into()),
+            };
+            match applied {
+                Ok(a) => tracing::info!(
+                    file = %config_path.display(),
+                    created = ?a.created,
+                    updated = ?a.updated,
+                    keys = ?a.keys,
+                    "SIGHUP: the config file's tenants and keys applied (other settings take effect at the next start)"
+                ),
+                Err(e) => {
+                    tracing::error!(file = %config_path.display(), error = %format!("{e:#}"), "SIGHUP: the config file was not applied")
+                }
+            }
+        }
+    }
+    std::future::pending().await
 }
 
 /// SIGINT or SIGTERM.

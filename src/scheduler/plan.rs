@@ -9,13 +9,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use chrono::{DateTime, Utc};
 
 use super::{Failed, Verdict};
-use crate::buckets::{self, Demand};
+use crate::buckets::{self, Demand, Holder};
 use crate::config::Config;
 use crate::learning::Learned;
 use crate::model::JobClass;
 use crate::provider_batches;
 use crate::routing::{self, Target};
 use crate::store::{Calibration, Candidate};
+use crate::tenants::{KeyLimits, Tenant, TenantDirectory};
 use crate::vocab::Dimension;
 
 /// Fewest samples before a learned output estimate replaces `max_tokens`.
@@ -89,9 +90,43 @@ pub fn is_probe(key: &str) -> bool {
     key.ends_with(":probe")
 }
 
+/// The bucket scopes of a job's holders: its key's, its tenant's and those above it.
+struct Scopes {
+    key: Option<String>,
+    tenants: Vec<String>,
+}
+
+impl Scopes {
+    fn of(job: &Candidate, lineage: &[&Tenant]) -> Self {
+        Scopes {
+            key: job.api_key.map(buckets::api_key_scope),
+            tenants: lineage.iter().map(|t| buckets::tenant_scope(&t.name)).collect(),
+        }
+    }
+
+    /// The holders of a job whose key has `key_limits` (if any) and whose tenants are
+    /// `lineage`.
+    fn holders<'a>(&'a self, key_limits: Option<&'a KeyLimits>, lineage: &[&'a Tenant]) -> Vec<Holder<'a>> {
+        let key = self.key.as_deref().zip(key_limits).map(|(scope, k)| Holder {
+            scope,
+            limits: &k.limits,
+            budgets: &k.budgets,
+        });
+        key.into_iter()
+            .chain(self.tenants.iter().zip(lineage).map(|(scope, t)| Holder {
+                scope,
+                limits: &t.limits,
+                budgets: &t.budgets,
+            }))
+            .collect()
+    }
+}
+
 /// Makes plans from candidates, with what one round (or one arrival) knows.
 pub struct Planner<'a> {
     pub config: &'a Config,
+    /// The tenants: weights, and the limits and budgets on each job's path.
+    pub tenants: &'a TenantDirectory,
     /// Learned estimates per model.
     pub calibration: &'a HashMap<String, Calibration>,
     pub known: &'a Known,
@@ -125,11 +160,11 @@ impl Planner<'_> {
             .cloned()
             .collect();
         let targets = if fresh.is_empty() { targets } else { fresh };
-        let weight = config
-            .tenants
-            .iter()
-            .find(|t| t.name == job.tenant)
-            .map_or(1.0, |t| f64::from(t.weight.max(1)));
+        let lineage = self.tenants.lineage(&job.tenant);
+        let weight = lineage.first().map_or(1.0, |t| f64::from(t.weight.max(1)));
+        let scopes = Scopes::of(&job, &lineage);
+        let key_limits = job.api_key.and_then(|id| self.tenants.key_limits(id));
+        let holders = scopes.holders(key_limits, &lineage);
         let estimate = Demand {
             input_tokens: f64::from(job.estimated_input_tokens.max(0)),
             output_tokens: f64::from(job.estimated_output_tokens.max(0)),
@@ -148,9 +183,9 @@ impl Planner<'_> {
                     .and_then(|p| p.price_for(&target.model));
                 let spend = buckets::spend_micro_usd(price, demand.input_tokens, 0.0, demand.output_tokens);
                 let path = if batch_api {
-                    provider_batches::path(config, &job.tenant, &job.model, &target)
+                    provider_batches::path(config, &holders, &target)
                 } else {
-                    self.full_path(&job.tenant, &job.model, &target)
+                    self.full_path(&holders, &job.model, &target)
                 };
                 let path = path
                     .into_iter()
@@ -195,8 +230,8 @@ impl Planner<'_> {
     /// The buckets a job sent to `target` must fit: its configured path, the target's
     /// learned buckets, and — while nothing is known of the target's limits — its
     /// cold-start probe.
-    fn full_path(&self, tenant: &str, requested: &str, target: &Target) -> Vec<(String, Dimension)> {
-        let mut path = buckets::path(self.config, tenant, requested, target);
+    fn full_path(&self, holders: &[Holder], requested: &str, target: &Target) -> Vec<(String, Dimension)> {
+        let mut path = buckets::path(self.config, holders, requested, target);
         let scope = buckets::target_scope(&target.provider, &target.model);
         for (key, dim) in self.known.buckets.get(&scope).into_iter().flatten() {
             if !path.iter().any(|(k, _)| k == key) {

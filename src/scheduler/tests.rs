@@ -32,6 +32,7 @@ fn candidate(n: u128, tenant: &str, class: JobClass) -> Candidate {
         failed_targets: None,
         dispatch_via: None,
         stream: false,
+        api_key: None,
     }
 }
 
@@ -206,8 +207,10 @@ api_key = "tk-globex"
 fn the_starvation_guard_promotes_a_job_that_waited_too_long() {
     let config = Config::parse(CONFIG, "test.toml").unwrap();
     let (calibration, known, turn) = (HashMap::new(), Known::default(), AtomicUsize::new(0));
+    let tenants = directory(&config);
     let planner = Planner {
         config: &config,
+        tenants: &tenants,
         calibration: &calibration,
         known: &known,
         key_turn: &turn,
@@ -590,6 +593,11 @@ fn a_returning_tenant_gets_at_most_its_burst_credit() {
 }
 
 /// (weight, job costs in turn) per tenant.
+/// The config's tenants as the directory holds them.
+fn directory(config: &Config) -> crate::tenants::TenantDirectory {
+    crate::tenants::TenantDirectory::from_config(config).unwrap()
+}
+
 fn tenants(max: usize) -> impl Strategy<Value = Vec<(f64, Vec<f64>)>> {
     prop::collection::vec(
         (1u32..=5, prop::collection::vec(200u32..=2000, 1..8))

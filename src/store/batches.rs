@@ -28,7 +28,7 @@ macro_rules! query_batches {
                 + r#" id, tenant, endpoint AS "endpoint: Endpoint", input_file_id, completion_window, status, class AS "class: JobClass",
                       output_file_id, error_file_id, metadata, errors, total, rejected, completed, failed, cancelled, expired, usage,
                       output_expires_secs, created_at, in_progress_at, expires_at, finalizing_at, completed_at,
-                      failed_at, expired_at, cancelling_at, cancelled_at "#
+                      failed_at, expired_at, cancelling_at, cancelled_at, api_key "#
                 + $tail
             $(, $arg)*
         )
@@ -38,8 +38,9 @@ macro_rules! query_batches {
 pub async fn insert_batch(ex: impl PgExecutor<'_>, b: &BatchRow) -> Result<()> {
     sqlx::query!(
         "INSERT INTO batches (id, tenant, endpoint, input_file_id, completion_window, status, class, metadata,
-                              total, rejected, output_expires_secs, created_at, in_progress_at, expires_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                              total, rejected, output_expires_secs, created_at, in_progress_at, expires_at,
+                              api_key)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
         &b.id,
         &b.tenant,
         b.endpoint as Endpoint,
@@ -54,6 +55,7 @@ pub async fn insert_batch(ex: impl PgExecutor<'_>, b: &BatchRow) -> Result<()> {
         b.created_at,
         b.in_progress_at,
         b.expires_at,
+        b.api_key,
     )
     .execute(ex)
     .await?;
@@ -97,8 +99,8 @@ pub async fn insert_batch_jobs(
     Ok(sqlx::query!(
         "INSERT INTO jobs (id, tenant, class, priority, request, model, deadline, not_before, max_attempts,
                            estimated_input_tokens, estimated_output_tokens, created_at,
-                           batch_id, custom_id, batch_line, endpoint)
-         SELECT t.id, $1, $2, 0, t.request, t.model, $3, $4, $5, t.ein, t.eout, $4, $6, t.custom_id, t.line, $14
+                           batch_id, custom_id, batch_line, endpoint, api_key)
+         SELECT t.id, $1, $2, 0, t.request, t.model, $3, $4, $5, t.ein, t.eout, $4, $6, t.custom_id, t.line, $14, $15
          FROM unnest($7::uuid[], $8::jsonb[], $9::text[], $10::int[], $11::int[], $12::text[], $13::int[])
              AS t(id, request, model, ein, eout, custom_id, line)",
         &batch.tenant,
@@ -115,6 +117,7 @@ pub async fn insert_batch_jobs(
         &jobs.custom_ids,
         &jobs.lines,
         batch.endpoint as Endpoint,
+        batch.api_key,
     )
     .execute(ex)
     .await?

@@ -45,6 +45,8 @@ pub struct Candidate {
     pub dispatch_via: Option<String>,
     /// Its client waits on an open stream, in the process that will claim it.
     pub stream: bool,
+    /// The API key it was submitted with (its limits and budgets are on its path).
+    pub api_key: Option<uuid::Uuid>,
 }
 
 impl Candidate {
@@ -64,6 +66,7 @@ impl Candidate {
             admission: None,
             failed_targets: None,
             dispatch_via: None,
+            api_key: job.api_key,
             stream: job.stream,
         }
     }
@@ -96,12 +99,12 @@ pub async fn candidates(
                   j.priority AS "priority!", j.endpoint AS "endpoint!: Endpoint", j.model AS "model!", j.deadline AS "deadline!",
                   j.created_at AS "created_at!", j.estimated_input_tokens AS "estimated_input_tokens!",
                   j.estimated_output_tokens AS "estimated_output_tokens!", j.admission, j.failed_targets,
-                  j.dispatch_via, j.stream AS "stream!"
+                  j.dispatch_via, j.stream AS "stream!", j.api_key
            FROM unnest($1::job_class[], $2::text[]) AS q(class, tenant),
            LATERAL (
                SELECT id, tenant, class, priority, endpoint, model, deadline, created_at,
                       estimated_input_tokens, estimated_output_tokens, admission, failed_targets, dispatch_via,
-                      stream
+                      stream, api_key
                FROM jobs
                WHERE state = 'queued' AND class = q.class AND tenant = q.tenant AND not_before <= $4 AND deadline > $4
                ORDER BY priority DESC, deadline, id

@@ -44,8 +44,8 @@ async fn insert_new_job(ex: impl PgExecutor<'_>, job: &NewJob) -> Result<bool> {
     Ok(sqlx::query_scalar!(
         "INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
                                      deadline, not_before, max_attempts, estimated_input_tokens,
-                                     estimated_output_tokens, created_at, stream, endpoint"
-            + ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $10, $14, $15"
+                                     estimated_output_tokens, created_at, stream, endpoint, api_key"
+            + ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $10, $14, $15, $16"
             + ") ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
                    RETURNING id AS \"id: JobId\"",
         job.id.0,
@@ -62,7 +62,8 @@ async fn insert_new_job(ex: impl PgExecutor<'_>, job: &NewJob) -> Result<bool> {
         job.estimated_input_tokens,
         job.estimated_output_tokens,
         job.stream,
-        job.endpoint as Endpoint
+        job.endpoint as Endpoint,
+        job.api_key,
     )
     .fetch_optional(ex)
     .await?
@@ -85,6 +86,7 @@ struct JobColumns<'a> {
     output_tokens: Vec<i32>,
     streams: Vec<bool>,
     endpoints: Vec<Endpoint>,
+    api_keys: Vec<Option<uuid::Uuid>>,
 }
 
 impl<'a> JobColumns<'a> {
@@ -103,6 +105,7 @@ impl<'a> JobColumns<'a> {
             output_tokens: Vec::new(),
             streams: Vec::new(),
             endpoints: Vec::new(),
+            api_keys: Vec::new(),
         };
         for j in jobs {
             c.ids.push(j.id.0);
@@ -118,6 +121,7 @@ impl<'a> JobColumns<'a> {
             c.output_tokens.push(j.estimated_output_tokens);
             c.streams.push(j.stream);
             c.endpoints.push(j.endpoint);
+            c.api_keys.push(j.api_key);
         }
         c
     }
@@ -152,18 +156,19 @@ pub async fn insert_started_jobs(
                               max_attempts, estimated_input_tokens, estimated_output_tokens, created_at,
                               stream, endpoint, state, attempt, lease_owner, lease_expires_at, started_at,
                               admitted_at, provider, provider_model, provider_key, reserved_buckets,
-                              reserved_amounts)
+                              reserved_amounts, api_key)
              SELECT id, tenant, class, priority, request, model, metadata, deadline, created_at, attempts,
-                    ein, eout, created_at, stream, endpoint, 'running', 1, $20,
-                    now() + make_interval(secs => $21), $22, $22, provider, provider_model, key,
-                    held_buckets::bigint[], held_amounts::float8[]
+                    ein, eout, created_at, stream, endpoint, 'running', 1, $21,
+                    now() + make_interval(secs => $22), $23, $23, provider, provider_model, key,
+                    held_buckets::bigint[], held_amounts::float8[], api_key
              FROM unnest($1::uuid[], $2::text[], $3::job_class[], $4::int[], $5::jsonb[], $6::text[],
                          $7::jsonb[], $8::timestamptz[], $9::timestamptz[], $10::int[], $11::int[],
                          $12::int[], $13::bool[], $14::text[], $15::text[], $16::text[], $17::text[],
-                         $18::text[], $19::text[])
+                         $18::text[], $19::text[], $20::uuid[])
                  AS t(id, tenant, class, priority, request, model, metadata, deadline, created_at, attempts,
-                      ein, eout, stream, endpoint, provider, provider_model, key, held_buckets, held_amounts)"#,
-        ["$23", "$24", "$25", "$26", "$27", "$28"],
+                      ein, eout, stream, endpoint, provider, provider_model, key, held_buckets, held_amounts,
+                      api_key)"#,
+        ["$24", "$25", "$26", "$27", "$28", "$29"],
         &c.ids,
         &c.tenants as &[&str],
         &c.classes as &[JobClass],
@@ -183,6 +188,7 @@ pub async fn insert_started_jobs(
         &held.keys as &[Option<&str>],
         &held.buckets as &[Option<String>],
         &held.amounts as &[Option<String>],
+        &c.api_keys as &[Option<uuid::Uuid>],
         starter.owner,
         starter.lease.as_secs_f64(),
         now;
@@ -251,14 +257,14 @@ pub async fn insert_jobs(
     let inserted = sqlx::query_scalar!(
         r#"INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
                            deadline, not_before, max_attempts, estimated_input_tokens,
-                           estimated_output_tokens, created_at, stream, endpoint)
+                           estimated_output_tokens, created_at, stream, endpoint, api_key)
          SELECT id, tenant, class, priority, request::jsonb, model, key, metadata, deadline, created_at, attempts,
-                ein, eout, created_at, stream, endpoint
+                ein, eout, created_at, stream, endpoint, api_key
          FROM unnest($1::uuid[], $2::text[], $3::job_class[], $4::int[], $5::text[], $6::text[], $7::text[],
                      $8::jsonb[], $9::timestamptz[], $10::timestamptz[], $11::int[], $12::int[], $13::int[],
-                     $14::bool[], $15::text[])
+                     $14::bool[], $15::text[], $16::uuid[])
              AS t(id, tenant, class, priority, request, model, key, metadata, deadline, created_at, attempts, ein,
-                  eout, stream, endpoint)
+                  eout, stream, endpoint, api_key)
          ORDER BY tenant, key
          ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
          RETURNING id AS "id: JobId""#,
@@ -277,6 +283,7 @@ pub async fn insert_jobs(
         &c.output_tokens,
         &c.streams,
         &c.endpoints as &[Endpoint],
+        &c.api_keys as &[Option<uuid::Uuid>],
     )
     .fetch_all(&mut *conn)
     .await?;

@@ -7,6 +7,7 @@
 //!
 //! - [`jobs`]: the job rows, from insert to terminal state.
 //! - [`buckets`]: bucket rows and the reservations jobs hold against them.
+//! - [`control`]: the control plane: tenants, their API keys, the version of both.
 //! - [`learned`]: learned limits — what responses said, what the gate applied.
 //! - [`gate`]: what the gate reads (queued work per tenant and class) and writes
 //!   (admissions, explanations).
@@ -58,7 +59,7 @@ macro_rules! query_jobs {
                     j.result, j.error_code, j.error_message, j.created_at, j.started_at, j.finished_at,
                     j.admitted_at, j.reserved_buckets, j.reserved_amounts, j.admission, j.stream,
                     j.provider_key, j.failed_targets, j.dispatch_via, j.dispatch_reason, j.provider_batch_id,
-                    j.spend_micro_usd "
+                    j.spend_micro_usd, j.api_key "
                 + $tail
             $(, $arg)*
         )
@@ -75,6 +76,7 @@ macro_rules! query_job_ids {
 
 pub mod batches;
 pub mod buckets;
+pub mod control;
 pub mod files;
 pub mod gate;
 pub mod jobs;
@@ -87,6 +89,7 @@ pub mod webhooks;
 
 pub use batches::*;
 pub use buckets::*;
+pub use control::*;
 pub use files::*;
 pub use gate::*;
 pub use jobs::*;

@@ -1208,6 +1208,7 @@ fn interactive_arrival(tenant: &str, content: &str, now: DateTime<Utc>) -> tollg
         estimated_output_tokens: 5,
         created_at: now,
         stream: false,
+        api_key: None,
     }
 }
 

@@ -37,6 +37,9 @@
 //!   whose lock connection died admits nothing.
 //! - [`quotas`]: a tenant's queue caps and file quotas hold exactly under racing clients
 //!   on two processes.
+//! - [`control`]: tenants and keys made, used and revoked through different processes
+//!   within a second; the admin API's refusals; a parent's budget over two processes;
+//!   `SIGHUP` reloading the file's tenants.
 //! - [`usage`]: each job's cost at the configured prices, and `GET /v1/usage` summing them
 //!   per tenant, as grouped, in JSON and CSV.
 
@@ -49,6 +52,7 @@ mod bulk;
 mod chaos;
 mod cli;
 mod clock;
+mod control;
 mod dashboard;
 mod durability;
 mod edge;

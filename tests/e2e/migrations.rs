@@ -89,6 +89,21 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
         (message_batch.cancelled, message_batch.expired),
         (Some(1), Some(1))
     );
+    let tenants = tollgate::store::list_tenants(&db.pool).await.unwrap();
+    let tenants: Vec<(&str, Option<&str>)> = tenants
+        .iter()
+        .map(|t| (t.spec.name.as_str(), t.spec.parent.as_deref()))
+        .collect();
+    assert_eq!(tenants, [("acme", Some("unit")), ("unit", None)]);
+    let keys = tollgate::store::list_keys(&db.pool, "acme").await.unwrap();
+    assert_eq!(
+        keys.iter()
+            .map(|k| (k.name.as_str(), k.budgets.len()))
+            .collect::<Vec<_>>(),
+        [("config", 0)],
+        "a key from 0012 has no budgets of its own"
+    );
+    assert_eq!(job.api_key, None, "a job from before 0012 names no key");
     let buckets = tollgate::store::all_buckets(&db.pool).await.unwrap();
     assert_eq!(buckets.len(), 1);
     let learned = tollgate::store::learned_limits(&db.pool).await.unwrap();

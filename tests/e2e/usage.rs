@@ -139,7 +139,7 @@ async fn usage_sums_what_each_job_cost() {
     // What it cannot group by, or a period that is not one, is refused by its parameter.
     for (query, param) in [
         ("group_by=day,hour", "group_by"),
-        ("group_by=key", "group_by"),
+        ("group_by=colour", "group_by"),
         ("format=xml", "format"),
         ("from=2030-01-01T00:00:00Z&to=2029-01-01T00:00:00Z", "from"),
     ] {

@@ -43,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 use tollgate::buckets::{self, Bucket, BucketSpec};
 use tollgate::clock::Clock;
 use tollgate::config::Config;
+use tollgate::control::Directory;
 use tollgate::learning::{self, Learned};
 use tollgate::metrics;
 use tollgate::model::{Job, JobClass, JobId, NewJob};
@@ -51,6 +52,7 @@ use tollgate::provider_batches;
 use tollgate::scheduler::plan::{is_probe, probe_key};
 use tollgate::scheduler::{self, Decision, Failed, Known, Planner, Policy, Scheduler};
 use tollgate::store::{self, Admission, Calibration, Candidate, StoreError};
+use tollgate::tenants::TenantDirectory;
 use tollgate::vocab::{Dimension, LearnedFrom, Rule};
 
 use crate::dispatcher::Handoff;
@@ -113,6 +115,8 @@ pub struct Gate {
     handoff: Option<Handoff>,
     /// The time rounds are run at (a broker's: the database's).
     clock: Clock,
+    /// The tenants: weights, and the limits and budgets on their jobs' paths.
+    tenants: Directory,
 }
 
 /// Whether the gate's lock connection still answers (its session, and so its lock, lives).
@@ -149,14 +153,25 @@ impl Gate {
             scheduler: Mutex::new(Scheduler::new(Policy::new(config.gate.clone()))),
             policy: Policy::new(config.gate.clone()),
             pool,
-            config,
             notifications,
             last_admitted: AtomicUsize::new(batch_hint()),
             key_turn: AtomicUsize::new(0),
             calibration: Mutex::new((None, HashMap::new())),
             handoff: None,
             clock: Clock::system(),
+            tenants: Directory::fixed(
+                TenantDirectory::from_config(&config).unwrap_or_default(),
+                config.clone(),
+            ),
+            config,
         }
+    }
+
+    /// Plans with the tenants of `directory`, kept current with the control plane (else
+    /// the config's tenants).
+    pub fn with_tenants(mut self, directory: Directory) -> Self {
+        self.tenants = directory;
+        self
     }
 
     /// Reckons time by `clock` (a broker's: the database's).
@@ -171,9 +186,15 @@ impl Gate {
         self
     }
 
-    fn planner<'a>(&'a self, calibration: &'a HashMap<String, Calibration>, known: &'a Known) -> Planner<'a> {
+    fn planner<'a>(
+        &'a self,
+        calibration: &'a HashMap<String, Calibration>,
+        known: &'a Known,
+        tenants: &'a TenantDirectory,
+    ) -> Planner<'a> {
         Planner {
             config: &self.config,
+            tenants,
             calibration,
             known,
             key_turn: &self.key_turn,
@@ -253,7 +274,8 @@ impl Gate {
         }
         let paused: scheduler::Pauses = paused.into_iter().collect();
         let known = Known::new(&learned);
-        let planner = self.planner(&calibration, &known);
+        let tenants = self.tenants.current();
+        let planner = self.planner(&calibration, &known, &tenants);
         // What a round would fail is the round's to fail, with its reason.
         let plans: Vec<(usize, scheduler::Plan)> = arriving
             .into_iter()
@@ -464,7 +486,8 @@ impl Gate {
         )?;
         provider_batches::decide_candidates(&self.pool, &self.config, &mut candidates, now).await?;
         let known = Known::new(&learned);
-        let planner = self.planner(&calibration, &known);
+        let tenants = self.tenants.current();
+        let planner = self.planner(&calibration, &known, &tenants);
         let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
         let mut plans = Vec::new();
         for c in candidates {

@@ -1,0 +1,438 @@
+//! The admin API (`/v1/admin/…`, the admin key only): tenants and their API keys, changed
+//! at runtime and in force on every process within a second (`tollgate::control`).
+//!
+//! - `tenants`: create, list, get, update (`PATCH`: the fields given replace theirs),
+//!   delete — weight, limits (`rpm`, `tpm`, `rpd`, `concurrency`), budgets (USD per day,
+//!   week or month), a `parent` whose limits and budgets also cover the tenant, and its
+//!   own quotas and API rate (`settings`).
+//! - `tenants/{tenant}/keys`: many keys per tenant. Creating one returns its secret this
+//!   once; only its SHA-256 is stored. A key may have limits and budgets of its own, on
+//!   top of its tenant's. Listing shows each key's prefix, expiry, revocation and
+//!   `last_used_at`; deleting revokes.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Deserializer, Serialize};
+use tollgate::control::{self, ControlError, KeyRequest};
+use tollgate::store::{self, KeyRecord, TenantRecord};
+use tollgate::tenants::{Budget, Source, TenantLimits, TenantSettings, TenantSpec};
+use tollgate::vocab::ApiErrorCode;
+use utoipa::ToSchema;
+
+use crate::AppState;
+use crate::auth::Admin;
+use crate::error::ApiError;
+use crate::openapi as doc;
+
+/// `POST /v1/admin/tenants`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NewTenant {
+    /// 1 to 64 of A-Z a-z 0-9 - _ .
+    name: String,
+    /// Share of contended capacity relative to other tenants (default 1).
+    #[serde(default)]
+    weight: Option<u32>,
+    #[serde(default)]
+    limits: TenantLimits,
+    #[serde(default)]
+    budgets: Vec<Budget>,
+    /// A tenant whose limits and budgets also cover this one.
+    #[serde(default)]
+    parent: Option<String>,
+    #[serde(default)]
+    settings: TenantSettings,
+}
+
+/// `PATCH /v1/admin/tenants/{tenant}`: each field given replaces the tenant's (`parent:
+/// null` removes the parent); fields left out stay.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TenantChange {
+    #[serde(default)]
+    weight: Option<u32>,
+    #[serde(default)]
+    limits: Option<TenantLimits>,
+    #[serde(default)]
+    budgets: Option<Vec<Budget>>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>)]
+    parent: Option<Option<String>>,
+    #[serde(default)]
+    settings: Option<TenantSettings>,
+}
+
+/// A field that is present (its value may be `null`): `Some(value)`.
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// A tenant as the admin API shows it.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct TenantObject {
+    /// `tenant`.
+    object: &'static str,
+    name: String,
+    weight: u32,
+    parent: Option<String>,
+    limits: TenantLimits,
+    budgets: Vec<Budget>,
+    settings: TenantSettings,
+    /// Who wrote it last: `file` (the config file) or `api`.
+    source: Source,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl From<TenantRecord> for TenantObject {
+    fn from(r: TenantRecord) -> Self {
+        TenantObject {
+            object: "tenant",
+            name: r.spec.name,
+            weight: r.spec.weight,
+            parent: r.spec.parent,
+            limits: r.spec.limits,
+            budgets: r.spec.budgets,
+            settings: r.spec.settings,
+            source: r.source,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
+}
+
+/// `POST /v1/admin/tenants/{tenant}/keys`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NewKey {
+    /// What the key is for (default `default`); 1 to 64 of A-Z a-z 0-9 - _ .
+    #[serde(default)]
+    name: Option<String>,
+    /// The tenant's application that uses it.
+    #[serde(default)]
+    application: Option<String>,
+    /// When it stops working (RFC 3339).
+    #[serde(default)]
+    expires_at: Option<DateTime<Utc>>,
+    /// Its own limits, on top of its tenant's.
+    #[serde(default)]
+    limits: TenantLimits,
+    /// Its own budgets, on top of its tenant's.
+    #[serde(default)]
+    budgets: Vec<Budget>,
+}
+
+/// An API key as the admin API shows it: never its secret, but when it is created.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct KeyObject {
+    /// `api_key`.
+    object: &'static str,
+    id: uuid::Uuid,
+    tenant: String,
+    name: String,
+    application: Option<String>,
+    /// The secret's first characters.
+    prefix: String,
+    /// The secret: only in the answer that creates the key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
+    source: Source,
+    limits: TenantLimits,
+    budgets: Vec<Budget>,
+    expires_at: Option<DateTime<Utc>>,
+    revoked_at: Option<DateTime<Utc>>,
+    last_used_at: Option<DateTime<Utc>>,
+    created_at: DateTime<Utc>,
+}
+
+impl KeyObject {
+    fn of(r: KeyRecord, secret: Option<String>) -> Self {
+        KeyObject {
+            object: "api_key",
+            id: r.id,
+            tenant: r.tenant,
+            name: r.name,
+            application: r.application,
+            prefix: r.prefix,
+            key: secret,
+            source: r.source,
+            limits: r.limits,
+            budgets: r.budgets,
+            expires_at: r.expires_at,
+            revoked_at: r.revoked_at,
+            last_used_at: r.last_used_at,
+            created_at: r.created_at,
+        }
+    }
+}
+
+/// `{"object": "list", "data": [...]}`.
+#[derive(Debug, Serialize)]
+struct List<T> {
+    object: &'static str,
+    data: Vec<T>,
+}
+
+fn list<T: Serialize>(data: Vec<T>) -> Json<List<T>> {
+    Json(List { object: "list", data })
+}
+
+/// A body of type `T`, or a 400 naming what is wrong with it.
+fn body<T: for<'de> Deserialize<'de>>(bytes: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let value = crate::jobs::json_body(bytes)?;
+    serde_json::from_value(value)
+        .map_err(|e| ApiError::bad_request(ApiErrorCode::InvalidRequest, e.to_string()))
+}
+
+impl From<ControlError> for ApiError {
+    fn from(e: ControlError) -> Self {
+        let message = e.to_string();
+        match e {
+            ControlError::Invalid(invalid) => {
+                ApiError::bad_request(ApiErrorCode::InvalidRequest, message).with_param(invalid.field)
+            }
+            ControlError::NoSuchParent(_) | ControlError::ParentLoop { .. } => {
+                ApiError::bad_request(ApiErrorCode::InvalidRequest, message).with_param("parent")
+            }
+            ControlError::TenantExists(_) => {
+                ApiError::new(StatusCode::CONFLICT, ApiErrorCode::AlreadyExists, message).with_param("name")
+            }
+            ControlError::HasChildren(_) | ControlError::HasWork(_) => {
+                ApiError::new(StatusCode::CONFLICT, ApiErrorCode::TenantInUse, message)
+            }
+            ControlError::NoSuchTenant(_) => ApiError::not_found("tenant"),
+            ControlError::NoSuchKey(_) => ApiError::not_found("key"),
+            ControlError::KeyTaken(_) => {
+                ApiError::new(StatusCode::CONFLICT, ApiErrorCode::AlreadyExists, message)
+            }
+            ControlError::Store(e) => e.into(),
+        }
+    }
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/admin/tenants",
+    operation_id = "create_tenant",
+    tag = "admin",
+    request_body = NewTenant,
+    responses(
+        (status = 201, description = "The tenant", body = TenantObject),
+        (status = 400, description = "`invalid_request`: `param` names the field", body = doc::ErrorBody),
+        (status = 403, description = "`admin_only`", body = doc::ErrorBody),
+        (status = 409, description = "`already_exists`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn create_tenant(
+    State(state): State<AppState>,
+    _: Admin,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let new: NewTenant = body(bytes)?;
+    let spec = TenantSpec {
+        name: new.name,
+        weight: new.weight.unwrap_or(1),
+        parent: new.parent,
+        limits: new.limits,
+        budgets: new.budgets,
+        settings: new.settings,
+    };
+    let record = control::create_tenant(&state.pool, &spec, state.clock.now()).await?;
+    Ok((StatusCode::CREATED, Json(TenantObject::from(record))).into_response())
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/admin/tenants",
+    operation_id = "list_tenants",
+    tag = "admin",
+    responses(
+        (status = 200, description = "`{object: \"list\", data: [tenant]}`", body = Object),
+        (status = 403, description = "`admin_only`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn list_tenants(State(state): State<AppState>, _: Admin) -> Result<Response, ApiError> {
+    let tenants = store::list_tenants(&state.pool).await?;
+    Ok(list(tenants.into_iter().map(TenantObject::from).collect()).into_response())
+}
+
+async fn tenant_record(state: &AppState, name: &str) -> Result<TenantRecord, ApiError> {
+    store::get_tenant(&state.pool, name)
+        .await?
+        .ok_or_else(|| ApiError::not_found("tenant"))
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/admin/tenants/{tenant}",
+    operation_id = "get_tenant",
+    tag = "admin",
+    params(("tenant" = String, Path, description = "The tenant's name")),
+    responses(
+        (status = 200, description = "The tenant", body = TenantObject),
+        (status = 404, description = "`not_found`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn get_tenant(
+    State(state): State<AppState>,
+    _: Admin,
+    Path(name): Path<String>,
+) -> Result<Json<TenantObject>, ApiError> {
+    Ok(Json(tenant_record(&state, &name).await?.into()))
+}
+
+#[utoipa::path(
+    patch,
+    path = "/v1/admin/tenants/{tenant}",
+    operation_id = "update_tenant",
+    tag = "admin",
+    params(("tenant" = String, Path, description = "The tenant's name")),
+    request_body = TenantChange,
+    responses(
+        (status = 200, description = "The tenant as changed", body = TenantObject),
+        (status = 400, description = "`invalid_request`: `param` names the field", body = doc::ErrorBody),
+        (status = 404, description = "`not_found`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn update_tenant(
+    State(state): State<AppState>,
+    _: Admin,
+    Path(name): Path<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Json<TenantObject>, ApiError> {
+    let change: TenantChange = body(bytes)?;
+    let mut spec = tenant_record(&state, &name).await?.spec;
+    if let Some(weight) = change.weight {
+        spec.weight = weight;
+    }
+    if let Some(limits) = change.limits {
+        spec.limits = limits;
+    }
+    if let Some(budgets) = change.budgets {
+        spec.budgets = budgets;
+    }
+    if let Some(parent) = change.parent {
+        spec.parent = parent;
+    }
+    if let Some(settings) = change.settings {
+        spec.settings = settings;
+    }
+    let record = control::update_tenant(&state.pool, &spec, state.clock.now()).await?;
+    Ok(Json(record.into()))
+}
+
+#[utoipa::path(
+    delete,
+    path = "/v1/admin/tenants/{tenant}",
+    operation_id = "delete_tenant",
+    tag = "admin",
+    params(("tenant" = String, Path, description = "The tenant's name")),
+    responses(
+        (status = 200, description = "`{name, object: \"tenant\", deleted: true}`", body = Object),
+        (status = 404, description = "`not_found`", body = doc::ErrorBody),
+        (status = 409, description = "`tenant_in_use`: tenants name it as their parent, or it has jobs not finished", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn delete_tenant(
+    State(state): State<AppState>,
+    _: Admin,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    control::delete_tenant(&state.pool, &name).await?;
+    Ok(Json(
+        serde_json::json!({"name": name, "object": "tenant", "deleted": true}),
+    ))
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/admin/tenants/{tenant}/keys",
+    operation_id = "create_key",
+    tag = "admin",
+    params(("tenant" = String, Path, description = "The tenant's name")),
+    request_body = NewKey,
+    responses(
+        (status = 201, description = "The key, with its secret in `key` (shown this once)", body = KeyObject),
+        (status = 400, description = "`invalid_request`", body = doc::ErrorBody),
+        (status = 404, description = "`not_found`: no such tenant", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn create_key(
+    State(state): State<AppState>,
+    _: Admin,
+    Path(tenant): Path<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let new: NewKey = if bytes.as_ref().is_ok_and(|b| b.is_empty()) {
+        NewKey::default()
+    } else {
+        body(bytes)?
+    };
+    let request = KeyRequest {
+        name: new.name.unwrap_or_else(|| "default".to_owned()),
+        application: new.application,
+        expires_at: new.expires_at,
+        limits: new.limits,
+        budgets: new.budgets,
+    };
+    let (record, secret) = control::create_key(&state.pool, &tenant, &request, state.clock.now()).await?;
+    Ok((StatusCode::CREATED, Json(KeyObject::of(record, Some(secret)))).into_response())
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/admin/tenants/{tenant}/keys",
+    operation_id = "list_keys",
+    tag = "admin",
+    params(("tenant" = String, Path, description = "The tenant's name")),
+    responses(
+        (status = 200, description = "`{object: \"list\", data: [api_key]}`, newest first, revoked keys too", body = Object),
+        (status = 404, description = "`not_found`: no such tenant", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn list_keys(
+    State(state): State<AppState>,
+    _: Admin,
+    Path(tenant): Path<String>,
+) -> Result<Response, ApiError> {
+    tenant_record(&state, &tenant).await?;
+    let keys = store::list_keys(&state.pool, &tenant).await?;
+    Ok(list(keys.into_iter().map(|k| KeyObject::of(k, None)).collect()).into_response())
+}
+
+#[utoipa::path(
+    delete,
+    path = "/v1/admin/tenants/{tenant}/keys/{id}",
+    operation_id = "revoke_key",
+    tag = "admin",
+    params(
+        ("tenant" = String, Path, description = "The tenant's name"),
+        ("id" = String, Path, description = "The key's id"),
+    ),
+    responses(
+        (status = 200, description = "The key, revoked: refused by every process within a second", body = KeyObject),
+        (status = 404, description = "`not_found`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn revoke_key(
+    State(state): State<AppState>,
+    _: Admin,
+    Path((tenant, id)): Path<(String, String)>,
+) -> Result<Json<KeyObject>, ApiError> {
+    let id: uuid::Uuid = id.parse().map_err(|_| ApiError::not_found("key"))?;
+    let record = control::revoke_key(&state.pool, &tenant, id, state.clock.now()).await?;
+    Ok(Json(KeyObject::of(record, None)))
+}

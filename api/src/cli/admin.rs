@@ -1,0 +1,413 @@
+//! `tollgate tenants …` and `tollgate keys …`: the admin API from the command line (the
+//! admin key). Money is in USD.
+
+use clap::{Args, Subcommand};
+use reqwest::Method;
+use serde_json::{Map, Value, json};
+
+use super::table::{Align, Table, fields};
+use super::{Remote, cell, print_json, segment, when};
+
+#[derive(Debug, Args)]
+pub struct TenantsArgs {
+    #[command(subcommand)]
+    pub command: TenantsCommand,
+}
+
+/// A tenant's settings as flags: each given one is set.
+#[derive(Debug, Default, Args)]
+pub struct TenantFlags {
+    /// Share of contended capacity relative to other tenants.
+    #[arg(long)]
+    weight: Option<u32>,
+    /// A tenant whose limits and budgets also cover this one.
+    #[arg(long)]
+    parent: Option<String>,
+    #[command(flatten)]
+    limits: LimitFlags,
+}
+
+/// Limits and budgets (a tenant's or a key's) as flags: each given one is set.
+#[derive(Debug, Default, Args)]
+pub struct LimitFlags {
+    /// Requests per minute.
+    #[arg(long)]
+    rpm: Option<u64>,
+    /// Tokens (input + output) per minute.
+    #[arg(long)]
+    tpm: Option<u64>,
+    /// Requests per UTC day.
+    #[arg(long)]
+    rpd: Option<u64>,
+    /// Provider calls in flight at once.
+    #[arg(long)]
+    concurrency: Option<u64>,
+    /// Budget per UTC day, in USD.
+    #[arg(long)]
+    daily_usd: Option<f64>,
+    /// Budget per week (from Monday 00:00 UTC), in USD.
+    #[arg(long)]
+    weekly_usd: Option<f64>,
+    /// Budget per calendar month (UTC), in USD.
+    #[arg(long)]
+    monthly_usd: Option<f64>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TenantsCommand {
+    /// Every tenant.
+    List {
+        /// Print the server's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// One tenant.
+    Get {
+        name: String,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Create a tenant.
+    Create {
+        name: String,
+        #[command(flatten)]
+        flags: TenantFlags,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Change what the flags give (limits and budgets not named stay).
+    Update {
+        name: String,
+        #[command(flatten)]
+        flags: TenantFlags,
+        /// Remove the tenant's parent.
+        #[arg(long, conflicts_with = "parent")]
+        no_parent: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Delete a tenant and its keys (refused while it has jobs not finished or children).
+    Delete {
+        name: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct KeysArgs {
+    #[command(subcommand)]
+    pub command: KeysCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// A tenant's keys, newest first, revoked ones too.
+    List {
+        tenant: String,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Create a key for a tenant and print its secret (shown this once).
+    Create {
+        tenant: String,
+        /// What the key is for.
+        #[arg(long, default_value = "default")]
+        name: String,
+        /// The tenant's application that uses it.
+        #[arg(long)]
+        application: Option<String>,
+        /// When it stops working (RFC 3339).
+        #[arg(long)]
+        expires_at: Option<String>,
+        /// Its own limits and budgets, on top of its tenant's.
+        #[command(flatten)]
+        limits: LimitFlags,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Revoke a key: refused by every server process within a second.
+    Revoke {
+        tenant: String,
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+}
+
+impl LimitFlags {
+    /// The limits the flags set, over `limits`.
+    fn limits(&self, mut limits: Map<String, Value>) -> Map<String, Value> {
+        for (name, value) in [
+            ("rpm", self.rpm),
+            ("tpm", self.tpm),
+            ("rpd", self.rpd),
+            ("concurrency", self.concurrency),
+        ] {
+            if let Some(v) = value {
+                limits.insert(name.to_owned(), json!(v));
+            }
+        }
+        limits
+    }
+
+    /// The budgets the flags set, over `budgets` (one per window).
+    fn budgets(&self, budgets: &[Value]) -> Vec<Value> {
+        let mut out: Vec<Value> = budgets.to_vec();
+        for (window, usd) in [
+            ("day", self.daily_usd),
+            ("week", self.weekly_usd),
+            ("month", self.monthly_usd),
+        ] {
+            if let Some(usd) = usd {
+                out.retain(|b| b["window"] != window);
+                out.push(json!({"window": window, "usd": usd}));
+            }
+        }
+        out
+    }
+
+    fn sets_limits(&self) -> bool {
+        self.rpm.or(self.tpm).or(self.rpd).or(self.concurrency).is_some()
+    }
+
+    fn sets_budgets(&self) -> bool {
+        self.daily_usd.or(self.weekly_usd).or(self.monthly_usd).is_some()
+    }
+}
+
+/// A tenant's limits as `rpm 60, tpm 100000`.
+fn limits_text(limits: &Value) -> String {
+    let parts: Vec<String> = limits
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(name, v)| format!("{name} {}", cell(v)))
+        .collect();
+    if parts.is_empty() {
+        "-".to_owned()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// A tenant's budgets as `$5.00/day, $100.00/month`.
+fn budgets_text(budgets: &Value) -> String {
+    let parts: Vec<String> = budgets
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|b| format!("${:.2}/{}", b["usd"].as_f64().unwrap_or(0.0), cell(&b["window"])))
+        .collect();
+    if parts.is_empty() {
+        "-".to_owned()
+    } else {
+        parts.join(", ")
+    }
+}
+
+fn render_tenant(t: &Value) -> String {
+    fields(&[
+        ("NAME", cell(&t["name"])),
+        ("WEIGHT", cell(&t["weight"])),
+        ("PARENT", cell(&t["parent"])),
+        ("LIMITS", limits_text(&t["limits"])),
+        ("BUDGETS", budgets_text(&t["budgets"])),
+        ("SOURCE", cell(&t["source"])),
+        ("UPDATED", when(&t["updated_at"])),
+    ])
+}
+
+pub async fn tenants(args: TenantsArgs) -> anyhow::Result<bool> {
+    let http = reqwest::Client::new();
+    match args.command {
+        TenantsCommand::List { json, remote } => {
+            let list = remote.get(&http, "/v1/admin/tenants").await?;
+            let tenants = list["data"].as_array().cloned().unwrap_or_default();
+            if json {
+                print_json(&Value::Array(tenants))?;
+                return Ok(true);
+            }
+            let mut t = Table::new(&[
+                ("NAME", Align::Left),
+                ("WEIGHT", Align::Right),
+                ("PARENT", Align::Left),
+                ("LIMITS", Align::Left),
+                ("BUDGETS", Align::Left),
+                ("SOURCE", Align::Left),
+            ]);
+            for tenant in &tenants {
+                t.row(vec![
+                    cell(&tenant["name"]),
+                    cell(&tenant["weight"]),
+                    cell(&tenant["parent"]),
+                    limits_text(&tenant["limits"]),
+                    budgets_text(&tenant["budgets"]),
+                    cell(&tenant["source"]),
+                ]);
+            }
+            print!("{}", t.render_or("(no tenants)"));
+            Ok(true)
+        }
+        TenantsCommand::Get { name, json, remote } => {
+            let t = remote
+                .get(&http, &format!("/v1/admin/tenants/{}", segment(&name)))
+                .await?;
+            if json {
+                print_json(&t)?;
+            } else {
+                print!("{}", render_tenant(&t));
+            }
+            Ok(true)
+        }
+        TenantsCommand::Create { name, flags, remote } => {
+            let mut body = json!({
+                "name": name,
+                "limits": flags.limits.limits(Map::new()),
+                "budgets": flags.limits.budgets(&[]),
+            });
+            if let Some(weight) = flags.weight {
+                body["weight"] = json!(weight);
+            }
+            if let Some(parent) = &flags.parent {
+                body["parent"] = json!(parent);
+            }
+            let t = remote
+                .json(&http, Method::POST, "/v1/admin/tenants", Some(&body))
+                .await?;
+            print!("{}", render_tenant(&t));
+            Ok(true)
+        }
+        TenantsCommand::Update {
+            name,
+            flags,
+            no_parent,
+            remote,
+        } => {
+            let path = format!("/v1/admin/tenants/{}", segment(&name));
+            let mut change = Map::new();
+            let limits = &flags.limits;
+            if limits.sets_limits() || limits.sets_budgets() {
+                let before = remote.get(&http, &path).await?;
+                if limits.sets_limits() {
+                    let merged = limits.limits(before["limits"].as_object().cloned().unwrap_or_default());
+                    change.insert("limits".to_owned(), Value::Object(merged));
+                }
+                if limits.sets_budgets() {
+                    let merged = limits.budgets(before["budgets"].as_array().map_or(&[], Vec::as_slice));
+                    change.insert("budgets".to_owned(), Value::Array(merged));
+                }
+            }
+            if let Some(weight) = flags.weight {
+                change.insert("weight".to_owned(), json!(weight));
+            }
+            if let Some(parent) = &flags.parent {
+                change.insert("parent".to_owned(), json!(parent));
+            }
+            if no_parent {
+                change.insert("parent".to_owned(), Value::Null);
+            }
+            let t = remote
+                .json(&http, Method::PATCH, &path, Some(&Value::Object(change)))
+                .await?;
+            print!("{}", render_tenant(&t));
+            Ok(true)
+        }
+        TenantsCommand::Delete { name, remote } => {
+            let path = format!("/v1/admin/tenants/{}", segment(&name));
+            remote.json(&http, Method::DELETE, &path, None).await?;
+            println!("tenant {name} deleted");
+            Ok(true)
+        }
+    }
+}
+
+pub async fn keys(args: KeysArgs) -> anyhow::Result<bool> {
+    let http = reqwest::Client::new();
+    match args.command {
+        KeysCommand::List { tenant, json, remote } => {
+            let path = format!("/v1/admin/tenants/{}/keys", segment(&tenant));
+            let list = remote.get(&http, &path).await?;
+            let keys = list["data"].as_array().cloned().unwrap_or_default();
+            if json {
+                print_json(&Value::Array(keys))?;
+                return Ok(true);
+            }
+            let mut t = Table::new(&[
+                ("ID", Align::Left),
+                ("NAME", Align::Left),
+                ("APPLICATION", Align::Left),
+                ("PREFIX", Align::Left),
+                ("CREATED", Align::Left),
+                ("LAST USED", Align::Left),
+                ("EXPIRES", Align::Left),
+                ("REVOKED", Align::Left),
+            ]);
+            for k in &keys {
+                t.row(vec![
+                    cell(&k["id"]),
+                    cell(&k["name"]),
+                    cell(&k["application"]),
+                    cell(&k["prefix"]),
+                    when(&k["created_at"]),
+                    when(&k["last_used_at"]),
+                    when(&k["expires_at"]),
+                    when(&k["revoked_at"]),
+                ]);
+            }
+            print!("{}", t.render_or("(no keys)"));
+            Ok(true)
+        }
+        KeysCommand::Create {
+            tenant,
+            name,
+            application,
+            expires_at,
+            limits,
+            json,
+            remote,
+        } => {
+            let path = format!("/v1/admin/tenants/{}/keys", segment(&tenant));
+            let body = json!({
+                "name": name,
+                "application": application,
+                "expires_at": expires_at,
+                "limits": limits.limits(Map::new()),
+                "budgets": limits.budgets(&[]),
+            });
+            let k = remote.json(&http, Method::POST, &path, Some(&body)).await?;
+            if json {
+                print_json(&k)?;
+            } else {
+                print!(
+                    "{}",
+                    fields(&[
+                        ("ID", cell(&k["id"])),
+                        ("TENANT", cell(&k["tenant"])),
+                        ("NAME", cell(&k["name"])),
+                        ("LIMITS", limits_text(&k["limits"])),
+                        ("BUDGETS", budgets_text(&k["budgets"])),
+                        ("EXPIRES", when(&k["expires_at"])),
+                        ("KEY", cell(&k["key"])),
+                    ])
+                );
+                eprintln!("(the key is shown this once: store it now)");
+            }
+            Ok(true)
+        }
+        KeysCommand::Revoke { tenant, id, remote } => {
+            let path = format!("/v1/admin/tenants/{}/keys/{}", segment(&tenant), segment(&id));
+            let k = remote.json(&http, Method::DELETE, &path, None).await?;
+            println!("key {} of {tenant} revoked", cell(&k["id"]));
+            Ok(true)
+        }
+    }
+}

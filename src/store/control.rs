@@ -1,0 +1,442 @@
+//! The control plane's rows: tenants, their API keys, and the version every change bumps.
+//!
+//! Every change runs in a transaction that first takes the control plane's lock
+//! ([`lock_control`]) and ends with [`changed`], which bumps `control_version` and sends
+//! NOTIFY `tollgate_control`: changes are serialized (so no two can close a loop of
+//! parents between them), and every process learns of each as it commits.
+
+use chrono::{DateTime, Utc};
+use sqlx::types::Json;
+use sqlx::{PgConnection, PgExecutor};
+use uuid::Uuid;
+
+use super::Result;
+use crate::tenants::{Budget, Source, TenantLimits, TenantSettings, TenantSpec};
+
+/// Channel on which every change of the control plane is announced (payload: the version).
+pub const CHANNEL_CONTROL: &str = "tollgate_control";
+
+/// The control plane's advisory lock: "tgcp".
+const CONTROL_LOCK: i64 = 0x7467_6370;
+
+/// A tenant row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantRecord {
+    pub spec: TenantSpec,
+    pub source: Source,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// An API key row (never the secret: only its digest is stored, and not read back).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyRecord {
+    pub id: Uuid,
+    pub tenant: String,
+    pub name: String,
+    pub application: Option<String>,
+    pub prefix: String,
+    pub source: Source,
+    pub limits: TenantLimits,
+    pub budgets: Vec<Budget>,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub revoked_at: Option<DateTime<Utc>>,
+    pub last_used_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A key as the directory reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DirectoryKey {
+    pub id: Uuid,
+    pub tenant: String,
+    pub digest: [u8; 32],
+    pub expires_at: Option<DateTime<Utc>>,
+    pub revoked: bool,
+    pub limits: TenantLimits,
+    pub budgets: Vec<Budget>,
+}
+
+/// A key to store.
+#[derive(Debug, Clone)]
+pub struct NewKey<'a> {
+    pub id: Uuid,
+    pub tenant: &'a str,
+    pub name: &'a str,
+    pub application: Option<&'a str>,
+    pub digest: [u8; 32],
+    pub prefix: &'a str,
+    pub limits: &'a TenantLimits,
+    pub budgets: &'a [Budget],
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+struct TenantRow {
+    name: String,
+    weight: i32,
+    parent: Option<String>,
+    limits: Json<TenantLimits>,
+    budgets: Json<Vec<Budget>>,
+    settings: Json<TenantSettings>,
+    source: String,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl From<TenantRow> for TenantRecord {
+    fn from(r: TenantRow) -> Self {
+        TenantRecord {
+            spec: TenantSpec {
+                name: r.name,
+                weight: u32::try_from(r.weight).unwrap_or(1).max(1),
+                parent: r.parent,
+                limits: r.limits.0,
+                budgets: r.budgets.0,
+                settings: r.settings.0,
+            },
+            source: Source::parse(&r.source),
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
+}
+
+/// `sqlx::query_as!` of tenant rows: `$head`, the columns, `$tail`.
+macro_rules! query_tenants {
+    ($head:expr, $tail:expr $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            TenantRow,
+            $head
+                + r#" name, weight, parent, limits AS "limits: Json<TenantLimits>",
+                      budgets AS "budgets: Json<Vec<Budget>>", settings AS "settings: Json<TenantSettings>",
+                      source, created_at, updated_at "#
+                + $tail
+            $(, $arg)*
+        )
+    };
+}
+
+struct KeyRow {
+    id: Uuid,
+    tenant: String,
+    name: String,
+    application: Option<String>,
+    prefix: String,
+    source: String,
+    limits: Json<TenantLimits>,
+    budgets: Json<Vec<Budget>>,
+    expires_at: Option<DateTime<Utc>>,
+    revoked_at: Option<DateTime<Utc>>,
+    last_used_at: Option<DateTime<Utc>>,
+    created_at: DateTime<Utc>,
+}
+
+impl From<KeyRow> for KeyRecord {
+    fn from(r: KeyRow) -> Self {
+        KeyRecord {
+            id: r.id,
+            tenant: r.tenant,
+            name: r.name,
+            application: r.application,
+            prefix: r.prefix,
+            source: Source::parse(&r.source),
+            limits: r.limits.0,
+            budgets: r.budgets.0,
+            expires_at: r.expires_at,
+            revoked_at: r.revoked_at,
+            last_used_at: r.last_used_at,
+            created_at: r.created_at,
+        }
+    }
+}
+
+/// `sqlx::query_as!` of key rows: `$head`, the columns, `$tail`.
+macro_rules! query_keys {
+    ($head:expr, $tail:expr $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            KeyRow,
+            $head
+                + r#" id, tenant, name, application, prefix, source, limits AS "limits: Json<TenantLimits>",
+                      budgets AS "budgets: Json<Vec<Budget>>", expires_at, revoked_at, last_used_at, created_at "#
+                + $tail
+            $(, $arg)*
+        )
+    };
+}
+
+/// Takes the control plane's lock for the rest of the transaction on `conn`.
+pub async fn lock_control(conn: &mut PgConnection) -> Result<()> {
+    sqlx::query!("SELECT pg_advisory_xact_lock($1)", CONTROL_LOCK)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Records a change: bumps the version and announces it (delivered when the transaction
+/// commits). Returns the new version.
+pub async fn changed(conn: &mut PgConnection) -> Result<i64> {
+    Ok(sqlx::query_scalar!(
+        "WITH bumped AS (UPDATE control_version SET version = version + 1 RETURNING version)
+         SELECT version AS \"version!\" FROM bumped, pg_notify('tollgate_control', version::text)"
+    )
+    .fetch_one(&mut *conn)
+    .await?)
+}
+
+/// The control plane's version now.
+pub async fn control_version(ex: impl PgExecutor<'_>) -> Result<i64> {
+    Ok(sqlx::query_scalar!("SELECT version FROM control_version")
+        .fetch_one(ex)
+        .await?)
+}
+
+/// Every tenant, by name.
+pub async fn list_tenants(ex: impl PgExecutor<'_>) -> Result<Vec<TenantRecord>> {
+    let rows = query_tenants!("SELECT", "FROM tenants ORDER BY name")
+        .fetch_all(ex)
+        .await?;
+    Ok(rows.into_iter().map(Into::into).collect())
+}
+
+pub async fn get_tenant(ex: impl PgExecutor<'_>, name: &str) -> Result<Option<TenantRecord>> {
+    let row = query_tenants!("SELECT", "FROM tenants WHERE name = $1", name)
+        .fetch_optional(ex)
+        .await?;
+    Ok(row.map(Into::into))
+}
+
+/// Whether making `parent` the parent of `name` would close a loop (`name` is `parent` or
+/// above it).
+pub async fn would_loop(conn: &mut PgConnection, name: &str, parent: &str) -> Result<bool> {
+    Ok(sqlx::query_scalar!(
+        r#"WITH RECURSIVE up(name, parent) AS (
+               SELECT name, parent FROM tenants WHERE name = $2
+               UNION
+               SELECT t.name, t.parent FROM tenants t JOIN up ON t.name = up.parent
+           )
+           SELECT EXISTS (SELECT 1 FROM up WHERE name = $1) AS "loops!""#,
+        name,
+        parent,
+    )
+    .fetch_one(&mut *conn)
+    .await?)
+}
+
+/// Writes `spec` as tenant `spec.name`: creates it, or (when `replace`) updates it.
+/// Returns the row, or `None` when it exists and `replace` is false.
+pub async fn put_tenant(
+    conn: &mut PgConnection,
+    spec: &TenantSpec,
+    source: Source,
+    replace: bool,
+    now: DateTime<Utc>,
+) -> Result<Option<TenantRecord>> {
+    let weight = i32::try_from(spec.weight).unwrap_or(i32::MAX);
+    let row = query_tenants!(
+        "INSERT INTO tenants AS t (name, weight, parent, limits, budgets, settings, source, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)
+         ON CONFLICT (name) DO UPDATE SET
+             weight = excluded.weight, parent = excluded.parent, limits = excluded.limits,
+             budgets = excluded.budgets, settings = excluded.settings, source = excluded.source,
+             updated_at = excluded.updated_at
+         WHERE $9
+         RETURNING",
+        "",
+        &spec.name,
+        weight,
+        spec.parent.as_deref(),
+        Json(spec.limits) as _,
+        Json(&spec.budgets) as _,
+        Json(spec.settings) as _,
+        source.as_str(),
+        now,
+        replace,
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(row.map(Into::into))
+}
+
+/// Why a tenant cannot be deleted.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Undeletable {
+    /// Tenants name it as their parent.
+    HasChildren(Vec<String>),
+    /// It has jobs not finished.
+    HasWork(i64),
+}
+
+/// Deletes tenant `name` and its keys, unless tenants name it as their parent or it has
+/// jobs that are not finished. `Ok(Ok(false))`: there was no such tenant.
+pub async fn delete_tenant(
+    conn: &mut PgConnection,
+    name: &str,
+) -> Result<std::result::Result<bool, Undeletable>> {
+    let children = sqlx::query_scalar!("SELECT name FROM tenants WHERE parent = $1 ORDER BY name", name)
+        .fetch_all(&mut *conn)
+        .await?;
+    if !children.is_empty() {
+        return Ok(Err(Undeletable::HasChildren(children)));
+    }
+    let unfinished = sqlx::query_scalar!(
+        r#"SELECT count(*) AS "n!" FROM jobs
+           WHERE tenant = $1 AND state IN ('queued', 'admitted', 'running')"#,
+        name
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    if unfinished > 0 {
+        return Ok(Err(Undeletable::HasWork(unfinished)));
+    }
+    let deleted = sqlx::query!("DELETE FROM tenants WHERE name = $1", name)
+        .execute(&mut *conn)
+        .await?;
+    Ok(Ok(deleted.rows_affected() > 0))
+}
+
+/// Stores a new key.
+pub async fn insert_key(
+    conn: &mut PgConnection,
+    key: &NewKey<'_>,
+    source: Source,
+    now: DateTime<Utc>,
+) -> Result<KeyRecord> {
+    let row = query_keys!(
+        "INSERT INTO api_keys (id, tenant, name, application, key_sha256, prefix, source, expires_at, created_at,
+                               limits, budgets)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+         RETURNING",
+        "",
+        key.id,
+        key.tenant,
+        key.name,
+        key.application,
+        &key.digest[..],
+        key.prefix,
+        source.as_str(),
+        key.expires_at,
+        now,
+        Json(key.limits) as _,
+        Json(key.budgets) as _,
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(row.into())
+}
+
+/// The tenant of the key with this digest, revoked or not (a digest is never reused).
+pub async fn key_owner(conn: &mut PgConnection, digest: &[u8; 32]) -> Result<Option<String>> {
+    Ok(
+        sqlx::query_scalar!("SELECT tenant FROM api_keys WHERE key_sha256 = $1", &digest[..])
+            .fetch_optional(&mut *conn)
+            .await?,
+    )
+}
+
+/// Makes `digest` the key the config file gives `tenant`: its file key (named `config`)
+/// is created, or given the new digest when the file's key changed. Returns whether
+/// anything changed.
+pub async fn put_file_key(
+    conn: &mut PgConnection,
+    tenant: &str,
+    digest: &[u8; 32],
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let updated = sqlx::query!(
+        "UPDATE api_keys SET key_sha256 = $2, revoked_at = NULL
+         WHERE tenant = $1 AND source = 'file' AND (key_sha256 <> $2 OR revoked_at IS NOT NULL)",
+        tenant,
+        &digest[..],
+    )
+    .execute(&mut *conn)
+    .await?;
+    if updated.rows_affected() > 0 {
+        return Ok(true);
+    }
+    let inserted = sqlx::query!(
+        "INSERT INTO api_keys (id, tenant, name, key_sha256, prefix, source, created_at)
+         SELECT $1, $2, 'config', $3, 'config', 'file', $4
+         WHERE NOT EXISTS (SELECT 1 FROM api_keys WHERE tenant = $2 AND source = 'file')",
+        Uuid::now_v7(),
+        tenant,
+        &digest[..],
+        now,
+    )
+    .execute(&mut *conn)
+    .await?;
+    Ok(inserted.rows_affected() > 0)
+}
+
+/// A tenant's keys, newest first (revoked ones too).
+pub async fn list_keys(ex: impl PgExecutor<'_>, tenant: &str) -> Result<Vec<KeyRecord>> {
+    let rows = query_keys!(
+        "SELECT",
+        "FROM api_keys WHERE tenant = $1 ORDER BY created_at DESC, id DESC",
+        tenant
+    )
+    .fetch_all(ex)
+    .await?;
+    Ok(rows.into_iter().map(Into::into).collect())
+}
+
+/// Revokes `tenant`'s key `id` at `now` (a key revoked before keeps its time). Returns
+/// the key, or `None` when the tenant has no such key.
+pub async fn revoke_key(
+    conn: &mut PgConnection,
+    tenant: &str,
+    id: Uuid,
+    now: DateTime<Utc>,
+) -> Result<Option<KeyRecord>> {
+    let row = query_keys!(
+        "UPDATE api_keys SET revoked_at = coalesce(revoked_at, $3) WHERE tenant = $1 AND id = $2 RETURNING",
+        "",
+        tenant,
+        id,
+        now,
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(row.map(Into::into))
+}
+
+/// Every key, for the directory (which accepts those not revoked, and keeps every key's
+/// limits for the jobs it submitted).
+pub async fn directory_keys(ex: impl PgExecutor<'_>) -> Result<Vec<DirectoryKey>> {
+    let rows = sqlx::query!(
+        r#"SELECT id, tenant, key_sha256, expires_at, revoked_at IS NOT NULL AS "revoked!",
+                  limits AS "limits: Json<TenantLimits>", budgets AS "budgets: Json<Vec<Budget>>"
+           FROM api_keys"#
+    )
+    .fetch_all(ex)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|r| {
+            Some(DirectoryKey {
+                id: r.id,
+                tenant: r.tenant,
+                digest: r.key_sha256.try_into().ok()?,
+                expires_at: r.expires_at,
+                revoked: r.revoked,
+                limits: r.limits.0,
+                budgets: r.budgets.0,
+            })
+        })
+        .collect())
+}
+
+/// Records when keys were last used (a key's time only moves forward).
+pub async fn touch_keys(ex: impl PgExecutor<'_>, ids: &[Uuid], at: &[DateTime<Utc>]) -> Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    sqlx::query!(
+        "UPDATE api_keys k SET last_used_at = greatest(k.last_used_at, t.at)
+         FROM unnest($1::uuid[], $2::timestamptz[]) AS t(id, at) WHERE k.id = t.id",
+        ids,
+        at,
+    )
+    .execute(ex)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,727 @@
+//! The control plane at runtime: tenants and keys created, used and revoked through
+//! different processes within a second; the admin API's refusals; a parent's budget held
+//! across two processes; secrets never stored; `SIGHUP` reloading the file.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sha2::Digest;
+use tollgate_api::broker::Roles;
+
+use crate::harness::{ACME, TestApp, TestOptions, eventually, job};
+
+const ADMIN: &str = "tk-admin-control";
+
+fn admin_options() -> TestOptions {
+    TestOptions {
+        server_config: format!("admin_key = \"{ADMIN}\""),
+        ..TestOptions::default()
+    }
+}
+
+async fn call(
+    http: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    key: &str,
+    body: Option<&Value>,
+) -> (u16, Value) {
+    let mut request = http.request(method, url).bearer_auth(key);
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    let r = request.send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Polls `check` every 10 ms until it holds; returns how long that took, failing past
+/// one second (the control plane's promise).
+async fn within_a_second<F, Fut>(what: &str, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if check().await {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "{what} took longer than a second"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until `secret` gets `status` from `GET /v1/jobs` on every one of `apis`, each
+/// within a second.
+async fn everywhere_within_a_second(
+    http: &reqwest::Client,
+    apis: &[&str],
+    secret: &str,
+    status: u16,
+    what: &str,
+) {
+    for api in apis {
+        within_a_second(what, || async {
+            call(
+                http,
+                reqwest::Method::GET,
+                &format!("{api}/v1/jobs"),
+                secret,
+                None,
+            )
+            .await
+            .0 == status
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn a_tenant_and_key_made_on_one_process_work_on_another_and_a_revoked_key_is_refused_everywhere() {
+    let app = TestApp::spawn_with(TestOptions {
+        peers: 2,
+        ..admin_options()
+    })
+    .await;
+    let b = app.spawn_peer(Roles::ALL).await;
+    let c = app.spawn_peer(Roles::API_ONLY).await;
+    let (api_a, api_b, api_c) = (
+        app.api.clone(),
+        format!("http://{}", b.addr.unwrap()),
+        format!("http://{}", c.addr.unwrap()),
+    );
+    let http = &app.http;
+    use reqwest::Method;
+
+    let tenant = json!({
+        "name": "newco",
+        "weight": 2,
+        "limits": {"rpm": 600, "concurrency": 4},
+        "budgets": [{"window": "month", "usd": 5}],
+    });
+    let (status, created) = call(
+        http,
+        Method::POST,
+        &format!("{api_a}/v1/admin/tenants"),
+        ADMIN,
+        Some(&tenant),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(
+        (&created["name"], &created["weight"], &created["source"]),
+        (&json!("newco"), &json!(2), &json!("api"))
+    );
+    let (status, key) = call(
+        http,
+        Method::POST,
+        &format!("{api_a}/v1/admin/tenants/newco/keys"),
+        ADMIN,
+        Some(&json!({"name": "ci", "application": "nightly"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{key}");
+    let secret = key["key"].as_str().unwrap().to_owned();
+    let key_id = key["id"].as_str().unwrap().to_owned();
+
+    // The key works on the other processes within a second of its creation.
+    everywhere_within_a_second(http, &[&api_b, &api_c], &secret, 200, "the new key accepted").await;
+    let (status, accepted) = call(
+        http,
+        Method::POST,
+        &format!("{api_b}/v1/jobs"),
+        &secret,
+        Some(&job("fast", "hello")),
+    )
+    .await;
+    assert_eq!(status, 202, "{accepted}");
+    let done =
+        crate::harness::wait_finished_at(http, &api_b, &secret, accepted["id"].as_str().unwrap(), 30).await;
+    assert_eq!(
+        (&done["state"], &done["tenant"]),
+        (&json!("succeeded"), &json!("newco")),
+        "{done}"
+    );
+    // The tenant's limits are buckets on its jobs' path, and it sees them.
+    let (_, limits) = call(http, Method::GET, &format!("{api_c}/v1/limits"), &secret, None).await;
+    let keys: Vec<&str> = limits["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["bucket"].as_str())
+        .collect();
+    for bucket in [
+        "tenant:newco:rpm",
+        "tenant:newco:concurrency",
+        "tenant:newco:monthly_spend",
+    ] {
+        assert!(keys.contains(&bucket), "{bucket} in {keys:?}");
+    }
+    assert!(!keys.iter().any(|k| k.starts_with("tenant:acme:")), "{keys:?}");
+
+    // Its use is recorded, without a write per request.
+    let keys_url = format!("{api_a}/v1/admin/tenants/newco/keys");
+    let listed = eventually(15, "the key's last use recorded", || async {
+        let (_, list) = call(http, Method::GET, &keys_url, ADMIN, None).await;
+        list["data"]
+            .as_array()?
+            .first()
+            .filter(|k| !k["last_used_at"].is_null())
+            .cloned()
+    })
+    .await;
+    assert_eq!(
+        (&listed["id"], &listed["application"]),
+        (&json!(key_id), &json!("nightly"))
+    );
+    assert!(
+        listed.get("key").is_none(),
+        "a listing never shows the secret: {listed}"
+    );
+
+    // The database holds the key's digest, never the key.
+    let rows: Vec<String> = sqlx::query_scalar("SELECT row_to_json(k)::text FROM api_keys k")
+        .fetch_all(&app.db.pool)
+        .await
+        .unwrap();
+    assert!(
+        rows.iter().all(|r| !r.contains(&secret[3..])),
+        "a stored key in clear: {rows:?}"
+    );
+    let digest: Vec<u8> = sqlx::query_scalar("SELECT key_sha256 FROM api_keys WHERE id = $1::uuid")
+        .bind(&key_id)
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(digest, sha2::Sha256::digest(secret.as_bytes()).to_vec());
+
+    // Revoked through the third process: refused by every process within a second.
+    let (status, revoked) = call(
+        http,
+        Method::DELETE,
+        &format!("{api_c}/v1/admin/tenants/newco/keys/{key_id}"),
+        ADMIN,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{revoked}");
+    assert!(!revoked["revoked_at"].is_null(), "{revoked}");
+    everywhere_within_a_second(
+        http,
+        &[&api_a, &api_b, &api_c],
+        &secret,
+        401,
+        "the revoked key refused",
+    )
+    .await;
+    // A tenant's weight changed on one process is the gate's on another.
+    let (status, changed) = call(
+        http,
+        Method::PATCH,
+        &format!("{api_b}/v1/admin/tenants/newco"),
+        ADMIN,
+        Some(&json!({"weight": 5, "limits": {"rpm": 60}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{changed}");
+    assert_eq!(
+        (
+            &changed["weight"],
+            &changed["limits"],
+            &changed["budgets"][0]["window"]
+        ),
+        (&json!(5), &json!({"rpm": 60}), &json!("month"))
+    );
+    let rpm: f64 = eventually(5, "the new rpm synced to its bucket", || async {
+        let capacity: Option<f64> =
+            sqlx::query_scalar("SELECT capacity FROM buckets WHERE key = 'tenant:newco:rpm'")
+                .fetch_optional(&app.db.pool)
+                .await
+                .unwrap();
+        capacity.filter(|c| *c == 60.0)
+    })
+    .await;
+    assert_eq!(rpm, 60.0);
+    c.shutdown().await;
+    b.shutdown().await;
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_admin_api_names_what_it_refuses() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        ..admin_options()
+    })
+    .await;
+    let http = &app.http;
+    use reqwest::Method;
+    let url = |path: &str| app.url(path);
+    let post = |path: &str, body: Value| {
+        let url = url(path);
+        async move { call(http, Method::POST, &url, ADMIN, Some(&body)).await }
+    };
+
+    let (status, e) = call(http, Method::GET, &url("/v1/admin/tenants"), ACME, None).await;
+    assert_eq!((status, &e["error"]["code"]), (403, &json!("admin_only")));
+    let (status, _) = call(http, Method::GET, &url("/v1/admin/tenants"), "tk-nobody", None).await;
+    assert_eq!(status, 401);
+    let (status, list) = call(http, Method::GET, &url("/v1/admin/tenants"), ADMIN, None).await;
+    assert_eq!(status, 200);
+    let names: Vec<&str> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(names, ["acme", "globex"], "the file's tenants are seeded");
+    assert_eq!(list["data"][0]["source"], "file");
+
+    for (body, param) in [
+        (json!({"name": "a:b"}), "name"),
+        (json!({"name": "ok", "weight": 0}), "weight"),
+        (json!({"name": "ok", "limits": {"rpm": 0}}), "limits.rpm"),
+        (
+            json!({"name": "ok", "budgets": [{"window": "day", "usd": -1}]}),
+            "budgets[0].usd",
+        ),
+        (json!({"name": "ok", "parent": "nobody"}), "parent"),
+    ] {
+        let (status, e) = post("/v1/admin/tenants", body.clone()).await;
+        assert_eq!(
+            (status, &e["error"]["param"]),
+            (400, &json!(param)),
+            "{body}: {e}"
+        );
+    }
+    let (status, e) = post(
+        "/v1/admin/tenants",
+        json!({"name": "ok", "budgets": [{"window": "year", "usd": 1}]}),
+    )
+    .await;
+    assert_eq!(
+        (status, &e["error"]["code"]),
+        (400, &json!("invalid_request")),
+        "{e}"
+    );
+    let (status, e) = post("/v1/admin/tenants", json!({"name": "acme"})).await;
+    assert_eq!(
+        (status, &e["error"]["code"]),
+        (409, &json!("already_exists")),
+        "{e}"
+    );
+
+    // Parents: a loop is refused; a parent with children cannot go.
+    assert_eq!(post("/v1/admin/tenants", json!({"name": "unit"})).await.0, 201);
+    assert_eq!(
+        post("/v1/admin/tenants", json!({"name": "team", "parent": "unit"}))
+            .await
+            .0,
+        201
+    );
+    let (status, e) = call(
+        http,
+        Method::PATCH,
+        &url("/v1/admin/tenants/unit"),
+        ADMIN,
+        Some(&json!({"parent": "team"})),
+    )
+    .await;
+    assert_eq!((status, &e["error"]["param"]), (400, &json!("parent")), "{e}");
+    let (status, e) = call(http, Method::DELETE, &url("/v1/admin/tenants/unit"), ADMIN, None).await;
+    assert_eq!(
+        (status, &e["error"]["code"]),
+        (409, &json!("tenant_in_use")),
+        "{e}"
+    );
+
+    // A tenant with work not finished cannot go; one without can, and its keys with it.
+    let (_, key) = post("/v1/admin/tenants/team/keys", json!({})).await;
+    let secret = key["key"].as_str().unwrap().to_owned();
+    let (status, queued) = eventually(5, "the key accepted", || async {
+        let (status, body) = app.submit(&secret, &job("fast", "waits")).await;
+        (status == 202).then_some((status, body))
+    })
+    .await;
+    assert_eq!(status, 202);
+    let (status, e) = call(http, Method::DELETE, &url("/v1/admin/tenants/team"), ADMIN, None).await;
+    assert_eq!(
+        (status, &e["error"]["code"]),
+        (409, &json!("tenant_in_use")),
+        "{e}"
+    );
+    let (status, cancelled) = app
+        .post(
+            &secret,
+            &format!("/v1/jobs/{}/cancel", queued["id"].as_str().unwrap()),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{cancelled}");
+    let (status, e) = call(http, Method::DELETE, &url("/v1/admin/tenants/team"), ADMIN, None).await;
+    assert_eq!(status, 200, "{e}");
+    eventually(5, "the deleted tenant's key refused", || async {
+        (app.get(&secret, "/v1/jobs").await.0 == 401).then_some(())
+    })
+    .await;
+    let (status, _) = call(http, Method::GET, &url("/v1/admin/tenants/team"), ADMIN, None).await;
+    assert_eq!(status, 404);
+    let (status, _) = call(
+        http,
+        Method::DELETE,
+        &url("/v1/admin/tenants/acme/keys/not-a-uuid"),
+        ADMIN,
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, e) = post("/v1/admin/tenants/unit/keys", json!({"expires_at": "yesterday"})).await;
+    assert_eq!(
+        (status, &e["error"]["code"]),
+        (400, &json!("invalid_request")),
+        "{e}"
+    );
+
+    // An expired key is refused.
+    let past = (chrono::Utc::now() - chrono::Duration::seconds(1)).to_rfc3339();
+    let (_, expired) = post("/v1/admin/tenants/unit/keys", json!({"expires_at": past})).await;
+    let (_, live) = post("/v1/admin/tenants/unit/keys", json!({})).await;
+    eventually(5, "the live key accepted", || async {
+        (app.get(live["key"].as_str().unwrap(), "/v1/jobs").await.0 == 200).then_some(())
+    })
+    .await;
+    assert_eq!(app.get(expired["key"].as_str().unwrap(), "/v1/jobs").await.0, 401);
+    app.shutdown().await;
+}
+
+/// USD per million tokens (input and output) of gpt-4o-mini in the budget test: a token
+/// costs a thousandth of a dollar.
+const PRICE_PER_MTOK: f64 = 1000.0;
+
+#[tokio::test]
+async fn a_key_s_budget_and_its_tenant_s_parent_s_hold_across_processes() {
+    let app = TestApp::spawn_with(TestOptions {
+        peers: 1,
+        extra_config: format!(
+            "[providers.prices.\"gpt-4o-mini\"]\ninput_per_mtok = {PRICE_PER_MTOK}\noutput_per_mtok = {PRICE_PER_MTOK}\n"
+        ),
+        ..admin_options()
+    })
+    .await;
+    let b = app.spawn_peer(Roles::ALL).await;
+    let apis = [app.api.clone(), format!("http://{}", b.addr.unwrap())];
+    let http = &app.http;
+    use reqwest::Method;
+    let (parent_usd, key_usd) = (0.5, 0.2);
+    let admin = |path: &str, body: Value| {
+        let url = app.url(path);
+        async move { call(http, Method::POST, &url, ADMIN, Some(&body)).await }
+    };
+    let (status, e) = admin(
+        "/v1/admin/tenants",
+        json!({"name": "unit", "budgets": [{"window": "month", "usd": parent_usd}]}),
+    )
+    .await;
+    assert_eq!(status, 201, "{e}");
+    for team in ["team-a", "team-b"] {
+        assert_eq!(
+            admin("/v1/admin/tenants", json!({"name": team, "parent": "unit"}))
+                .await
+                .0,
+            201
+        );
+    }
+    // team-a's key has a monthly budget of its own; team-b's has none.
+    let (status, capped) = admin(
+        "/v1/admin/tenants/team-a/keys",
+        json!({"name": "capped", "budgets": [{"window": "month", "usd": key_usd}]}),
+    )
+    .await;
+    assert_eq!(status, 201, "{capped}");
+    assert_eq!(capped["budgets"], json!([{"window": "month", "usd": key_usd}]));
+    let (_, open) = admin("/v1/admin/tenants/team-b/keys", json!({})).await;
+    let secrets = [
+        capped["key"].as_str().unwrap().to_owned(),
+        open["key"].as_str().unwrap().to_owned(),
+    ];
+    for secret in &secrets {
+        everywhere_within_a_second(http, &[&apis[0], &apis[1]], secret, 200, "the key accepted").await;
+    }
+    let (_, limits) = call(
+        http,
+        Method::GET,
+        &format!("{}/v1/limits", apis[1]),
+        &secrets[0],
+        None,
+    )
+    .await;
+    let buckets: Vec<&str> = limits["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["bucket"].as_str())
+        .collect();
+    let key_bucket = format!("apikey:{}:monthly_spend", capped["id"].as_str().unwrap());
+    assert!(buckets.contains(&key_bucket.as_str()), "{buckets:?}");
+    assert!(
+        buckets.contains(&"tenant:unit:monthly_spend"),
+        "a parent's budget applies: {buckets:?}"
+    );
+
+    // Each job reserves about 42 tokens ($0.042): each key asks for $0.84 through both
+    // processes, against the capped key's $0.20 and the parent's $0.50.
+    let deadline = (chrono::Utc::now() + chrono::Duration::seconds(20)).to_rfc3339();
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        for (k, secret) in secrets.iter().enumerate() {
+            let mut body = job("oai/gpt-4o-mini", &format!("job {i}"));
+            body["deadline"] = json!(deadline);
+            let api = &apis[(i + k) % 2];
+            let (status, accepted) =
+                call(http, Method::POST, &format!("{api}/v1/jobs"), secret, Some(&body)).await;
+            assert_eq!(status, 202, "{accepted}");
+            ids.push((k, secret.clone(), accepted["id"].as_str().unwrap().to_owned()));
+        }
+    }
+    let mut charged = [Vec::new(), Vec::new()];
+    for (k, secret, id) in &ids {
+        let done = crate::harness::wait_finished_at(http, &apis[0], secret, id, 60).await;
+        match done["state"].as_str() {
+            Some("succeeded") => charged[*k].push(done["cost"]["charged_usd"].as_f64().unwrap()),
+            _ => assert_eq!(done["error"]["code"], "deadline_unmeetable", "{done}"),
+        }
+        assert_eq!(
+            done["api_key"],
+            json!(if *k == 0 { &capped["id"] } else { &open["id"] })
+        );
+    }
+    let spent = |c: &[f64]| c.iter().sum::<f64>();
+    let largest = charged.iter().flatten().copied().fold(0.0, f64::max);
+    let (by_capped, total) = (spent(&charged[0]), spent(&charged[0]) + spent(&charged[1]));
+    assert!(
+        by_capped <= key_usd + largest + 1e-9,
+        "the capped key spent ${by_capped} against its ${key_usd} (largest job ${largest})"
+    );
+    assert!(
+        total <= parent_usd + largest + 1e-9,
+        "the children spent ${total} against their parent's ${parent_usd} (largest job ${largest})"
+    );
+    assert!(
+        by_capped > key_usd / 2.0,
+        "the key's budget was used (${by_capped})"
+    );
+    assert!(
+        total > parent_usd / 2.0,
+        "the parent's budget was used (${total})"
+    );
+    assert!(
+        charged[0].len() < 20 && charged[0].len() + charged[1].len() < 40,
+        "budgets stopped jobs"
+    );
+
+    // Usage by key and application sums the jobs' costs.
+    let (status, usage) = call(
+        http,
+        Method::GET,
+        &app.url("/v1/usage?group_by=tenant,key"),
+        ADMIN,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{usage}");
+    let row = |key: &Value| {
+        usage["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["key"] == *key)
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    let capped_row = row(&capped["id"]);
+    assert_eq!(capped_row["tenant"], "team-a", "{usage}");
+    assert!(
+        (capped_row["usd"].as_f64().unwrap() - by_capped).abs() < 1e-9,
+        "{capped_row} vs {by_capped}"
+    );
+    b.shutdown().await;
+    app.shutdown().await;
+}
+
+/// `text` with one more tenant, `name`, whose key is `key`.
+fn with_tenant(text: &str, name: &str, key: &str) -> String {
+    text.replacen(
+        "[[tenants]]",
+        &format!("[[tenants]]\nname = \"{name}\"\napi_key = \"{key}\"\n\n[[tenants]]"),
+        1,
+    )
+}
+
+/// Replaces the file at `path` at once (a reader sees the old text or the new).
+fn write_atomically(path: &std::path::Path, text: &str) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, text).unwrap();
+    std::fs::rename(&next, path).unwrap();
+}
+
+#[tokio::test]
+async fn sighup_applies_the_file_s_tenants_without_stopping_calls_in_flight() {
+    use nix::sys::signal::Signal;
+    use tollgate_mock::MockProvider;
+
+    use crate::durability::{Serve, free_port};
+    use crate::harness::{config_text, fresh_db_with, mock_config, serve_connections};
+
+    let db = fresh_db_with(serve_connections()).await;
+    let mut mock = mock_config();
+    mock.latency_ms = 1500;
+    let local_mock = MockProvider::new(mock).start_local().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tollgate.toml");
+    let text = config_text(local_mock.addr, "");
+    write_atomically(&path, &text);
+    let port = free_port();
+    let api = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let jobs_answer = |key: &'static str| {
+        let (http, url) = (http.clone(), format!("{api}/v1/jobs"));
+        async move { call(&http, reqwest::Method::GET, &url, key, None).await.0 }
+    };
+    let mut serve = Serve::start(&path, &db.url, port);
+    serve.wait_ready(&api).await;
+
+    let (status, accepted) = call(
+        &http,
+        reqwest::Method::POST,
+        &format!("{api}/v1/jobs"),
+        ACME,
+        Some(&job("fast", "slow")),
+    )
+    .await;
+    assert_eq!(status, 202, "{accepted}");
+    let id = accepted["id"].as_str().unwrap().to_owned();
+    eventually(10, "the call in flight", || async {
+        let (_, j) = call(
+            &http,
+            reqwest::Method::GET,
+            &format!("{api}/v1/jobs/{id}"),
+            ACME,
+            None,
+        )
+        .await;
+        (j["state"] == "running").then_some(())
+    })
+    .await;
+    // A tenant added to the file takes effect on SIGHUP.
+    write_atomically(&path, &with_tenant(&text, "late", "tk-late-tenant"));
+    assert_eq!(jobs_answer("tk-late-tenant").await, 401);
+    serve.signal(Signal::SIGHUP);
+    eventually(10, "the file's new tenant accepted", || async {
+        (jobs_answer("tk-late-tenant").await == 200).then_some(())
+    })
+    .await;
+    let done = crate::harness::wait_finished_at(&http, &api, ACME, &id, 30).await;
+    assert_eq!(done["state"], "succeeded", "the call in flight went on: {done}");
+    assert!(
+        serve.child.try_wait().unwrap().is_none(),
+        "SIGHUP does not stop the server"
+    );
+
+    // A file that does not load changes nothing, and the server goes on: the next good
+    // file (signals are handled in order) is applied after it.
+    write_atomically(&path, "not toml [");
+    serve.signal(Signal::SIGHUP);
+    write_atomically(&path, &with_tenant(&text, "later", "tk-later-tenant"));
+    serve.signal(Signal::SIGHUP);
+    eventually(10, "the next good file applied", || async {
+        (jobs_answer("tk-later-tenant").await == 200).then_some(())
+    })
+    .await;
+    assert!(
+        serve.child.try_wait().unwrap().is_none(),
+        "a bad file does not stop the server"
+    );
+    assert_eq!(
+        jobs_answer("tk-late-tenant").await,
+        200,
+        "a tenant the file no longer names stays"
+    );
+    serve.signal(Signal::SIGTERM);
+    assert!(serve.child.wait().unwrap().success());
+    local_mock.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_cli_creates_tenants_and_keys_and_revokes_them() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        ..admin_options()
+    })
+    .await;
+    let tollgate = |args: &'static [&'static str]| crate::cli::tollgate(&app, ADMIN, args);
+    let (code, out, err) = tollgate(&[
+        "tenants",
+        "create",
+        "newco",
+        "--weight",
+        "2",
+        "--rpm",
+        "60",
+        "--monthly-usd",
+        "25",
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("rpm 60") && out.contains("$25.00/month"), "{out}");
+    let (code, out, err) = tollgate(&["tenants", "update", "newco", "--daily-usd", "1.5"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("$25.00/month") && out.contains("$1.50/day"),
+        "budgets not named stay: {out}"
+    );
+    let (code, out, _) = tollgate(&["tenants", "list"]).await;
+    assert_eq!(code, 0);
+    for name in ["acme", "globex", "newco"] {
+        assert!(out.lines().any(|l| l.starts_with(name)), "{name} in\n{out}");
+    }
+    let (code, out, err) = tollgate(&[
+        "keys",
+        "create",
+        "newco",
+        "--name",
+        "ci",
+        "--monthly-usd",
+        "5",
+        "--json",
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    let key: Value = serde_json::from_str(&out).unwrap();
+    let (secret, id) = (
+        key["key"].as_str().unwrap().to_owned(),
+        key["id"].as_str().unwrap().to_owned(),
+    );
+    assert_eq!(key["budgets"], json!([{"window": "month", "usd": 5.0}]));
+    eventually(5, "the new key accepted", || async {
+        (app.get(&secret, "/v1/jobs").await.0 == 200).then_some(())
+    })
+    .await;
+    let (code, out, _) = crate::cli::tollgate(&app, ADMIN, &["keys", "list", "newco"]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains(&id) && !out.contains(&secret), "{out}");
+    let (code, out, err) = crate::cli::tollgate(&app, ADMIN, &["keys", "revoke", "newco", &id]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    eventually(5, "the revoked key refused", || async {
+        (app.get(&secret, "/v1/jobs").await.0 == 401).then_some(())
+    })
+    .await;
+    // A tenant key is not the admin's: one message, exit 1.
+    let (code, _, err) = crate::cli::tollgate(&app, ACME, &["tenants", "list"]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("admin_only"), "{err}");
+    app.shutdown().await;
+}
