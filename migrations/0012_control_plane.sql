@@ -55,3 +55,21 @@ CREATE TABLE control_version (
     version  bigint NOT NULL
 );
 INSERT INTO control_version (version) VALUES (0);
+
+-- Provider keys added at runtime (sealed with the server's secret key, never in clear), and
+-- keys of the config file disabled at runtime (a row without a value).
+CREATE TABLE provider_keys (
+    provider     text NOT NULL,
+    name         text NOT NULL,
+    -- `sealed:v1:<key id>:<base64>`; NULL for a key of the config file.
+    sealed_value text,
+    weight       integer NOT NULL DEFAULT 1 CHECK (weight >= 1),
+    -- The models it may serve; NULL: every model of its provider.
+    models       text[],
+    -- Its own limits (rpm, tpm, itpm, otpm, rpd, concurrency), across models.
+    limits       jsonb,
+    disabled_at  timestamptz,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    updated_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (provider, name)
+);

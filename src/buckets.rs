@@ -106,6 +106,11 @@ fn batch_queue_spec(provider: &str, model: &str, tokens: u64) -> BucketSpec {
     )
 }
 
+/// The buckets of provider key `name` of `provider`: its own limits, across models.
+pub fn key_specs(provider: &str, name: &str, limits: &ModelLimits) -> Vec<BucketSpec> {
+    target_specs(&key_scope(provider, name), limits)
+}
+
 /// Buckets of the provider's side (its model limits, its keys' limits): they keep
 /// headroom for requests in transit and the interactive reserve.
 pub fn is_provider_side(key: &str) -> bool {
@@ -283,12 +288,14 @@ pub fn holders_path(holders: &[Holder]) -> Vec<(String, Dimension)> {
 
 /// The keys of the buckets a job sent to `target` must fit: the route's (when the job
 /// asked for a route alias, `requested`), its `holders`' (its key, its tenant, the
-/// tenants above), the target model's and the chosen provider key's.
+/// tenants above), the target model's and the chosen provider key's (`key_limits`, the
+/// file's or those it was added with: [`crate::keyring::Keyring::limits`]).
 pub fn path(
     config: &Config,
     holders: &[Holder],
     requested: &str,
     target: &Target,
+    key_limits: Option<&ModelLimits>,
 ) -> Vec<(String, Dimension)> {
     let target_scope = target_scope(&target.provider, &target.model);
     let mut keys = Vec::new();
@@ -309,12 +316,8 @@ pub fn path(
                 keys.push((s.key, s.dimension));
             }
         }
-        let key = target
-            .key
-            .as_ref()
-            .and_then(|name| p.keys.iter().find(|k| &k.name == name));
-        if let Some((key, limits)) = key.and_then(|k| Some((k, k.limits.as_ref()?))) {
-            for s in target_specs(&key_scope(&p.name, &key.name), limits) {
+        if let Some((name, limits)) = target.key.as_deref().zip(key_limits) {
+            for s in key_specs(&p.name, name, limits) {
                 keys.push((s.key, s.dimension));
             }
         }

@@ -10,6 +10,10 @@
 //!   case one was missed, checks the version every second — so a revoked key is refused
 //!   everywhere within a second. It also writes the keys' `last_used_at`, gathered in
 //!   memory, every few seconds: a request never waits for that write.
+//! - Provider keys ([`add_provider_key`], [`change_provider_key`],
+//!   [`remove_provider_key`]): added at runtime (sealed with the server's secret key,
+//!   `webhook_secrets`), rotated, disabled and enabled (the file's too); each process's
+//!   [`Keyring`] is swapped with its directory.
 //! - The config file seeds the control plane ([`apply_seed`]) at start and on `SIGHUP`:
 //!   it creates and updates the tenants it names (and their keys), and never deletes
 //!   what the admin API created.
@@ -24,13 +28,16 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::buckets;
-use crate::config::Config;
+use crate::config::{Config, ModelLimits, ProviderConfig};
+use crate::keyring::{Keyring, KeyringEntry};
 use crate::notify::Notifications;
+use crate::store::ProviderKeyRecord;
 use crate::store::{self, KeyRecord, NewKey, StoreError, TenantRecord, Undeletable};
 use crate::tenants::{
     self, Budget, Caller, KeyEntry, KeyLimits, Seed, Source, Tenant, TenantDirectory, TenantLimits,
     TenantSpec,
 };
+use crate::webhook_secrets::provider_key_context;
 
 /// How often the version is checked in case a notification was missed.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
@@ -58,6 +65,12 @@ pub enum ControlError {
     NoSuchKey(Uuid),
     #[error("the config file's key of tenant {0:?} is another tenant's key")]
     KeyTaken(String),
+    #[error("provider {0:?} has a key {1:?} already")]
+    ProviderKeyExists(String, String),
+    #[error("provider {0:?} has no key {1:?}")]
+    NoSuchProviderKey(String, String),
+    #[error("provider keys are sealed with the server's secret key, which is not available: {0}")]
+    Sealing(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -68,10 +81,17 @@ impl From<sqlx::Error> for ControlError {
     }
 }
 
+/// What a process holds of the control plane at one version.
+#[derive(Clone, Default)]
+struct Snapshot {
+    tenants: Arc<TenantDirectory>,
+    keyring: Arc<Keyring>,
+}
+
 /// One process's view of the control plane. Cheap to clone.
 #[derive(Clone)]
 pub struct Directory {
-    current: Arc<RwLock<Arc<TenantDirectory>>>,
+    current: Arc<RwLock<Snapshot>>,
     /// Keys used since their last write, and when.
     used: Arc<Mutex<HashMap<Uuid, DateTime<Utc>>>>,
     config: Arc<Config>,
@@ -80,9 +100,9 @@ pub struct Directory {
 impl Directory {
     /// The directory as the database holds it now.
     pub async fn load(pool: &PgPool, config: Arc<Config>) -> Result<Self, ControlError> {
-        let directory = read(pool, &config).await?;
+        let snapshot = read(pool, &config).await?;
         Ok(Self {
-            current: Arc::new(RwLock::new(Arc::new(directory))),
+            current: Arc::new(RwLock::new(snapshot)),
             used: Arc::default(),
             config,
         })
@@ -91,19 +111,32 @@ impl Directory {
     /// A directory of the config's tenants alone, never reloaded (tests and tools that run
     /// without the control plane's rows).
     pub fn fixed(directory: TenantDirectory, config: Arc<Config>) -> Self {
+        let snapshot = Snapshot {
+            tenants: Arc::new(directory),
+            keyring: Arc::default(),
+        };
         Self {
-            current: Arc::new(RwLock::new(Arc::new(directory))),
+            current: Arc::new(RwLock::new(snapshot)),
             used: Arc::default(),
             config,
         }
     }
 
-    /// The directory now. Holding it does not hold back a reload.
-    pub fn current(&self) -> Arc<TenantDirectory> {
+    fn snapshot(&self) -> Snapshot {
         self.current
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
+    }
+
+    /// The tenants and keys now. Holding them does not hold back a reload.
+    pub fn current(&self) -> Arc<TenantDirectory> {
+        self.snapshot().tenants
+    }
+
+    /// The provider keys now.
+    pub fn keyring(&self) -> Arc<Keyring> {
+        self.snapshot().keyring
     }
 
     /// `presented_key`'s tenant at `now` (and notes the key's use).
@@ -130,8 +163,8 @@ impl Directory {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         // Two refreshes may race: the newer read stays.
-        if fresh.version > current.version {
-            *current = Arc::new(fresh);
+        if fresh.tenants.version > current.tenants.version {
+            *current = fresh;
         }
         Ok(())
     }
@@ -178,16 +211,13 @@ impl Directory {
     }
 }
 
-/// The tenants and live keys the database holds, at its version.
-async fn read(pool: &PgPool, config: &Config) -> Result<TenantDirectory, ControlError> {
-    let mut tx = pool.begin().await?;
-    // One snapshot: the version read with the rows it counts.
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        .execute(&mut *tx)
-        .await?;
+/// The tenants, their keys and the provider keys the database holds, at its version.
+async fn read(pool: &PgPool, config: &Config) -> Result<Snapshot, ControlError> {
+    let mut tx = store::begin_snapshot(pool).await?;
     let version = store::control_version(&mut *tx).await?;
     let tenants = store::list_tenants(&mut *tx).await?;
     let keys = store::directory_keys(&mut *tx).await?;
+    let provider_keys = store::list_provider_keys(&mut *tx).await?;
     tx.commit().await?;
     let admin = tenants::admin_digest(config).unwrap_or(None);
     let tenants = tenants
@@ -211,9 +241,43 @@ async fn read(pool: &PgPool, config: &Config) -> Result<TenantDirectory, Control
         };
         (k.digest, entry)
     });
-    Ok(TenantDirectory::with_key_limits(
-        tenants, live, key_limits, admin, version,
-    ))
+    let tenants = TenantDirectory::with_key_limits(tenants, live, key_limits, admin, version);
+    Ok(Snapshot {
+        tenants: Arc::new(tenants),
+        keyring: Arc::new(keyring(config, provider_keys)),
+    })
+}
+
+/// The provider keys of `rows`, those added at runtime opened with the server's secret key
+/// (a key that does not open is left unusable, and said so).
+fn keyring(config: &Config, rows: Vec<ProviderKeyRecord>) -> Keyring {
+    let sealing = config.webhooks.sealing_key();
+    let entries = rows
+        .into_iter()
+        .map(|r| {
+            let secret = r.sealed_value.as_deref().and_then(|sealed| {
+                let context = provider_key_context(&r.provider, &r.name);
+                let opened = match &sealing {
+                    Ok(key) => key.open_sealed(&context, sealed).map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                opened
+                    .inspect_err(|e| tracing::warn!(provider = %r.provider, key = %r.name, error = %e, "a provider key added at runtime does not open; it is not used"))
+                    .ok()
+            });
+            KeyringEntry {
+                runtime: r.sealed_value.is_some(),
+                provider: r.provider,
+                name: r.name,
+                weight: r.weight,
+                models: r.models,
+                limits: r.limits,
+                disabled: r.disabled_at.is_some(),
+                secret,
+            }
+        })
+        .collect();
+    Keyring::new(entries)
 }
 
 /// Syncs `spec`'s buckets: its limits and budgets as the gate reserves them.
@@ -474,4 +538,233 @@ mod tests {
         let order: Vec<&str> = parents_first(&specs).iter().map(|s| s.name.as_str()).collect();
         assert_eq!(order, ["partner", "solo", "unit", "team"]);
     }
+}
+
+/// A provider key to add (`POST /v1/admin/provider-keys`).
+#[derive(Debug, Clone)]
+pub struct NewProviderKey {
+    pub provider: String,
+    pub name: String,
+    pub value: secrecy::SecretString,
+    pub weight: u32,
+    /// Empty: every model of its provider.
+    pub models: Vec<String>,
+    pub limits: Option<ModelLimits>,
+}
+
+/// What to change of a provider key; each `Some` replaces. A key of the config file takes
+/// only `disabled`.
+#[derive(Debug, Clone, Default)]
+pub struct ProviderKeyChange {
+    /// A new secret: the key rotated.
+    pub value: Option<secrecy::SecretString>,
+    pub weight: Option<u32>,
+    pub models: Option<Vec<String>>,
+    pub limits: Option<Option<ModelLimits>>,
+    pub disabled: Option<bool>,
+}
+
+fn invalid_field(field: &str, reason: impl Into<String>) -> ControlError {
+    ControlError::Invalid(tenants::InvalidTenant {
+        field: field.to_owned(),
+        reason: reason.into(),
+    })
+}
+
+/// The provider `name` of the config, or the refusal.
+fn provider<'a>(config: &'a Config, name: &str) -> Result<&'a ProviderConfig, ControlError> {
+    config
+        .provider(name)
+        .ok_or_else(|| invalid_field("provider", format!("no provider {name:?} is configured")))
+}
+
+/// Checks a key's secret, weight and models against its provider.
+fn check_provider_key(
+    p: &ProviderConfig,
+    value: Option<&secrecy::SecretString>,
+    weight: u32,
+    models: &[String],
+) -> Result<(), ControlError> {
+    use secrecy::ExposeSecret;
+    let malformed =
+        |v: &str| v.is_empty() || v.len() > 4096 || v.chars().any(|c| c.is_whitespace() || c.is_control());
+    if value.map(ExposeSecret::expose_secret).is_some_and(malformed) {
+        return Err(invalid_field(
+            "value",
+            "must be the provider's key: 1 to 4096 characters, no spaces",
+        ));
+    }
+    if weight == 0 {
+        return Err(invalid_field("weight", "must be at least 1"));
+    }
+    if let Some(m) = models.iter().find(|m| !p.models.contains(m)) {
+        return Err(invalid_field(
+            "models",
+            format!("{m:?} is not a model of provider {:?}", p.name),
+        ));
+    }
+    Ok(())
+}
+
+/// `value` sealed for key `provider/name` with the server's secret key.
+fn seal(
+    config: &Config,
+    provider: &str,
+    name: &str,
+    value: &secrecy::SecretString,
+) -> Result<String, ControlError> {
+    use secrecy::ExposeSecret;
+    let key = config
+        .webhooks
+        .sealing_key()
+        .map_err(|e| ControlError::Sealing(e.to_string()))?;
+    Ok(key
+        .seal(&provider_key_context(provider, name), value.expose_secret())
+        .as_str()
+        .to_owned())
+}
+
+/// Writes `key` with its limits' buckets and the version bump.
+async fn write_provider_key(
+    pool: &PgPool,
+    key: &store::ProviderKeyWrite<'_>,
+    now: DateTime<Utc>,
+) -> Result<ProviderKeyRecord, ControlError> {
+    let mut tx = pool.begin().await?;
+    store::lock_control(&mut tx).await?;
+    let record = store::put_provider_key(&mut tx, key, now).await?;
+    if let Some(limits) = key.limits {
+        store::sync_buckets(&mut *tx, &buckets::key_specs(key.provider, key.name, limits), now).await?;
+    }
+    store::changed(&mut tx).await?;
+    tx.commit().await?;
+    Ok(record)
+}
+
+/// Adds a provider key: sealed with the server's secret key, in use on every process
+/// within a second.
+pub async fn add_provider_key(
+    pool: &PgPool,
+    config: &Config,
+    new: &NewProviderKey,
+    now: DateTime<Utc>,
+) -> Result<ProviderKeyRecord, ControlError> {
+    let p = provider(config, &new.provider)?;
+    if !tenants::valid_name(&new.name) {
+        return Err(invalid_field("name", tenants::name_rule()));
+    }
+    check_provider_key(p, Some(&new.value), new.weight, &new.models)?;
+    let exists = p.keys.iter().any(|k| k.name == new.name)
+        || store::get_provider_key(pool, &new.provider, &new.name)
+            .await?
+            .is_some_and(|r| r.sealed_value.is_some());
+    if exists {
+        return Err(ControlError::ProviderKeyExists(
+            new.provider.clone(),
+            new.name.clone(),
+        ));
+    }
+    let sealed = seal(config, &new.provider, &new.name, &new.value)?;
+    let write = store::ProviderKeyWrite {
+        provider: &new.provider,
+        name: &new.name,
+        sealed_value: Some(&sealed),
+        weight: new.weight,
+        models: &new.models,
+        limits: new.limits.as_ref(),
+        disabled: false,
+    };
+    write_provider_key(pool, &write, now).await
+}
+
+/// Changes provider key `provider/name`: rotates its secret, its weight, models or limits
+/// (a key added at runtime), or disables or enables it (any key, the file's too).
+pub async fn change_provider_key(
+    pool: &PgPool,
+    config: &Config,
+    provider_name: &str,
+    name: &str,
+    change: &ProviderKeyChange,
+    now: DateTime<Utc>,
+) -> Result<ProviderKeyRecord, ControlError> {
+    let p = provider(config, provider_name)?;
+    let stored = store::get_provider_key(pool, provider_name, name).await?;
+    let of_file = p.keys.iter().find(|k| k.name == name);
+    if of_file.is_some()
+        && (change.value.is_some()
+            || change.weight.is_some()
+            || change.models.is_some()
+            || change.limits.is_some())
+    {
+        return Err(invalid_field(
+            "disabled",
+            "a key of the config file changes in the file; through the admin API it is only disabled or enabled",
+        ));
+    }
+    let runtime = stored.as_ref().filter(|r| r.sealed_value.is_some());
+    if of_file.is_none() && runtime.is_none() {
+        return Err(ControlError::NoSuchProviderKey(
+            provider_name.to_owned(),
+            name.to_owned(),
+        ));
+    }
+    let weight = change
+        .weight
+        .or(runtime.map(|r| r.weight))
+        .or(of_file.map(|k| k.weight))
+        .unwrap_or(1);
+    let models = change
+        .models
+        .clone()
+        .or_else(|| runtime.map(|r| r.models.clone()))
+        .unwrap_or_default();
+    let limits = match &change.limits {
+        Some(limits) => limits.clone(),
+        None => runtime.and_then(|r| r.limits.clone()),
+    };
+    check_provider_key(p, change.value.as_ref(), weight, &models)?;
+    let sealed = match &change.value {
+        Some(value) => Some(seal(config, provider_name, name, value)?),
+        None => None,
+    };
+    let disabled = change
+        .disabled
+        .unwrap_or_else(|| stored.as_ref().is_some_and(|r| r.disabled_at.is_some()));
+    let write = store::ProviderKeyWrite {
+        provider: provider_name,
+        name,
+        sealed_value: sealed.as_deref(),
+        weight,
+        models: &models,
+        limits: limits.as_ref(),
+        disabled,
+    };
+    write_provider_key(pool, &write, now).await
+}
+
+/// Removes a provider key added at runtime (a key of the file is disabled instead).
+pub async fn remove_provider_key(
+    pool: &PgPool,
+    config: &Config,
+    provider_name: &str,
+    name: &str,
+) -> Result<(), ControlError> {
+    let p = provider(config, provider_name)?;
+    if p.keys.iter().any(|k| k.name == name) {
+        return Err(invalid_field(
+            "name",
+            "a key of the config file is removed from the file; through the admin API it is disabled",
+        ));
+    }
+    let mut tx = pool.begin().await?;
+    store::lock_control(&mut tx).await?;
+    if !store::delete_provider_key(&mut tx, provider_name, name).await? {
+        return Err(ControlError::NoSuchProviderKey(
+            provider_name.to_owned(),
+            name.to_owned(),
+        ));
+    }
+    store::changed(&mut tx).await?;
+    tx.commit().await?;
+    Ok(())
 }

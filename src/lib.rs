@@ -18,6 +18,8 @@
 //!   config file, and each process's directory kept current within a second.
 //! - [`sanitize`]: outside text made safe to store and show (U+0000, secrets in provider
 //!   messages).
+//! - [`keyring`]: provider keys as the control plane has them: the file's less those
+//!   disabled at runtime, and those added at runtime.
 //! - [`routing`]: requested model (route alias or `provider/model`) → provider targets.
 //! - [`estimate`]: token demand of a request, made at submit time.
 //! - [`buckets`]: limits as buckets, a job's path through them, their arithmetic.
@@ -57,6 +59,7 @@ pub mod estimate;
 #[doc(hidden)]
 pub mod fuzz_bodies;
 pub mod gather;
+pub mod keyring;
 pub mod learning;
 pub mod metrics;
 pub mod model;

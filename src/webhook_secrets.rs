@@ -1,4 +1,5 @@
-//! Webhook signing secrets at rest. Standard Webhooks signs with the shared secret itself,
+//! Secrets at rest: webhook signing secrets, and provider keys added at runtime (sealed for
+//! their provider and name, [`provider_key_context`]). Standard Webhooks signs with the shared secret itself,
 //! so the database must hold something the sender can turn back into it: each secret is
 //! sealed with XChaCha20-Poly1305 under the server's webhook key, and that key never
 //! enters the database. A dump shows `sealed:v1:<key id>:<base64 of nonce and ciphertext>`
@@ -51,7 +52,7 @@ pub enum OpenError {
         "the endpoint's secret is sealed with webhook key {sealed_with}, this process holds key {held}: every process needs the same `webhooks.secret_key_file` or `secret_key_env`"
     )]
     OtherKey { sealed_with: String, held: String },
-    #[error("the endpoint's sealed secret does not open (damaged, or sealed for another tenant)")]
+    #[error("the sealed secret does not open (damaged, or sealed for another tenant or key)")]
     Damaged,
     #[error("the endpoint's secret is unusable: {0}")]
     Unusable(#[from] SecretError),
@@ -137,11 +138,19 @@ impl SealingKey {
 
     /// The signing secret of `tenant`'s endpoint, from what the database holds.
     pub fn open(&self, tenant: &str, stored: &StoredSecret) -> Result<Secret, OpenError> {
-        let Some(rest) = stored.0.strip_prefix(SEALED_V1) else {
+        if !stored.0.starts_with(SEALED_V1) {
             // A row from before secrets were sealed (or an unknown format, which the
             // secret's own check refuses).
             return Ok(Secret::parse(&stored.0)?);
-        };
+        }
+        let plain = self.open_sealed(tenant, &stored.0)?;
+        Ok(Secret::parse(plain.expose_secret())?)
+    }
+
+    /// A value [`SealingKey::seal`]ed for `context` (a tenant, or a provider key's
+    /// [`provider_key_context`]), opened. What was not sealed does not open.
+    pub fn open_sealed(&self, context: &str, sealed: &str) -> Result<SecretString, OpenError> {
+        let rest = sealed.strip_prefix(SEALED_V1).ok_or(OpenError::Damaged)?;
         let (id, body) = rest.split_once(':').ok_or(OpenError::Damaged)?;
         if id != self.id {
             return Err(OpenError::OtherKey {
@@ -157,15 +166,23 @@ impl SealingKey {
         let nonce = XNonce::try_from(nonce).map_err(|_| OpenError::Damaged)?;
         let payload = Payload {
             msg: sealed,
-            aad: tenant.as_bytes(),
+            aad: context.as_bytes(),
         };
         let plain = self
             .cipher
             .decrypt(&nonce, payload)
             .map_err(|_| OpenError::Damaged)?;
-        let plain = SecretString::from(String::from_utf8(plain).map_err(|_| OpenError::Damaged)?);
-        Ok(Secret::parse(plain.expose_secret())?)
+        Ok(SecretString::from(
+            String::from_utf8(plain).map_err(|_| OpenError::Damaged)?,
+        ))
     }
+}
+
+/// What a provider key is sealed for: its provider and name, so a sealed value moved to
+/// another key's row does not open. No tenant name holds a `:` or `/`, so no tenant's
+/// webhook secret is sealed for the same.
+pub fn provider_key_context(provider: &str, name: &str) -> String {
+    format!("provider-key:{provider}/{name}")
 }
 
 fn derive(material: &[u8], label: &[u8]) -> [u8; 32] {

@@ -5,6 +5,9 @@
 //!   delete — weight, limits (`rpm`, `tpm`, `rpd`, `concurrency`), budgets (USD per day,
 //!   week or month), a `parent` whose limits and budgets also cover the tenant, and its
 //!   own quotas and API rate (`settings`).
+//! - `provider-keys`: provider keys added at runtime (sealed with the server's secret
+//!   key, never returned), rotated, disabled and enabled — the config file's too (only
+//!   disabled or enabled: the file holds them).
 //! - `tenants/{tenant}/keys`: many keys per tenant. Creating one returns its secret this
 //!   once; only its SHA-256 is stored. A key may have limits and budgets of its own, on
 //!   top of its tenant's. Listing shows each key's prefix, expiry, revocation and
@@ -18,6 +21,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
+use tollgate::config::{Config, ModelLimits};
 use tollgate::control::{self, ControlError, KeyRequest};
 use tollgate::store::{self, KeyRecord, TenantRecord};
 use tollgate::tenants::{Budget, Source, TenantLimits, TenantSettings, TenantSpec};
@@ -207,9 +211,11 @@ impl From<ControlError> for ApiError {
             }
             ControlError::NoSuchTenant(_) => ApiError::not_found("tenant"),
             ControlError::NoSuchKey(_) => ApiError::not_found("key"),
-            ControlError::KeyTaken(_) => {
-                ApiError::new(StatusCode::CONFLICT, ApiErrorCode::AlreadyExists, message)
+            ControlError::KeyTaken(_) | ControlError::ProviderKeyExists(..) => {
+                ApiError::new(StatusCode::CONFLICT, ApiErrorCode::AlreadyExists, message).with_param("name")
             }
+            ControlError::NoSuchProviderKey(..) => ApiError::not_found("provider key"),
+            ControlError::Sealing(cause) => ApiError::internal(cause),
             ControlError::Store(e) => e.into(),
         }
     }
@@ -435,4 +441,235 @@ pub(crate) async fn revoke_key(
     let id: uuid::Uuid = id.parse().map_err(|_| ApiError::not_found("key"))?;
     let record = control::revoke_key(&state.pool, &tenant, id, state.clock.now()).await?;
     Ok(Json(KeyObject::of(record, None)))
+}
+
+/// `POST /v1/admin/provider-keys`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NewProviderKey {
+    /// A configured provider's name.
+    provider: String,
+    /// 1 to 64 of A-Z a-z 0-9 - _ . ; not a key name of the config file.
+    name: String,
+    /// The provider's key. Stored sealed, never returned.
+    #[schema(value_type = String)]
+    value: secrecy::SecretString,
+    /// Its share of the provider's requests (default 1).
+    #[serde(default)]
+    weight: Option<u32>,
+    /// The models it may serve (default: all of its provider's).
+    #[serde(default)]
+    models: Vec<String>,
+    /// Its own limits (`rpm`, `tpm`, `itpm`, `otpm`, `rpd`, `concurrency`), across models.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    limits: Option<ModelLimits>,
+}
+
+/// `PATCH /v1/admin/provider-keys/{provider}/{name}`: each field given replaces; a key of
+/// the config file takes only `disabled`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ProviderKeyPatch {
+    /// A new secret: the key rotated.
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    value: Option<secrecy::SecretString>,
+    #[serde(default)]
+    weight: Option<u32>,
+    #[serde(default)]
+    models: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<Object>)]
+    limits: Option<Option<ModelLimits>>,
+    #[serde(default)]
+    disabled: Option<bool>,
+}
+
+/// A provider key as the admin API shows it: never its secret.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ProviderKeyObject {
+    /// `provider_key`.
+    object: &'static str,
+    provider: String,
+    name: String,
+    /// `file` (the config file's; only disabled or enabled here) or `api`.
+    source: Source,
+    weight: u32,
+    /// The models it may serve; empty: all of its provider's.
+    models: Vec<String>,
+    #[schema(value_type = Option<Object>)]
+    limits: Option<ModelLimits>,
+    disabled: bool,
+    updated_at: Option<DateTime<Utc>>,
+}
+
+/// Every provider key: the config file's (with what the control plane says of them) and
+/// those added at runtime.
+fn provider_key_objects(config: &Config, rows: Vec<store::ProviderKeyRecord>) -> Vec<ProviderKeyObject> {
+    let mut out = Vec::new();
+    for p in &config.providers {
+        for k in &p.keys {
+            let row = rows.iter().find(|r| r.provider == p.name && r.name == k.name);
+            out.push(ProviderKeyObject {
+                object: "provider_key",
+                provider: p.name.clone(),
+                name: k.name.clone(),
+                source: Source::File,
+                weight: k.weight.max(1),
+                models: k.models.clone(),
+                limits: k.limits.clone(),
+                disabled: row.is_some_and(|r| r.disabled_at.is_some()),
+                updated_at: row.map(|r| r.updated_at),
+            });
+        }
+    }
+    out.extend(
+        rows.into_iter()
+            .filter(|r| r.sealed_value.is_some())
+            .map(provider_key_object),
+    );
+    out
+}
+
+fn provider_key_object(r: store::ProviderKeyRecord) -> ProviderKeyObject {
+    ProviderKeyObject {
+        object: "provider_key",
+        source: if r.sealed_value.is_some() {
+            Source::Api
+        } else {
+            Source::File
+        },
+        provider: r.provider,
+        name: r.name,
+        weight: r.weight,
+        models: r.models,
+        limits: r.limits,
+        disabled: r.disabled_at.is_some(),
+        updated_at: Some(r.updated_at),
+    }
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/admin/provider-keys",
+    operation_id = "add_provider_key",
+    tag = "admin",
+    request_body = NewProviderKey,
+    responses(
+        (status = 201, description = "The key (never its value)", body = ProviderKeyObject),
+        (status = 400, description = "`invalid_request`: `param` names the field", body = doc::ErrorBody),
+        (status = 409, description = "`already_exists`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn add_provider_key(
+    State(state): State<AppState>,
+    _: Admin,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let new: NewProviderKey = body(bytes)?;
+    let key = control::NewProviderKey {
+        provider: new.provider,
+        name: new.name,
+        value: new.value,
+        weight: new.weight.unwrap_or(1),
+        models: new.models,
+        limits: new.limits,
+    };
+    let record = control::add_provider_key(&state.pool, &state.config, &key, state.clock.now()).await?;
+    Ok((StatusCode::CREATED, Json(provider_key_object(record))).into_response())
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/admin/provider-keys",
+    operation_id = "list_provider_keys",
+    tag = "admin",
+    responses(
+        (status = 200, description = "`{object: \"list\", data: [provider_key]}`: the config file's keys and those added at runtime", body = Object),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn list_provider_keys(
+    State(state): State<AppState>,
+    _: Admin,
+) -> Result<Response, ApiError> {
+    let rows = store::list_provider_keys(&state.pool).await?;
+    Ok(list(provider_key_objects(&state.config, rows)).into_response())
+}
+
+#[utoipa::path(
+    patch,
+    path = "/v1/admin/provider-keys/{provider}/{name}",
+    operation_id = "change_provider_key",
+    tag = "admin",
+    params(
+        ("provider" = String, Path, description = "The provider's name"),
+        ("name" = String, Path, description = "The key's name"),
+    ),
+    request_body = ProviderKeyPatch,
+    responses(
+        (status = 200, description = "The key as changed: in force on every process within a second", body = ProviderKeyObject),
+        (status = 400, description = "`invalid_request`: `param` names the field", body = doc::ErrorBody),
+        (status = 404, description = "`not_found`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn change_provider_key(
+    State(state): State<AppState>,
+    _: Admin,
+    Path((provider, name)): Path<(String, String)>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Json<ProviderKeyObject>, ApiError> {
+    let patch: ProviderKeyPatch = body(bytes)?;
+    let change = control::ProviderKeyChange {
+        value: patch.value,
+        weight: patch.weight,
+        models: patch.models,
+        limits: patch.limits,
+        disabled: patch.disabled,
+    };
+    let record = control::change_provider_key(
+        &state.pool,
+        &state.config,
+        &provider,
+        &name,
+        &change,
+        state.clock.now(),
+    )
+    .await?;
+    // A key of the file shows as the file has it; one added at runtime as stored.
+    let shown = provider_key_objects(&state.config, vec![record.clone()])
+        .into_iter()
+        .find(|k| k.provider == provider && k.name == name)
+        .unwrap_or_else(|| provider_key_object(record));
+    Ok(Json(shown))
+}
+
+#[utoipa::path(
+    delete,
+    path = "/v1/admin/provider-keys/{provider}/{name}",
+    operation_id = "remove_provider_key",
+    tag = "admin",
+    params(
+        ("provider" = String, Path, description = "The provider's name"),
+        ("name" = String, Path, description = "The key's name"),
+    ),
+    responses(
+        (status = 200, description = "`{provider, name, object: \"provider_key\", deleted: true}`", body = Object),
+        (status = 400, description = "`invalid_request`: a key of the config file (disable it instead)", body = doc::ErrorBody),
+        (status = 404, description = "`not_found`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn remove_provider_key(
+    State(state): State<AppState>,
+    _: Admin,
+    Path((provider, name)): Path<(String, String)>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    control::remove_provider_key(&state.pool, &state.config, &provider, &name).await?;
+    Ok(Json(
+        serde_json::json!({"provider": provider, "name": name, "object": "provider_key", "deleted": true}),
+    ))
 }

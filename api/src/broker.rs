@@ -156,6 +156,7 @@ impl Broker {
                 .clone()
                 .keep_current(pool.clone(), notifications.clone(), cancel.clone()),
         );
+        let providers = providers.with_control(tenants.clone());
         let dispatcher = Dispatcher::with_clock(
             dispatch_pool,
             config.clone(),

@@ -13,8 +13,9 @@
 //!   `batches outputs ID [--errors] [-o FILE]` (the output or error file's content).
 //! - `tollgate files list [--purpose P]`, `files get ID`, `files delete ID`,
 //!   `files content ID [-o FILE]`.
-//! - `tollgate tenants list|get|create|update|delete`, `tollgate keys list|create|revoke`
-//!   ([`admin`]): the admin API (the admin key).
+//! - `tollgate tenants list|get|create|update|delete`, `tollgate keys list|create|revoke`,
+//!   `tollgate provider-keys list|add|rotate|disable|enable|remove` ([`admin`]): the admin
+//!   API (the admin key).
 //!
 //! A refused key (401/403) or an unreachable server stops a command at the first
 //! request that meets it, with one message ([`Refused`]), instead of once per job
@@ -41,7 +42,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-pub use self::admin::{KeysArgs, TenantsArgs, keys, tenants};
+pub use self::admin::{KeysArgs, ProviderKeysArgs, TenantsArgs, keys, provider_keys, tenants};
 use self::progress::{Progress, short_duration};
 use self::table::{Align, Table, fields};
 

@@ -91,6 +91,8 @@ enum Command {
     Tenants(tollgate_api::cli::TenantsArgs),
     /// A tenant's API keys (the admin key): list, create, revoke.
     Keys(tollgate_api::cli::KeysArgs),
+    /// Provider keys at runtime (the admin key): list, add, rotate, disable, enable, remove.
+    ProviderKeys(tollgate_api::cli::ProviderKeysArgs),
 }
 
 #[derive(Subcommand)]
@@ -167,6 +169,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Usage(args) => exit_unless(tollgate_api::cli::usage(args).await?),
         Command::Tenants(args) => exit_unless(tollgate_api::cli::tenants(args).await?),
         Command::Keys(args) => exit_unless(tollgate_api::cli::keys(args).await?),
+        Command::ProviderKeys(args) => exit_unless(tollgate_api::cli::provider_keys(args).await?),
         Command::Demo(args) => {
             let ok = tollgate_bench::demo::run(args).await?;
             if !ok {

@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use super::{Failed, Verdict};
 use crate::buckets::{self, Demand, Holder};
 use crate::config::Config;
+use crate::keyring::Keyring;
 use crate::learning::Learned;
 use crate::model::JobClass;
 use crate::provider_batches;
@@ -127,6 +128,8 @@ pub struct Planner<'a> {
     pub config: &'a Config,
     /// The tenants: weights, and the limits and budgets on each job's path.
     pub tenants: &'a TenantDirectory,
+    /// The provider keys that may be chosen, and their limits.
+    pub keyring: &'a Keyring,
     /// Learned estimates per model.
     pub calibration: &'a HashMap<String, Calibration>,
     pub known: &'a Known,
@@ -231,7 +234,12 @@ impl Planner<'_> {
     /// learned buckets, and — while nothing is known of the target's limits — its
     /// cold-start probe.
     fn full_path(&self, holders: &[Holder], requested: &str, target: &Target) -> Vec<(String, Dimension)> {
-        let mut path = buckets::path(self.config, holders, requested, target);
+        let key_limits = self
+            .config
+            .provider(&target.provider)
+            .zip(target.key.as_deref())
+            .and_then(|(p, name)| self.keyring.limits(p, name));
+        let mut path = buckets::path(self.config, holders, requested, target, key_limits);
         let scope = buckets::target_scope(&target.provider, &target.model);
         for (key, dim) in self.known.buckets.get(&scope).into_iter().flatten() {
             if !path.iter().any(|(k, _)| k == key) {
@@ -255,11 +263,11 @@ impl Planner<'_> {
         let Some(p) = self.config.provider(&target.provider) else {
             return vec![target];
         };
-        let keys: Vec<(&str, u32)> = p
-            .keys
-            .iter()
-            .filter(|k| k.serves(&target.model))
-            .map(|k| (k.name.as_str(), k.weight.max(1)))
+        let keys: Vec<(&str, u32)> = self
+            .keyring
+            .serving(p, &target.model)
+            .into_iter()
+            .map(|k| (k.name, k.weight))
             .collect();
         let total: u32 = keys.iter().map(|k| k.1).sum();
         if total == 0 {

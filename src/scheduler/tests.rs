@@ -211,6 +211,7 @@ fn the_starvation_guard_promotes_a_job_that_waited_too_long() {
     let planner = Planner {
         config: &config,
         tenants: &tenants,
+        keyring: &crate::keyring::Keyring::default(),
         calibration: &calibration,
         known: &known,
         key_turn: &turn,

@@ -1,4 +1,5 @@
-//! The control plane's rows: tenants, their API keys, and the version every change bumps.
+//! The control plane's rows: tenants, their API keys, provider keys added or disabled at
+//! runtime, and the version every change bumps.
 //!
 //! Every change runs in a transaction that first takes the control plane's lock
 //! ([`lock_control`]) and ends with [`changed`], which bumps `control_version` and sends
@@ -11,6 +12,7 @@ use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
 use super::Result;
+use crate::config::ModelLimits;
 use crate::tenants::{Budget, Source, TenantLimits, TenantSettings, TenantSpec};
 
 /// Channel on which every change of the control plane is announced (payload: the version).
@@ -181,6 +183,15 @@ pub async fn changed(conn: &mut PgConnection) -> Result<i64> {
     )
     .fetch_one(&mut *conn)
     .await?)
+}
+
+/// A read-only transaction that sees one snapshot: the version read with the rows it counts.
+pub async fn begin_snapshot(pool: &sqlx::PgPool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+    let mut tx = pool.begin().await?;
+    sqlx::query!("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
 }
 
 /// The control plane's version now.
@@ -439,4 +450,144 @@ pub async fn touch_keys(ex: impl PgExecutor<'_>, ids: &[Uuid], at: &[DateTime<Ut
     .execute(ex)
     .await?;
     Ok(())
+}
+
+/// A provider key row: one added at runtime (with its sealed value), or a key of the
+/// config file disabled at runtime (no value).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderKeyRecord {
+    pub provider: String,
+    pub name: String,
+    /// `sealed:v1:…`; `None` for a key of the config file.
+    pub sealed_value: Option<String>,
+    pub weight: u32,
+    /// Empty: every model of its provider.
+    pub models: Vec<String>,
+    pub limits: Option<ModelLimits>,
+    pub disabled_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A provider key to write (see [`put_provider_key`]).
+#[derive(Debug, Clone)]
+pub struct ProviderKeyWrite<'a> {
+    pub provider: &'a str,
+    pub name: &'a str,
+    /// `None` keeps the stored value (or, for a key of the file, none).
+    pub sealed_value: Option<&'a str>,
+    pub weight: u32,
+    pub models: &'a [String],
+    pub limits: Option<&'a ModelLimits>,
+    pub disabled: bool,
+}
+
+struct ProviderKeyRow {
+    provider: String,
+    name: String,
+    sealed_value: Option<String>,
+    weight: i32,
+    models: Option<Vec<String>>,
+    limits: Option<Json<ModelLimits>>,
+    disabled_at: Option<DateTime<Utc>>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl From<ProviderKeyRow> for ProviderKeyRecord {
+    fn from(r: ProviderKeyRow) -> Self {
+        ProviderKeyRecord {
+            provider: r.provider,
+            name: r.name,
+            sealed_value: r.sealed_value,
+            weight: u32::try_from(r.weight).unwrap_or(1).max(1),
+            models: r.models.unwrap_or_default(),
+            limits: r.limits.map(|l| l.0),
+            disabled_at: r.disabled_at,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
+}
+
+/// `sqlx::query_as!` of provider key rows: `$head`, the columns, `$tail`.
+macro_rules! query_provider_keys {
+    ($head:expr, $tail:expr $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            ProviderKeyRow,
+            $head
+                + r#" provider, name, sealed_value, weight, models, limits AS "limits: Json<ModelLimits>",
+                      disabled_at, created_at, updated_at "#
+                + $tail
+            $(, $arg)*
+        )
+    };
+}
+
+/// Every provider key row, by provider and name.
+pub async fn list_provider_keys(ex: impl PgExecutor<'_>) -> Result<Vec<ProviderKeyRecord>> {
+    let rows = query_provider_keys!("SELECT", "FROM provider_keys ORDER BY provider, name")
+        .fetch_all(ex)
+        .await?;
+    Ok(rows.into_iter().map(Into::into).collect())
+}
+
+pub async fn get_provider_key(
+    ex: impl PgExecutor<'_>,
+    provider: &str,
+    name: &str,
+) -> Result<Option<ProviderKeyRecord>> {
+    let row = query_provider_keys!(
+        "SELECT",
+        "FROM provider_keys WHERE provider = $1 AND name = $2",
+        provider,
+        name
+    )
+    .fetch_optional(ex)
+    .await?;
+    Ok(row.map(Into::into))
+}
+
+/// Creates or replaces provider key `provider/name` with `key` (its sealed value kept
+/// when `key` gives none).
+pub async fn put_provider_key(
+    conn: &mut PgConnection,
+    key: &ProviderKeyWrite<'_>,
+    now: DateTime<Utc>,
+) -> Result<ProviderKeyRecord> {
+    let models = (!key.models.is_empty()).then_some(key.models);
+    let row = query_provider_keys!(
+        "INSERT INTO provider_keys AS p (provider, name, sealed_value, weight, models, limits, disabled_at,
+                                         created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $7 THEN $8::timestamptz END, $8, $8)
+         ON CONFLICT (provider, name) DO UPDATE SET
+             sealed_value = coalesce(excluded.sealed_value, p.sealed_value), weight = excluded.weight,
+             models = excluded.models, limits = excluded.limits,
+             disabled_at = CASE WHEN $7 THEN coalesce(p.disabled_at, $8) END, updated_at = $8
+         RETURNING",
+        "",
+        key.provider,
+        key.name,
+        key.sealed_value,
+        i32::try_from(key.weight).unwrap_or(i32::MAX),
+        models as Option<&[String]>,
+        key.limits.map(Json) as _,
+        key.disabled,
+        now,
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(row.into())
+}
+
+/// Deletes provider key row `provider/name`; whether there was one.
+pub async fn delete_provider_key(conn: &mut PgConnection, provider: &str, name: &str) -> Result<bool> {
+    let deleted = sqlx::query!(
+        "DELETE FROM provider_keys WHERE provider = $1 AND name = $2",
+        provider,
+        name
+    )
+    .execute(&mut *conn)
+    .await?;
+    Ok(deleted.rows_affected() > 0)
 }

@@ -719,9 +719,235 @@ async fn the_cli_creates_tenants_and_keys_and_revokes_them() {
         (app.get(&secret, "/v1/jobs").await.0 == 401).then_some(())
     })
     .await;
+    // Provider keys: the file's disabled and enabled again, listed.
+    let (code, out, err) =
+        crate::cli::tollgate(&app, ADMIN, &["provider-keys", "disable", "oai", "k1"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("oai/k1 disabled"), "{out}");
+    let (_, out, _) = crate::cli::tollgate(&app, ADMIN, &["provider-keys", "list"]).await;
+    let k1 = out
+        .lines()
+        .find(|l| l.starts_with("oai") && l.contains("k1"))
+        .unwrap_or_default();
+    assert!(k1.contains("file") && k1.contains("yes"), "{out}");
+    let (code, out, _) = crate::cli::tollgate(&app, ADMIN, &["provider-keys", "enable", "oai", "k1"]).await;
+    assert_eq!(code, 0, "{out}");
     // A tenant key is not the admin's: one message, exit 1.
     let (code, _, err) = crate::cli::tollgate(&app, ACME, &["tenants", "list"]).await;
     assert_eq!(code, 1);
     assert!(err.contains("admin_only"), "{err}");
+    app.shutdown().await;
+}
+
+/// Runs `n` jobs of acme through `apis` in turn, each to its end; their ids.
+async fn run_jobs(http: &reqwest::Client, apis: &[&str], n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let api = apis[i % apis.len()];
+        let (status, accepted) = call(
+            http,
+            reqwest::Method::POST,
+            &format!("{api}/v1/jobs"),
+            ACME,
+            Some(&job("fast", "hi")),
+        )
+        .await;
+        assert_eq!(status, 202, "{accepted}");
+        let id = accepted["id"].as_str().unwrap().to_owned();
+        let done = crate::harness::wait_finished_at(http, api, ACME, &id, 30).await;
+        assert_eq!(done["state"], "succeeded", "{done}");
+        ids.push(id);
+    }
+    ids
+}
+
+/// The provider key each of `ids` was sent with.
+async fn keys_used(pool: &sqlx::PgPool, ids: &[String]) -> Vec<String> {
+    let mut used: Vec<String> = sqlx::query_scalar(
+        "SELECT provider_key FROM jobs WHERE id = ANY($1::uuid[]) AND state = 'succeeded'",
+    )
+    .bind(ids)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    used.sort();
+    used.dedup();
+    used
+}
+
+#[tokio::test]
+async fn a_provider_key_added_at_runtime_serves_and_a_disabled_one_stops() {
+    let mut mock = crate::harness::mock_config();
+    mock.projects[0].keys.push("sk-runtime-2".into());
+    let app = TestApp::spawn_with(TestOptions {
+        peers: 1,
+        mock,
+        ..admin_options()
+    })
+    .await;
+    let b = app.spawn_peer(Roles::ALL).await;
+    let api_b = format!("http://{}", b.addr.unwrap());
+    let http = &app.http;
+    use reqwest::Method;
+    let url = |path: &str| app.url(path);
+
+    // Refusals name the field.
+    for (body, param) in [
+        (
+            json!({"provider": "nope", "name": "k2", "value": "sk-x"}),
+            "provider",
+        ),
+        (json!({"provider": "oai", "name": "k1", "value": "sk-x"}), "name"),
+        (json!({"provider": "oai", "name": "k2", "value": "sk x"}), "value"),
+        (
+            json!({"provider": "oai", "name": "k2", "value": "sk-x", "models": ["gpt-5"]}),
+            "models",
+        ),
+    ] {
+        let (status, e) = call(
+            http,
+            Method::POST,
+            &url("/v1/admin/provider-keys"),
+            ADMIN,
+            Some(&body),
+        )
+        .await;
+        assert_eq!(
+            (status / 100, &e["error"]["param"]),
+            (4, &json!(param)),
+            "{body}: {e}"
+        );
+    }
+    let (status, e) = call(
+        http,
+        Method::PATCH,
+        &url("/v1/admin/provider-keys/oai/k1"),
+        ADMIN,
+        Some(&json!({"value": "sk-y"})),
+    )
+    .await;
+    assert_eq!(status, 400, "a key of the file changes in the file: {e}");
+    let (status, _) = call(
+        http,
+        Method::DELETE,
+        &url("/v1/admin/provider-keys/oai/k1"),
+        ADMIN,
+        None,
+    )
+    .await;
+    assert_eq!(status, 400);
+    let (status, _) = call(
+        http,
+        Method::PATCH,
+        &url("/v1/admin/provider-keys/oai/nope"),
+        ADMIN,
+        Some(&json!({"disabled": true})),
+    )
+    .await;
+    assert_eq!(status, 404);
+
+    // Added through one process, the file's key disabled through the other: every job is
+    // sent with the new key.
+    let (status, added) = call(
+        http,
+        Method::POST,
+        &url("/v1/admin/provider-keys"),
+        ADMIN,
+        Some(&json!({"provider": "oai", "name": "k2", "value": "sk-runtime-2", "models": ["gpt-4o-mini"]})),
+    )
+    .await;
+    assert_eq!(status, 201, "{added}");
+    assert!(
+        added.get("value").is_none() && !added.to_string().contains("sk-runtime-2"),
+        "{added}"
+    );
+    let (status, disabled) = call(
+        http,
+        Method::PATCH,
+        &format!("{api_b}/v1/admin/provider-keys/oai/k1"),
+        ADMIN,
+        Some(&json!({"disabled": true})),
+    )
+    .await;
+    assert_eq!(
+        (status, &disabled["disabled"], &disabled["source"]),
+        (200, &json!(true), &json!("file")),
+        "{disabled}"
+    );
+    let apis = [app.api.as_str(), api_b.as_str()];
+    let served = eventually(5, "jobs sent with the new key only", || async {
+        let ids = run_jobs(http, &apis, 6).await;
+        let used = keys_used(&app.db.pool, &ids).await;
+        (used == ["k2"]).then_some(used)
+    })
+    .await;
+    assert_eq!(served, ["k2"]);
+
+    // The file's key enabled and the new one disabled: back to the file's.
+    call(
+        http,
+        Method::PATCH,
+        &url("/v1/admin/provider-keys/oai/k1"),
+        ADMIN,
+        Some(&json!({"disabled": false})),
+    )
+    .await;
+    let (status, _) = call(
+        http,
+        Method::PATCH,
+        &url("/v1/admin/provider-keys/oai/k2"),
+        ADMIN,
+        Some(&json!({"disabled": true})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    eventually(5, "jobs sent with the file's key only", || async {
+        let ids = run_jobs(http, &apis, 6).await;
+        (keys_used(&app.db.pool, &ids).await == ["k1"]).then_some(())
+    })
+    .await;
+
+    // Listed with the file's keys, never with a value; stored sealed.
+    let (_, list) = call(http, Method::GET, &url("/v1/admin/provider-keys"), ADMIN, None).await;
+    let listed: Vec<(String, String, bool)> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["provider"] == "oai")
+        .map(|k| {
+            (
+                k["name"].as_str().unwrap().to_owned(),
+                k["source"].as_str().unwrap().to_owned(),
+                k["disabled"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("k1".to_owned(), "file".to_owned(), false),
+            ("k2".to_owned(), "api".to_owned(), true)
+        ]
+    );
+    assert!(!list.to_string().contains("sk-runtime-2") && !list.to_string().contains("sk-test-1"));
+    let rows: Vec<String> = sqlx::query_scalar("SELECT row_to_json(p)::text FROM provider_keys p")
+        .fetch_all(&app.db.pool)
+        .await
+        .unwrap();
+    assert!(
+        rows.iter().all(|r| !r.contains("sk-runtime-2")),
+        "a provider key in clear: {rows:?}"
+    );
+    assert!(rows.iter().any(|r| r.contains("sealed:v1:")), "{rows:?}");
+    let (status, _) = call(
+        http,
+        Method::DELETE,
+        &url("/v1/admin/provider-keys/oai/k2"),
+        ADMIN,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    b.shutdown().await;
     app.shutdown().await;
 }

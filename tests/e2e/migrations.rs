@@ -104,6 +104,12 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
         "a key from 0012 has no budgets of its own"
     );
     assert_eq!(job.api_key, None, "a job from before 0012 names no key");
+    let provider_keys = tollgate::store::list_provider_keys(&db.pool).await.unwrap();
+    let provider_keys: Vec<(&str, bool, bool)> = provider_keys
+        .iter()
+        .map(|k| (k.name.as_str(), k.sealed_value.is_some(), k.disabled_at.is_some()))
+        .collect();
+    assert_eq!(provider_keys, [("k1", false, true), ("runtime", true, false)]);
     let buckets = tollgate::store::all_buckets(&db.pool).await.unwrap();
     assert_eq!(buckets.len(), 1);
     let learned = tollgate::store::learned_limits(&db.pool).await.unwrap();

@@ -44,6 +44,7 @@ use tollgate::buckets::{self, Bucket, BucketSpec};
 use tollgate::clock::Clock;
 use tollgate::config::Config;
 use tollgate::control::Directory;
+use tollgate::keyring::Keyring;
 use tollgate::learning::{self, Learned};
 use tollgate::metrics;
 use tollgate::model::{Job, JobClass, JobId, NewJob};
@@ -191,10 +192,12 @@ impl Gate {
         calibration: &'a HashMap<String, Calibration>,
         known: &'a Known,
         tenants: &'a TenantDirectory,
+        keyring: &'a Keyring,
     ) -> Planner<'a> {
         Planner {
             config: &self.config,
             tenants,
+            keyring,
             calibration,
             known,
             key_turn: &self.key_turn,
@@ -274,8 +277,8 @@ impl Gate {
         }
         let paused: scheduler::Pauses = paused.into_iter().collect();
         let known = Known::new(&learned);
-        let tenants = self.tenants.current();
-        let planner = self.planner(&calibration, &known, &tenants);
+        let (tenants, keyring) = (self.tenants.current(), self.tenants.keyring());
+        let planner = self.planner(&calibration, &known, &tenants, &keyring);
         // What a round would fail is the round's to fail, with its reason.
         let plans: Vec<(usize, scheduler::Plan)> = arriving
             .into_iter()
@@ -486,8 +489,8 @@ impl Gate {
         )?;
         provider_batches::decide_candidates(&self.pool, &self.config, &mut candidates, now).await?;
         let known = Known::new(&learned);
-        let tenants = self.tenants.current();
-        let planner = self.planner(&calibration, &known, &tenants);
+        let (tenants, keyring) = (self.tenants.current(), self.tenants.keyring());
+        let planner = self.planner(&calibration, &known, &tenants, &keyring);
         let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
         let mut plans = Vec::new();
         for c in candidates {

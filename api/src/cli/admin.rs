@@ -330,6 +330,186 @@ pub async fn tenants(args: TenantsArgs) -> anyhow::Result<bool> {
     }
 }
 
+#[derive(Debug, Args)]
+pub struct ProviderKeysArgs {
+    #[command(subcommand)]
+    pub command: ProviderKeysCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProviderKeysCommand {
+    /// Every provider key: the config file's and those added at runtime (never a value).
+    List {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Add a provider key; its value is read from the environment variable `--value-env`
+    /// names (default TOLLGATE_PROVIDER_KEY), so it appears in no command line.
+    Add {
+        provider: String,
+        name: String,
+        #[arg(long, default_value = "TOLLGATE_PROVIDER_KEY")]
+        value_env: String,
+        /// Its share of the provider's requests.
+        #[arg(long)]
+        weight: Option<u32>,
+        /// A model it may serve (repeat for more; default all of its provider's).
+        #[arg(long = "model")]
+        models: Vec<String>,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Rotate a key added at runtime: its new value from `--value-env`'s variable.
+    Rotate {
+        provider: String,
+        name: String,
+        #[arg(long, default_value = "TOLLGATE_PROVIDER_KEY")]
+        value_env: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Stop sending with a key (the config file's too), on every process within a second.
+    Disable {
+        provider: String,
+        name: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Send with a disabled key again.
+    Enable {
+        provider: String,
+        name: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Remove a key added at runtime.
+    Remove {
+        provider: String,
+        name: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+}
+
+/// The value of the variable `var`, or why there is none.
+fn key_value(var: &str) -> anyhow::Result<String> {
+    std::env::var(var)
+        .map_err(|_| anyhow::anyhow!("set the provider key's value in the environment variable {var}"))
+}
+
+pub async fn provider_keys(args: ProviderKeysArgs) -> anyhow::Result<bool> {
+    let http = reqwest::Client::new();
+    let path = |provider: &str, name: &str| {
+        format!("/v1/admin/provider-keys/{}/{}", segment(provider), segment(name))
+    };
+    let (what, answer) = match args.command {
+        ProviderKeysCommand::List { json, remote } => {
+            let list = remote.get(&http, "/v1/admin/provider-keys").await?;
+            let keys = list["data"].as_array().cloned().unwrap_or_default();
+            if json {
+                print_json(&Value::Array(keys))?;
+                return Ok(true);
+            }
+            let mut t = Table::new(&[
+                ("PROVIDER", Align::Left),
+                ("NAME", Align::Left),
+                ("SOURCE", Align::Left),
+                ("WEIGHT", Align::Right),
+                ("MODELS", Align::Left),
+                ("DISABLED", Align::Left),
+            ]);
+            for k in &keys {
+                let models: Vec<String> = k["models"].as_array().into_iter().flatten().map(cell).collect();
+                t.row(vec![
+                    cell(&k["provider"]),
+                    cell(&k["name"]),
+                    cell(&k["source"]),
+                    cell(&k["weight"]),
+                    if models.is_empty() {
+                        "all".to_owned()
+                    } else {
+                        models.join(",")
+                    },
+                    if k["disabled"] == true {
+                        "yes".to_owned()
+                    } else {
+                        "-".to_owned()
+                    },
+                ]);
+            }
+            print!("{}", t.render_or("(no provider keys)"));
+            return Ok(true);
+        }
+        ProviderKeysCommand::Add {
+            provider,
+            name,
+            value_env,
+            weight,
+            models,
+            remote,
+        } => {
+            let body = json!({"provider": provider, "name": name, "value": key_value(&value_env)?,
+                              "weight": weight, "models": models});
+            let added = remote
+                .json(&http, Method::POST, "/v1/admin/provider-keys", Some(&body))
+                .await?;
+            ("added", added)
+        }
+        ProviderKeysCommand::Rotate {
+            provider,
+            name,
+            value_env,
+            remote,
+        } => {
+            let body = json!({"value": key_value(&value_env)?});
+            let changed = remote
+                .json(&http, Method::PATCH, &path(&provider, &name), Some(&body))
+                .await?;
+            ("rotated", changed)
+        }
+        ProviderKeysCommand::Disable {
+            provider,
+            name,
+            remote,
+        } => {
+            let body = json!({"disabled": true});
+            let changed = remote
+                .json(&http, Method::PATCH, &path(&provider, &name), Some(&body))
+                .await?;
+            ("disabled", changed)
+        }
+        ProviderKeysCommand::Enable {
+            provider,
+            name,
+            remote,
+        } => {
+            let body = json!({"disabled": false});
+            let changed = remote
+                .json(&http, Method::PATCH, &path(&provider, &name), Some(&body))
+                .await?;
+            ("enabled", changed)
+        }
+        ProviderKeysCommand::Remove {
+            provider,
+            name,
+            remote,
+        } => {
+            let removed = remote
+                .json(&http, Method::DELETE, &path(&provider, &name), None)
+                .await?;
+            ("removed", removed)
+        }
+    };
+    println!(
+        "provider key {}/{} {what}",
+        cell(&answer["provider"]),
+        cell(&answer["name"])
+    );
+    Ok(true)
+}
+
 pub async fn keys(args: KeysArgs) -> anyhow::Result<bool> {
     let http = reqwest::Client::new();
     match args.command {

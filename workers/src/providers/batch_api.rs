@@ -141,7 +141,7 @@ impl Providers {
         let api = client.api.batch()?;
         let key = match key.and_then(|k| client.keys.iter().find(|c| c.name == k)) {
             Some(k) => k,
-            None => client.pick_key(&tollgate::routing::Target {
+            None => client.pick_file_key(&tollgate::routing::Target {
                 provider: provider.to_owned(),
                 kind: client.kind,
                 model: model.to_owned(),

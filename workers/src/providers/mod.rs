@@ -255,7 +255,14 @@ impl ProviderKey {
     }
 }
 
-/// One configured provider with its keys.
+/// The key a call is sent with.
+struct ChosenKey {
+    name: String,
+    secret: SecretString,
+}
+
+/// One configured provider with its keys: the file's, and through the control plane those
+/// added at runtime, less those disabled.
 pub struct ProviderClient {
     pub name: String,
     pub kind: ProviderKind,
@@ -263,7 +270,11 @@ pub struct ProviderClient {
     dialect: Dialect,
     keys: Vec<ProviderKey>,
     next_key: AtomicUsize,
+    control: Control,
 }
+
+/// The control plane's keys, once the broker has it (else the file's keys alone).
+type Control = Arc<std::sync::OnceLock<tollgate::control::Directory>>;
 
 /// A successful call, already in OpenAI chat format.
 #[derive(Debug, Clone)]
@@ -305,6 +316,7 @@ pub enum ProviderSetupError {
 pub struct Providers {
     http: reqwest::Client,
     by_name: Arc<HashMap<String, ProviderClient>>,
+    control: Control,
 }
 
 impl Providers {
@@ -315,14 +327,23 @@ impl Providers {
             .pool_max_idle_per_host(config.dispatch.concurrency.max(8))
             .redirect(reqwest::redirect::Policy::none())
             .build()?;
+        let control = Control::default();
         let mut by_name = HashMap::new();
         for p in &config.providers {
-            by_name.insert(p.name.clone(), ProviderClient::new(p)?);
+            by_name.insert(p.name.clone(), ProviderClient::new(p, control.clone())?);
         }
         Ok(Self {
             http,
             by_name: Arc::new(by_name),
+            control,
         })
+    }
+
+    /// Sends with the keys of `directory`'s control plane too: those added at runtime, and
+    /// not those disabled. Set once; a later call changes nothing.
+    pub fn with_control(self, directory: tollgate::control::Directory) -> Self {
+        let _ = self.control.set(directory);
+        self
     }
 
     pub fn get(&self, name: &str) -> Option<&ProviderClient> {
@@ -371,7 +392,7 @@ struct Answered {
 }
 
 impl ProviderClient {
-    fn new(p: &ProviderConfig) -> Result<Self, ProviderSetupError> {
+    fn new(p: &ProviderConfig, control: Control) -> Result<Self, ProviderSetupError> {
         let keys = p
             .keys
             .iter()
@@ -396,27 +417,79 @@ impl ProviderClient {
             dialect: p.dialect(),
             keys,
             next_key: AtomicUsize::new(0),
+            control,
         })
     }
 
-    /// The key the gate chose for `target`, else round robin over the keys that serve its
-    /// model.
-    fn pick_key(&self, target: &Target) -> &ProviderKey {
-        if let Some(key) = target
-            .key
-            .as_ref()
-            .and_then(|name| self.keys.iter().find(|k| &k.name == name))
-        {
-            return key;
-        }
-        let serving: Vec<&ProviderKey> = self.keys.iter().filter(|k| k.serves(&target.model)).collect();
-        let pool = if serving.is_empty() {
+    fn keyring(&self) -> Arc<tollgate::keyring::Keyring> {
+        self.control.get().map(|d| d.keyring()).unwrap_or_default()
+    }
+
+    /// A key of the file, round robin over those that serve `target`'s model (all of them
+    /// when none does), less those disabled at runtime while others remain.
+    fn pick_file_key(&self, target: &Target) -> &ProviderKey {
+        let ring = self.keyring();
+        let enabled: Vec<&ProviderKey> = self
+            .keys
+            .iter()
+            .filter(|k| !ring.disabled(&self.name, &k.name))
+            .collect();
+        let candidates = if enabled.is_empty() {
             self.keys.iter().collect()
         } else {
-            serving
+            enabled
         };
+        let serving: Vec<&ProviderKey> = candidates
+            .iter()
+            .copied()
+            .filter(|k| k.serves(&target.model))
+            .collect();
+        let pool = if serving.is_empty() { candidates } else { serving };
         let i = self.next_key.fetch_add(1, Ordering::Relaxed) % pool.len().max(1);
         pool[i]
+    }
+
+    /// The key the gate chose for `target` (a key of the file, or one added at runtime)
+    /// while it may be used; else round robin over the usable keys that serve its model.
+    fn pick_key(&self, target: &Target) -> ChosenKey {
+        let ring = self.keyring();
+        if let Some(name) = target.key.as_deref() {
+            let file = self
+                .keys
+                .iter()
+                .find(|k| k.name == name && !ring.disabled(&self.name, name));
+            if let Some(k) = file {
+                return ChosenKey {
+                    name: k.name.clone(),
+                    secret: k.secret.clone(),
+                };
+            }
+            if let Some(secret) = ring.runtime_secret(&self.name, name) {
+                return ChosenKey {
+                    name: name.to_owned(),
+                    secret: secret.clone(),
+                };
+            }
+        }
+        let runtime: Vec<(&str, &SecretString)> = ring.runtime_keys(&self.name, &target.model).collect();
+        let file_serving = self
+            .keys
+            .iter()
+            .filter(|k| k.serves(&target.model) && !ring.disabled(&self.name, &k.name))
+            .count();
+        let turn = self.next_key.fetch_add(1, Ordering::Relaxed);
+        if !runtime.is_empty() && turn % (file_serving + runtime.len()) >= file_serving {
+            let (name, secret) = runtime[turn % runtime.len()];
+            return ChosenKey {
+                name: name.to_owned(),
+                secret: secret.clone(),
+            };
+        }
+        let k = self.pick_file_key(target);
+        ChosenKey {
+            name: k.name.clone(),
+            secret: k.secret.clone(),
+        }
     }
 
     /// The one send path of plain and streamed calls: picks the key, builds the request
@@ -440,7 +513,7 @@ impl ProviderClient {
             builder = builder.header(ACCEPT, "text/event-stream");
         }
         let mut outcome = CallOutcome {
-            key_name: key.name.clone(),
+            key_name: key.name,
             reached: false,
             status: None,
             request_id: None,
