@@ -73,3 +73,13 @@ CREATE TABLE provider_keys (
     updated_at   timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (provider, name)
 );
+
+-- Budget thresholds announced (`budget.threshold` webhooks): once per budget bucket,
+-- window and threshold.
+CREATE TABLE budget_alerts (
+    bucket_key text NOT NULL,
+    resets_at  timestamptz NOT NULL,
+    threshold  double precision NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (bucket_key, resets_at, threshold)
+);

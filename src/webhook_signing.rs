@@ -9,13 +9,14 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 /// The event types tollgate sends.
-pub const EVENT_TYPES: [&str; 6] = [
+pub const EVENT_TYPES: [&str; 7] = [
     "job.completed",
     "job.failed",
     "batch.completed",
     "batch.failed",
     "batch.expired",
     "batch.cancelled",
+    "budget.threshold",
 ];
 
 /// Header names, as the spec spells them.

@@ -366,3 +366,70 @@ pub async fn calibrations(ex: impl PgExecutor<'_>) -> Result<Vec<Calibration>> {
     .fetch_all(ex)
     .await?)
 }
+
+/// A budget that has just reached one of its thresholds in its current window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetCrossing {
+    /// `tenant:<name>:<window>_spend` or `apikey:<id>:<window>_spend`.
+    pub bucket: String,
+    /// The tenant whose endpoints hear of it (an API key's: its tenant).
+    pub tenant: String,
+    pub threshold: f64,
+    /// The budget and what is spent of it, in micro-USD (reservations of jobs in flight
+    /// are not spent: they settle at what the jobs cost).
+    pub capacity: f64,
+    pub spent: f64,
+    pub resets_at: DateTime<Utc>,
+}
+
+/// The spend budgets whose spending reached one of `thresholds` (fractions of the budget)
+/// in their current window and were not announced yet for it: each is recorded as
+/// announced (`budget_alerts`) and returned, once. Run in the transaction that queues the
+/// announcements.
+pub async fn budget_crossings(
+    conn: &mut PgConnection,
+    thresholds: &[f64],
+    now: DateTime<Utc>,
+) -> Result<Vec<BudgetCrossing>> {
+    Ok(sqlx::query_as!(
+        BudgetCrossing,
+        r#"WITH committed AS (
+               -- What is spent or held: below the budget by the level, less the refunds the
+           -- gate has not applied yet.
+           SELECT b.id, b.key, b.capacity, b.resets_at,
+                  b.capacity - b.level - coalesce((SELECT sum(p.amount) FROM pending_refunds p WHERE p.bucket = b.id), 0)
+                      AS used
+               FROM buckets b
+               WHERE b.dimension = 'spend_micro_usd' AND b.rule = 'fixed' AND b.resets_at > $2 AND b.capacity > 0
+                 AND (starts_with(b.key, 'tenant:') OR starts_with(b.key, 'apikey:'))
+           ), spent AS (
+               SELECT c.*, c.used - coalesce((
+                          SELECT sum(j.reserved_amounts[array_position(j.reserved_buckets, c.id)])
+                          FROM jobs j
+                          WHERE j.reserved_buckets @> ARRAY[c.id] AND j.state IN ('admitted', 'running')
+                      ), 0) AS spent,
+                      CASE WHEN starts_with(c.key, 'tenant:') THEN split_part(c.key, ':', 2)
+                           ELSE (SELECT k.tenant FROM api_keys k WHERE k.id::text = split_part(c.key, ':', 2))
+                      END AS tenant
+               FROM committed c
+               WHERE c.used >= c.capacity * (SELECT min(t) FROM unnest($1::float8[]) AS t) - 1e-6
+           ), crossed AS (
+               SELECT s.key, s.tenant, t.threshold, s.capacity, s.spent, s.resets_at
+               FROM spent s CROSS JOIN unnest($1::float8[]) AS t(threshold)
+               WHERE s.tenant IS NOT NULL AND s.spent >= s.capacity * t.threshold - 1e-6
+           ), announced AS (
+               INSERT INTO budget_alerts (bucket_key, resets_at, threshold, created_at)
+               SELECT key, resets_at, threshold, $2 FROM crossed
+               ON CONFLICT DO NOTHING
+               RETURNING bucket_key, threshold
+           )
+           SELECT c.key AS "bucket!", c.tenant AS "tenant!", c.threshold AS "threshold!", c.capacity AS "capacity!",
+                  c.spent AS "spent!", c.resets_at AS "resets_at!"
+           FROM crossed c JOIN announced a ON a.bucket_key = c.key AND a.threshold = c.threshold
+           ORDER BY c.key, c.threshold"#,
+        thresholds,
+        now,
+    )
+    .fetch_all(&mut *conn)
+    .await?)
+}

@@ -951,3 +951,98 @@ async fn a_provider_key_added_at_runtime_serves_and_a_disabled_one_stops() {
     b.shutdown().await;
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_budget_reaching_80_percent_is_announced_once_to_its_tenant_s_webhooks() {
+    let app = TestApp::spawn_with(TestOptions {
+        extra_config: format!(
+            "[providers.prices.\"gpt-4o-mini\"]\ninput_per_mtok = {PRICE_PER_MTOK}\noutput_per_mtok = {PRICE_PER_MTOK}\n\
+             [webhooks]\nallow_private_addresses = true\n\
+             [[webhooks.endpoints]]\ntenant = \"acme\"\nurl = \"http://127.0.0.1:9/hook\"\n\
+             secret = \"{}\"\n",
+            tollgate::webhook_signing::Secret::generate()
+        ),
+        ..admin_options()
+    })
+    .await;
+    let http = &app.http;
+    // A job costs about $0.022 and reserves about $0.042: four reach 80 % of $0.10.
+    let (status, e) = call(
+        http,
+        reqwest::Method::PATCH,
+        &app.url("/v1/admin/tenants/acme"),
+        ADMIN,
+        Some(&json!({"budgets": [{"window": "day", "usd": 0.1}]})),
+    )
+    .await;
+    assert_eq!(status, 200, "{e}");
+    let events = || async {
+        let bodies: Vec<String> = sqlx::query_scalar(
+            "SELECT body FROM webhook_deliveries WHERE event_type = 'budget.threshold' ORDER BY created_at",
+        )
+        .fetch_all(&app.db.pool)
+        .await
+        .unwrap();
+        bodies
+            .iter()
+            .map(|b| serde_json::from_str::<Value>(b).unwrap())
+            .collect::<Vec<_>>()
+    };
+    // Jobs asking for 12 output tokens reserve about what they cost (~$0.022): each
+    // maintenance pass after one announces nothing until 80 % of $0.10 is spent, then
+    // exactly once.
+    let maintenance =
+        tollgate_workers::maintenance::Maintenance::new(app.db.pool.clone(), Duration::from_secs(1));
+    let mut spent = 0.0;
+    for i in 0..5 {
+        let mut body = job("oai/gpt-4o-mini", &format!("job {i}"));
+        body["request"]["max_tokens"] = json!(12);
+        let (status, accepted) = app.submit(ACME, &body).await;
+        assert_eq!(status, 202, "{accepted}");
+        let done = app.wait_job(ACME, accepted["id"].as_str().unwrap(), 30).await;
+        if done["state"] != "succeeded" {
+            assert_eq!(done["error"]["code"], "deadline_unmeetable", "{done}");
+            break;
+        }
+        spent += done["cost"]["charged_usd"].as_f64().unwrap();
+        maintenance.run_once(chrono::Utc::now()).await.unwrap();
+        let announced = events().await;
+        if spent < 0.08 - 1e-9 {
+            assert!(announced.is_empty(), "announced at ${spent}: {announced:?}");
+        } else {
+            // This pass, or the broker's own maintenance racing it, announced it once.
+            let announced = eventually(5, "the 80 % announcement", || async {
+                let e = events().await;
+                (!e.is_empty()).then_some(e)
+            })
+            .await;
+            assert_eq!(announced.len(), 1, "at ${spent}: {announced:?}");
+        }
+    }
+    assert!(spent >= 0.08, "the jobs reached 80 % (${spent})");
+    let announced = events().await;
+    let data = &announced[0]["data"];
+    assert_eq!(
+        (
+            &data["tenant"],
+            &data["holder"],
+            &data["window"],
+            &data["threshold"],
+            &data["budget_usd"]
+        ),
+        (
+            &json!("acme"),
+            &json!("tenant"),
+            &json!("day"),
+            &json!(0.8),
+            &json!(0.1)
+        ),
+        "{data}"
+    );
+    assert!(data["spent_usd"].as_f64().unwrap() >= 0.08, "{data}");
+    assert!(
+        announced.iter().all(|e| e["data"]["threshold"] != json!(1.0)) || spent >= 0.1 - 1e-9,
+        "100 % only when all of it is spent: {announced:?}"
+    );
+    app.shutdown().await;
+}

@@ -1,6 +1,7 @@
 //! Maintenance: rescues jobs whose lease expired (their dispatcher died or lost the
 //! database), settling the reservations they held, and fails queued or admitted jobs
-//! whose deadline passed; then ends due batches (`batches`) and, when configured, prunes
+//! whose deadline passed; then ends due batches (`batches`), announces spend budgets that
+//! reached 80 % or all of their window (`budget.threshold` webhooks), and, when configured, prunes
 //! what retention no longer keeps (`retention`), and analyzes the queue table when its
 //! planner statistics went stale (`store::statistics`). Safe to run in every process at
 //! once: each statement locks with SKIP LOCKED and changes a row only once. A lease has
@@ -29,7 +30,12 @@ pub struct Pass {
     /// Batches that ended (their output and error files written).
     pub batches_finished: u64,
     pub pruned: Pruned,
+    /// Budget thresholds announced (`budget.threshold` events queued).
+    pub budgets_announced: u64,
 }
+
+/// The thresholds a spend budget is announced at (`budget.threshold`): 80 % and all of it.
+pub const BUDGET_THRESHOLDS: [f64; 2] = [0.8, 1.0];
 
 /// How often estimates are recalibrated from recent attempts.
 pub const CALIBRATE_EVERY: Duration = Duration::from_secs(30);
@@ -113,6 +119,7 @@ impl Maintenance {
         store::prune_pauses(&self.pool, now).await?;
         store::refresh_job_statistics(&self.pool, &self.analyzed_at).await?;
         let batches_finished = self.batches.run_once(now).await?;
+        let budgets_announced = self.announce_budgets(now).await?;
         let pruned = match &self.retention {
             Some(r) => r.run_once(now).await?,
             None => Pruned::default(),
@@ -131,7 +138,22 @@ impl Maintenance {
             calibrated,
             batches_finished,
             pruned,
+            budgets_announced,
         })
+    }
+
+    /// Queues a `budget.threshold` event for each spend budget whose spending just
+    /// reached one of [`BUDGET_THRESHOLDS`] in its window, to its tenant's webhook
+    /// endpoints: once per budget, window and threshold, however many processes run this.
+    async fn announce_budgets(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let crossed = store::budget_crossings(&mut tx, &BUDGET_THRESHOLDS, now).await?;
+        for c in &crossed {
+            let body = budget_event(c, now);
+            store::enqueue_event(&mut *tx, &c.tenant, None, BUDGET_EVENT, &body, now).await?;
+        }
+        tx.commit().await?;
+        Ok(crossed.len() as u64)
     }
 
     pub async fn run(self, cancel: CancellationToken) {
@@ -145,4 +167,40 @@ impl Maintenance {
             }
         }
     }
+}
+
+/// The event type of a budget reaching a threshold.
+const BUDGET_EVENT: &str = "budget.threshold";
+
+/// The `budget.threshold` event of `c`: whose budget (a tenant's, or one of its API keys'),
+/// its window, the threshold reached, the budget and what is spent of it in USD, and when
+/// the window resets.
+fn budget_event(c: &store::BudgetCrossing, now: DateTime<Utc>) -> String {
+    let mut parts = c.bucket.splitn(3, ':');
+    let (holder, id, name) = (
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+    );
+    let window = match name {
+        "weekly_spend" => "week",
+        "monthly_spend" => "month",
+        _ => "day",
+    };
+    serde_json::json!({
+        "type": BUDGET_EVENT,
+        "timestamp": now.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        "data": {
+            "object": "budget",
+            "tenant": c.tenant,
+            "holder": if holder == "apikey" { "api_key" } else { "tenant" },
+            "api_key": (holder == "apikey").then_some(id),
+            "window": window,
+            "threshold": c.threshold,
+            "budget_usd": c.capacity / 1e6,
+            "spent_usd": c.spent / 1e6,
+            "resets_at": c.resets_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        },
+    })
+    .to_string()
 }
