@@ -442,18 +442,44 @@ pub async fn revoke_key(
     Ok(record)
 }
 
-/// What applying a seed changed: tenants created, tenants updated, keys set.
+/// What applying a seed changed: tenants created, tenants updated (each as it was
+/// before), the tenants whose file key was set, and the tenants the file does not name.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Applied {
     pub created: Vec<String>,
     pub updated: Vec<String>,
     pub keys: Vec<String>,
+    /// Each tenant written: as it was (`None`: new) and as the file has it.
+    pub changes: Vec<(Option<TenantSpec>, TenantSpec)>,
+    /// Tenants the file does not name (left as they are).
+    pub untouched: Vec<String>,
+}
+
+impl Applied {
+    /// Whether anything was (or would be) written.
+    pub fn changed(&self) -> bool {
+        !(self.changes.is_empty() && self.keys.is_empty())
+    }
 }
 
 /// Applies the config file's tenants and keys: creates the tenants it names that are not
 /// there, updates those that differ, gives each its file key. Tenants it does not name
 /// are left as they are. Parents are written before their children.
 pub async fn apply_seed(pool: &PgPool, seed: &Seed, now: DateTime<Utc>) -> Result<Applied, ControlError> {
+    write_seed(pool, seed, now, true).await
+}
+
+/// What [`apply_seed`] would change, written in a transaction that is rolled back.
+pub async fn plan_seed(pool: &PgPool, seed: &Seed, now: DateTime<Utc>) -> Result<Applied, ControlError> {
+    write_seed(pool, seed, now, false).await
+}
+
+async fn write_seed(
+    pool: &PgPool,
+    seed: &Seed,
+    now: DateTime<Utc>,
+    commit: bool,
+) -> Result<Applied, ControlError> {
     let mut applied = Applied::default();
     let mut tx = pool.begin().await?;
     store::lock_control(&mut tx).await?;
@@ -469,10 +495,11 @@ pub async fn apply_seed(pool: &PgPool, seed: &Seed, now: DateTime<Utc>) -> Resul
         check_parent(&mut tx, spec).await?;
         store::put_tenant(&mut tx, spec, Source::File, true, now).await?;
         sync_tenant_buckets(&mut tx, spec, now).await?;
-        match before {
+        match &before {
             Some(_) => applied.updated.push(spec.name.clone()),
             None => applied.created.push(spec.name.clone()),
         }
+        applied.changes.push((before.map(|b| b.spec), spec.clone()));
     }
     for (tenant, digest) in &seed.keys {
         match store::key_owner(&mut tx, digest).await? {
@@ -483,7 +510,17 @@ pub async fn apply_seed(pool: &PgPool, seed: &Seed, now: DateTime<Utc>) -> Resul
             applied.keys.push(tenant.clone());
         }
     }
-    if applied != Applied::default() {
+    applied.untouched = store::list_tenants(&mut *tx)
+        .await?
+        .into_iter()
+        .map(|t| t.spec.name)
+        .filter(|name| !seed.tenants.iter().any(|s| &s.name == name))
+        .collect();
+    if !commit {
+        tx.rollback().await?;
+        return Ok(applied);
+    }
+    if applied.changed() {
         store::changed(&mut tx).await?;
     }
     tx.commit().await?;

@@ -42,7 +42,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-pub use self::admin::{KeysArgs, ProviderKeysArgs, TenantsArgs, keys, provider_keys, tenants};
+pub use self::admin::{KeysArgs, ProviderKeysArgs, TenantsArgs, apply, keys, provider_keys, tenants};
 use self::progress::{Progress, short_duration};
 use self::table::{Align, Table, fields};
 

@@ -49,6 +49,15 @@ enum Command {
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
     },
+    /// Apply a config file's tenants and keys to its database, as `serve` does at start and
+    /// on SIGHUP, printing the difference (GitOps); `--dry-run` prints it only.
+    Apply {
+        /// Config file (TOML).
+        file: PathBuf,
+        /// Print what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Check a config file without starting anything.
     Config {
         #[command(subcommand)]
@@ -167,6 +176,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Batches(args) => exit_unless(tollgate_api::cli::batches(args).await?),
         Command::Files(args) => exit_unless(tollgate_api::cli::files(args).await?),
         Command::Usage(args) => exit_unless(tollgate_api::cli::usage(args).await?),
+        Command::Apply { file, dry_run } => exit_unless(tollgate_api::cli::apply(&file, dry_run).await?),
         Command::Tenants(args) => exit_unless(tollgate_api::cli::tenants(args).await?),
         Command::Keys(args) => exit_unless(tollgate_api::cli::keys(args).await?),
         Command::ProviderKeys(args) => exit_unless(tollgate_api::cli::provider_keys(args).await?),

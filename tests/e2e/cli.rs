@@ -16,7 +16,7 @@ pub async fn tollgate(app: &TestApp, key: &str, args: &[&str]) -> (i32, String, 
 }
 
 /// Runs `tollgate ARGS` with `env` (and none of the test's own TOLLGATE_*, RUST_LOG, RUST_BACKTRACE).
-async fn run(env: &[(&str, &str)], args: &[&str]) -> (i32, String, String) {
+pub(crate) async fn run(env: &[(&str, &str)], args: &[&str]) -> (i32, String, String) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .args(args)
         .env_remove("TOLLGATE_URL")

@@ -1046,3 +1046,48 @@ async fn a_budget_reaching_80_percent_is_announced_once_to_its_tenant_s_webhooks
     );
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn apply_prints_the_file_s_difference_and_applies_it_unless_dry() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        ..admin_options()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tollgate.toml");
+    let text = with_tenant(
+        &crate::harness::config_text(app.mock_addr, ""),
+        "gitops",
+        "tk-gitops-tenant",
+    )
+    .replacen("weight = 3", "weight = 2", 1);
+    std::fs::write(&path, &text).unwrap();
+    let file = path.to_str().unwrap();
+    let env = [("DATABASE_URL", app.db.url.as_str())];
+
+    let (code, out, err) = crate::cli::run(&env, &["apply", file, "--dry-run"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("+ tenant gitops: weight 1"), "{out}");
+    assert!(out.contains("~ tenant acme: weight 3 → 2"), "{out}");
+    assert!(out.contains("dry run: 1 created, 1 updated"), "{out}");
+    let (status, _) = app.get(ADMIN, "/v1/admin/tenants/gitops").await;
+    assert_eq!(status, 404, "a dry run changes nothing");
+
+    let (code, out, err) = crate::cli::run(&env, &["apply", file]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("applied: 1 created, 1 updated, 1 key(s) set"),
+        "{out}"
+    );
+    within_a_second("the applied tenant's key accepted", || async {
+        app.get("tk-gitops-tenant", "/v1/jobs").await.0 == 200
+    })
+    .await;
+    let (_, acme) = app.get(ADMIN, "/v1/admin/tenants/acme").await;
+    assert_eq!(acme["weight"], 2);
+    let (code, out, _) = crate::cli::run(&env, &["apply", file]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("nothing to change"), "{out}");
+    app.shutdown().await;
+}

@@ -1,9 +1,14 @@
-//! `tollgate tenants …` and `tollgate keys …`: the admin API from the command line (the
-//! admin key). Money is in USD.
+//! `tollgate tenants …`, `tollgate keys …` and `tollgate provider-keys …`: the admin API
+//! from the command line (the admin key); and `tollgate apply FILE [--dry-run]`, the
+//! file's tenants applied to its database, the difference printed. Money is in USD.
 
 use clap::{Args, Subcommand};
 use reqwest::Method;
 use serde_json::{Map, Value, json};
+use tollgate::config::Config;
+use tollgate::control;
+use tollgate::db::Database;
+use tollgate::tenants::{Seed, TenantSpec};
 
 use super::table::{Align, Table, fields};
 use super::{Remote, cell, print_json, segment, when};
@@ -590,4 +595,94 @@ pub async fn keys(args: KeysArgs) -> anyhow::Result<bool> {
             Ok(true)
         }
     }
+}
+
+/// A tenant's settings in a line: `weight 3, parent unit, rpm 60, $5.00/month`.
+fn spec_text(spec: &TenantSpec) -> String {
+    let mut parts = vec![format!("weight {}", spec.weight)];
+    parts.extend(spec.parent.as_ref().map(|p| format!("parent {p}")));
+    let limits = serde_json::to_value(spec.limits).unwrap_or(Value::Null);
+    let budgets = serde_json::to_value(&spec.budgets).unwrap_or(Value::Null);
+    parts.extend(
+        [limits_text(&limits), budgets_text(&budgets)]
+            .into_iter()
+            .filter(|t| t != "-"),
+    );
+    parts.join(", ")
+}
+
+/// What differs between `before` and `after`, field by field.
+fn spec_changes(before: &TenantSpec, after: &TenantSpec) -> String {
+    let mut changes = Vec::new();
+    if before.weight != after.weight {
+        changes.push(format!("weight {} → {}", before.weight, after.weight));
+    }
+    if before.parent != after.parent {
+        let show = |p: &Option<String>| p.clone().unwrap_or_else(|| "-".to_owned());
+        changes.push(format!(
+            "parent {} → {}",
+            show(&before.parent),
+            show(&after.parent)
+        ));
+    }
+    let limits = |s: &TenantSpec| limits_text(&serde_json::to_value(s.limits).unwrap_or(Value::Null));
+    if before.limits != after.limits {
+        changes.push(format!("limits {} → {}", limits(before), limits(after)));
+    }
+    let budgets = |s: &TenantSpec| budgets_text(&serde_json::to_value(&s.budgets).unwrap_or(Value::Null));
+    if before.budgets != after.budgets {
+        changes.push(format!("budgets {} → {}", budgets(before), budgets(after)));
+    }
+    if before.settings != after.settings {
+        changes.push("quotas or API rate".to_owned());
+    }
+    if changes.is_empty() {
+        // Written by the admin API before; now the file's again.
+        changes.push("taken back by the file".to_owned());
+    }
+    changes.join("; ")
+}
+
+/// `tollgate apply FILE [--dry-run]`: the file's tenants and keys applied to the database
+/// of its `[database]` (as `serve` applies them at start and on `SIGHUP`), the difference
+/// printed; with `--dry-run`, printed only.
+pub async fn apply(file: &std::path::Path, dry_run: bool) -> anyhow::Result<bool> {
+    let config = Config::load(file)?;
+    let seed = Seed::from_config(&config).map_err(anyhow::Error::msg)?;
+    let db = Database::open(&config.database).await?;
+    let now = tollgate::store::database_time(&db.pool).await?;
+    let applied = if dry_run {
+        control::plan_seed(&db.pool, &seed, now).await?
+    } else {
+        control::apply_seed(&db.pool, &seed, now).await?
+    };
+    for (before, after) in &applied.changes {
+        match before {
+            None => println!("+ tenant {}: {}", after.name, spec_text(after)),
+            Some(before) => println!("~ tenant {}: {}", after.name, spec_changes(before, after)),
+        }
+    }
+    for tenant in &applied.keys {
+        println!("~ key of tenant {tenant}: the file's key set");
+    }
+    if !applied.untouched.is_empty() {
+        println!(
+            "= {} tenant(s) the file does not name, left as they are: {}",
+            applied.untouched.len(),
+            applied.untouched.join(", ")
+        );
+    }
+    let summary = format!(
+        "{} created, {} updated, {} key(s) set",
+        applied.created.len(),
+        applied.updated.len(),
+        applied.keys.len()
+    );
+    match (dry_run, applied.changed()) {
+        (_, false) => println!("nothing to change"),
+        (true, true) => println!("dry run: {summary}; nothing applied"),
+        (false, true) => println!("applied: {summary}; in force on every process within a second"),
+    }
+    db.close().await?;
+    Ok(true)
 }
