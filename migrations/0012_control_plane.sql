@@ -36,6 +36,8 @@ CREATE TABLE api_keys (
     -- The key's own limits and budgets, on top of its tenant's (as the tenant's columns).
     limits       jsonb NOT NULL DEFAULT '{}',
     budgets      jsonb NOT NULL DEFAULT '[]',
+    -- What it may submit: {"models", "endpoints", "classes", "max_priority"}, each optional.
+    scopes       jsonb NOT NULL DEFAULT '{}',
     expires_at   timestamptz,
     revoked_at   timestamptz,
     last_used_at timestamptz,

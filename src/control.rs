@@ -34,8 +34,8 @@ use crate::notify::Notifications;
 use crate::store::ProviderKeyRecord;
 use crate::store::{self, KeyRecord, NewKey, StoreError, TenantRecord, Undeletable};
 use crate::tenants::{
-    self, Budget, Caller, KeyEntry, KeyLimits, Seed, Source, Tenant, TenantDirectory, TenantLimits,
-    TenantSpec,
+    self, Budget, Caller, KeyEntry, KeyLimits, KeyScopes, Seed, Source, Tenant, TenantDirectory,
+    TenantLimits, TenantSpec,
 };
 use crate::webhook_secrets::provider_key_context;
 
@@ -238,6 +238,7 @@ async fn read(pool: &PgPool, config: &Config) -> Result<Snapshot, ControlError> 
             id: k.id,
             tenant: k.tenant,
             expires_at: k.expires_at,
+            scopes: Arc::new(k.scopes),
         };
         (k.digest, entry)
     });
@@ -377,6 +378,8 @@ pub struct KeyRequest {
     /// Its own limits and budgets, on top of its tenant's.
     pub limits: TenantLimits,
     pub budgets: Vec<Budget>,
+    /// What it may submit.
+    pub scopes: KeyScopes,
 }
 
 /// Creates a key for `tenant`: its row and its secret, which is returned this once and
@@ -415,6 +418,7 @@ pub async fn create_key(
         prefix: &tenants::key_prefix(&secret),
         limits: &request.limits,
         budgets: &request.budgets,
+        scopes: &request.scopes,
         expires_at: request.expires_at,
     };
     let record = store::insert_key(&mut tx, &key, Source::Api, now).await?;

@@ -20,11 +20,14 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use uuid::Uuid;
 
+use serde::{Deserialize, Serialize};
+
 use crate::config::{ApiRate, Config, Quotas, ServerConfig};
 pub use crate::tenant_spec::{
     Budget, BudgetWindow, InvalidTenant, MAX_TENANT_NAME, Source, TenantLimits, TenantSettings, TenantSpec,
     check_limits, name_rule, valid_name,
 };
+use crate::vocab::{Endpoint, JobClass};
 
 /// A tenant as requests see it: its spec with the server's defaults filled in.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,14 +86,88 @@ pub struct KeyEntry {
     pub id: Uuid,
     pub tenant: String,
     pub expires_at: Option<DateTime<Utc>>,
+    pub scopes: Arc<KeyScopes>,
+}
+
+/// What a key may submit; each list left empty allows anything.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KeyScopes {
+    /// The names it may put in `model` (route aliases, `provider/model`, provider models).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<String>,
+    /// The endpoints its jobs may call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<Endpoint>,
+    /// The classes its jobs may take.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub classes: Vec<JobClass>,
+    /// The highest priority its jobs may ask for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_priority: Option<i32>,
+}
+
+impl KeyScopes {
+    /// Why a job for `model` (when known), of `endpoint`, `class` and `priority`, is not
+    /// this key's to submit: the field it is refused by, and the reason.
+    pub fn refuses(
+        &self,
+        model: Option<&str>,
+        endpoint: Endpoint,
+        class: JobClass,
+        priority: i32,
+    ) -> Option<(&'static str, String)> {
+        if let Some(reason) = model.and_then(|m| self.refuses_model(m)) {
+            return Some(("model", reason));
+        }
+        if !self.endpoints.is_empty() && !self.endpoints.contains(&endpoint) {
+            return Some((
+                "endpoint",
+                format!("this API key may not call {}", endpoint.as_str()),
+            ));
+        }
+        if !self.classes.is_empty() && !self.classes.contains(&class) {
+            return Some((
+                "class",
+                format!("this API key may not submit {} jobs", class.as_str()),
+            ));
+        }
+        match self.max_priority {
+            Some(max) if priority > max => Some((
+                "priority",
+                format!("this API key may not ask for a priority above {max}"),
+            )),
+            _ => None,
+        }
+    }
+}
+
+impl KeyScopes {
+    /// Why `model` is not this key's to use.
+    pub fn refuses_model(&self, model: &str) -> Option<String> {
+        (!self.models.is_empty() && !self.models.iter().any(|m| m == model))
+            .then(|| format!("this API key may not use model {model:?}"))
+    }
 }
 
 /// Who is calling: a tenant, through one of its keys (`None` for a directory built from
-/// the config alone). Reads as its tenant.
+/// the config alone), with what that key may submit. Reads as its tenant.
 #[derive(Debug, Clone)]
 pub struct Caller {
     pub tenant: Arc<Tenant>,
     pub key: Option<Uuid>,
+    pub scopes: Arc<KeyScopes>,
+}
+
+impl Caller {
+    /// A caller of `tenant` through no key of the control plane (tests, benchmarks).
+    pub fn of(tenant: Tenant) -> Self {
+        Self {
+            tenant: Arc::new(tenant),
+            key: None,
+            scopes: Arc::default(),
+        }
+    }
 }
 
 impl std::ops::Deref for Caller {
@@ -189,6 +266,7 @@ impl TenantDirectory {
                 id: Uuid::nil(),
                 tenant: tenant.clone(),
                 expires_at: None,
+                scopes: Arc::default(),
             };
             (*d, entry)
         });
@@ -216,6 +294,7 @@ impl TenantDirectory {
         Some(Caller {
             tenant: self.tenants.get(&key.tenant)?.clone(),
             key: Some(key.id).filter(|id| !id.is_nil()),
+            scopes: key.scopes.clone(),
         })
     }
 
@@ -388,6 +467,7 @@ mod tests {
             id: Uuid::nil(),
             tenant: tenant.to_owned(),
             expires_at,
+            scopes: Arc::default(),
         };
         let dir = TenantDirectory::new(
             [acme],

@@ -456,6 +456,9 @@ pub enum ApiErrorCode {
     InvalidApiKey,
     /// 403: the endpoint needs the admin key.
     AdminOnly,
+    /// 403: the API key's scopes do not allow this model, endpoint, class or priority
+    /// (`param` names which).
+    KeyNotPermitted,
     /// 404: no such job (or another tenant's).
     NotFound,
     /// 404: unknown path.

@@ -24,7 +24,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use tollgate::config::{Config, ModelLimits};
 use tollgate::control::{self, ControlError, KeyRequest};
 use tollgate::store::{self, KeyRecord, TenantRecord};
-use tollgate::tenants::{Budget, Source, TenantLimits, TenantSettings, TenantSpec};
+use tollgate::tenants::{Budget, KeyScopes, Source, TenantLimits, TenantSettings, TenantSpec};
 use tollgate::vocab::ApiErrorCode;
 use utoipa::ToSchema;
 
@@ -129,6 +129,10 @@ pub(crate) struct NewKey {
     /// Its own budgets, on top of its tenant's.
     #[serde(default)]
     budgets: Vec<Budget>,
+    /// What it may submit: `models`, `endpoints`, `classes`, `max_priority` (each left
+    /// out: anything).
+    #[serde(default)]
+    scopes: KeyScopes,
 }
 
 /// An API key as the admin API shows it: never its secret, but when it is created.
@@ -148,6 +152,7 @@ pub(crate) struct KeyObject {
     source: Source,
     limits: TenantLimits,
     budgets: Vec<Budget>,
+    scopes: KeyScopes,
     expires_at: Option<DateTime<Utc>>,
     revoked_at: Option<DateTime<Utc>>,
     last_used_at: Option<DateTime<Utc>>,
@@ -167,6 +172,7 @@ impl KeyObject {
             source: r.source,
             limits: r.limits,
             budgets: r.budgets,
+            scopes: r.scopes,
             expires_at: r.expires_at,
             revoked_at: r.revoked_at,
             last_used_at: r.last_used_at,
@@ -391,6 +397,7 @@ pub(crate) async fn create_key(
         expires_at: new.expires_at,
         limits: new.limits,
         budgets: new.budgets,
+        scopes: new.scopes,
     };
     let (record, secret) = control::create_key(&state.pool, &tenant, &request, state.clock.now()).await?;
     Ok((StatusCode::CREATED, Json(KeyObject::of(record, Some(secret)))).into_response())

@@ -34,6 +34,7 @@ use tollgate::batches::{
 use tollgate::config::{BatchesConfig, Config};
 use tollgate::model::{JobClass, JobId};
 use tollgate::store::{self, BatchCancel, BatchJobs, LineError};
+use tollgate::tenants::KeyScopes;
 use tollgate::vocab::Endpoint;
 use tollgate::webhook_signing::{EVENT_TYPES, Secret};
 
@@ -162,6 +163,7 @@ pub(crate) async fn create(
         lines,
         req.webhook.as_ref(),
         Input::File(file.id),
+        &tenant.scopes,
     )
     .await?;
     let counts = RequestCounts {
@@ -190,7 +192,13 @@ pub(crate) async fn start(
     lines: u64,
     webhook: Option<&WebhookSpec>,
     input: Input,
+    scopes: &Arc<KeyScopes>,
 ) -> Result<(), ApiError> {
+    // What the key may submit: the batch's endpoint and class here, each line's model as
+    // it is read.
+    if let Some((field, reason)) = scopes.refuses(None, batch.endpoint, batch.class, 0) {
+        return Err(crate::jobs::scope_refusal(field, reason));
+    }
     let mut tx = state.pool.begin().await.map_err(db)?;
     // Every line may become a job: the tenant's queue of the class must hold them all.
     // Checked under the queue's lock, held until the lines are in, as every submission
@@ -218,8 +226,8 @@ pub(crate) async fn start(
     }
     let started = std::time::Instant::now();
     let ingested = match input {
-        Input::File(file) => ingest(state, &mut tx, batch, &file).await?,
-        Input::Inline(requests) => ingest_inline(state, &mut tx, batch, requests).await?,
+        Input::File(file) => ingest(state, &mut tx, batch, &file, scopes.clone()).await?,
+        Input::Inline(requests) => ingest_inline(state, &mut tx, batch, requests, scopes.clone()).await?,
     };
     store::set_batch_totals(&mut *tx, &batch.id, ingested.total, ingested.rejected).await?;
     tx.commit().await.map_err(db)?;
@@ -356,6 +364,7 @@ async fn ingest(
     conn: &mut PgConnection,
     batch: &BatchRow,
     file: &str,
+    scopes: Arc<KeyScopes>,
 ) -> Result<Ingested, ApiError> {
     let insert = Inserter::new(state);
     let mut reader = LineReader {
@@ -365,6 +374,7 @@ async fn ingest(
             endpoint: batch.endpoint,
             seen: HashSet::new(),
             at: "body.",
+            scopes,
         },
     };
     let mut jobs: Vec<LineJob> = Vec::new();
@@ -410,12 +420,14 @@ async fn ingest_inline(
     conn: &mut PgConnection,
     batch: &BatchRow,
     requests: Vec<(String, Value)>,
+    scopes: Arc<KeyScopes>,
 ) -> Result<Ingested, ApiError> {
     let check = LineChecker {
         config: state.config.clone(),
         endpoint: batch.endpoint,
         seen: HashSet::new(),
         at: "params.",
+        scopes,
     };
     let total = requests.len() as i32;
     let (jobs, rejected) = tokio::task::spawn_blocking(move || {
@@ -549,6 +561,8 @@ struct LineChecker {
     seen: HashSet<String>,
     /// Where a line's request is, as an error's `param` names it (`body.`, `params.`).
     at: &'static str,
+    /// What the batch's key may submit (each line's model).
+    scopes: Arc<KeyScopes>,
 }
 
 impl LineChecker {
@@ -593,6 +607,9 @@ impl LineChecker {
         }
         let checked = requests::check(&self.config, self.endpoint, &request, self.at)
             .map_err(|e| reject(e.code.as_str(), e.message))?;
+        if let Some(reason) = self.scopes.refuses_model(&checked.model) {
+            return Err(reject(ApiErrorCode::KeyNotPermitted.as_str(), reason));
+        }
         Ok(LineJob {
             estimated_input_tokens: checked.estimated_input_tokens,
             estimated_output_tokens: checked.estimated_output_tokens,

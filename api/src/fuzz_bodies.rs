@@ -64,10 +64,7 @@ fn config() -> &'static Config {
 }
 
 fn tenant() -> Caller {
-    Caller {
-        tenant: std::sync::Arc::new(Tenant::plain("acme", config())),
-        key: None,
-    }
+    Caller::of(Tenant::plain("acme", config()))
 }
 
 /// The acceptance time of every job the bodies make.

@@ -177,6 +177,13 @@ pub(crate) fn new_job(
     now: DateTime<Utc>,
 ) -> Result<NewJob, ApiError> {
     let checked = requests::check(config, s.endpoint, &s.request, "request.")?;
+    if let Some((field, reason)) =
+        tenant
+            .scopes
+            .refuses(Some(&checked.model), s.endpoint, s.class, s.priority)
+    {
+        return Err(scope_refusal(field, reason));
+    }
     let default_deadline = config.classes.get(s.class).default_deadline_secs;
     let deadline = s
         .deadline
@@ -205,6 +212,11 @@ pub(crate) fn new_job(
         stream: s.stream,
         api_key: tenant.key,
     })
+}
+
+/// `403 key_not_permitted`: the caller's key may not submit this (`param`: the field).
+pub(crate) fn scope_refusal(field: &str, reason: String) -> ApiError {
+    ApiError::new(StatusCode::FORBIDDEN, ApiErrorCode::KeyNotPermitted, reason).with_param(field)
 }
 
 /// Makes room for `adding` more jobs of `class` in the tenant's queue, or refuses them

@@ -89,7 +89,15 @@ pub(crate) async fn create(
         )
     };
     let lines = requests.len() as u64;
-    start(&state, &mut batch, lines, None, Input::Inline(requests)).await?;
+    start(
+        &state,
+        &mut batch,
+        lines,
+        None,
+        Input::Inline(requests),
+        &tenant.scopes,
+    )
+    .await?;
     Ok(Json(view(&batch, &headers)))
 }
 

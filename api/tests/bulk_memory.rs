@@ -48,10 +48,7 @@ fn body(jobs: usize) -> Vec<u8> {
 #[test]
 fn reading_a_bulk_keeps_requests_as_text_and_never_the_body_as_values() {
     let config = Config::parse(CONFIG, "test.toml").unwrap();
-    let tenant = Caller {
-        tenant: std::sync::Arc::new(Tenant::plain("acme", &config)),
-        key: None,
-    };
+    let tenant = Caller::of(Tenant::plain("acme", &config));
     let now = Utc::now();
     let body = body(500);
     // The BPE tables load once per process: not this bulk's cost.

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::Result;
 use crate::config::ModelLimits;
-use crate::tenants::{Budget, Source, TenantLimits, TenantSettings, TenantSpec};
+use crate::tenants::{Budget, KeyScopes, Source, TenantLimits, TenantSettings, TenantSpec};
 
 /// Channel on which every change of the control plane is announced (payload: the version).
 pub const CHANNEL_CONTROL: &str = "tollgate_control";
@@ -41,6 +41,7 @@ pub struct KeyRecord {
     pub source: Source,
     pub limits: TenantLimits,
     pub budgets: Vec<Budget>,
+    pub scopes: KeyScopes,
     pub expires_at: Option<DateTime<Utc>>,
     pub revoked_at: Option<DateTime<Utc>>,
     pub last_used_at: Option<DateTime<Utc>>,
@@ -57,6 +58,7 @@ pub struct DirectoryKey {
     pub revoked: bool,
     pub limits: TenantLimits,
     pub budgets: Vec<Budget>,
+    pub scopes: KeyScopes,
 }
 
 /// A key to store.
@@ -70,6 +72,7 @@ pub struct NewKey<'a> {
     pub prefix: &'a str,
     pub limits: &'a TenantLimits,
     pub budgets: &'a [Budget],
+    pub scopes: &'a KeyScopes,
     pub expires_at: Option<DateTime<Utc>>,
 }
 
@@ -127,6 +130,7 @@ struct KeyRow {
     source: String,
     limits: Json<TenantLimits>,
     budgets: Json<Vec<Budget>>,
+    scopes: Json<KeyScopes>,
     expires_at: Option<DateTime<Utc>>,
     revoked_at: Option<DateTime<Utc>>,
     last_used_at: Option<DateTime<Utc>>,
@@ -144,6 +148,7 @@ impl From<KeyRow> for KeyRecord {
             source: Source::parse(&r.source),
             limits: r.limits.0,
             budgets: r.budgets.0,
+            scopes: r.scopes.0,
             expires_at: r.expires_at,
             revoked_at: r.revoked_at,
             last_used_at: r.last_used_at,
@@ -159,7 +164,8 @@ macro_rules! query_keys {
             KeyRow,
             $head
                 + r#" id, tenant, name, application, prefix, source, limits AS "limits: Json<TenantLimits>",
-                      budgets AS "budgets: Json<Vec<Budget>>", expires_at, revoked_at, last_used_at, created_at "#
+                      budgets AS "budgets: Json<Vec<Budget>>", scopes AS "scopes: Json<KeyScopes>", expires_at, revoked_at,
+                      last_used_at, created_at "#
                 + $tail
             $(, $arg)*
         )
@@ -314,8 +320,8 @@ pub async fn insert_key(
 ) -> Result<KeyRecord> {
     let row = query_keys!(
         "INSERT INTO api_keys (id, tenant, name, application, key_sha256, prefix, source, expires_at, created_at,
-                               limits, budgets)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                               limits, budgets, scopes)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
          RETURNING",
         "",
         key.id,
@@ -329,6 +335,7 @@ pub async fn insert_key(
         now,
         Json(key.limits) as _,
         Json(key.budgets) as _,
+        Json(key.scopes) as _,
     )
     .fetch_one(&mut *conn)
     .await?;
@@ -415,7 +422,8 @@ pub async fn revoke_key(
 pub async fn directory_keys(ex: impl PgExecutor<'_>) -> Result<Vec<DirectoryKey>> {
     let rows = sqlx::query!(
         r#"SELECT id, tenant, key_sha256, expires_at, revoked_at IS NOT NULL AS "revoked!",
-                  limits AS "limits: Json<TenantLimits>", budgets AS "budgets: Json<Vec<Budget>>"
+                  limits AS "limits: Json<TenantLimits>", budgets AS "budgets: Json<Vec<Budget>>",
+                  scopes AS "scopes: Json<KeyScopes>"
            FROM api_keys"#
     )
     .fetch_all(ex)
@@ -431,6 +439,7 @@ pub async fn directory_keys(ex: impl PgExecutor<'_>) -> Result<Vec<DirectoryKey>
                 revoked: r.revoked,
                 limits: r.limits.0,
                 budgets: r.budgets.0,
+                scopes: r.scopes.0,
             })
         })
         .collect())

@@ -1091,3 +1091,78 @@ async fn apply_prints_the_file_s_difference_and_applies_it_unless_dry() {
     assert!(out.contains("nothing to change"), "{out}");
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_key_s_scopes_hold_its_jobs_to_its_models_endpoints_classes_and_priority() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        ..admin_options()
+    })
+    .await;
+    let scopes = json!({"models": ["fast"], "endpoints": ["/v1/chat/completions"],
+                        "classes": ["interactive", "standard"], "max_priority": 10});
+    let (status, key) = app
+        .post(
+            ADMIN,
+            "/v1/admin/tenants/acme/keys",
+            &json!({"name": "narrow", "scopes": scopes}),
+        )
+        .await;
+    assert_eq!((status, &key["scopes"]), (201, &scopes), "{key}");
+    let secret = key["key"].as_str().unwrap().to_owned();
+    eventually(5, "the key accepted", || async {
+        (app.get(&secret, "/v1/jobs").await.0 == 200).then_some(())
+    })
+    .await;
+    let (status, ok) = app.submit(&secret, &job("fast", "allowed")).await;
+    assert_eq!(status, 202, "{ok}");
+    let refused = |body: Value, param: &'static str| {
+        let secret = secret.clone();
+        let app = &app;
+        async move {
+            let (status, e) = app.submit(&secret, &body).await;
+            assert_eq!(
+                (status, e["error"]["code"].as_str(), e["error"]["param"].as_str()),
+                (403, Some("key_not_permitted"), Some(param)),
+                "{body}: {e}"
+            );
+        }
+    };
+    refused(job("oai/gpt-4o-mini", "another model"), "model").await;
+    let mut background = job("fast", "another class");
+    background["class"] = json!("background");
+    refused(background, "class").await;
+    let mut urgent = job("fast", "too urgent");
+    urgent["priority"] = json!(50);
+    refused(urgent, "priority").await;
+    let mut embeddings = json!({"endpoint": "/v1/embeddings", "request": {"model": "fast", "input": "x"}});
+    embeddings["class"] = json!("standard");
+    refused(embeddings, "endpoint").await;
+    // The synchronous endpoints and batches keep to them too.
+    let (status, e) = app
+        .post(&secret, "/v1/embeddings", &json!({"model": "fast", "input": "x"}))
+        .await;
+    assert_eq!(
+        (status, e["error"]["param"].as_str()),
+        (403, Some("endpoint")),
+        "{e}"
+    );
+    let line = json!({"custom_id": "c1", "method": "POST", "url": "/v1/chat/completions",
+                      "body": {"model": "fast", "messages": [{"role": "user", "content": "hi"}]}});
+    let (status, file) =
+        crate::batches::upload(&app.http, &app.api, &secret, format!("{line}\n").as_bytes()).await;
+    assert_eq!(status, 200, "{file}");
+    let (status, e) = crate::batches::create_batch(
+        &app.http,
+        &app.api,
+        &secret,
+        &crate::batches::batch_body(file["id"].as_str().unwrap()),
+    )
+    .await;
+    assert_eq!(
+        (status, e["error"]["param"].as_str()),
+        (403, Some("class")),
+        "a batch is class batch: {e}"
+    );
+    app.shutdown().await;
+}
