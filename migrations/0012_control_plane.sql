@@ -85,3 +85,15 @@ CREATE TABLE budget_alerts (
     created_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (bucket_key, resets_at, threshold)
 );
+
+-- Route aliases added at runtime (the config file's `[[routes]]` are not here: they change
+-- in the file).
+CREATE TABLE routes (
+    alias      text PRIMARY KEY,
+    -- `provider/model` targets in order of preference.
+    targets    text[] NOT NULL,
+    -- The route's own share (rpm, tpm, …) on all jobs sent through it.
+    limits     jsonb,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);

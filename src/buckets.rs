@@ -106,6 +106,11 @@ fn batch_queue_spec(provider: &str, model: &str, tokens: u64) -> BucketSpec {
     )
 }
 
+/// The buckets of route `alias`: its own share, whichever target serves its jobs.
+pub fn route_specs(alias: &str, limits: &ModelLimits) -> Vec<BucketSpec> {
+    target_specs(&route_scope(alias), limits)
+}
+
 /// The buckets of provider key `name` of `provider`: its own limits, across models.
 pub fn key_specs(provider: &str, name: &str, limits: &ModelLimits) -> Vec<BucketSpec> {
     target_specs(&key_scope(provider, name), limits)

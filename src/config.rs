@@ -507,12 +507,19 @@ impl KeyConfig {
 pub struct ModelLimits {
     /// Most growth of the requests per minute from one minute to the next (acceleration
     /// limits): a minute allows the previous minute's requests plus this.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub ramp_rpm: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rpm: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tpm: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub itpm: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub otpm: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rpd: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<u64>,
 }
 

@@ -14,6 +14,8 @@
 //!   [`remove_provider_key`]): added at runtime (sealed with the server's secret key,
 //!   `webhook_secrets`), rotated, disabled and enabled (the file's too); each process's
 //!   [`Keyring`] is swapped with its directory.
+//! - Routes ([`put_route`], [`remove_route`]): aliases added at runtime,
+//!   in force through [`Directory::config`], the file's configuration with them.
 //! - The config file seeds the control plane ([`apply_seed`]) at start and on `SIGHUP`:
 //!   it creates and updates the tenants it names (and their keys), and never deletes
 //!   what the admin API created.
@@ -28,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::buckets;
-use crate::config::{Config, ModelLimits, ProviderConfig};
+use crate::config::{Config, ModelLimits, ProviderConfig, RouteConfig};
 use crate::keyring::{Keyring, KeyringEntry};
 use crate::notify::Notifications;
 use crate::store::ProviderKeyRecord;
@@ -71,6 +73,10 @@ pub enum ControlError {
     NoSuchProviderKey(String, String),
     #[error("provider keys are sealed with the server's secret key, which is not available: {0}")]
     Sealing(String),
+    #[error("a route {0:?} exists already")]
+    RouteExists(String),
+    #[error("no route {0:?} was added at runtime")]
+    NoSuchRoute(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -82,10 +88,12 @@ impl From<sqlx::Error> for ControlError {
 }
 
 /// What a process holds of the control plane at one version.
-#[derive(Clone, Default)]
-struct Snapshot {
-    tenants: Arc<TenantDirectory>,
-    keyring: Arc<Keyring>,
+#[derive(Clone)]
+pub struct Snapshot {
+    pub tenants: Arc<TenantDirectory>,
+    pub keyring: Arc<Keyring>,
+    /// The config file's, with the routes added at runtime.
+    pub config: Arc<Config>,
 }
 
 /// One process's view of the control plane. Cheap to clone.
@@ -114,6 +122,7 @@ impl Directory {
         let snapshot = Snapshot {
             tenants: Arc::new(directory),
             keyring: Arc::default(),
+            config: config.clone(),
         };
         Self {
             current: Arc::new(RwLock::new(snapshot)),
@@ -122,7 +131,8 @@ impl Directory {
         }
     }
 
-    fn snapshot(&self) -> Snapshot {
+    /// The control plane now, all of one version.
+    pub fn snapshot(&self) -> Snapshot {
         self.current
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -137,6 +147,12 @@ impl Directory {
     /// The provider keys now.
     pub fn keyring(&self) -> Arc<Keyring> {
         self.snapshot().keyring
+    }
+
+    /// The configuration in force now: the file's, with the routes added at runtime. What
+    /// resolves a job's model (the API's checks, the planner) reads it here.
+    pub fn config(&self) -> Arc<Config> {
+        self.snapshot().config
     }
 
     /// `presented_key`'s tenant at `now` (and notes the key's use).
@@ -218,6 +234,7 @@ async fn read(pool: &PgPool, config: &Config) -> Result<Snapshot, ControlError> 
     let tenants = store::list_tenants(&mut *tx).await?;
     let keys = store::directory_keys(&mut *tx).await?;
     let provider_keys = store::list_provider_keys(&mut *tx).await?;
+    let routes = store::list_routes(&mut *tx).await?;
     tx.commit().await?;
     let admin = tenants::admin_digest(config).unwrap_or(None);
     let tenants = tenants
@@ -246,7 +263,25 @@ async fn read(pool: &PgPool, config: &Config) -> Result<Snapshot, ControlError> 
     Ok(Snapshot {
         tenants: Arc::new(tenants),
         keyring: Arc::new(keyring(config, provider_keys)),
+        config: Arc::new(with_routes(config, routes)),
     })
+}
+
+/// `config` with the routes added at runtime after its own (an alias of the file is never
+/// one of them: [`add_route`] refuses it).
+fn with_routes(config: &Config, routes: Vec<store::RouteRecord>) -> Config {
+    let mut effective = config.clone();
+    effective.routes.extend(
+        routes
+            .into_iter()
+            .filter(|r| !config.routes.iter().any(|f| f.alias == r.alias))
+            .map(|r| RouteConfig {
+                alias: r.alias,
+                targets: r.targets,
+                limits: r.limits,
+            }),
+    );
+    effective
 }
 
 /// The provider keys of `rows`, those added at runtime opened with the server's secret key
@@ -281,14 +316,25 @@ fn keyring(config: &Config, rows: Vec<ProviderKeyRecord>) -> Keyring {
     Keyring::new(entries)
 }
 
-/// Syncs `spec`'s buckets: its limits and budgets as the gate reserves them.
-async fn sync_tenant_buckets(
-    conn: &mut PgConnection,
-    spec: &TenantSpec,
+/// `spec`'s buckets: its limits and budgets as the gate reserves them.
+fn tenant_specs(spec: &TenantSpec) -> Vec<buckets::BucketSpec> {
+    buckets::limit_specs(&buckets::tenant_scope(&spec.name), &spec.limits, &spec.budgets)
+}
+
+/// Ends a change: syncs `specs` (the buckets of what changed), then [`announce`]s it.
+async fn finish(
+    mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    specs: &[buckets::BucketSpec],
     now: DateTime<Utc>,
 ) -> Result<(), ControlError> {
-    let specs = buckets::limit_specs(&buckets::tenant_scope(&spec.name), &spec.limits, &spec.budgets);
-    store::sync_buckets(&mut *conn, &specs, now).await?;
+    store::sync_buckets(&mut *tx, specs, now).await?;
+    announce(tx).await
+}
+
+/// Bumps the control plane's version (its NOTIFY goes out as this commits) and commits.
+async fn announce(mut tx: sqlx::Transaction<'_, sqlx::Postgres>) -> Result<(), ControlError> {
+    store::changed(&mut tx).await?;
+    tx.commit().await?;
     Ok(())
 }
 
@@ -347,9 +393,7 @@ async fn write_tenant(
     let record = store::put_tenant(&mut tx, spec, Source::Api, replace, now)
         .await?
         .ok_or_else(|| ControlError::TenantExists(spec.name.clone()))?;
-    sync_tenant_buckets(&mut tx, spec, now).await?;
-    store::changed(&mut tx).await?;
-    tx.commit().await?;
+    finish(tx, &tenant_specs(spec), now).await?;
     Ok(record)
 }
 
@@ -364,9 +408,7 @@ pub async fn delete_tenant(pool: &PgPool, name: &str) -> Result<(), ControlError
         Err(Undeletable::HasChildren(children)) => return Err(ControlError::HasChildren(children)),
         Err(Undeletable::HasWork(n)) => return Err(ControlError::HasWork(n)),
     }
-    store::changed(&mut tx).await?;
-    tx.commit().await?;
-    Ok(())
+    announce(tx).await
 }
 
 /// A key to create: everything but the secret, which [`create_key`] makes.
@@ -423,9 +465,7 @@ pub async fn create_key(
     };
     let record = store::insert_key(&mut tx, &key, Source::Api, now).await?;
     let specs = buckets::limit_specs(&buckets::api_key_scope(key.id), &request.limits, &request.budgets);
-    store::sync_buckets(&mut *tx, &specs, now).await?;
-    store::changed(&mut tx).await?;
-    tx.commit().await?;
+    finish(tx, &specs, now).await?;
     Ok((record, secret))
 }
 
@@ -441,8 +481,7 @@ pub async fn revoke_key(
     let record = store::revoke_key(&mut tx, tenant, id, now)
         .await?
         .ok_or(ControlError::NoSuchKey(id))?;
-    store::changed(&mut tx).await?;
-    tx.commit().await?;
+    announce(tx).await?;
     Ok(record)
 }
 
@@ -498,7 +537,7 @@ async fn write_seed(
         }
         check_parent(&mut tx, spec).await?;
         store::put_tenant(&mut tx, spec, Source::File, true, now).await?;
-        sync_tenant_buckets(&mut tx, spec, now).await?;
+        store::sync_buckets(&mut *tx, &tenant_specs(spec), now).await?;
         match &before {
             Some(_) => applied.updated.push(spec.name.clone()),
             None => applied.created.push(spec.name.clone()),
@@ -674,11 +713,8 @@ async fn write_provider_key(
     let mut tx = pool.begin().await?;
     store::lock_control(&mut tx).await?;
     let record = store::put_provider_key(&mut tx, key, now).await?;
-    if let Some(limits) = key.limits {
-        store::sync_buckets(&mut *tx, &buckets::key_specs(key.provider, key.name, limits), now).await?;
-    }
-    store::changed(&mut tx).await?;
-    tx.commit().await?;
+    let specs = key.limits.map(|l| buckets::key_specs(key.provider, key.name, l));
+    finish(tx, specs.as_deref().unwrap_or_default(), now).await?;
     Ok(record)
 }
 
@@ -805,7 +841,78 @@ pub async fn remove_provider_key(
             name.to_owned(),
         ));
     }
-    store::changed(&mut tx).await?;
-    tx.commit().await?;
+    announce(tx).await
+}
+
+/// Checks a route's alias (when new) and targets against the config file.
+fn check_route(config: &Config, alias: &str, targets: &[String]) -> Result<(), ControlError> {
+    if alias.is_empty() || alias.len() > 200 || alias.contains('/') || alias.chars().any(char::is_whitespace)
+    {
+        return Err(invalid_field(
+            "alias",
+            "must be 1 to 200 characters without `/` or spaces (a model name clients send)",
+        ));
+    }
+    if targets.is_empty() {
+        return Err(invalid_field("targets", "at least one `provider/model` target"));
+    }
+    if let Some((i, t)) = targets
+        .iter()
+        .enumerate()
+        .find(|(_, t)| config.provider_target(t).is_none())
+    {
+        return Err(invalid_field(
+            &format!("targets[{i}]"),
+            format!("{t:?} is not <provider>/<model> of a configured provider and model"),
+        ));
+    }
     Ok(())
+}
+
+/// Writes route `alias` — a model name clients may send, resolved to `targets` in order
+/// on every process within a second: a new one, or (`replace`) over the one added at
+/// runtime, with its limits' buckets.
+pub async fn put_route(
+    pool: &PgPool,
+    config: &Config,
+    alias: &str,
+    targets: &[String],
+    limits: Option<&ModelLimits>,
+    replace: bool,
+    now: DateTime<Utc>,
+) -> Result<store::RouteRecord, ControlError> {
+    if config.routes.iter().any(|r| r.alias == alias) {
+        return Err(match replace {
+            true => invalid_field("alias", "a route of the config file changes in the file"),
+            false => ControlError::RouteExists(alias.to_owned()),
+        });
+    }
+    check_route(config, alias, targets)?;
+    let mut tx = pool.begin().await?;
+    store::lock_control(&mut tx).await?;
+    let record = store::put_route(&mut tx, alias, targets, limits, replace, now)
+        .await?
+        .ok_or_else(|| match replace {
+            true => ControlError::NoSuchRoute(alias.to_owned()),
+            false => ControlError::RouteExists(alias.to_owned()),
+        })?;
+    let specs = limits.map(|l| buckets::route_specs(alias, l));
+    finish(tx, specs.as_deref().unwrap_or_default(), now).await?;
+    Ok(record)
+}
+
+/// Removes route `alias` (one added at runtime): jobs queued for it fail `unknown_model`.
+pub async fn remove_route(pool: &PgPool, config: &Config, alias: &str) -> Result<(), ControlError> {
+    if config.routes.iter().any(|r| r.alias == alias) {
+        return Err(invalid_field(
+            "alias",
+            "a route of the config file is removed from the file",
+        ));
+    }
+    let mut tx = pool.begin().await?;
+    store::lock_control(&mut tx).await?;
+    if !store::delete_route(&mut tx, alias).await? {
+        return Err(ControlError::NoSuchRoute(alias.to_owned()));
+    }
+    announce(tx).await
 }

@@ -8,6 +8,8 @@
 //! - `provider-keys`: provider keys added at runtime (sealed with the server's secret
 //!   key, never returned), rotated, disabled and enabled — the config file's too (only
 //!   disabled or enabled: the file holds them).
+//! - `routes`: route aliases added at runtime and their targets (the config file's routes
+//!   are listed, and change in the file).
 //! - `tenants/{tenant}/keys`: many keys per tenant. Creating one returns its secret this
 //!   once; only its SHA-256 is stored. A key may have limits and budgets of its own, on
 //!   top of its tenant's. Listing shows each key's prefix, expiry, revocation and
@@ -221,6 +223,10 @@ impl From<ControlError> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, ApiErrorCode::AlreadyExists, message).with_param("name")
             }
             ControlError::NoSuchProviderKey(..) => ApiError::not_found("provider key"),
+            ControlError::RouteExists(_) => {
+                ApiError::new(StatusCode::CONFLICT, ApiErrorCode::AlreadyExists, message).with_param("alias")
+            }
+            ControlError::NoSuchRoute(_) => ApiError::not_found("route"),
             ControlError::Sealing(cause) => ApiError::internal(cause),
             ControlError::Store(e) => e.into(),
         }
@@ -678,5 +684,189 @@ pub(crate) async fn remove_provider_key(
     control::remove_provider_key(&state.pool, &state.config, &provider, &name).await?;
     Ok(Json(
         serde_json::json!({"provider": provider, "name": name, "object": "provider_key", "deleted": true}),
+    ))
+}
+
+/// `POST /v1/admin/routes`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NewRoute {
+    /// What clients put in `model`; not an alias of the config file.
+    alias: String,
+    /// `provider/model` targets in order of preference.
+    targets: Vec<String>,
+    /// The route's own share (`rpm`, `tpm`, …) on all jobs sent through it.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    limits: Option<ModelLimits>,
+}
+
+/// `PATCH /v1/admin/routes/{alias}`: each field given replaces the route's.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RouteChange {
+    #[serde(default)]
+    targets: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<Object>)]
+    limits: Option<Option<ModelLimits>>,
+}
+
+/// A route as the admin API shows it.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct RouteObject {
+    /// `route`.
+    object: &'static str,
+    alias: String,
+    targets: Vec<String>,
+    #[schema(value_type = Option<Object>)]
+    limits: Option<ModelLimits>,
+    /// `file` (the config file's; it changes there) or `api`.
+    source: Source,
+}
+
+impl From<store::RouteRecord> for RouteObject {
+    fn from(r: store::RouteRecord) -> Self {
+        RouteObject {
+            object: "route",
+            alias: r.alias,
+            targets: r.targets,
+            limits: r.limits,
+            source: Source::Api,
+        }
+    }
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/admin/routes",
+    operation_id = "add_route",
+    tag = "admin",
+    request_body = NewRoute,
+    responses(
+        (status = 201, description = "The route: in force on every process within a second", body = RouteObject),
+        (status = 400, description = "`invalid_request`: `param` names the field", body = doc::ErrorBody),
+        (status = 409, description = "`already_exists`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn add_route(
+    State(state): State<AppState>,
+    _: Admin,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let new: NewRoute = body(bytes)?;
+    let record = control::put_route(
+        &state.pool,
+        &state.config,
+        &new.alias,
+        &new.targets,
+        new.limits.as_ref(),
+        false,
+        state.clock.now(),
+    )
+    .await?;
+    Ok((StatusCode::CREATED, Json(RouteObject::from(record))).into_response())
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/admin/routes",
+    operation_id = "list_routes",
+    tag = "admin",
+    responses(
+        (status = 200, description = "`{object: \"list\", data: [route]}`: the config file's and those added at runtime", body = Object),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn list_routes(State(state): State<AppState>, _: Admin) -> Result<Response, ApiError> {
+    let mut routes: Vec<RouteObject> = state
+        .config
+        .routes
+        .iter()
+        .map(|r| RouteObject {
+            object: "route",
+            alias: r.alias.clone(),
+            targets: r.targets.clone(),
+            limits: r.limits.clone(),
+            source: Source::File,
+        })
+        .collect();
+    routes.extend(
+        store::list_routes(&state.pool)
+            .await?
+            .into_iter()
+            .map(RouteObject::from),
+    );
+    Ok(list(routes).into_response())
+}
+
+#[utoipa::path(
+    patch,
+    path = "/v1/admin/routes/{alias}",
+    operation_id = "change_route",
+    tag = "admin",
+    params(("alias" = String, Path, description = "The route's alias")),
+    request_body = RouteChange,
+    responses(
+        (status = 200, description = "The route as changed", body = RouteObject),
+        (status = 400, description = "`invalid_request`: `param` names the field (a route of the config file changes there)", body = doc::ErrorBody),
+        (status = 404, description = "`not_found`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn change_route(
+    State(state): State<AppState>,
+    _: Admin,
+    Path(alias): Path<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Json<RouteObject>, ApiError> {
+    let change: RouteChange = body(bytes)?;
+    let current = store::list_routes(&state.pool)
+        .await?
+        .into_iter()
+        .find(|r| r.alias == alias);
+    let (targets, limits) = match (&current, change.targets, change.limits) {
+        (Some(r), targets, limits) => (
+            targets.unwrap_or_else(|| r.targets.clone()),
+            limits.unwrap_or_else(|| r.limits.clone()),
+        ),
+        // A file's route, or none: the control plane names which.
+        (None, targets, limits) => (targets.unwrap_or_default(), limits.flatten()),
+    };
+    let record = control::put_route(
+        &state.pool,
+        &state.config,
+        &alias,
+        &targets,
+        limits.as_ref(),
+        true,
+        state.clock.now(),
+    )
+    .await?;
+    Ok(Json(record.into()))
+}
+
+#[utoipa::path(
+    delete,
+    path = "/v1/admin/routes/{alias}",
+    operation_id = "remove_route",
+    tag = "admin",
+    params(("alias" = String, Path, description = "The route's alias")),
+    responses(
+        (status = 200, description = "`{alias, object: \"route\", deleted: true}`: jobs still queued for it fail `unknown_model`", body = Object),
+        (status = 400, description = "`invalid_request`: a route of the config file", body = doc::ErrorBody),
+        (status = 404, description = "`not_found`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn remove_route(
+    State(state): State<AppState>,
+    _: Admin,
+    Path(alias): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    control::remove_route(&state.pool, &state.config, &alias).await?;
+    Ok(Json(
+        serde_json::json!({"alias": alias, "object": "route", "deleted": true}),
     ))
 }

@@ -370,7 +370,7 @@ async fn ingest(
     let mut reader = LineReader {
         lines: LineSplitter::new(state.config.batches.max_line_bytes),
         check: LineChecker {
-            config: state.config.clone(),
+            config: state.tenants.config(),
             endpoint: batch.endpoint,
             seen: HashSet::new(),
             at: "body.",
@@ -423,7 +423,7 @@ async fn ingest_inline(
     scopes: Arc<KeyScopes>,
 ) -> Result<Ingested, ApiError> {
     let check = LineChecker {
-        config: state.config.clone(),
+        config: state.tenants.config(),
         endpoint: batch.endpoint,
         seen: HashSet::new(),
         at: "params.",

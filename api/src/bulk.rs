@@ -235,7 +235,7 @@ pub(crate) async fn submit(
         }
     }
     let now = state.clock.now().trunc_subsecs(6);
-    let (config, owner) = (state.config.clone(), tenant.clone());
+    let (config, owner) = (state.tenants.config(), tenant.clone());
     let jobs = tokio::task::spawn_blocking(move || prepare(&config, &owner, &bytes, now))
         .await
         .map_err(ApiError::internal)??;

@@ -364,7 +364,7 @@ pub(crate) async fn enqueue(state: &AppState, tenant: &Caller, s: Submission) ->
 pub(crate) fn prepare(state: &AppState, tenant: &Caller, s: Submission) -> Result<Arc<NewJob>, ApiError> {
     // PostgreSQL keeps microseconds: so does the 202, to match every later read.
     Ok(Arc::new(new_job(
-        &state.config,
+        &state.tenants.config(),
         tenant,
         s,
         state.clock.now().trunc_subsecs(6),

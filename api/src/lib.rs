@@ -16,7 +16,8 @@
 //! - [`files`]: OpenAI's Files API (JSONL uploads, output and error files).
 //! - [`batches`]: OpenAI's Batch API: ingest of a JSONL file into jobs, status, cancel.
 //! - [`auth`]: bearer tenant key → tenant; the admin key → every tenant.
-//! - [`admin`]: the admin API: tenants, their keys and provider keys, changed at runtime.
+//! - [`admin`]: the admin API: tenants, their keys, provider keys and routes, changed at
+//!   runtime.
 //! - [`status`]: `/v1/status` and its history: queues, buckets, traffic, failures.
 //! - [`metrics`]: `GET /metrics`, Prometheus text (events and database levels).
 //! - [`error`]: `ApiError`, status + stable code + safe message.
@@ -193,6 +194,8 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(admin::revoke_key))
         .routes(routes!(admin::add_provider_key, admin::list_provider_keys))
         .routes(routes!(admin::change_provider_key, admin::remove_provider_key))
+        .routes(routes!(admin::add_route, admin::list_routes))
+        .routes(routes!(admin::change_route, admin::remove_route))
         .routes(routes!(healthz))
         .routes(routes!(readyz))
         .routes(routes!(openapi::openapi_json))

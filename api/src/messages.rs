@@ -79,7 +79,7 @@ pub(crate) async fn count_tokens(
     if let Some(obj) = request.as_object_mut() {
         obj.entry("max_tokens").or_insert(json!(1));
     }
-    let checked = requests::check(&state.config, Endpoint::Messages, &request, "")?;
+    let checked = requests::check(&state.tenants.config(), Endpoint::Messages, &request, "")?;
     Ok(axum::Json(json!({"input_tokens": checked.estimated_input_tokens})).into_response())
 }
 

@@ -82,9 +82,10 @@ fn model(config: &Config, name: &str) -> Option<ModelObject> {
     security(("bearer" = []))
 )]
 pub(crate) async fn list(State(state): State<AppState>, AuthTenant(_): AuthTenant) -> Json<ModelList> {
-    let data = routing::names(&state.config)
+    let config = state.tenants.config();
+    let data = routing::names(&config)
         .iter()
-        .filter_map(|name| model(&state.config, name))
+        .filter_map(|name| model(&config, name))
         .collect();
     Json(ModelList { object: "list", data })
 }
@@ -108,7 +109,7 @@ pub(crate) async fn get(
     AuthTenant(_): AuthTenant,
     Path(name): Path<String>,
 ) -> Result<Json<ModelObject>, ApiError> {
-    model(&state.config, &name)
+    model(&state.tenants.config(), &name)
         .map(Json)
         .ok_or_else(|| ApiError::not_found("model"))
 }
@@ -134,7 +135,7 @@ pub(crate) async fn get_qualified(
     AuthTenant(_): AuthTenant,
     Path((provider, name)): Path<(String, String)>,
 ) -> Result<Json<ModelObject>, ApiError> {
-    model(&state.config, &format!("{provider}/{name}"))
+    model(&state.tenants.config(), &format!("{provider}/{name}"))
         .map(Json)
         .ok_or_else(|| ApiError::not_found("model"))
 }

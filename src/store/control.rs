@@ -600,3 +600,82 @@ pub async fn delete_provider_key(conn: &mut PgConnection, provider: &str, name: 
     .await?;
     Ok(deleted.rows_affected() > 0)
 }
+
+/// A route alias added at runtime.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteRecord {
+    pub alias: String,
+    pub targets: Vec<String>,
+    pub limits: Option<ModelLimits>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+struct RouteRow {
+    alias: String,
+    targets: Vec<String>,
+    limits: Option<Json<ModelLimits>>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl From<RouteRow> for RouteRecord {
+    fn from(r: RouteRow) -> Self {
+        RouteRecord {
+            alias: r.alias,
+            targets: r.targets,
+            limits: r.limits.map(|l| l.0),
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
+}
+
+/// Every route added at runtime, by alias.
+pub async fn list_routes(ex: impl PgExecutor<'_>) -> Result<Vec<RouteRecord>> {
+    let rows = sqlx::query_as!(
+        RouteRow,
+        r#"SELECT alias, targets, limits AS "limits: Json<ModelLimits>", created_at, updated_at
+           FROM routes ORDER BY alias"#
+    )
+    .fetch_all(ex)
+    .await?;
+    Ok(rows.into_iter().map(Into::into).collect())
+}
+
+/// Writes route `alias`: creates it, or (when `replace`) replaces it. `None` when it
+/// exists and `replace` is false, or does not and `replace` is true.
+pub async fn put_route(
+    conn: &mut PgConnection,
+    alias: &str,
+    targets: &[String],
+    limits: Option<&ModelLimits>,
+    replace: bool,
+    now: DateTime<Utc>,
+) -> Result<Option<RouteRecord>> {
+    let row = sqlx::query_as!(
+        RouteRow,
+        r#"INSERT INTO routes AS r (alias, targets, limits, created_at, updated_at)
+           SELECT $1, $2, $3, $4, $4 WHERE NOT $5 OR EXISTS (SELECT 1 FROM routes WHERE alias = $1)
+           ON CONFLICT (alias) DO UPDATE SET targets = excluded.targets, limits = excluded.limits,
+                                             updated_at = excluded.updated_at
+           WHERE $5
+           RETURNING alias, targets, limits AS "limits: Json<ModelLimits>", created_at, updated_at"#,
+        alias,
+        targets,
+        limits.map(Json) as _,
+        now,
+        replace,
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(row.map(Into::into))
+}
+
+/// Deletes route `alias`; whether there was one.
+pub async fn delete_route(conn: &mut PgConnection, alias: &str) -> Result<bool> {
+    let deleted = sqlx::query!("DELETE FROM routes WHERE alias = $1", alias)
+        .execute(&mut *conn)
+        .await?;
+    Ok(deleted.rows_affected() > 0)
+}

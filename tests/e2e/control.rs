@@ -1166,3 +1166,127 @@ async fn a_key_s_scopes_hold_its_jobs_to_its_models_endpoints_classes_and_priori
     );
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_route_added_on_one_process_resolves_on_another_and_follows_its_changes() {
+    let app = TestApp::spawn_with(TestOptions {
+        peers: 1,
+        ..admin_options()
+    })
+    .await;
+    let b = app.spawn_peer(Roles::ALL).await;
+    let api_b = format!("http://{}", b.addr.unwrap());
+    let http = &app.http;
+    use reqwest::Method;
+    let url = |path: &str| app.url(path);
+    let submit_b = |model: &'static str| {
+        let url = format!("{api_b}/v1/jobs");
+        async move { call(http, Method::POST, &url, ACME, Some(&job(model, "hi"))).await }
+    };
+    assert_eq!(submit_b("smart").await.0, 400, "no such model yet");
+
+    // The file's routes are listed and stay the file's.
+    let (status, e) = call(
+        http,
+        Method::POST,
+        &url("/v1/admin/routes"),
+        ADMIN,
+        Some(&json!({"alias": "fast", "targets": ["oai/gpt-4o-mini"]})),
+    )
+    .await;
+    assert_eq!(
+        (status, &e["error"]["code"]),
+        (409, &json!("already_exists")),
+        "{e}"
+    );
+    let (status, e) = call(
+        http,
+        Method::PATCH,
+        &url("/v1/admin/routes/fast"),
+        ADMIN,
+        Some(&json!({"targets": ["oai/gpt-4o-mini"]})),
+    )
+    .await;
+    assert_eq!(status, 400, "{e}");
+    let (status, e) = call(
+        http,
+        Method::POST,
+        &url("/v1/admin/routes"),
+        ADMIN,
+        Some(&json!({"alias": "smart", "targets": ["oai/gpt-5"]})),
+    )
+    .await;
+    assert_eq!((status, &e["error"]["param"]), (400, &json!("targets[0]")), "{e}");
+
+    let (status, route) = call(
+        http,
+        Method::POST,
+        &url("/v1/admin/routes"),
+        ADMIN,
+        Some(&json!({"alias": "smart", "targets": ["oai/gpt-4o-mini"], "limits": {"rpm": 600}})),
+    )
+    .await;
+    assert_eq!((status, &route["source"]), (201, &json!("api")), "{route}");
+    within_a_second("the new route resolved on the other process", || async {
+        submit_b("smart").await.0 == 202
+    })
+    .await;
+    let (_, accepted) = submit_b("smart").await;
+    let done =
+        crate::harness::wait_finished_at(http, &api_b, ACME, accepted["id"].as_str().unwrap(), 30).await;
+    assert_eq!(
+        (&done["state"], &done["provider"]),
+        (&json!("succeeded"), &json!("oai")),
+        "{done}"
+    );
+    let (_, models) = call(http, Method::GET, &format!("{api_b}/v1/models"), ACME, None).await;
+    assert!(
+        models["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["id"] == "smart"),
+        "{models}"
+    );
+
+    // Its targets changed: its next jobs go there.
+    let (status, changed) = call(
+        http,
+        Method::PATCH,
+        &url("/v1/admin/routes/smart"),
+        ADMIN,
+        Some(&json!({"targets": ["ant/claude-3-5-haiku-latest"]})),
+    )
+    .await;
+    assert_eq!(
+        (status, &changed["limits"]),
+        (200, &json!({"rpm": 600})),
+        "limits not given stay: {changed}"
+    );
+    eventually(5, "the route's new target serving", || async {
+        let (_, accepted) = submit_b("smart").await;
+        let done = crate::harness::wait_finished_at(http, &api_b, ACME, accepted["id"].as_str()?, 30).await;
+        (done["provider"] == "ant").then_some(())
+    })
+    .await;
+    let (_, list) = call(http, Method::GET, &url("/v1/admin/routes"), ADMIN, None).await;
+    let aliases: Vec<(&str, &str)> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["alias"].as_str().unwrap(), r["source"].as_str().unwrap()))
+        .collect();
+    assert_eq!(aliases, [("fast", "file"), ("smart", "api")]);
+
+    // Removed: refused again everywhere.
+    let (status, _) = call(http, Method::DELETE, &url("/v1/admin/routes/smart"), ADMIN, None).await;
+    assert_eq!(status, 200);
+    within_a_second("the removed route refused", || async {
+        submit_b("smart").await.0 == 400
+    })
+    .await;
+    let (status, _) = call(http, Method::DELETE, &url("/v1/admin/routes/smart"), ADMIN, None).await;
+    assert_eq!(status, 404);
+    b.shutdown().await;
+    app.shutdown().await;
+}

@@ -130,7 +130,10 @@ async fn every_endpoint_answers_401_403_404_as_documented_and_never_another_tena
             } else {
                 path.clone()
             }
-            .replace("{tenant}", "acme");
+            .replace("{tenant}", "acme")
+            .replace("{alias}", "fast")
+            .replace("{provider}", "oai")
+            .replace("{name}", "k1");
             let at = format!("{method} {concrete}");
             let admin_only = path == "/metrics" || path.starts_with("/v1/admin/");
             if key_optional && !admin_only {

@@ -43,8 +43,7 @@ use tokio_util::sync::CancellationToken;
 use tollgate::buckets::{self, Bucket, BucketSpec};
 use tollgate::clock::Clock;
 use tollgate::config::Config;
-use tollgate::control::Directory;
-use tollgate::keyring::Keyring;
+use tollgate::control::{Directory, Snapshot};
 use tollgate::learning::{self, Learned};
 use tollgate::metrics;
 use tollgate::model::{Job, JobClass, JobId, NewJob};
@@ -191,13 +190,12 @@ impl Gate {
         &'a self,
         calibration: &'a HashMap<String, Calibration>,
         known: &'a Known,
-        tenants: &'a TenantDirectory,
-        keyring: &'a Keyring,
+        control: &'a Snapshot,
     ) -> Planner<'a> {
         Planner {
-            config: &self.config,
-            tenants,
-            keyring,
+            config: &control.config,
+            tenants: &control.tenants,
+            keyring: &control.keyring,
             calibration,
             known,
             key_turn: &self.key_turn,
@@ -277,8 +275,8 @@ impl Gate {
         }
         let paused: scheduler::Pauses = paused.into_iter().collect();
         let known = Known::new(&learned);
-        let (tenants, keyring) = (self.tenants.current(), self.tenants.keyring());
-        let planner = self.planner(&calibration, &known, &tenants, &keyring);
+        let control = self.tenants.snapshot();
+        let planner = self.planner(&calibration, &known, &control);
         // What a round would fail is the round's to fail, with its reason.
         let plans: Vec<(usize, scheduler::Plan)> = arriving
             .into_iter()
@@ -487,10 +485,10 @@ impl Gate {
             self.calibration(&self.pool),
             store::learned_limits(&self.pool),
         )?;
-        provider_batches::decide_candidates(&self.pool, &self.config, &mut candidates, now).await?;
+        let control = self.tenants.snapshot();
+        provider_batches::decide_candidates(&self.pool, &control.config, &mut candidates, now).await?;
         let known = Known::new(&learned);
-        let (tenants, keyring) = (self.tenants.current(), self.tenants.keyring());
-        let planner = self.planner(&calibration, &known, &tenants, &keyring);
+        let planner = self.planner(&calibration, &known, &control);
         let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
         let mut plans = Vec::new();
         for c in candidates {
