@@ -976,6 +976,14 @@ async fn a_budget_reaching_80_percent_is_announced_once_to_its_tenant_s_webhooks
     )
     .await;
     assert_eq!(status, 200, "{e}");
+    // The budget is in force once this process's snapshot is as new as a later change: a
+    // key made after it is accepted.
+    let (_, later) = app.post(ADMIN, "/v1/admin/tenants/acme/keys", &json!({})).await;
+    let later = later["key"].as_str().unwrap().to_owned();
+    eventually(5, "the budget in force", || async {
+        (app.get(&later, "/v1/jobs").await.0 == 200).then_some(())
+    })
+    .await;
     let events = || async {
         let bodies: Vec<String> = sqlx::query_scalar(
             "SELECT body FROM webhook_deliveries WHERE event_type = 'budget.threshold' ORDER BY created_at",
