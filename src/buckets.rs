@@ -273,31 +273,14 @@ pub fn amount(dimension: Dimension, demand: Demand, spend: f64) -> f64 {
     }
 }
 
-/// Who holds limits and budgets on a job's path besides the provider: the API key it was
-/// submitted with, its tenant, and the tenants above it.
-#[derive(Debug, Clone, Copy)]
-pub struct Holder<'a> {
-    pub scope: &'a str,
-    pub limits: &'a TenantLimits,
-    pub budgets: &'a [Budget],
-}
-
-/// The keys of the buckets of `holders`' limits and budgets.
-pub fn holders_path(holders: &[Holder]) -> Vec<(String, Dimension)> {
-    holders
-        .iter()
-        .flat_map(|h| limit_specs(h.scope, h.limits, h.budgets))
-        .map(|s| (s.key, s.dimension))
-        .collect()
-}
-
 /// The keys of the buckets a job sent to `target` must fit: the route's (when the job
-/// asked for a route alias, `requested`), its `holders`' (its key, its tenant, the
-/// tenants above), the target model's and the chosen provider key's (`key_limits`, the
-/// file's or those it was added with: [`crate::keyring::Keyring::limits`]).
+/// asked for a route alias, `requested`), its holders' (`held`: its API key's, its
+/// tenant's, the tenants' above), the target model's and the chosen provider key's
+/// (`key_limits`, the file's or those it was added with:
+/// [`crate::keyring::Keyring::limits`]).
 pub fn path(
     config: &Config,
-    holders: &[Holder],
+    held: &[(String, Dimension)],
     requested: &str,
     target: &Target,
     key_limits: Option<&ModelLimits>,
@@ -314,7 +297,7 @@ pub fn path(
             keys.push((s.key, s.dimension));
         }
     }
-    keys.extend(holders_path(holders));
+    keys.extend(held.iter().cloned());
     if let Some(p) = config.provider(&target.provider) {
         if let Some(limits) = p.limits_for(&target.model) {
             for s in target_specs(&target_scope, limits) {

@@ -609,6 +609,28 @@ impl ApiRate {
     }
 }
 
+impl RouteConfig {
+    /// The first thing wrong with this route of `config` (a route of the file, or one
+    /// added at runtime): the field and the reason.
+    pub fn fault(&self, config: &Config) -> Option<(String, String)> {
+        if self.alias.is_empty() || self.alias.contains('/') {
+            return Some(("alias".into(), "must be non-empty and contain no '/'".into()));
+        }
+        if self.targets.is_empty() {
+            return Some(("targets".into(), "at least one target is required".into()));
+        }
+        let (t, target) = self
+            .targets
+            .iter()
+            .enumerate()
+            .find(|(_, t)| config.provider_target(t).is_none())?;
+        Some((
+            format!("targets[{t}]"),
+            format!("{target:?} is not <provider>/<model> of a configured provider and model"),
+        ))
+    }
+}
+
 impl TenantConfig {
     /// The tenant this entry describes.
     pub fn spec(&self) -> TenantSpec {
@@ -828,31 +850,14 @@ impl Config {
         }
         let mut aliases = HashSet::new();
         for (i, r) in self.routes.iter().enumerate() {
-            if r.alias.is_empty() || r.alias.contains('/') {
-                return Err(invalid(
-                    format!("routes[{i}].alias"),
-                    "must be non-empty and contain no '/'",
-                ));
+            if let Some((field, reason)) = r.fault(self) {
+                return Err(invalid(format!("routes[{i}].{field}"), reason));
             }
             if !aliases.insert(r.alias.as_str()) {
                 return Err(invalid(
                     format!("routes[{i}].alias"),
                     format!("duplicate alias {:?}", r.alias),
                 ));
-            }
-            if r.targets.is_empty() {
-                return Err(invalid(
-                    format!("routes[{i}].targets"),
-                    "at least one target is required",
-                ));
-            }
-            for (t, target) in r.targets.iter().enumerate() {
-                if self.provider_target(target).is_none() {
-                    return Err(invalid(
-                        format!("routes[{i}].targets[{t}]"),
-                        format!("{target:?} is not <provider>/<model> of a configured provider and model"),
-                    ));
-                }
             }
         }
         let mut tenant_names = HashSet::new();

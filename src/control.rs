@@ -155,7 +155,8 @@ impl Directory {
         self.snapshot().config
     }
 
-    /// `presented_key`'s tenant at `now` (and notes the key's use).
+    /// `presented_key`'s tenant at `now`, noting the key's use for `last_used_at` (the
+    /// API's guard, once per request; handlers look up in [`Directory::current`]).
     pub fn authenticate(&self, presented_key: &str, now: DateTime<Utc>) -> Option<Caller> {
         let found = self.current().authenticate(presented_key, now)?;
         if let Some(key) = found.key {
@@ -485,12 +486,10 @@ pub async fn revoke_key(
     Ok(record)
 }
 
-/// What applying a seed changed: tenants created, tenants updated (each as it was
-/// before), the tenants whose file key was set, and the tenants the file does not name.
+/// What applying a seed changed: the tenants written (each as it was before), the
+/// tenants whose file key was set, and the tenants the file does not name.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Applied {
-    pub created: Vec<String>,
-    pub updated: Vec<String>,
     pub keys: Vec<String>,
     /// Each tenant written: as it was (`None`: new) and as the file has it.
     pub changes: Vec<(Option<TenantSpec>, TenantSpec)>,
@@ -499,6 +498,24 @@ pub struct Applied {
 }
 
 impl Applied {
+    /// The tenants created.
+    pub fn created(&self) -> Vec<&str> {
+        self.written(false)
+    }
+
+    /// The tenants that were there and changed.
+    pub fn updated(&self) -> Vec<&str> {
+        self.written(true)
+    }
+
+    fn written(&self, existed: bool) -> Vec<&str> {
+        self.changes
+            .iter()
+            .filter(|(before, _)| before.is_some() == existed)
+            .map(|(_, after)| after.name.as_str())
+            .collect()
+    }
+
     /// Whether anything was (or would be) written.
     pub fn changed(&self) -> bool {
         !(self.changes.is_empty() && self.keys.is_empty())
@@ -538,10 +555,6 @@ async fn write_seed(
         check_parent(&mut tx, spec).await?;
         store::put_tenant(&mut tx, spec, Source::File, true, now).await?;
         store::sync_buckets(&mut *tx, &tenant_specs(spec), now).await?;
-        match &before {
-            Some(_) => applied.updated.push(spec.name.clone()),
-            None => applied.created.push(spec.name.clone()),
-        }
         applied.changes.push((before.map(|b| b.spec), spec.clone()));
     }
     for (tenant, digest) in &seed.keys {
@@ -844,31 +857,6 @@ pub async fn remove_provider_key(
     announce(tx).await
 }
 
-/// Checks a route's alias (when new) and targets against the config file.
-fn check_route(config: &Config, alias: &str, targets: &[String]) -> Result<(), ControlError> {
-    if alias.is_empty() || alias.len() > 200 || alias.contains('/') || alias.chars().any(char::is_whitespace)
-    {
-        return Err(invalid_field(
-            "alias",
-            "must be 1 to 200 characters without `/` or spaces (a model name clients send)",
-        ));
-    }
-    if targets.is_empty() {
-        return Err(invalid_field("targets", "at least one `provider/model` target"));
-    }
-    if let Some((i, t)) = targets
-        .iter()
-        .enumerate()
-        .find(|(_, t)| config.provider_target(t).is_none())
-    {
-        return Err(invalid_field(
-            &format!("targets[{i}]"),
-            format!("{t:?} is not <provider>/<model> of a configured provider and model"),
-        ));
-    }
-    Ok(())
-}
-
 /// Writes route `alias` — a model name clients may send, resolved to `targets` in order
 /// on every process within a second: a new one, or (`replace`) over the one added at
 /// runtime, with its limits' buckets.
@@ -887,7 +875,14 @@ pub async fn put_route(
             false => ControlError::RouteExists(alias.to_owned()),
         });
     }
-    check_route(config, alias, targets)?;
+    let route = RouteConfig {
+        alias: alias.to_owned(),
+        targets: targets.to_vec(),
+        limits: limits.cloned(),
+    };
+    if let Some((field, reason)) = route.fault(config) {
+        return Err(invalid_field(&field, reason));
+    }
     let mut tx = pool.begin().await?;
     store::lock_control(&mut tx).await?;
     let record = store::put_route(&mut tx, alias, targets, limits, replace, now)

@@ -15,7 +15,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
-use crate::buckets::{self, Holder};
+use crate::buckets;
 use crate::config::{BatchApiConfig, Config, ProviderConfig};
 use crate::model::{Decision, JobClass, Lane, LaneReason};
 use crate::routing::{self, Target};
@@ -100,13 +100,14 @@ pub async fn decide_candidates(
     store::set_dispatch(pool, &decisions).await
 }
 
-/// The buckets a provider-batch job sent to `target` must fit: its holders' (its key's and
-/// tenants'; all but concurrency: a line waiting at the provider holds no connection) and
-/// the provider's enqueued-token pool, not the online rate limits.
-pub fn path(config: &Config, holders: &[Holder], target: &Target) -> Vec<(String, Dimension)> {
-    let mut keys: Vec<(String, Dimension)> = buckets::holders_path(holders)
-        .into_iter()
+/// The buckets a provider-batch job sent to `target` must fit: its holders' (`held`: its
+/// key's and tenants'; all but concurrency: a line waiting at the provider holds no
+/// connection) and the provider's enqueued-token pool, not the online rate limits.
+pub fn path(config: &Config, held: &[(String, Dimension)], target: &Target) -> Vec<(String, Dimension)> {
+    let mut keys: Vec<(String, Dimension)> = held
+        .iter()
         .filter(|(_, d)| *d != Dimension::Concurrency)
+        .cloned()
         .collect();
     if batch_api(config, target).is_some_and(|p| p.batch_api.enqueued_tokens.is_some()) {
         keys.push((

@@ -303,10 +303,6 @@ impl TenantDirectory {
         self.key_limits.get(&id)
     }
 
-    pub fn tenant(&self, name: &str) -> Option<&Arc<Tenant>> {
-        self.tenants.get(name)
-    }
-
     /// Every tenant, by name.
     pub fn tenants(&self) -> impl Iterator<Item = &Arc<Tenant>> {
         let mut all: Vec<_> = self.tenants.values().collect();

@@ -25,8 +25,10 @@ impl FromRequestParts<AppState> for AuthTenant {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         let key = bearer(&parts.headers)?;
+        // The guard, which every request passes first, noted the key's use.
         state
             .tenants
+            .current()
             .authenticate(key, state.clock.now())
             .map(AuthTenant)
             .ok_or_else(invalid_key)
@@ -76,11 +78,11 @@ impl FromRequestParts<AppState> for Viewer {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         let key = bearer(&parts.headers)?;
-        if state.tenants.current().is_admin(key) {
+        let directory = state.tenants.current();
+        if directory.is_admin(key) {
             return Ok(Viewer::Admin);
         }
-        state
-            .tenants
+        directory
             .authenticate(key, state.clock.now())
             .map(|found| Viewer::Tenant(found.tenant))
             .ok_or_else(invalid_key)

@@ -145,8 +145,8 @@ impl Broker {
         let maintenance_pool = role_pool(MAINTENANCE_CONNECTIONS);
         let (_, providers) = check(&config)?;
         let applied = seed_tenants(&pool, &config).await?;
-        if !applied.created.is_empty() || !applied.updated.is_empty() {
-            tracing::info!(created = ?applied.created, updated = ?applied.updated, "tenants from the config file");
+        if !applied.changes.is_empty() {
+            tracing::info!(created = ?applied.created(), updated = ?applied.updated(), "tenants from the config file");
         }
         let tenants = tollgate::control::Directory::load(&pool, config.clone())
             .await

@@ -243,8 +243,8 @@ async fn reload_on_hangup(config_path: PathBuf, pool: tollgate_api::PgPool) {
             match applied {
                 Ok(a) => tracing::info!(
                     file = %config_path.display(),
-                    created = ?a.created,
-                    updated = ?a.updated,
+                    created = ?a.created(),
+                    updated = ?a.updated(),
                     keys = ?a.keys,
                     "SIGHUP: the config file's tenants and keys applied (other settings take effect at the next start)"
                 ),

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use chrono::{DateTime, Utc};
 
 use super::{Failed, Verdict};
-use crate::buckets::{self, Demand, Holder};
+use crate::buckets::{self, Demand};
 use crate::config::Config;
 use crate::keyring::Keyring;
 use crate::learning::Learned;
@@ -17,7 +17,7 @@ use crate::model::JobClass;
 use crate::provider_batches;
 use crate::routing::{self, Target};
 use crate::store::{Calibration, Candidate};
-use crate::tenants::{KeyLimits, Tenant, TenantDirectory};
+use crate::tenants::{Tenant, TenantDirectory};
 use crate::vocab::Dimension;
 
 /// Fewest samples before a learned output estimate replaces `max_tokens`.
@@ -91,38 +91,6 @@ pub fn is_probe(key: &str) -> bool {
     key.ends_with(":probe")
 }
 
-/// The bucket scopes of a job's holders: its key's, its tenant's and those above it.
-struct Scopes {
-    key: Option<String>,
-    tenants: Vec<String>,
-}
-
-impl Scopes {
-    fn of(job: &Candidate, lineage: &[&Tenant]) -> Self {
-        Scopes {
-            key: job.api_key.map(buckets::api_key_scope),
-            tenants: lineage.iter().map(|t| buckets::tenant_scope(&t.name)).collect(),
-        }
-    }
-
-    /// The holders of a job whose key has `key_limits` (if any) and whose tenants are
-    /// `lineage`.
-    fn holders<'a>(&'a self, key_limits: Option<&'a KeyLimits>, lineage: &[&'a Tenant]) -> Vec<Holder<'a>> {
-        let key = self.key.as_deref().zip(key_limits).map(|(scope, k)| Holder {
-            scope,
-            limits: &k.limits,
-            budgets: &k.budgets,
-        });
-        key.into_iter()
-            .chain(self.tenants.iter().zip(lineage).map(|(scope, t)| Holder {
-                scope,
-                limits: &t.limits,
-                budgets: &t.budgets,
-            }))
-            .collect()
-    }
-}
-
 /// Makes plans from candidates, with what one round (or one arrival) knows.
 pub struct Planner<'a> {
     pub config: &'a Config,
@@ -165,9 +133,7 @@ impl Planner<'_> {
         let targets = if fresh.is_empty() { targets } else { fresh };
         let lineage = self.tenants.lineage(&job.tenant);
         let weight = lineage.first().map_or(1.0, |t| f64::from(t.weight.max(1)));
-        let scopes = Scopes::of(&job, &lineage);
-        let key_limits = job.api_key.and_then(|id| self.tenants.key_limits(id));
-        let holders = scopes.holders(key_limits, &lineage);
+        let held = self.holders_path(&job, &lineage);
         let estimate = Demand {
             input_tokens: f64::from(job.estimated_input_tokens.max(0)),
             output_tokens: f64::from(job.estimated_output_tokens.max(0)),
@@ -186,9 +152,9 @@ impl Planner<'_> {
                     .and_then(|p| p.price_for(&target.model));
                 let spend = buckets::spend_micro_usd(price, demand.input_tokens, 0.0, demand.output_tokens);
                 let path = if batch_api {
-                    provider_batches::path(config, &holders, &target)
+                    provider_batches::path(config, &held, &target)
                 } else {
-                    self.full_path(&holders, &job.model, &target)
+                    self.full_path(&held, &job.model, &target)
                 };
                 let path = path
                     .into_iter()
@@ -230,16 +196,39 @@ impl Planner<'_> {
         }
     }
 
-    /// The buckets a job sent to `target` must fit: its configured path, the target's
-    /// learned buckets, and — while nothing is known of the target's limits — its
-    /// cold-start probe.
-    fn full_path(&self, holders: &[Holder], requested: &str, target: &Target) -> Vec<(String, Dimension)> {
+    /// The buckets of `job`'s own limits and budgets, the same on every route: its API
+    /// key's, its tenant's and those of the tenants above it (`lineage`).
+    fn holders_path(&self, job: &Candidate, lineage: &[&Tenant]) -> Vec<(String, Dimension)> {
+        let key = job
+            .api_key
+            .and_then(|id| Some((buckets::api_key_scope(id), self.tenants.key_limits(id)?)));
+        let key_specs = key
+            .into_iter()
+            .flat_map(|(scope, k)| buckets::limit_specs(&scope, &k.limits, &k.budgets));
+        let tenant_specs = lineage
+            .iter()
+            .flat_map(|t| buckets::limit_specs(&buckets::tenant_scope(&t.name), &t.limits, &t.budgets));
+        key_specs
+            .chain(tenant_specs)
+            .map(|s| (s.key, s.dimension))
+            .collect()
+    }
+
+    /// The buckets a job sent to `target` must fit: its configured path (with `held`, its
+    /// holders' buckets), the target's learned buckets, and — while nothing is known of
+    /// the target's limits — its cold-start probe.
+    fn full_path(
+        &self,
+        held: &[(String, Dimension)],
+        requested: &str,
+        target: &Target,
+    ) -> Vec<(String, Dimension)> {
         let key_limits = self
             .config
             .provider(&target.provider)
             .zip(target.key.as_deref())
             .and_then(|(p, name)| self.keyring.limits(p, name));
-        let mut path = buckets::path(self.config, holders, requested, target, key_limits);
+        let mut path = buckets::path(self.config, held, requested, target, key_limits);
         let scope = buckets::target_scope(&target.provider, &target.model);
         for (key, dim) in self.known.buckets.get(&scope).into_iter().flatten() {
             if !path.iter().any(|(k, _)| k == key) {

@@ -674,8 +674,8 @@ pub async fn apply(file: &std::path::Path, dry_run: bool) -> anyhow::Result<bool
     }
     let summary = format!(
         "{} created, {} updated, {} key(s) set",
-        applied.created.len(),
-        applied.updated.len(),
+        applied.created().len(),
+        applied.updated().len(),
         applied.keys.len()
     );
     match (dry_run, applied.changed()) {

@@ -141,12 +141,15 @@ impl Providers {
         let api = client.api.batch()?;
         let key = match key.and_then(|k| client.keys.iter().find(|c| c.name == k)) {
             Some(k) => k,
-            None => client.pick_file_key(&tollgate::routing::Target {
-                provider: provider.to_owned(),
-                kind: client.kind,
-                model: model.to_owned(),
-                key: None,
-            }),
+            None => {
+                let target = tollgate::routing::Target {
+                    provider: provider.to_owned(),
+                    kind: client.kind,
+                    model: model.to_owned(),
+                    key: None,
+                };
+                client.pick_file_key(&target, &client.keyring())
+            }
         };
         Some(BatchClient {
             http: &self.http,

@@ -426,9 +426,8 @@ impl ProviderClient {
     }
 
     /// A key of the file, round robin over those that serve `target`'s model (all of them
-    /// when none does), less those disabled at runtime while others remain.
-    fn pick_file_key(&self, target: &Target) -> &ProviderKey {
-        let ring = self.keyring();
+    /// when none does), less those disabled at runtime (`ring`) while others remain.
+    fn pick_file_key(&self, target: &Target, ring: &tollgate::keyring::Keyring) -> &ProviderKey {
         let enabled: Vec<&ProviderKey> = self
             .keys
             .iter()
@@ -485,7 +484,7 @@ impl ProviderClient {
                 secret: secret.clone(),
             };
         }
-        let k = self.pick_file_key(target);
+        let k = self.pick_file_key(target, &ring);
         ChosenKey {
             name: k.name.clone(),
             secret: k.secret.clone(),
