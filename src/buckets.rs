@@ -21,7 +21,7 @@ use crate::config::{Config, ModelLimits, ModelPrice};
 use crate::model::Usage;
 use crate::routing::Target;
 use crate::tenants::{Budget, BudgetWindow, TenantLimits};
-use crate::vocab::{Dimension, Rule};
+use crate::vocab::{Dimension, PriceSource, Rule};
 
 /// A bucket as configured: what `buckets` rows are synced from.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,6 +74,22 @@ pub fn target_scope(provider: &str, model: &str) -> String {
 pub fn scope_target(scope: &str) -> (&str, &str) {
     let rest = scope.strip_prefix("provider:").unwrap_or(scope);
     rest.split_once(':').unwrap_or((rest, ""))
+}
+
+/// Whether bucket `key` is held for a tenant — its own limits and budgets, its
+/// applications', its API keys' — and so shown to that tenant alone (and the admin).
+pub fn is_tenant_held(key: &str) -> bool {
+    ["tenant:", "app:", "apikey:"].iter().any(|p| key.starts_with(p))
+}
+
+/// The key prefixes of `tenant`'s own buckets and its applications'.
+pub fn tenant_prefixes(tenant: &str) -> [String; 2] {
+    [format!("{}:", tenant_scope(tenant)), format!("app:{tenant}:")]
+}
+
+/// The scope of the limits and budgets of a tenant's application (shared by its keys).
+pub fn application_scope(tenant: &str, application: &str) -> String {
+    format!("app:{tenant}:{application}")
 }
 
 /// The scope of a tenant's API key's own limits and budgets.
@@ -250,6 +266,23 @@ pub struct Demand {
 impl Demand {
     pub fn total_tokens(&self) -> f64 {
         self.input_tokens + self.output_tokens
+    }
+}
+
+/// What a job's estimate costs on a target: micro-USD at its price, and where the price
+/// comes from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EstimatedCost {
+    pub micro_usd: f64,
+    pub price_source: PriceSource,
+}
+
+impl Default for EstimatedCost {
+    fn default() -> Self {
+        Self {
+            micro_usd: 0.0,
+            price_source: PriceSource::Unpriced,
+        }
     }
 }
 

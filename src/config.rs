@@ -12,8 +12,8 @@ use std::time::Duration;
 use secrecy::SecretString;
 use serde::Deserialize;
 
-use crate::tenant_spec::{Budget, BudgetWindow, TenantLimits, TenantSettings, TenantSpec};
-use crate::vocab::{Authority, Dialect, Endpoint, JobClass};
+use crate::tenant_spec::{Allowance, Budget, BudgetWindow, TenantLimits, TenantSettings, TenantSpec};
+use crate::vocab::{Authority, Dialect, Endpoint, JobClass, PriceSource};
 
 mod batches;
 mod provider_batches;
@@ -459,7 +459,16 @@ impl ProviderConfig {
     }
 
     pub fn price_for(&self, model: &str) -> Option<&ModelPrice> {
-        self.prices.get(model).or_else(|| self.prices.get("*"))
+        self.priced(model).0
+    }
+
+    /// The price of `model` and where it comes from: its own, else the provider's `"*"`.
+    pub fn priced(&self, model: &str) -> (Option<&ModelPrice>, PriceSource) {
+        match (self.prices.get(model), self.prices.get("*")) {
+            (Some(p), _) => (Some(p), PriceSource::Model),
+            (None, Some(p)) => (Some(p), PriceSource::Provider),
+            (None, None) => (None, PriceSource::Unpriced),
+        }
     }
 }
 
@@ -574,6 +583,10 @@ pub struct TenantConfig {
     /// A tenant (of this file) whose limits and budgets also cover this one.
     #[serde(default)]
     pub parent: Option<String>,
+    /// Its applications' own limits and budgets (`[tenants.applications.<name>]`), shared
+    /// by the tenant's keys labelled with each (keys made through the admin API).
+    #[serde(default)]
+    pub applications: BTreeMap<String, ApplicationConfig>,
     /// This tenant's `quotas.max_files`.
     #[serde(default)]
     pub max_files: Option<u64>,
@@ -631,17 +644,60 @@ impl RouteConfig {
     }
 }
 
+/// `[tenants.applications.<name>]`: one application's limits and budgets, named as a
+/// tenant's are.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApplicationConfig {
+    #[serde(default)]
+    pub rpm: Option<u64>,
+    #[serde(default)]
+    pub tpm: Option<u64>,
+    #[serde(default)]
+    pub rpd: Option<u64>,
+    #[serde(default)]
+    pub concurrency: Option<u64>,
+    #[serde(default)]
+    pub daily_spend_usd: Option<f64>,
+    #[serde(default)]
+    pub weekly_spend_usd: Option<f64>,
+    #[serde(default)]
+    pub monthly_spend_usd: Option<f64>,
+}
+
+impl ApplicationConfig {
+    fn allowance(&self) -> Allowance {
+        Allowance {
+            limits: TenantLimits {
+                rpm: self.rpm,
+                tpm: self.tpm,
+                rpd: self.rpd,
+                concurrency: self.concurrency,
+            },
+            budgets: budgets_of(
+                self.daily_spend_usd,
+                self.weekly_spend_usd,
+                self.monthly_spend_usd,
+            ),
+        }
+    }
+}
+
+/// Budgets from the file's `daily_spend_usd`, `weekly_spend_usd` and `monthly_spend_usd`.
+fn budgets_of(day: Option<f64>, week: Option<f64>, month: Option<f64>) -> Vec<Budget> {
+    [
+        (BudgetWindow::Day, day),
+        (BudgetWindow::Week, week),
+        (BudgetWindow::Month, month),
+    ]
+    .into_iter()
+    .filter_map(|(window, usd)| Some(Budget { window, usd: usd? }))
+    .collect()
+}
+
 impl TenantConfig {
     /// The tenant this entry describes.
     pub fn spec(&self) -> TenantSpec {
-        let budgets = [
-            (BudgetWindow::Day, self.daily_spend_usd),
-            (BudgetWindow::Week, self.weekly_spend_usd),
-            (BudgetWindow::Month, self.monthly_spend_usd),
-        ]
-        .into_iter()
-        .filter_map(|(window, usd)| Some(Budget { window, usd: usd? }))
-        .collect();
         TenantSpec {
             name: self.name.clone(),
             weight: self.weight,
@@ -652,7 +708,16 @@ impl TenantConfig {
                 rpd: self.rpd,
                 concurrency: self.concurrency,
             },
-            budgets,
+            budgets: budgets_of(
+                self.daily_spend_usd,
+                self.weekly_spend_usd,
+                self.monthly_spend_usd,
+            ),
+            applications: self
+                .applications
+                .iter()
+                .map(|(name, app)| (name.clone(), app.allowance()))
+                .collect(),
             settings: TenantSettings {
                 max_files: self.max_files,
                 max_stored_file_bytes: self.max_stored_file_bytes,
@@ -1053,22 +1118,36 @@ impl TenantConfig {
 }
 
 /// The `[[tenants]]` field a tenant spec's `field` comes from (`limits.rpm` → `rpm`,
-/// `budgets[1].usd` → that budget's `…_spend_usd`).
+/// `budgets[1].usd` → that budget's `…_spend_usd`, `applications.bot.limits.rpm` →
+/// `applications.bot.rpm`).
 fn tenant_field(t: &TenantConfig, field: &str) -> String {
+    let spec = t.spec();
+    let (prefix, field, budgets) = match field.strip_prefix("applications.") {
+        Some(rest) => {
+            let (app, field) = rest.split_once('.').unwrap_or((rest, ""));
+            let budgets = spec
+                .applications
+                .get(app)
+                .map(|a| a.budgets.clone())
+                .unwrap_or_default();
+            (format!("applications.{app}."), field, budgets)
+        }
+        None => (String::new(), field, spec.budgets),
+    };
     if let Some(rest) = field
         .strip_prefix("limits.")
         .or_else(|| field.strip_prefix("settings."))
     {
-        return rest.to_owned();
+        return format!("{prefix}{rest}");
     }
     let budget = field
         .strip_prefix("budgets[")
         .and_then(|rest| rest.split(']').next())
         .and_then(|i| i.parse::<usize>().ok())
-        .and_then(|i| t.spec().budgets.get(i).copied());
+        .and_then(|i| budgets.get(i).copied());
     match budget {
-        Some(b) => format!("{}_usd", b.window.bucket_name()),
-        None => field.to_owned(),
+        Some(b) => format!("{prefix}{}_usd", b.window.bucket_name()),
+        None => format!("{prefix}{field}"),
     }
 }
 
@@ -1158,6 +1237,32 @@ weight = 3
             let refused = err(&GOOD.replace("name = \"acme\"", &format!("name = \"{name}\"")));
             assert!(refused.contains("tenants[0].name"), "{name:?}: {refused}");
         }
+    }
+
+    #[test]
+    fn a_tenant_s_applications_are_read_and_checked_by_the_file_s_names() {
+        let text = format!("{GOOD}[tenants.applications.chatbot]\nrpm = 60\ndaily_spend_usd = 5\n");
+        let config = Config::parse(&text, "t.toml").unwrap();
+        let spec = config.tenants[0].spec();
+        let chatbot = &spec.applications["chatbot"];
+        assert_eq!(chatbot.limits.rpm, Some(60));
+        assert_eq!(
+            chatbot.budgets,
+            [Budget {
+                window: BudgetWindow::Day,
+                usd: 5.0
+            }]
+        );
+        let refused = err(&text.replace("daily_spend_usd = 5", "daily_spend_usd = -5"));
+        assert!(
+            refused.contains("tenants[0].applications.chatbot.daily_spend_usd"),
+            "{refused}"
+        );
+        let refused = err(&text.replace("rpm = 60\n", "rpm = 0\n"));
+        assert!(
+            refused.contains("tenants[0].applications.chatbot.rpm"),
+            "{refused}"
+        );
     }
 
     #[test]

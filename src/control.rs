@@ -245,8 +245,11 @@ async fn read(pool: &PgPool, config: &Config) -> Result<Snapshot, ControlError> 
         .iter()
         .map(|k| {
             let limits = KeyLimits {
-                limits: k.limits,
-                budgets: k.budgets.clone(),
+                own: tenants::Allowance {
+                    limits: k.limits,
+                    budgets: k.budgets.clone(),
+                },
+                application: k.application.clone(),
             };
             (k.id, limits)
         })
@@ -317,9 +320,20 @@ fn keyring(config: &Config, rows: Vec<ProviderKeyRecord>) -> Keyring {
     Keyring::new(entries)
 }
 
-/// `spec`'s buckets: its limits and budgets as the gate reserves them.
+/// `spec`'s buckets: its limits and budgets, and its applications', as the gate reserves
+/// them.
 fn tenant_specs(spec: &TenantSpec) -> Vec<buckets::BucketSpec> {
+    let apps = spec.applications.iter().flat_map(|(app, a)| {
+        buckets::limit_specs(
+            &buckets::application_scope(&spec.name, app),
+            &a.limits,
+            &a.budgets,
+        )
+    });
     buckets::limit_specs(&buckets::tenant_scope(&spec.name), &spec.limits, &spec.budgets)
+        .into_iter()
+        .chain(apps)
+        .collect()
 }
 
 /// Ends a change: syncs `specs` (the buckets of what changed), then [`announce`]s it.
@@ -616,6 +630,7 @@ mod tests {
             parent: parent.map(str::to_owned),
             limits: TenantLimits::default(),
             budgets: Vec::new(),
+            applications: Default::default(),
             settings: TenantSettings::default(),
         }
     }

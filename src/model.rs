@@ -131,6 +131,11 @@ pub struct Job {
     pub spend_micro_usd: Option<f64>,
     /// The API key it was submitted with (`None` before keys were recorded).
     pub api_key: Option<uuid::Uuid>,
+    /// What its estimate cost at its price when it was last admitted, in micro-USD: what
+    /// its budgets held for it. `None` until admitted.
+    pub reserved_micro_usd: Option<f64>,
+    /// Where the price of its cost comes from; `None` until admitted.
+    pub price_source: Option<crate::vocab::PriceSource>,
 }
 
 impl Job {
@@ -177,6 +182,8 @@ impl Job {
             provider_batch_id: None,
             spend_micro_usd: None,
             api_key: new.api_key,
+            reserved_micro_usd: None,
+            price_source: None,
         }
     }
 }

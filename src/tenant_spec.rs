@@ -2,6 +2,8 @@
 //! rules a name and each value follow. A leaf of the core (it imports nothing of it), so
 //! the config's `[[tenants]]` and the admin API check tenants by the same rules.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// Longest tenant name: names are parts of bucket keys and Prometheus labels.
@@ -69,6 +71,23 @@ pub struct TenantSettings {
     pub api_burst: Option<f64>,
 }
 
+/// Limits and budgets of something within a tenant — one of its applications, or one of
+/// its keys — reserved on top of the tenant's own.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Allowance {
+    #[serde(default)]
+    pub limits: TenantLimits,
+    #[serde(default)]
+    pub budgets: Vec<Budget>,
+}
+
+impl Allowance {
+    pub fn is_empty(&self) -> bool {
+        self.limits == TenantLimits::default() && self.budgets.is_empty()
+    }
+}
+
 /// A tenant as stored: what the admin API and the config file give.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TenantSpec {
@@ -77,6 +96,9 @@ pub struct TenantSpec {
     pub parent: Option<String>,
     pub limits: TenantLimits,
     pub budgets: Vec<Budget>,
+    /// Its applications' own limits and budgets, by application name: every key labelled
+    /// with the application shares them.
+    pub applications: BTreeMap<String, Allowance>,
     pub settings: TenantSettings,
 }
 
@@ -137,6 +159,11 @@ pub fn name_rule() -> String {
 /// The first thing wrong with `limits` and `budgets` (a tenant's or a key's), naming the
 /// field.
 pub fn check_limits(limits: &TenantLimits, budgets: &[Budget]) -> Result<(), InvalidTenant> {
+    check_limits_at("", limits, budgets)
+}
+
+/// [`check_limits`] of fields under `prefix` (`applications.chatbot.`).
+fn check_limits_at(prefix: &str, limits: &TenantLimits, budgets: &[Budget]) -> Result<(), InvalidTenant> {
     for (field, value) in [
         ("limits.rpm", limits.rpm),
         ("limits.tpm", limits.tpm),
@@ -144,19 +171,25 @@ pub fn check_limits(limits: &TenantLimits, budgets: &[Budget]) -> Result<(), Inv
         ("limits.concurrency", limits.concurrency),
     ] {
         if value == Some(0) {
-            return Err(invalid(field, "must be at least 1 (leave it out for no limit)"));
+            return Err(invalid(
+                &format!("{prefix}{field}"),
+                "must be at least 1 (leave it out for no limit)",
+            ));
         }
     }
     let mut windows = std::collections::HashSet::new();
     for (i, b) in budgets.iter().enumerate() {
         if !(b.usd.is_finite() && b.usd >= 0.0 && b.usd < 1e9) {
             return Err(invalid(
-                &format!("budgets[{i}].usd"),
+                &format!("{prefix}budgets[{i}].usd"),
                 "must be a number of USD from 0 to 1e9",
             ));
         }
         if !windows.insert(b.window) {
-            return Err(invalid(&format!("budgets[{i}].window"), "one budget per window"));
+            return Err(invalid(
+                &format!("{prefix}budgets[{i}].window"),
+                "one budget per window",
+            ));
         }
     }
     Ok(())
@@ -178,6 +211,16 @@ impl TenantSpec {
             return Err(invalid("parent", name_rule()));
         }
         check_limits(&self.limits, &self.budgets)?;
+        for (name, allowance) in &self.applications {
+            if !valid_name(name) {
+                return Err(invalid(&format!("applications.{name}"), name_rule()));
+            }
+            check_limits_at(
+                &format!("applications.{name}."),
+                &allowance.limits,
+                &allowance.budgets,
+            )?;
+        }
         let s = &self.settings;
         if s.api_rate_per_sec.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
             return Err(invalid("settings.api_rate_per_sec", "must be a positive number"));

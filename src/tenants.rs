@@ -11,7 +11,7 @@
 //! lookup compares is the digest, which an attacker cannot steer byte by byte. The admin
 //! digest is compared in constant time.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{ApiRate, Config, Quotas, ServerConfig};
 pub use crate::tenant_spec::{
-    Budget, BudgetWindow, InvalidTenant, MAX_TENANT_NAME, Source, TenantLimits, TenantSettings, TenantSpec,
-    check_limits, name_rule, valid_name,
+    Allowance, Budget, BudgetWindow, InvalidTenant, MAX_TENANT_NAME, Source, TenantLimits, TenantSettings,
+    TenantSpec, check_limits, name_rule, valid_name,
 };
 use crate::vocab::{Endpoint, JobClass};
 
@@ -38,6 +38,8 @@ pub struct Tenant {
     pub parent: Option<String>,
     pub limits: TenantLimits,
     pub budgets: Vec<Budget>,
+    /// Its applications' own limits and budgets, shared by the keys labelled with each.
+    pub applications: BTreeMap<String, Allowance>,
     /// What the tenant may keep stored (its own, or `[quotas]`).
     pub quotas: Quotas,
     /// How fast it may call one API process (its own, or the server's).
@@ -55,6 +57,7 @@ impl Tenant {
             parent: spec.parent.clone(),
             limits: spec.limits,
             budgets: spec.budgets.clone(),
+            applications: spec.applications.clone(),
             quotas: Quotas {
                 max_files: s.max_files.unwrap_or(quotas.max_files),
                 max_stored_file_bytes: s.max_stored_file_bytes.unwrap_or(quotas.max_stored_file_bytes),
@@ -74,6 +77,7 @@ impl Tenant {
             parent: None,
             limits: TenantLimits::default(),
             budgets: Vec::new(),
+            applications: BTreeMap::new(),
             settings: TenantSettings::default(),
         };
         Self::resolve(&spec, &config.quotas, &config.server)
@@ -178,16 +182,17 @@ impl std::ops::Deref for Caller {
     }
 }
 
-/// A key's own limits and budgets, on top of its tenant's.
+/// What a key's jobs are held to beyond its tenant's limits and budgets: the key's own,
+/// and those of the application it is labelled with.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct KeyLimits {
-    pub limits: TenantLimits,
-    pub budgets: Vec<Budget>,
+    pub own: Allowance,
+    pub application: Option<String>,
 }
 
 impl KeyLimits {
     pub fn is_empty(&self) -> bool {
-        self.limits == TenantLimits::default() && self.budgets.is_empty()
+        self.own.is_empty() && self.application.is_none()
     }
 }
 
@@ -196,8 +201,8 @@ impl KeyLimits {
 pub struct TenantDirectory {
     tenants: HashMap<String, Arc<Tenant>>,
     keys: HashMap<[u8; 32], KeyEntry>,
-    /// The keys that have limits or budgets of their own (revoked ones too: their jobs
-    /// still queued keep to them).
+    /// The keys that have limits or budgets of their own or an application label (revoked
+    /// ones too: their jobs still queued keep to them).
     key_limits: HashMap<Uuid, KeyLimits>,
     /// `server.admin_key`'s digest: the operators, who see every tenant.
     admin_digest: Option<[u8; 32]>,
@@ -532,6 +537,26 @@ mod tests {
             "budgets[1].window"
         );
         assert_eq!(field(&|s| s.settings.api_burst = Some(0.5)), "settings.api_burst");
+        let app = |name: &str, allowance: Allowance| {
+            let name = name.to_owned();
+            move |s: &mut TenantSpec| {
+                s.applications.insert(name.clone(), allowance.clone());
+            }
+        };
+        assert_eq!(field(&app("a:b", Allowance::default())), "applications.a:b");
+        let unlimited = Allowance {
+            limits: TenantLimits {
+                tpm: Some(0),
+                ..TenantLimits::default()
+            },
+            budgets: vec![],
+        };
+        assert_eq!(field(&app("bot", unlimited)), "applications.bot.limits.tpm");
+        let twice = Allowance {
+            budgets: vec![day(1.0), day(2.0)],
+            ..Allowance::default()
+        };
+        assert_eq!(field(&app("bot", twice)), "applications.bot.budgets[1].window");
     }
 
     #[test]

@@ -81,6 +81,7 @@ text_in_sql!(
     LearnedFrom,
     Lane,
     LaneReason,
+    PriceSource,
     BatchStatus,
     ReasonCode
 );
@@ -97,6 +98,7 @@ wire_names!(
     LearnedFrom,
     Lane,
     LaneReason,
+    PriceSource,
     BatchStatus,
     ApiErrorCode,
     ReasonCode,
@@ -378,6 +380,19 @@ pub enum LaneReason {
     EndpointNotBatched,
     /// A line the provider failed or expired, sent back online.
     ProviderBatchFailedRetryOnline,
+}
+
+/// Where the price a job's cost is reckoned at comes from (`jobs.price_source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, IntoStaticStr, EnumString)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum PriceSource {
+    /// The provider's price for the model (`providers[].prices.<model>`).
+    Model,
+    /// The provider's price for every model (`providers[].prices."*"`).
+    Provider,
+    /// No price is configured: the job costs nothing against budgets.
+    Unpriced,
 }
 
 /// A batch's status, as OpenAI's Batch API names them.

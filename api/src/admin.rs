@@ -3,8 +3,9 @@
 //!
 //! - `tenants`: create, list, get, update (`PATCH`: the fields given replace theirs),
 //!   delete — weight, limits (`rpm`, `tpm`, `rpd`, `concurrency`), budgets (USD per day,
-//!   week or month), a `parent` whose limits and budgets also cover the tenant, and its
-//!   own quotas and API rate (`settings`).
+//!   week or month), a `parent` whose limits and budgets also cover the tenant, its
+//!   `applications`' own limits and budgets (shared by the keys labelled with each), and
+//!   its own quotas and API rate (`settings`).
 //! - `provider-keys`: provider keys added at runtime (sealed with the server's secret
 //!   key, never returned), rotated, disabled and enabled — the config file's too (only
 //!   disabled or enabled: the file holds them).
@@ -23,10 +24,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
+use std::collections::BTreeMap;
 use tollgate::config::{Config, ModelLimits};
 use tollgate::control::{self, ControlError, KeyRequest};
 use tollgate::store::{self, KeyRecord, TenantRecord};
-use tollgate::tenants::{Budget, KeyScopes, Source, TenantLimits, TenantSettings, TenantSpec};
+
+use tollgate::tenants::{Allowance, Budget, KeyScopes, Source, TenantLimits, TenantSettings, TenantSpec};
 use tollgate::vocab::ApiErrorCode;
 use utoipa::ToSchema;
 
@@ -51,6 +54,10 @@ pub(crate) struct NewTenant {
     /// A tenant whose limits and budgets also cover this one.
     #[serde(default)]
     parent: Option<String>,
+    /// `{"<application>": {"limits", "budgets"}}`: each application's own limits and
+    /// budgets, shared by the tenant's keys labelled with it.
+    #[serde(default)]
+    applications: BTreeMap<String, Allowance>,
     #[serde(default)]
     settings: TenantSettings,
 }
@@ -70,6 +77,8 @@ pub(crate) struct TenantChange {
     #[schema(value_type = Option<String>)]
     parent: Option<Option<String>>,
     #[serde(default)]
+    applications: Option<BTreeMap<String, Allowance>>,
+    #[serde(default)]
     settings: Option<TenantSettings>,
 }
 
@@ -88,6 +97,7 @@ pub(crate) struct TenantObject {
     parent: Option<String>,
     limits: TenantLimits,
     budgets: Vec<Budget>,
+    applications: BTreeMap<String, Allowance>,
     settings: TenantSettings,
     /// Who wrote it last: `file` (the config file) or `api`.
     source: Source,
@@ -104,6 +114,7 @@ impl From<TenantRecord> for TenantObject {
             parent: r.spec.parent,
             limits: r.spec.limits,
             budgets: r.spec.budgets,
+            applications: r.spec.applications,
             settings: r.spec.settings,
             source: r.source,
             created_at: r.created_at,
@@ -259,6 +270,7 @@ pub(crate) async fn create_tenant(
         parent: new.parent,
         limits: new.limits,
         budgets: new.budgets,
+        applications: new.applications,
         settings: new.settings,
     };
     let record = control::create_tenant(&state.pool, &spec, state.clock.now()).await?;
@@ -340,6 +352,9 @@ pub(crate) async fn update_tenant(
     }
     if let Some(parent) = change.parent {
         spec.parent = parent;
+    }
+    if let Some(applications) = change.applications {
+        spec.applications = applications;
     }
     if let Some(settings) = change.settings {
         spec.settings = settings;

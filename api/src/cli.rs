@@ -591,6 +591,8 @@ pub fn render_usage(u: &Value) -> String {
         "provider" => "PROVIDER",
         "model" => "MODEL",
         "endpoint" => "ENDPOINT",
+        "key" => "KEY",
+        "application" => "APPLICATION",
         _ => "LANE",
     };
     let mut columns: Vec<(&'static str, Align)> = fields.iter().map(|f| (header(f), Align::Left)).collect();
@@ -690,11 +692,13 @@ pub fn render_jobs(jobs: &[Value]) -> String {
         ("MODEL", Align::Left),
         ("PROVIDER", Align::Left),
         ("ATTEMPTS", Align::Right),
+        ("CHARGED USD", Align::Right),
         ("CREATED", Align::Left),
         ("FINISHED", Align::Left),
         ("ERROR", Align::Left),
     ]);
     for j in jobs {
+        let usd = j["cost"]["charged_usd"].as_f64();
         t.row(vec![
             cell(&j["id"]),
             cell(&j["state"]),
@@ -702,6 +706,7 @@ pub fn render_jobs(jobs: &[Value]) -> String {
             cell(&j["model"]),
             cell(&j["provider"]),
             cell(&j["attempts"]),
+            usd.map_or_else(|| "-".to_owned(), |usd| format!("{usd:.6}")),
             when(&j["created_at"]),
             when(&j["finished_at"]),
             j["error"]["code"].as_str().unwrap_or("").to_owned(),

@@ -675,9 +675,12 @@ pub(crate) fn job_view(job: &Job) -> Value {
             "reason": job.dispatch_reason,
             "provider_batch_id": job.provider_batch_id,
         },
-        // What its attempts cost at the configured prices (`null` until one is charged).
+        // What it reserved when admitted and what its attempts were charged, at the
+        // configured prices (`null` until admitted, and until charged).
         "cost": {
+            "reserved_usd": job.reserved_micro_usd.map(|m| m / 1e6),
             "charged_usd": job.spend_micro_usd.map(|m| m / 1e6),
+            "price_source": job.price_source,
             "lane": job.dispatch_via.as_deref().unwrap_or(tollgate::vocab::Lane::Online.as_str()),
         },
     })

@@ -45,8 +45,8 @@ fn view(mut b: Bucket) -> Value {
     })
 }
 
-/// The buckets that apply to the caller: provider models, keys, routes, and its own
-/// tenant buckets — never another tenant's.
+/// The buckets that apply to the caller: provider models, keys, routes, and its own —
+/// its tenant's, its parents', its applications', its key's — never another tenant's.
 #[utoipa::path(
     get,
     path = "/v1/limits",
@@ -65,15 +65,12 @@ pub(crate) async fn list(
         .iter()
         .map(|t| format!("{}:", buckets::tenant_scope(&t.name)))
         .collect();
-    if own.is_empty() {
-        own.push(format!("{}:", buckets::tenant_scope(&tenant.name)));
-    }
+    own.extend(buckets::tenant_prefixes(&tenant.name));
     own.extend(tenant.key.map(|id| format!("{}:", buckets::api_key_scope(id))));
-    let someone_s = |key: &str| key.starts_with("tenant:") || key.starts_with("apikey:");
     let data: Vec<Value> = store::all_buckets(&state.pool)
         .await?
         .into_iter()
-        .filter(|b| own.iter().any(|o| b.key.starts_with(o)) || !someone_s(&b.key))
+        .filter(|b| own.iter().any(|o| b.key.starts_with(o)) || !buckets::is_tenant_held(&b.key))
         .map(view)
         .collect();
     Ok(Json(json!({"object": "list", "data": data})))

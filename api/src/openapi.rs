@@ -264,9 +264,11 @@ pub struct JobSchema {
     /// that carries or carried it.
     #[schema(value_type = Object)]
     dispatch: Value,
-    /// `{charged_usd, lane}`: what its attempts cost at the configured prices (a
-    /// provider-batch line at the batch discount; null until a provider answers one), and
-    /// the lane that carried it.
+    /// `{reserved_usd, charged_usd, price_source, lane}`: what its estimate cost when it
+    /// was admitted (what its budgets held; null until admitted), what its attempts cost
+    /// at the configured prices (a provider-batch line at the batch discount; null until a
+    /// provider answers one), where the price comes from (`model`: the provider's price
+    /// for the model, `provider`: its `"*"` price, `unpriced`), and the lane that carried it.
     #[schema(value_type = Object)]
     cost: Value,
 }

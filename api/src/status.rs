@@ -203,20 +203,20 @@ pub async fn status(state: &AppState, viewer: &Viewer) -> Result<Status, ApiErro
     })
 }
 
-/// Every bucket `viewer` may see (provider-side ones, and its own tenant's), refilled to
-/// `now`.
+/// Every bucket `viewer` may see (provider-side ones, and its own tenant's and its
+/// applications' — never another tenant's or a key's), refilled to `now`.
 pub async fn bucket_uses(
     pool: &PgPool,
     viewer: &Viewer,
     now: DateTime<Utc>,
 ) -> Result<Vec<BucketUse>, StoreError> {
-    let own = viewer.tenant().map(|t| format!("{}:", buckets::tenant_scope(t)));
+    let own = viewer.tenant().map(buckets::tenant_prefixes);
     Ok(store::all_buckets(pool)
         .await?
         .into_iter()
         .filter(|b| match &own {
             None => true,
-            Some(own) => b.key.starts_with(own) || !b.key.starts_with("tenant:"),
+            Some(own) => own.iter().any(|o| b.key.starts_with(o)) || !buckets::is_tenant_held(&b.key),
         })
         .map(|mut b| {
             b.refill(now);

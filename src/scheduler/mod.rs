@@ -249,7 +249,7 @@ fn key_rejected(paused: &Pauses, target: &Target) -> bool {
 /// Admits `plan`'s job on its route `r`: takes its amounts from the route's buckets (a
 /// key with no bucket takes nothing).
 pub fn take(plan: &Plan, r: usize, buckets: &mut HashMap<String, Bucket>) -> Admission {
-    let Route { target, path } = &plan.routes[r];
+    let Route { target, path, cost } = &plan.routes[r];
     let mut bucket_ids = Vec::with_capacity(path.len());
     let mut amounts = Vec::with_capacity(path.len());
     for (key, amount) in path {
@@ -266,6 +266,7 @@ pub fn take(plan: &Plan, r: usize, buckets: &mut HashMap<String, Bucket>) -> Adm
         key: target.key.clone(),
         bucket_ids,
         amounts,
+        cost: *cost,
         startable: !plan.job.stream
             && plan.job.dispatch_via.as_deref() != Some(provider_batches::VIA_PROVIDER_BATCH),
     }
@@ -315,7 +316,7 @@ impl Policy {
         paused: &Pauses,
         closed: &HashSet<String>,
     ) -> Option<usize> {
-        routes.iter().position(|Route { target, path }| {
+        routes.iter().position(|Route { target, path, .. }| {
             paused_until(paused, target).is_none()
                 && !key_rejected(paused, target)
                 && path.iter().all(|(key, amount)| {
@@ -521,7 +522,9 @@ impl Scheduler {
             return fails(plan.job, Verdict::ExceedsLimit, &key, message);
         }
         let headroom = |b: &Bucket| self.policy.headroom(b, plan.class);
-        let Route { target: first, path } = &plan.routes[0];
+        let Route {
+            target: first, path, ..
+        } = &plan.routes[0];
         let mut blocking: Option<(&Bucket, f64)> = None;
         // A provider's 429 paused this target: nothing goes before its Retry-After.
         let pause = paused_until(paused, first);

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use chrono::{DateTime, Utc};
 
 use super::{Failed, Verdict};
-use crate::buckets::{self, Demand};
+use crate::buckets::{self, Demand, EstimatedCost};
 use crate::config::Config;
 use crate::keyring::Keyring;
 use crate::learning::Learned;
@@ -18,7 +18,7 @@ use crate::provider_batches;
 use crate::routing::{self, Target};
 use crate::store::{Calibration, Candidate};
 use crate::tenants::{Tenant, TenantDirectory};
-use crate::vocab::Dimension;
+use crate::vocab::{Dimension, PriceSource};
 
 /// Fewest samples before a learned output estimate replaces `max_tokens`.
 const MIN_OUTPUT_SAMPLES: i64 = 20;
@@ -46,6 +46,8 @@ pub struct Route {
     pub target: Target,
     /// Every bucket on the way, by key, with the amount the job takes from it.
     pub path: Vec<(String, f64)>,
+    /// What its estimate costs there.
+    pub cost: EstimatedCost,
 }
 
 impl Plan {
@@ -147,9 +149,9 @@ impl Planner<'_> {
             .flat_map(|target| self.per_key(target))
             .map(|target| {
                 let demand = self.calibrated(&target, estimate);
-                let price = config
+                let (price, price_source) = config
                     .provider(&target.provider)
-                    .and_then(|p| p.price_for(&target.model));
+                    .map_or((None, PriceSource::Unpriced), |p| p.priced(&target.model));
                 let spend = buckets::spend_micro_usd(price, demand.input_tokens, 0.0, demand.output_tokens);
                 let path = if batch_api {
                     provider_batches::path(config, &held, &target)
@@ -160,7 +162,11 @@ impl Planner<'_> {
                     .into_iter()
                     .map(|(key, dim)| (key, buckets::amount(dim, demand, spend)))
                     .collect();
-                Route { target, path }
+                let cost = EstimatedCost {
+                    micro_usd: spend,
+                    price_source,
+                };
+                Route { target, path, cost }
             })
             .collect();
         Ok(Plan {
@@ -197,18 +203,33 @@ impl Planner<'_> {
     }
 
     /// The buckets of `job`'s own limits and budgets, the same on every route: its API
-    /// key's, its tenant's and those of the tenants above it (`lineage`).
+    /// key's, its key's application's, its tenant's and those of the tenants above it
+    /// (`lineage`).
     fn holders_path(&self, job: &Candidate, lineage: &[&Tenant]) -> Vec<(String, Dimension)> {
         let key = job
             .api_key
-            .and_then(|id| Some((buckets::api_key_scope(id), self.tenants.key_limits(id)?)));
-        let key_specs = key
+            .and_then(|id| Some((id, self.tenants.key_limits(id)?)));
+        let key_specs = key.into_iter().flat_map(|(id, k)| {
+            buckets::limit_specs(&buckets::api_key_scope(id), &k.own.limits, &k.own.budgets)
+        });
+        // The application the key is labelled with, where its tenant limits it.
+        let application = key
+            .and_then(|(_, k)| k.application.as_deref())
+            .zip(lineage.first())
+            .and_then(|(app, tenant)| {
+                Some((
+                    buckets::application_scope(&tenant.name, app),
+                    tenant.applications.get(app)?,
+                ))
+            });
+        let application_specs = application
             .into_iter()
-            .flat_map(|(scope, k)| buckets::limit_specs(&scope, &k.limits, &k.budgets));
+            .flat_map(|(scope, a)| buckets::limit_specs(&scope, &a.limits, &a.budgets));
         let tenant_specs = lineage
             .iter()
             .flat_map(|t| buckets::limit_specs(&buckets::tenant_scope(&t.name), &t.limits, &t.budgets));
         key_specs
+            .chain(application_specs)
             .chain(tenant_specs)
             .map(|s| (s.key, s.dimension))
             .collect()

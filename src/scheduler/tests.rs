@@ -49,6 +49,7 @@ fn route(model: &str, path: &[(&str, f64)]) -> Route {
     Route {
         target: target(model, None),
         path: path.iter().map(|(k, a)| ((*k).to_owned(), *a)).collect(),
+        cost: Default::default(),
     }
 }
 
@@ -451,6 +452,7 @@ fn rejected_keys_are_skipped_and_all_rejected_fail() {
     let keyed = |key| Route {
         target: target("m", Some(key)),
         path: vec![],
+        cost: Default::default(),
     };
     let p = Plan {
         routes: vec![keyed("k1"), keyed("k2")],

@@ -370,9 +370,10 @@ pub async fn calibrations(ex: impl PgExecutor<'_>) -> Result<Vec<Calibration>> {
 /// A budget that has just reached one of its thresholds in its current window.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BudgetCrossing {
-    /// `tenant:<name>:<window>_spend` or `apikey:<id>:<window>_spend`.
+    /// `tenant:<name>:<window>_spend`, `app:<tenant>:<application>:<window>_spend` or
+    /// `apikey:<id>:<window>_spend`.
     pub bucket: String,
-    /// The tenant whose endpoints hear of it (an API key's: its tenant).
+    /// The tenant whose endpoints hear of it (an application's or an API key's: its tenant).
     pub tenant: String,
     pub threshold: f64,
     /// The budget and what is spent of it, in micro-USD (reservations of jobs in flight
@@ -401,14 +402,14 @@ pub async fn budget_crossings(
                       AS used
                FROM buckets b
                WHERE b.dimension = 'spend_micro_usd' AND b.rule = 'fixed' AND b.resets_at > $2 AND b.capacity > 0
-                 AND (starts_with(b.key, 'tenant:') OR starts_with(b.key, 'apikey:'))
+                 AND (starts_with(b.key, 'tenant:') OR starts_with(b.key, 'app:') OR starts_with(b.key, 'apikey:'))
            ), spent AS (
                SELECT c.*, c.used - coalesce((
                           SELECT sum(j.reserved_amounts[array_position(j.reserved_buckets, c.id)])
                           FROM jobs j
                           WHERE j.reserved_buckets @> ARRAY[c.id] AND j.state IN ('admitted', 'running')
                       ), 0) AS spent,
-                      CASE WHEN starts_with(c.key, 'tenant:') THEN split_part(c.key, ':', 2)
+                      CASE WHEN starts_with(c.key, 'tenant:') OR starts_with(c.key, 'app:') THEN split_part(c.key, ':', 2)
                            ELSE (SELECT k.tenant FROM api_keys k WHERE k.id::text = split_part(c.key, ':', 2))
                       END AS tenant
                FROM committed c

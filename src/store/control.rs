@@ -13,7 +13,9 @@ use uuid::Uuid;
 
 use super::Result;
 use crate::config::ModelLimits;
-use crate::tenants::{Budget, KeyScopes, Source, TenantLimits, TenantSettings, TenantSpec};
+use std::collections::BTreeMap;
+
+use crate::tenants::{Allowance, Budget, KeyScopes, Source, TenantLimits, TenantSettings, TenantSpec};
 
 /// Channel on which every change of the control plane is announced (payload: the version).
 pub const CHANNEL_CONTROL: &str = "tollgate_control";
@@ -56,6 +58,7 @@ pub struct DirectoryKey {
     pub digest: [u8; 32],
     pub expires_at: Option<DateTime<Utc>>,
     pub revoked: bool,
+    pub application: Option<String>,
     pub limits: TenantLimits,
     pub budgets: Vec<Budget>,
     pub scopes: KeyScopes,
@@ -82,6 +85,7 @@ struct TenantRow {
     parent: Option<String>,
     limits: Json<TenantLimits>,
     budgets: Json<Vec<Budget>>,
+    applications: Json<BTreeMap<String, Allowance>>,
     settings: Json<TenantSettings>,
     source: String,
     created_at: DateTime<Utc>,
@@ -97,6 +101,7 @@ impl From<TenantRow> for TenantRecord {
                 parent: r.parent,
                 limits: r.limits.0,
                 budgets: r.budgets.0,
+                applications: r.applications.0,
                 settings: r.settings.0,
             },
             source: Source::parse(&r.source),
@@ -113,8 +118,9 @@ macro_rules! query_tenants {
             TenantRow,
             $head
                 + r#" name, weight, parent, limits AS "limits: Json<TenantLimits>",
-                      budgets AS "budgets: Json<Vec<Budget>>", settings AS "settings: Json<TenantSettings>",
-                      source, created_at, updated_at "#
+                      budgets AS "budgets: Json<Vec<Budget>>",
+                      applications AS "applications: Json<BTreeMap<String, Allowance>>",
+                      settings AS "settings: Json<TenantSettings>", source, created_at, updated_at "#
                 + $tail
             $(, $arg)*
         )
@@ -250,12 +256,13 @@ pub async fn put_tenant(
 ) -> Result<Option<TenantRecord>> {
     let weight = i32::try_from(spec.weight).unwrap_or(i32::MAX);
     let row = query_tenants!(
-        "INSERT INTO tenants AS t (name, weight, parent, limits, budgets, settings, source, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)
+        "INSERT INTO tenants AS t (name, weight, parent, limits, budgets, settings, source, created_at, updated_at,
+                                   applications)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $10)
          ON CONFLICT (name) DO UPDATE SET
              weight = excluded.weight, parent = excluded.parent, limits = excluded.limits,
-             budgets = excluded.budgets, settings = excluded.settings, source = excluded.source,
-             updated_at = excluded.updated_at
+             budgets = excluded.budgets, applications = excluded.applications, settings = excluded.settings,
+             source = excluded.source, updated_at = excluded.updated_at
          WHERE $9
          RETURNING",
         "",
@@ -268,6 +275,7 @@ pub async fn put_tenant(
         source.as_str(),
         now,
         replace,
+        Json(&spec.applications) as _,
     )
     .fetch_optional(&mut *conn)
     .await?;
@@ -421,7 +429,7 @@ pub async fn revoke_key(
 /// limits for the jobs it submitted).
 pub async fn directory_keys(ex: impl PgExecutor<'_>) -> Result<Vec<DirectoryKey>> {
     let rows = sqlx::query!(
-        r#"SELECT id, tenant, key_sha256, expires_at, revoked_at IS NOT NULL AS "revoked!",
+        r#"SELECT id, tenant, key_sha256, expires_at, revoked_at IS NOT NULL AS "revoked!", application,
                   limits AS "limits: Json<TenantLimits>", budgets AS "budgets: Json<Vec<Budget>>",
                   scopes AS "scopes: Json<KeyScopes>"
            FROM api_keys"#
@@ -437,6 +445,7 @@ pub async fn directory_keys(ex: impl PgExecutor<'_>) -> Result<Vec<DirectoryKey>
                 digest: r.key_sha256.try_into().ok()?,
                 expires_at: r.expires_at,
                 revoked: r.revoked,
+                application: r.application,
                 limits: r.limits.0,
                 budgets: r.budgets.0,
                 scopes: r.scopes.0,

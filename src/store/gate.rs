@@ -6,6 +6,7 @@ use sqlx::{PgConnection, PgExecutor};
 
 use super::{CHANNEL_JOBS_READY, Result};
 use crate::model::{Endpoint, JobClass, JobId};
+use crate::vocab::PriceSource;
 
 /// The (class, tenant) pairs with queued work: a loose index scan over `jobs_gate`, one
 /// probe per pair, however many jobs are queued.
@@ -128,6 +129,8 @@ pub struct Admission {
     pub key: Option<String>,
     pub bucket_ids: Vec<i64>,
     pub amounts: Vec<f64>,
+    /// What its estimate costs on the target chosen (shown on the job as `cost.reserved_usd`).
+    pub cost: crate::buckets::EstimatedCost,
     /// Any dispatcher may run it (not a stream, which runs where its client is connected,
     /// nor a provider-batch line): the gate may start it in its own process.
     pub startable: bool,
@@ -177,7 +180,7 @@ impl Admitted {
 
 /// The admission `UPDATE`, setting `$state` (the new state's columns) as well, run by
 /// `$query!` — [`query_jobs!`] for the rows, [`query_job_ids!`] for their ids — with
-/// $1–$7 bound from `$admissions` ([`AdmissionArrays`]) and `now`, then `$arg`s from $8.
+/// $1–$9 bound from `$admissions` ([`AdmissionArrays`]) and `now`, then `$arg`s from $10.
 macro_rules! admit_query {
     ($query:ident!, $state:expr, $admissions:expr, $now:expr $(, $arg:expr)* $(,)?) => {{
         let admissions: &AdmissionArrays = $admissions;
@@ -186,9 +189,11 @@ macro_rules! admit_query {
                 + $state
                 + ", admitted_at = $4, provider = t.provider, provider_model = t.model,
                      provider_key = t.key, reserved_buckets = t.buckets::bigint[],
-                     reserved_amounts = t.amounts::float8[], admission = NULL
-                   FROM unnest($1::uuid[], $2::text[], $3::text[], $5::text[], $6::text[], $7::text[])
-                       AS t(id, provider, model, key, buckets, amounts)
+                     reserved_amounts = t.amounts::float8[], admission = NULL,
+                     reserved_micro_usd = t.reserved_usd, price_source = t.price_source
+                   FROM unnest($1::uuid[], $2::text[], $3::text[], $5::text[], $6::text[], $7::text[],
+                               $8::float8[], $9::text[])
+                       AS t(id, provider, model, key, buckets, amounts, reserved_usd, price_source)
                    WHERE j.id = t.id AND j.state::text = 'queued'
                    RETURNING",
             "",
@@ -198,7 +203,9 @@ macro_rules! admit_query {
             $now,
             &admissions.keys as &[Option<&str>],
             &admissions.buckets as &[Option<String>],
-            &admissions.amounts as &[Option<String>]
+            &admissions.amounts as &[Option<String>],
+            &admissions.reserved_usd,
+            &admissions.price_sources as &[PriceSource]
             $(, $arg)*
         )
     }};
@@ -212,6 +219,8 @@ pub(super) struct AdmissionArrays<'a> {
     pub(super) keys: Vec<Option<&'a str>>,
     pub(super) buckets: Vec<Option<String>>,
     pub(super) amounts: Vec<Option<String>>,
+    pub(super) reserved_usd: Vec<f64>,
+    pub(super) price_sources: Vec<PriceSource>,
 }
 
 impl<'a> AdmissionArrays<'a> {
@@ -236,6 +245,8 @@ impl<'a> AdmissionArrays<'a> {
             keys: admissions.iter().map(|a| a.key.as_deref()).collect(),
             buckets,
             amounts,
+            reserved_usd: admissions.iter().map(|a| a.cost.micro_usd).collect(),
+            price_sources: admissions.iter().map(|a| a.cost.price_source).collect(),
         }
     }
 }
@@ -262,8 +273,8 @@ pub async fn admit(
         let started = AdmissionArrays::of(started);
         admitted.started = admit_query!(
             query_jobs!,
-            "state = 'running', attempt = j.attempt + 1, lease_owner = $8,
-             lease_expires_at = now() + make_interval(secs => $9), started_at = COALESCE(j.started_at, $4)",
+            "state = 'running', attempt = j.attempt + 1, lease_owner = $10,
+             lease_expires_at = now() + make_interval(secs => $11), started_at = COALESCE(j.started_at, $4)",
             &started,
             now,
             starter.owner,

@@ -156,19 +156,19 @@ pub async fn insert_started_jobs(
                               max_attempts, estimated_input_tokens, estimated_output_tokens, created_at,
                               stream, endpoint, state, attempt, lease_owner, lease_expires_at, started_at,
                               admitted_at, provider, provider_model, provider_key, reserved_buckets,
-                              reserved_amounts, api_key)
+                              reserved_amounts, api_key, reserved_micro_usd, price_source)
              SELECT id, tenant, class, priority, request, model, metadata, deadline, created_at, attempts,
                     ein, eout, created_at, stream, endpoint, 'running', 1, $21,
                     now() + make_interval(secs => $22), $23, $23, provider, provider_model, key,
-                    held_buckets::bigint[], held_amounts::float8[], api_key
+                    held_buckets::bigint[], held_amounts::float8[], api_key, reserved_usd, price_source
              FROM unnest($1::uuid[], $2::text[], $3::job_class[], $4::int[], $5::jsonb[], $6::text[],
                          $7::jsonb[], $8::timestamptz[], $9::timestamptz[], $10::int[], $11::int[],
                          $12::int[], $13::bool[], $14::text[], $15::text[], $16::text[], $17::text[],
-                         $18::text[], $19::text[], $20::uuid[])
+                         $18::text[], $19::text[], $20::uuid[], $24::float8[], $25::text[])
                  AS t(id, tenant, class, priority, request, model, metadata, deadline, created_at, attempts,
                       ein, eout, stream, endpoint, provider, provider_model, key, held_buckets, held_amounts,
-                      api_key)"#,
-        ["$24", "$25", "$26", "$27", "$28", "$29"],
+                      api_key, reserved_usd, price_source)"#,
+        ["$26", "$27", "$28", "$29", "$30", "$31"],
         &c.ids,
         &c.tenants as &[&str],
         &c.classes as &[JobClass],
@@ -191,7 +191,9 @@ pub async fn insert_started_jobs(
         &c.api_keys as &[Option<uuid::Uuid>],
         starter.owner,
         starter.lease.as_secs_f64(),
-        now;
+        now,
+        &held.reserved_usd,
+        &held.price_sources as &[crate::vocab::PriceSource];
         &saved
     ))
     .execute(&mut *conn)
@@ -220,6 +222,8 @@ pub async fn insert_started_jobs(
                 provider_key: admission.key.clone(),
                 reserved_buckets,
                 reserved_amounts,
+                reserved_micro_usd: Some(admission.cost.micro_usd),
+                price_source: Some(admission.cost.price_source),
                 ..Job::queued(job)
             }
         })

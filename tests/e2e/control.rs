@@ -402,8 +402,9 @@ async fn the_admin_api_names_what_it_refuses() {
 /// costs a thousandth of a dollar.
 const PRICE_PER_MTOK: f64 = 1000.0;
 
-#[tokio::test]
-async fn a_key_s_budget_and_its_tenant_s_parent_s_hold_across_processes() {
+/// Two processes sharing a database, gpt-4o-mini at [`PRICE_PER_MTOK`], and their API
+/// addresses.
+async fn two_priced_processes() -> (TestApp, tollgate_api::broker::Broker, [String; 2]) {
     let app = TestApp::spawn_with(TestOptions {
         peers: 1,
         extra_config: format!(
@@ -414,6 +415,12 @@ async fn a_key_s_budget_and_its_tenant_s_parent_s_hold_across_processes() {
     .await;
     let b = app.spawn_peer(Roles::ALL).await;
     let apis = [app.api.clone(), format!("http://{}", b.addr.unwrap())];
+    (app, b, apis)
+}
+
+#[tokio::test]
+async fn a_key_s_budget_and_its_tenant_s_parent_s_hold_across_processes() {
+    let (app, b, apis) = two_priced_processes().await;
     let http = &app.http;
     use reqwest::Method;
     let (parent_usd, key_usd) = (0.5, 0.2);
@@ -683,6 +690,27 @@ async fn the_cli_creates_tenants_and_keys_and_revokes_them() {
         out.contains("$25.00/month") && out.contains("$1.50/day"),
         "budgets not named stay: {out}"
     );
+    // An application's limits and budgets: set, then removed; the tenant's stay.
+    let (code, out, err) = tollgate(&[
+        "tenants",
+        "update",
+        "newco",
+        "--application",
+        "chatbot",
+        "--rpm",
+        "30",
+        "--daily-usd",
+        "2",
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("chatbot: rpm 30, $2.00/day") && out.contains("rpm 60"),
+        "{out}"
+    );
+    let (code, out, err) = tollgate(&["tenants", "update", "newco", "--remove-application", "chatbot"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!out.contains("chatbot") && out.contains("$1.50/day"), "{out}");
     let (code, out, _) = tollgate(&["tenants", "list"]).await;
     assert_eq!(code, 0);
     for name in ["acme", "globex", "newco"] {
@@ -1295,6 +1323,190 @@ async fn a_route_added_on_one_process_resolves_on_another_and_follows_its_change
     .await;
     let (status, _) = call(http, Method::DELETE, &url("/v1/admin/routes/smart"), ADMIN, None).await;
     assert_eq!(status, 404);
+    b.shutdown().await;
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_application_s_budget_holds_across_its_keys_and_jobs_show_what_they_reserved() {
+    let (app, b, apis) = two_priced_processes().await;
+    let http = &app.http;
+    use reqwest::Method;
+    let app_usd = 0.2;
+    let admin = |method: Method, path: &str, body: Value| {
+        let url = app.url(path);
+        async move { call(http, method, &url, ADMIN, Some(&body)).await }
+    };
+    // An application's name is checked as a tenant's, and named by its field.
+    let (status, e) = admin(
+        Method::POST,
+        "/v1/admin/tenants",
+        json!({"name": "shop", "applications": {"chat:bot": {}}}),
+    )
+    .await;
+    assert_eq!(
+        (status, &e["error"]["param"]),
+        (400, &json!("applications.chat:bot")),
+        "{e}"
+    );
+    let (status, shop) = admin(
+        Method::POST,
+        "/v1/admin/tenants",
+        json!({"name": "shop", "applications": {"chatbot": {"budgets": [{"window": "day", "usd": app_usd}]}}}),
+    )
+    .await;
+    assert_eq!(status, 201, "{shop}");
+    assert_eq!(
+        shop["applications"]["chatbot"]["budgets"],
+        json!([{"window": "day", "usd": app_usd}])
+    );
+    // Two keys of the chatbot share its budget; a key of no application is not held to it.
+    let mut secrets = Vec::new();
+    for (name, application) in [
+        ("web", Some("chatbot")),
+        ("mobile", Some("chatbot")),
+        ("etl", None),
+    ] {
+        let (status, key) = admin(
+            Method::POST,
+            "/v1/admin/tenants/shop/keys",
+            json!({"name": name, "application": application}),
+        )
+        .await;
+        assert_eq!(status, 201, "{key}");
+        let secret = key["key"].as_str().unwrap().to_owned();
+        everywhere_within_a_second(http, &[&apis[0], &apis[1]], &secret, 200, "the key accepted").await;
+        secrets.push(secret);
+    }
+    let bucket = "app:shop:chatbot:daily_spend";
+    let sees = |secret: &str| {
+        let url = format!("{}/v1/limits", apis[1]);
+        let secret = secret.to_owned();
+        async move {
+            let (_, limits) = call(http, Method::GET, &url, &secret, None).await;
+            limits["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|b| b["bucket"] == bucket)
+        }
+    };
+    assert!(
+        sees(&secrets[0]).await,
+        "a key of the application sees its budget"
+    );
+    assert!(!sees(ACME).await, "another tenant does not");
+    for (key, shown) in [(secrets[0].as_str(), true), (ACME, false)] {
+        let (status, page) = call(http, Method::GET, &app.url("/v1/status"), key, None).await;
+        assert_eq!(status, 200);
+        assert_eq!(
+            page.to_string().contains(bucket),
+            shown,
+            "the status shows the application's budget to its tenant only: {page}"
+        );
+    }
+
+    // Each job reserves about 42 tokens ($0.042): the application's keys ask for $0.84
+    // through both processes against its $0.20; the other key's five all run.
+    let deadline = (chrono::Utc::now() + chrono::Duration::seconds(20)).to_rfc3339();
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        for (k, secret) in secrets.iter().enumerate() {
+            if k == 2 && i >= 5 {
+                continue;
+            }
+            let mut body = job("oai/gpt-4o-mini", &format!("job {i}"));
+            body["deadline"] = json!(deadline);
+            let api = &apis[(i + k) % 2];
+            let (status, accepted) =
+                call(http, Method::POST, &format!("{api}/v1/jobs"), secret, Some(&body)).await;
+            assert_eq!(status, 202, "{accepted}");
+            ids.push((k, secret.clone(), accepted["id"].as_str().unwrap().to_owned()));
+        }
+    }
+    let (mut by_app, mut by_other, mut largest) = (0.0, 0, 0.0f64);
+    for (k, secret, id) in &ids {
+        let done = crate::harness::wait_finished_at(http, &apis[0], secret, id, 60).await;
+        if done["state"] != "succeeded" {
+            assert_eq!(done["error"]["code"], "deadline_unmeetable", "{done}");
+            assert_ne!(
+                *k, 2,
+                "the key of no application is not held to its budget: {done}"
+            );
+            continue;
+        }
+        let cost = &done["cost"];
+        let (reserved, charged) = (
+            cost["reserved_usd"].as_f64().unwrap(),
+            cost["charged_usd"].as_f64().unwrap(),
+        );
+        assert_eq!(cost["price_source"], "model", "{done}");
+        assert!(
+            charged > 0.0 && charged <= reserved + 1e-9,
+            "a job is charged no more than it reserved: {cost}"
+        );
+        largest = largest.max(charged);
+        match k {
+            2 => by_other += 1,
+            _ => by_app += charged,
+        }
+    }
+    assert_eq!(by_other, 5, "every job of the key of no application ran");
+    assert!(
+        by_app <= app_usd + largest + 1e-9,
+        "the application's keys spent ${by_app} against its ${app_usd} (largest job ${largest})"
+    );
+    assert!(
+        by_app > app_usd / 2.0,
+        "the application's budget was used (${by_app})"
+    );
+
+    // Usage by application sums its keys' jobs.
+    let (status, usage) = call(
+        http,
+        Method::GET,
+        &app.url("/v1/usage?group_by=application"),
+        &secrets[2],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{usage}");
+    let chatbot = usage["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["application"] == "chatbot")
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert!(
+        (chatbot["usd"].as_f64().unwrap_or(-1.0) - by_app).abs() < 1e-9,
+        "{chatbot} vs {by_app}"
+    );
+
+    // Without the application's budget its keys run again: once a key made after the
+    // change is accepted on both processes, both hold the change.
+    let (status, e) = admin(
+        Method::PATCH,
+        "/v1/admin/tenants/shop",
+        json!({"applications": {}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{e}");
+    let (_, newer) = admin(
+        Method::POST,
+        "/v1/admin/tenants/shop/keys",
+        json!({"name": "newer", "application": "chatbot"}),
+    )
+    .await;
+    let newer = newer["key"].as_str().unwrap();
+    everywhere_within_a_second(http, &[&apis[0], &apis[1]], newer, 200, "the key accepted").await;
+    let mut body = job("oai/gpt-4o-mini", "after");
+    body["deadline"] = json!((chrono::Utc::now() + chrono::Duration::seconds(20)).to_rfc3339());
+    let (_, accepted) = call(http, Method::POST, &app.url("/v1/jobs"), &secrets[0], Some(&body)).await;
+    let done =
+        crate::harness::wait_finished_at(http, &apis[0], &secrets[0], accepted["id"].as_str().unwrap(), 60)
+            .await;
+    assert_eq!(done["state"], "succeeded", "{done}");
     b.shutdown().await;
     app.shutdown().await;
 }

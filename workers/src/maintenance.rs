@@ -172,20 +172,22 @@ impl Maintenance {
 /// The event type of a budget reaching a threshold.
 const BUDGET_EVENT: &str = "budget.threshold";
 
-/// The `budget.threshold` event of `c`: whose budget (a tenant's, or one of its API keys'),
-/// its window, the threshold reached, the budget and what is spent of it in USD, and when
-/// the window resets.
+/// The `budget.threshold` event of `c`: whose budget (a tenant's, one of its
+/// applications', or one of its API keys'), its window, the threshold reached, the budget
+/// and what is spent of it in USD, and when the window resets.
 fn budget_event(c: &store::BudgetCrossing, now: DateTime<Utc>) -> String {
-    let mut parts = c.bucket.splitn(3, ':');
-    let (holder, id, name) = (
-        parts.next().unwrap_or_default(),
-        parts.next().unwrap_or_default(),
-        parts.next().unwrap_or_default(),
-    );
+    // `<holder>:<scope…>:<bucket name>`; names hold no `:`.
+    let (holder, rest) = c.bucket.split_once(':').unwrap_or_default();
+    let (scope, name) = rest.rsplit_once(':').unwrap_or_default();
     let window = match name {
         "weekly_spend" => "week",
         "monthly_spend" => "month",
         _ => "day",
+    };
+    let (holder, api_key, application) = match holder {
+        "apikey" => ("api_key", Some(scope), None),
+        "app" => ("application", None, scope.split_once(':').map(|(_, app)| app)),
+        _ => ("tenant", None, None),
     };
     serde_json::json!({
         "type": BUDGET_EVENT,
@@ -193,8 +195,9 @@ fn budget_event(c: &store::BudgetCrossing, now: DateTime<Utc>) -> String {
         "data": {
             "object": "budget",
             "tenant": c.tenant,
-            "holder": if holder == "apikey" { "api_key" } else { "tenant" },
-            "api_key": (holder == "apikey").then_some(id),
+            "holder": holder,
+            "api_key": api_key,
+            "application": application,
             "window": window,
             "threshold": c.threshold,
             "budget_usd": c.capacity / 1e6,
@@ -203,4 +206,46 @@ fn budget_event(c: &store::BudgetCrossing, now: DateTime<Utc>) -> String {
         },
     })
     .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_budget_event_names_whose_budget_it_is() {
+        let now = Utc::now();
+        let event = |bucket: &str| {
+            let c = store::BudgetCrossing {
+                bucket: bucket.to_owned(),
+                tenant: "shop".to_owned(),
+                threshold: 0.8,
+                capacity: 2e6,
+                spent: 1.7e6,
+                resets_at: now,
+            };
+            let body: serde_json::Value = serde_json::from_str(&budget_event(&c, now)).unwrap();
+            let d = &body["data"];
+            (
+                d["holder"].clone(),
+                d["application"].clone(),
+                d["api_key"].clone(),
+                d["window"].clone(),
+            )
+        };
+        use serde_json::json;
+        assert_eq!(
+            event("tenant:shop:monthly_spend"),
+            (json!("tenant"), json!(null), json!(null), json!("month"))
+        );
+        assert_eq!(
+            event("app:shop:chatbot:daily_spend"),
+            (json!("application"), json!("chatbot"), json!(null), json!("day"))
+        );
+        let id = "0190a000-0000-7000-8000-000000000012";
+        assert_eq!(
+            event(&format!("apikey:{id}:weekly_spend")),
+            (json!("api_key"), json!(null), json!(id), json!("week"))
+        );
+    }
 }

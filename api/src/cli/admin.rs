@@ -92,6 +92,13 @@ pub enum TenantsCommand {
         /// Remove the tenant's parent.
         #[arg(long, conflicts_with = "parent")]
         no_parent: bool,
+        /// Set the limit and budget flags on this application of the tenant (shared by its
+        /// keys labelled with it) instead of on the tenant.
+        #[arg(long)]
+        application: Option<String>,
+        /// Remove this application's limits and budgets.
+        #[arg(long, conflicts_with = "application")]
+        remove_application: Option<String>,
         #[command(flatten)]
         remote: Remote,
     },
@@ -180,6 +187,15 @@ impl LimitFlags {
         out
     }
 
+    /// `{"limits", "budgets"}` of `before` (a tenant, an application) with the flags set
+    /// over them.
+    fn over(&self, before: &Value) -> Value {
+        json!({
+            "limits": self.limits(before["limits"].as_object().cloned().unwrap_or_default()),
+            "budgets": self.budgets(before["budgets"].as_array().map_or(&[], Vec::as_slice)),
+        })
+    }
+
     fn sets_limits(&self) -> bool {
         self.rpm.or(self.tpm).or(self.rpd).or(self.concurrency).is_some()
     }
@@ -219,6 +235,34 @@ fn budgets_text(budgets: &Value) -> String {
     }
 }
 
+/// A tenant's applications as `chatbot: rpm 60, $5.00/day; search: $1.00/day`.
+fn applications_text(applications: &Value) -> String {
+    let parts: Vec<String> = applications
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(name, a)| {
+            let own: Vec<String> = [limits_text(&a["limits"]), budgets_text(&a["budgets"])]
+                .into_iter()
+                .filter(|t| t != "-")
+                .collect();
+            format!(
+                "{name}: {}",
+                if own.is_empty() {
+                    "-".to_owned()
+                } else {
+                    own.join(", ")
+                }
+            )
+        })
+        .collect();
+    if parts.is_empty() {
+        "-".to_owned()
+    } else {
+        parts.join("; ")
+    }
+}
+
 fn render_tenant(t: &Value) -> String {
     fields(&[
         ("NAME", cell(&t["name"])),
@@ -226,6 +270,7 @@ fn render_tenant(t: &Value) -> String {
         ("PARENT", cell(&t["parent"])),
         ("LIMITS", limits_text(&t["limits"])),
         ("BUDGETS", budgets_text(&t["budgets"])),
+        ("APPLICATIONS", applications_text(&t["applications"])),
         ("SOURCE", cell(&t["source"])),
         ("UPDATED", when(&t["updated_at"])),
     ])
@@ -295,20 +340,32 @@ pub async fn tenants(args: TenantsArgs) -> anyhow::Result<bool> {
             name,
             flags,
             no_parent,
+            application,
+            remove_application,
             remote,
         } => {
             let path = format!("/v1/admin/tenants/{}", segment(&name));
             let mut change = Map::new();
             let limits = &flags.limits;
-            if limits.sets_limits() || limits.sets_budgets() {
+            let sets = limits.sets_limits() || limits.sets_budgets();
+            if sets || application.is_some() || remove_application.is_some() {
                 let before = remote.get(&http, &path).await?;
-                if limits.sets_limits() {
-                    let merged = limits.limits(before["limits"].as_object().cloned().unwrap_or_default());
-                    change.insert("limits".to_owned(), Value::Object(merged));
+                let mut applications = before["applications"].as_object().cloned().unwrap_or_default();
+                if let Some(app) = &remove_application {
+                    applications.remove(app);
                 }
-                if limits.sets_budgets() {
-                    let merged = limits.budgets(before["budgets"].as_array().map_or(&[], Vec::as_slice));
-                    change.insert("budgets".to_owned(), Value::Array(merged));
+                match &application {
+                    Some(app) => {
+                        let own = applications.get(app).cloned().unwrap_or_else(|| json!({}));
+                        applications.insert(app.clone(), limits.over(&own));
+                    }
+                    None if sets => {
+                        change.extend(limits.over(&before).as_object().cloned().unwrap_or_default())
+                    }
+                    None => {}
+                }
+                if application.is_some() || remove_application.is_some() {
+                    change.insert("applications".to_owned(), Value::Object(applications));
                 }
             }
             if let Some(weight) = flags.weight {
