@@ -36,6 +36,7 @@
 //! - [`ratelimit`]: what providers say about their limits (headers, 429 bodies), parsed.
 //! - [`learning`]: learned limits — readings and 429s turned into bucket capacities.
 //! - [`metrics`]: metric names, and the one-line helpers the gate and dispatchers call.
+//! - [`job_trace`]: one OpenTelemetry trace per job, its spans made from the job's row.
 //! - `fuzz_bodies`: the fuzz targets' bodies (`fuzz/`), also replayed by `cargo test`.
 //!
 //! Data flow: the API (`tollgate-api`) authenticates through `tenants`, resolves through
@@ -59,6 +60,7 @@ pub mod estimate;
 #[doc(hidden)]
 pub mod fuzz_bodies;
 pub mod gather;
+pub mod job_trace;
 pub mod keyring;
 pub mod learning;
 pub mod metrics;

@@ -136,6 +136,8 @@ pub struct Job {
     pub reserved_micro_usd: Option<f64>,
     /// Where the price of its cost comes from; `None` until admitted.
     pub price_source: Option<crate::vocab::PriceSource>,
+    /// Its trace's W3C context ([`NewJob::traceparent`]).
+    pub traceparent: Option<String>,
 }
 
 impl Job {
@@ -184,6 +186,7 @@ impl Job {
             api_key: new.api_key,
             reserved_micro_usd: None,
             price_source: None,
+            traceparent: new.traceparent.clone(),
         }
     }
 }
@@ -217,6 +220,9 @@ pub struct NewJob<R = serde_json::Value> {
     pub stream: bool,
     /// The API key it is submitted with: its limits and budgets are on the job's path.
     pub api_key: Option<uuid::Uuid>,
+    /// Its trace's W3C context (`job_trace`): its `job.submit` span, the parent of its
+    /// later spans; `None` when jobs are not traced.
+    pub traceparent: Option<String>,
 }
 
 impl<R> NewJob<R> {
@@ -239,6 +245,7 @@ impl<R> NewJob<R> {
             created_at: self.created_at,
             stream: self.stream,
             api_key: self.api_key,
+            traceparent: self.traceparent,
         }
     }
 }

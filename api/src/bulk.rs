@@ -236,9 +236,12 @@ pub(crate) async fn submit(
     }
     let now = state.clock.now().trunc_subsecs(6);
     let (config, owner) = (state.tenants.config(), tenant.clone());
-    let jobs = tokio::task::spawn_blocking(move || prepare(&config, &owner, &bytes, now))
-        .await
-        .map_err(ApiError::internal)??;
+    let trace = crate::observed::ClientTrace::current();
+    let jobs = tokio::task::spawn_blocking(move || {
+        crate::observed::ClientTrace::within(trace, || prepare(&config, &owner, &bytes, now))
+    })
+    .await
+    .map_err(ApiError::internal)??;
     if asked.is_none() {
         state.tenant_rate.charge_jobs(&tenant, jobs.len());
     }

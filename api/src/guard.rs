@@ -43,6 +43,7 @@ use tollgate::tenants::Tenant;
 
 use crate::AppState;
 use crate::error::ApiError;
+use crate::observed::RequestTenant;
 
 /// How long the answer to a request refused for its source is held; the longest a
 /// refusal for a tenant is held.
@@ -195,7 +196,9 @@ pub async fn check(State(guard): State<Guard>, request: Request, next: Next) -> 
     }
     let key = crate::auth::bearer(request.headers()).ok();
     let now = Instant::now();
-    let throttled = match key.and_then(|key| guard.tenants.authenticate(key, guard.clock.now())) {
+    let found = key.and_then(|key| guard.tenants.authenticate(key, guard.clock.now()));
+    let admin = found.is_none() && key.is_some_and(|key| guard.tenants.current().is_admin(key));
+    let throttled = match &found {
         Some(found) => guard.limiter.take(&found.tenant, now).err().map(|wait| {
             (
                 wait,
@@ -203,7 +206,7 @@ pub async fn check(State(guard): State<Guard>, request: Request, next: Next) -> 
                 wait.min(REFUSAL_HOLD),
             )
         }),
-        None if key.is_some_and(|key| guard.tenants.current().is_admin(key)) => None,
+        None if admin => None,
         None if matches!(request.uri().path(), "/healthz" | "/readyz") => None,
         None => {
             // Without a socket (a router driven in-process) every request is one source.
@@ -220,17 +223,28 @@ pub async fn check(State(guard): State<Guard>, request: Request, next: Next) -> 
             })
         }
     };
-    if let Some((wait, message, hold)) = throttled {
-        tokio::time::sleep(hold).await;
-        return ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            ApiErrorCode::ApiRateLimited,
-            message,
-        )
-        .with_retry_after(wait.saturating_sub(hold))
-        .into_response();
+    let mut response = match throttled {
+        Some((wait, message, hold)) => {
+            tokio::time::sleep(hold).await;
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                ApiErrorCode::ApiRateLimited,
+                message,
+            )
+            .with_retry_after(wait.saturating_sub(hold))
+            .into_response()
+        }
+        None => next.run(request).await,
+    };
+    // Whose request it was, for the request log.
+    let who = match found {
+        Some(found) => Some(RequestTenant::Tenant(found.tenant)),
+        None => admin.then_some(RequestTenant::Admin),
+    };
+    if let Some(who) = who {
+        response.extensions_mut().insert(who);
     }
-    next.run(request).await
+    response
 }
 
 #[cfg(test)]

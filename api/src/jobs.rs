@@ -194,7 +194,7 @@ pub(crate) fn new_job(
                 .with_param("deadline"),
         );
     }
-    Ok(NewJob {
+    let mut job = NewJob {
         id: JobId::new(),
         tenant: tenant.name.clone(),
         class: s.class,
@@ -211,7 +211,10 @@ pub(crate) fn new_job(
         created_at: now,
         stream: s.stream,
         api_key: tenant.key,
-    })
+        traceparent: None,
+    };
+    crate::observed::ClientTrace::start(&mut job);
+    Ok(job)
 }
 
 /// `403 key_not_permitted`: the caller's key may not submit this (`param`: the field).
@@ -668,6 +671,8 @@ pub(crate) fn job_view(job: &Job) -> Value {
         "metadata": job.metadata,
         // The id of the API key it was submitted with.
         "api_key": job.api_key,
+        // The id of its OpenTelemetry trace (`null` when jobs are not traced).
+        "trace_id": job.traceparent.as_deref().and_then(tollgate::job_trace::trace_id),
         // Online or through the provider's batch API, and why (`null` reason: not a
         // `batch`-class job, or no provider batch API is configured).
         "dispatch": {

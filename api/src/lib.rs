@@ -22,6 +22,8 @@
 //! - [`metrics`]: `GET /metrics`, Prometheus text (events and database levels).
 //! - [`error`]: `ApiError`, status + stable code + safe message.
 //! - [`guard`]: before every handler: header size, the tenant's API request rate.
+//! - [`observed`]: around every request: the request log, and the client's trace context
+//!   for the jobs it submits.
 //! - `paging`: OpenAI-style cursor lists (`limit`, `after`, `has_more`).
 //! - [`serve`]: the HTTP server: header, idle and body timeouts, the connection cap.
 //! - [`broker`]: starts the roles of one process (API, dispatcher, maintenance,
@@ -55,6 +57,7 @@ pub mod message_batches;
 pub mod messages;
 pub mod metrics;
 pub mod models;
+pub mod observed;
 pub mod openapi;
 pub(crate) mod paging;
 pub(crate) mod requests;
@@ -222,6 +225,7 @@ pub fn router(state: AppState) -> Router {
         })
         .layer(DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::from_fn_with_state(guard, guard::check))
+        .layer(axum::middleware::from_fn(observed::observe))
         .layer(axum::middleware::map_response(protective_headers))
         .with_state(state)
 }

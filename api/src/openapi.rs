@@ -257,6 +257,9 @@ pub struct JobSchema {
     metadata: Option<Value>,
     /// The id of the API key it was submitted with (`GET /v1/admin/tenants/{tenant}/keys`).
     api_key: Option<uuid::Uuid>,
+    /// The id of its OpenTelemetry trace (its submission, admissions and attempts); null
+    /// when jobs are not traced (no `OTEL_EXPORTER_OTLP_ENDPOINT`).
+    trace_id: Option<String>,
     /// `{via, reason, provider_batch_id}`: `online` or `provider_batch` (the provider's own
     /// batch API), why (`deadline_allows_batch_api`, `deadline_too_close_for_batch_api`,
     /// `route_has_no_batch_api`, `endpoint_not_batched`,

@@ -25,7 +25,18 @@ use tollgate_mock::{MockConfig, MockProvider};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log lines are written to stderr: `text`, or `json` (one object per line).
+    #[arg(
+        long,
+        global = true,
+        env = "TOLLGATE_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    log_format: telemetry::LogFormat,
 }
+
+mod telemetry;
 
 const LONG_ABOUT: &str = "tollgate: a durable job-queue broker for LLM API work, on PostgreSQL.
 
@@ -128,12 +139,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve { .. } | Command::Migrate { .. } | Command::MockProvider { .. } => "info,sqlx=warn",
         _ => "warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    telemetry::init_log(cli.log_format, default_filter);
     match cli.command {
         Command::Serve { config, listen } => serve(config, listen).await,
         Command::Config {
@@ -197,6 +203,7 @@ async fn serve(config_path: PathBuf, listen: Option<std::net::SocketAddr>) -> an
         config.server.listen = listen;
         config.validate()?;
     }
+    let traces = telemetry::init_traces()?;
     let db = Database::open(&config.database).await?;
     tracing::info!(database = %db.display_url, "database ready");
     let addr = config.server.listen;
@@ -214,6 +221,9 @@ async fn serve(config_path: PathBuf, listen: Option<std::net::SocketAddr>) -> an
         _ = reloads => {}
     }
     broker.shutdown().await;
+    if let Some(Err(e)) = traces.map(|t| t.shutdown()) {
+        tracing::warn!(error = %e, "the last job spans could not be sent");
+    }
     db.close().await?;
     Ok(())
 }

@@ -44,8 +44,8 @@ async fn insert_new_job(ex: impl PgExecutor<'_>, job: &NewJob) -> Result<bool> {
     Ok(sqlx::query_scalar!(
         "INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
                                      deadline, not_before, max_attempts, estimated_input_tokens,
-                                     estimated_output_tokens, created_at, stream, endpoint, api_key"
-            + ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $10, $14, $15, $16"
+                                     estimated_output_tokens, created_at, stream, endpoint, api_key, traceparent"
+            + ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $10, $14, $15, $16, $17"
             + ") ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
                    RETURNING id AS \"id: JobId\"",
         job.id.0,
@@ -64,6 +64,7 @@ async fn insert_new_job(ex: impl PgExecutor<'_>, job: &NewJob) -> Result<bool> {
         job.stream,
         job.endpoint as Endpoint,
         job.api_key,
+        job.traceparent.as_deref(),
     )
     .fetch_optional(ex)
     .await?
@@ -87,6 +88,7 @@ struct JobColumns<'a> {
     streams: Vec<bool>,
     endpoints: Vec<Endpoint>,
     api_keys: Vec<Option<uuid::Uuid>>,
+    traceparents: Vec<Option<&'a str>>,
 }
 
 impl<'a> JobColumns<'a> {
@@ -106,6 +108,7 @@ impl<'a> JobColumns<'a> {
             streams: Vec::new(),
             endpoints: Vec::new(),
             api_keys: Vec::new(),
+            traceparents: Vec::new(),
         };
         for j in jobs {
             c.ids.push(j.id.0);
@@ -122,6 +125,7 @@ impl<'a> JobColumns<'a> {
             c.streams.push(j.stream);
             c.endpoints.push(j.endpoint);
             c.api_keys.push(j.api_key);
+            c.traceparents.push(j.traceparent.as_deref());
         }
         c
     }
@@ -156,19 +160,20 @@ pub async fn insert_started_jobs(
                               max_attempts, estimated_input_tokens, estimated_output_tokens, created_at,
                               stream, endpoint, state, attempt, lease_owner, lease_expires_at, started_at,
                               admitted_at, provider, provider_model, provider_key, reserved_buckets,
-                              reserved_amounts, api_key, reserved_micro_usd, price_source)
+                              reserved_amounts, api_key, reserved_micro_usd, price_source, traceparent)
              SELECT id, tenant, class, priority, request, model, metadata, deadline, created_at, attempts,
                     ein, eout, created_at, stream, endpoint, 'running', 1, $21,
                     now() + make_interval(secs => $22), $23, $23, provider, provider_model, key,
-                    held_buckets::bigint[], held_amounts::float8[], api_key, reserved_usd, price_source
+                    held_buckets::bigint[], held_amounts::float8[], api_key, reserved_usd, price_source,
+                    traceparent
              FROM unnest($1::uuid[], $2::text[], $3::job_class[], $4::int[], $5::jsonb[], $6::text[],
                          $7::jsonb[], $8::timestamptz[], $9::timestamptz[], $10::int[], $11::int[],
                          $12::int[], $13::bool[], $14::text[], $15::text[], $16::text[], $17::text[],
-                         $18::text[], $19::text[], $20::uuid[], $24::float8[], $25::text[])
+                         $18::text[], $19::text[], $20::uuid[], $24::float8[], $25::text[], $26::text[])
                  AS t(id, tenant, class, priority, request, model, metadata, deadline, created_at, attempts,
                       ein, eout, stream, endpoint, provider, provider_model, key, held_buckets, held_amounts,
-                      api_key, reserved_usd, price_source)"#,
-        ["$26", "$27", "$28", "$29", "$30", "$31"],
+                      api_key, reserved_usd, price_source, traceparent)"#,
+        ["$27", "$28", "$29", "$30", "$31", "$32"],
         &c.ids,
         &c.tenants as &[&str],
         &c.classes as &[JobClass],
@@ -193,7 +198,8 @@ pub async fn insert_started_jobs(
         starter.lease.as_secs_f64(),
         now,
         &held.reserved_usd,
-        &held.price_sources as &[crate::vocab::PriceSource];
+        &held.price_sources as &[crate::vocab::PriceSource],
+        &c.traceparents as &[Option<&str>];
         &saved
     ))
     .execute(&mut *conn)
@@ -261,14 +267,14 @@ pub async fn insert_jobs(
     let inserted = sqlx::query_scalar!(
         r#"INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
                            deadline, not_before, max_attempts, estimated_input_tokens,
-                           estimated_output_tokens, created_at, stream, endpoint, api_key)
+                           estimated_output_tokens, created_at, stream, endpoint, api_key, traceparent)
          SELECT id, tenant, class, priority, request::jsonb, model, key, metadata, deadline, created_at, attempts,
-                ein, eout, created_at, stream, endpoint, api_key
+                ein, eout, created_at, stream, endpoint, api_key, traceparent
          FROM unnest($1::uuid[], $2::text[], $3::job_class[], $4::int[], $5::text[], $6::text[], $7::text[],
                      $8::jsonb[], $9::timestamptz[], $10::timestamptz[], $11::int[], $12::int[], $13::int[],
-                     $14::bool[], $15::text[], $16::uuid[])
+                     $14::bool[], $15::text[], $16::uuid[], $17::text[])
              AS t(id, tenant, class, priority, request, model, key, metadata, deadline, created_at, attempts, ein,
-                  eout, stream, endpoint, api_key)
+                  eout, stream, endpoint, api_key, traceparent)
          ORDER BY tenant, key
          ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
          RETURNING id AS "id: JobId""#,
@@ -288,6 +294,7 @@ pub async fn insert_jobs(
         &c.streams,
         &c.endpoints as &[Endpoint],
         &c.api_keys as &[Option<uuid::Uuid>],
+        &c.traceparents as &[Option<&str>],
     )
     .fetch_all(&mut *conn)
     .await?;

@@ -164,7 +164,7 @@ async fn version_and_bare_tollgate_name_the_binary() {
     let (code, out, err) = run(&[], &[]).await;
     assert_eq!(code, 2, "{out}\n{err}");
     let help = format!("{out}{err}");
-    assert!(help.contains("Usage: tollgate <COMMAND>"), "{help}");
+    assert!(help.contains("Usage: tollgate [OPTIONS] <COMMAND>"), "{help}");
     assert!(help.contains("Commands:"), "{help}");
     for command in ["serve", "status", "submit", "jobs", "batches", "files"] {
         assert!(

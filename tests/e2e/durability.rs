@@ -148,15 +148,27 @@ pub struct Serve {
 
 impl Serve {
     pub fn start(config: &std::path::Path, db_url: &str, port: u16) -> Self {
-        let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        Self::start_with(config, db_url, port, |_| {})
+    }
+
+    /// [`Serve::start`] with its command changed by `configure` first (more arguments,
+    /// variables, where its output goes).
+    pub fn start_with(
+        config: &std::path::Path,
+        db_url: &str,
+        port: u16,
+        configure: impl FnOnce(&mut Command),
+    ) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+        command
             .args(["serve", "--config"])
             .arg(config)
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .env("DATABASE_URL", db_url)
             .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn tollgate serve");
+            .stdin(Stdio::null());
+        configure(&mut command);
+        let child = command.spawn().expect("spawn tollgate serve");
         Self { child }
     }
 

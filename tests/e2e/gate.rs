@@ -1209,6 +1209,7 @@ fn interactive_arrival(tenant: &str, content: &str, now: DateTime<Utc>) -> tollg
         created_at: now,
         stream: false,
         api_key: None,
+        traceparent: None,
     }
 }
 

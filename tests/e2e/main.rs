@@ -42,6 +42,8 @@
 //!   `SIGHUP` reloading the file's tenants.
 //! - [`usage`]: each job's cost at the configured prices, and `GET /v1/usage` summing them
 //!   per tenant, as grouped, in JSON and CSV.
+//! - [`telemetry`]: each job's trace over OTLP, one tree under its client's `traceparent`;
+//!   the log as JSON lines, the request log among them.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test should stop right there
 
@@ -71,5 +73,6 @@ mod reservations;
 mod schemathesis;
 mod security;
 mod streaming;
+mod telemetry;
 mod usage;
 mod webhooks;

@@ -222,7 +222,7 @@ impl Dispatcher {
         crate::observe::provider_call(&job, &target, &called);
         let observation = self.observation(&target, &called, finished_at);
         let call = Self::call_record(&job, &called, started_at, finished_at);
-        let written = match &called.result {
+        let outcome = match &called.result {
             Ok(success) => {
                 let end = End::Succeeded {
                     result: success.body.clone(),
@@ -230,12 +230,11 @@ impl Dispatcher {
                     provider_request_id: called.request_id.clone(),
                 };
                 let settlement = self.settlement(&job, &target, Some(success.usage));
-                let outcome = Outcome {
+                Outcome {
                     call: Some(call),
                     observation,
                     ..Outcome::new(holder, Some(served), end, settlement)
-                };
-                self.write(outcome, inner.clock.now()).await
+                }
             }
             Err(failure) => {
                 let settlement = if called.counted() {
@@ -244,15 +243,15 @@ impl Dispatcher {
                     Settlement::UNSENT
                 };
                 let key = Some(called.key_name.as_str()).filter(|k| !k.is_empty());
-                let now = inner.clock.now();
-                let outcome = Outcome {
+                Outcome {
                     call: Some(call),
                     observation,
-                    ..self.after_failure(&job, served, key, failure, settlement, now)
-                };
-                self.write(outcome, now).await
+                    ..self.after_failure(&job, served, key, failure, settlement, finished_at)
+                }
             }
         };
+        tollgate::job_trace::attempted(&job, &outcome, started_at, finished_at);
+        let written = self.write(outcome, inner.clock.now()).await;
         match written {
             Ok(true) => {}
             Ok(false) => tracing::info!("outcome discarded: the job was cancelled or rescued meanwhile"),

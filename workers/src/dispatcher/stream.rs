@@ -74,15 +74,12 @@ impl Dispatcher {
                 };
                 let served = Served::new(&target.provider, &target.model);
                 let end = End::failed(failure.code, failure.message.clone());
+                let finished_at = self.inner.clock.now();
                 let outcome = Outcome {
-                    call: Some(Self::call_record(
-                        &job,
-                        &called,
-                        started_at,
-                        self.inner.clock.now(),
-                    )),
+                    call: Some(Self::call_record(&job, &called, started_at, finished_at)),
                     ..Outcome::new(self.holder(&job), Some(served), end, settlement)
                 };
+                tollgate::job_trace::attempted(&job, &outcome, started_at, finished_at);
                 log_write(self.write(outcome, self.inner.clock.now()).await);
                 return Err(failure);
             }
@@ -167,7 +164,8 @@ impl Dispatcher {
         client_gone: bool,
         started_at: chrono::DateTime<Utc>,
     ) {
-        let call = Self::call_record(&job, &called, started_at, self.inner.clock.now());
+        let finished_at = self.inner.clock.now();
+        let call = Self::call_record(&job, &called, started_at, finished_at);
         crate::observe::provider_call(&job, &target, &called);
         let usage = match &called.result {
             Ok(s) => s.usage,
@@ -191,6 +189,7 @@ impl Dispatcher {
             call: Some(call),
             ..Outcome::new(self.holder(&job), Some(served), end, settlement)
         };
+        tollgate::job_trace::attempted(&job, &outcome, started_at, finished_at);
         log_write(self.write(outcome, self.inner.clock.now()).await);
     }
 }
