@@ -89,7 +89,19 @@ pub struct BatchRow {
     pub cancelled_at: Option<DateTime<Utc>>,
     /// The API key that created it: its lines' jobs carry it.
     pub api_key: Option<uuid::Uuid>,
+    /// Since when its queued lines are held out of admission; `None`: not paused.
+    pub paused_at: Option<DateTime<Utc>>,
+    /// Its lines' priority (as a job's), changed with the batch.
+    pub priority: i32,
+    /// What its lines may cost together, in USD (a bucket on their path).
+    pub max_cost_usd: Option<f64>,
+    /// The share of its finished lines that may fail (once [`ERROR_RATE_MIN_LINES`] have
+    /// finished) before it is stopped.
+    pub max_error_rate: Option<f64>,
 }
+
+/// Finished lines a batch's error rate is judged on, at least.
+pub const ERROR_RATE_MIN_LINES: i64 = 10;
 
 impl BatchRow {
     /// A batch created at `now`, in progress and open for `window`; no input file, no
@@ -133,6 +145,10 @@ impl BatchRow {
             cancelling_at: None,
             cancelled_at: None,
             api_key: None,
+            paused_at: None,
+            priority: 0,
+            max_cost_usd: None,
+            max_error_rate: None,
         }
     }
 

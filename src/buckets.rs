@@ -79,7 +79,9 @@ pub fn scope_target(scope: &str) -> (&str, &str) {
 /// Whether bucket `key` is held for a tenant — its own limits and budgets, its
 /// applications', its API keys' — and so shown to that tenant alone (and the admin).
 pub fn is_tenant_held(key: &str) -> bool {
-    ["tenant:", "app:", "apikey:"].iter().any(|p| key.starts_with(p))
+    ["tenant:", "app:", "apikey:", "batch:"]
+        .iter()
+        .any(|p| key.starts_with(p))
 }
 
 /// The key prefixes of `tenant`'s own buckets and its applications'.
@@ -90,6 +92,30 @@ pub fn tenant_prefixes(tenant: &str) -> [String; 2] {
 /// The scope of the limits and budgets of a tenant's application (shared by its keys).
 pub fn application_scope(tenant: &str, application: &str) -> String {
     format!("app:{tenant}:{application}")
+}
+
+/// The bucket of a batch's `max_cost_usd`: on the path of every line of the batch.
+pub fn batch_cap_key(batch_id: &str) -> String {
+    format!("batch:{batch_id}:max_cost")
+}
+
+/// Whether bucket `key` is a batch's cost cap ([`batch_cap_key`]).
+pub fn is_batch_cap(key: &str) -> bool {
+    key.starts_with("batch:")
+}
+
+/// The bucket of a batch's cost cap of `usd`: spend that never comes back (its window
+/// outlasts any batch), so what its lines may cost together is reserved like a budget.
+pub fn batch_cap_spec(batch_id: &str, usd: f64) -> BucketSpec {
+    BucketSpec {
+        key: batch_cap_key(batch_id),
+        scope: format!("batch:{batch_id}"),
+        dimension: Dimension::SpendMicroUsd,
+        rule: Rule::Fixed,
+        capacity: usd * 1e6,
+        window_secs: 100 * 366 * DAY,
+        ramp_step: None,
+    }
 }
 
 /// The scope of a tenant's API key's own limits and budgets.
@@ -408,7 +434,8 @@ pub fn next_utc_midnight(now: DateTime<Utc>) -> DateTime<Utc> {
 }
 
 /// When a fixed window of `window_secs` that is open at `now` ends: the next midnight
-/// (a day), the next Monday's ([`WEEK`]), the next month's first ([`MONTH`]), all UTC.
+/// (a day), the next Monday's ([`WEEK`]), the next month's first ([`MONTH`]), all UTC; a
+/// longer window (a batch's cost cap) ends that long from `now`.
 pub fn next_window_reset(now: DateTime<Utc>, window_secs: i64) -> DateTime<Utc> {
     let midnight = next_utc_midnight(now);
     match window_secs {
@@ -425,6 +452,8 @@ pub fn next_window_reset(now: DateTime<Utc>, window_secs: i64) -> DateTime<Utc> 
                 .single()
                 .unwrap_or(midnight)
         }
+        // Longer than any calendar window (a batch's cost cap): one window from now.
+        longer if longer > MONTH => now + chrono::Duration::seconds(longer),
         _ => midnight,
     }
 }

@@ -138,6 +138,8 @@ pub struct Job {
     pub price_source: Option<crate::vocab::PriceSource>,
     /// Its trace's W3C context ([`NewJob::traceparent`]).
     pub traceparent: Option<String>,
+    /// Queued but held out of admission: its batch is paused.
+    pub held: bool,
 }
 
 impl Job {
@@ -187,6 +189,7 @@ impl Job {
             reserved_micro_usd: None,
             price_source: None,
             traceparent: new.traceparent.clone(),
+            held: false,
         }
     }
 }

@@ -605,6 +605,10 @@ pub enum ReasonCode {
     BatchCancelled,
     /// A line of a batch whose completion window ended before it finished.
     BatchExpired,
+    /// A line of a batch whose spend reached its `max_cost_usd`: it no longer fits.
+    BatchCostCapReached,
+    /// A line of a batch stopped because too many of its lines failed (`max_error_rate`).
+    BatchErrorRateExceeded,
 }
 
 #[cfg(test)]

@@ -34,6 +34,7 @@ function fill(id, rows, empty, columns) {
 }
 
 const fmt = (n) => (Math.abs(n) >= 1000 ? Math.round(n).toLocaleString("en") : (+n.toFixed(2)).toString());
+const usd = (n) => "$" + (n >= 1 ? n.toFixed(2) : (+n.toPrecision(2)).toString());
 const age = (s) => (s >= 3600 ? (s / 3600).toFixed(1) + " h" : s >= 60 ? (s / 60).toFixed(1) + " min" : s.toFixed(1) + " s");
 
 // A line chart: series = [{name, points: [[ms, value], …]}], drawn into an SVG.
@@ -92,10 +93,13 @@ function drawStatus(s) {
   }
   fill("buckets", s.buckets.map((b) => {
     const use = b.capacity > 0 ? b.used / b.capacity : 0;
+    // Budgets are kept in micro-USD; people read dollars.
+    const money = b.dimension === "spend_micro_usd";
+    const amount = (v) => money ? usd(v / 1e6) : fmt(v);
     return el("tr", { "data-bucket": b.bucket, "data-capacity": b.capacity, "data-used": b.used, "data-source": b.source },
-      el("td", {}, b.bucket), el("td", {}, b.dimension),
+      el("td", {}, b.bucket), el("td", {}, money ? "spend (USD)" : b.dimension),
       el("td", {}, el("div", { class: "bar", title: (use * 100).toFixed(0) + "%" }, el("div", { class: use > 0.9 ? "hot" : "", style: "width:" + Math.min(100, use * 100).toFixed(1) + "%" }))),
-      el("td", { class: "num" }, fmt(b.used)), el("td", { class: "num" }, fmt(b.capacity)),
+      el("td", { class: "num" }, amount(b.used)), el("td", { class: "num" }, amount(b.capacity)),
       el("td", { class: b.source === "configured" ? "" : "learned" }, b.source));
   }), "no buckets", 6);
   fill("queues", s.queues.map((q) => el("tr", { "data-queue": q.tenant + "/" + q.class, "data-queued": q.queued, "data-admitted": q.admitted, "data-running": q.running },

@@ -22,6 +22,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
+use axum::response::IntoResponse;
 use chrono::{DateTime, SubsecRound, Utc};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
@@ -33,13 +34,13 @@ use tollgate::batches::{
 };
 use tollgate::config::{BatchesConfig, Config};
 use tollgate::model::{JobClass, JobId};
-use tollgate::store::{self, BatchCancel, BatchJobs, LineError};
+use tollgate::store::{self, BatchChange, BatchControl, BatchJobs, LineError};
 use tollgate::tenants::KeyScopes;
 use tollgate::vocab::Endpoint;
 use tollgate::webhook_signing::{EVENT_TYPES, Secret};
 
 use crate::AppState;
-use crate::auth::AuthTenant;
+use crate::auth::{AuthTenant, Viewer};
 use crate::error::ApiError;
 use crate::files::{EXPIRES_AFTER_RANGE, db, unix};
 use crate::jobs::json_body;
@@ -77,6 +78,10 @@ pub(crate) struct CreateBatch {
     output_expires_after: Option<ExpiresAfter>,
     class: Option<JobClass>,
     pub(crate) webhook: Option<WebhookSpec>,
+    /// What its lines may cost together, in USD.
+    max_cost_usd: Option<f64>,
+    /// The share of its finished lines that may fail before it is stopped.
+    max_error_rate: Option<f64>,
 }
 
 /// `POST /v1/batches`.
@@ -85,7 +90,7 @@ pub(crate) struct CreateBatch {
     path = "/v1/batches",
     operation_id = "create_batch",
     tag = "batches",
-    request_body(content = Object, description = "`input_file_id`, `endpoint`, `completion_window`, `metadata`; tollgate's `class`, `webhook`"),
+    request_body(content = Object, description = "`input_file_id`, `endpoint`, `completion_window`, `metadata`; tollgate's `class`, `webhook`, `max_cost_usd`, `max_error_rate`"),
     responses(
         (status = 200, description = "OpenAI's batch object", body = Object),
         (status = 400, description = "`invalid_request`, `unsupported_endpoint`, `invalid_completion_window`, `invalid_file_purpose`, `invalid_webhook_secret`, `webhook_url_not_allowed`", body = doc::ErrorBody),
@@ -114,7 +119,7 @@ pub(crate) async fn create(
             })?;
     }
     let limits = &state.config.batches;
-    let file = store::get_file(&state.pool, &tenant.name, &req.input_file_id)
+    let file = store::get_file(&state.pool, Some(&tenant.name), &req.input_file_id)
         .await?
         .ok_or_else(|| ApiError::not_found("file").with_param("input_file_id"))?;
     if file.purpose != PURPOSE_BATCH {
@@ -146,6 +151,8 @@ pub(crate) async fn create(
         metadata: req.metadata.map(|m| json!(m)),
         output_expires_secs,
         api_key: tenant.key,
+        max_cost_usd: req.max_cost_usd,
+        max_error_rate: req.max_error_rate,
         ..BatchRow::in_progress(
             new_batch_id(),
             &tenant.name,
@@ -205,6 +212,10 @@ pub(crate) async fn start(
     // to a capped queue is (`jobs::reserve_queue_room`).
     crate::jobs::reserve_queue_room(state, &mut tx, &batch.tenant, batch.class, lines).await?;
     store::insert_batch(&mut *tx, batch).await?;
+    if let Some(usd) = batch.max_cost_usd {
+        let cap = tollgate::buckets::batch_cap_spec(&batch.id, usd);
+        store::sync_buckets(&mut *tx, &[cap], batch.created_at).await?;
+    }
     if let Some(hook) = webhook {
         let events = if hook.events.is_empty() {
             EVENT_TYPES.iter().map(|e| (*e).to_owned()).collect()
@@ -312,15 +323,28 @@ pub(crate) fn check_create(value: Value, limits: &BatchesConfig) -> Result<Check
     if let Some(hook) = &req.webhook {
         check_webhook(hook)?;
     }
-    let class = req.class.unwrap_or(JobClass::Batch);
-    if class == JobClass::Interactive {
-        // Interactive precedence (and its reserve) is for callers waiting on an answer.
+    if req
+        .max_cost_usd
+        .is_some_and(|usd| !(usd.is_finite() && usd > 0.0 && usd < 1e9))
+    {
         return Err(ApiError::bad_request(
             ApiErrorCode::InvalidRequest,
-            "a batch runs as `standard`, `background` or `batch`; `interactive` is for synchronous calls",
+            "`max_cost_usd` must be a number of USD above 0",
         )
-        .with_param("class"));
+        .with_param("max_cost_usd"));
     }
+    if req
+        .max_error_rate
+        .is_some_and(|rate| !(0.0..=1.0).contains(&rate))
+    {
+        return Err(ApiError::bad_request(
+            ApiErrorCode::InvalidRequest,
+            "`max_error_rate` must be from 0 to 1 (a share of the finished lines)",
+        )
+        .with_param("max_error_rate"));
+    }
+    let class = req.class.unwrap_or(JobClass::Batch);
+    check_class(class)?;
     Ok(Checked {
         req,
         endpoint,
@@ -328,6 +352,19 @@ pub(crate) fn check_create(value: Value, limits: &BatchesConfig) -> Result<Check
         output_expires_secs,
         class,
     })
+}
+
+/// Refuses `interactive` for a batch: interactive precedence (and its reserve) is for
+/// callers waiting on an answer.
+fn check_class(class: JobClass) -> Result<(), ApiError> {
+    if class == JobClass::Interactive {
+        return Err(ApiError::bad_request(
+            ApiErrorCode::InvalidRequest,
+            "a batch runs as `standard`, `background` or `batch`; `interactive` is for synchronous calls",
+        )
+        .with_param("class"));
+    }
+    Ok(())
 }
 
 /// A webhook's secret and events (its URL is checked by resolving it, in the handler).
@@ -627,6 +664,7 @@ pub(crate) fn batch_view(b: &BatchRow, counts: RequestCounts) -> Value {
     json!({
         "id": b.id,
         "object": "batch",
+        "tenant": b.tenant,
         "endpoint": b.endpoint,
         "model": null,
         "errors": b.errors,
@@ -648,6 +686,11 @@ pub(crate) fn batch_view(b: &BatchRow, counts: RequestCounts) -> Value {
         "metadata": b.metadata,
         "usage": b.usage,
         "class": b.class,
+        "priority": b.priority,
+        "max_cost_usd": b.max_cost_usd,
+        "max_error_rate": b.max_error_rate,
+        // Since when its queued lines are held (`POST /v1/batches/{id}/pause`); null: running.
+        "paused_at": t(b.paused_at),
     })
 }
 
@@ -683,7 +726,7 @@ async fn one_view(state: &AppState, batch: BatchRow) -> Result<Json<Value>, ApiE
     let mut view = batch_view(&batch, counts.first().copied().unwrap_or_default());
     // Lines sent through providers' batch APIs, and what the batch price saved over online.
     let (saved, lines) = store::batch_savings(&state.pool, &batch.id).await?;
-    view["provider_batch"] = json!({"lines": lines, "estimated_savings_micro_usd": saved.round() as i64});
+    view["provider_batch"] = json!({"lines": lines, "estimated_savings_usd": saved / 1e6});
     Ok(Json(view))
 }
 
@@ -702,10 +745,10 @@ async fn one_view(state: &AppState, batch: BatchRow) -> Result<Json<Value>, ApiE
 )]
 pub(crate) async fn get(
     State(state): State<AppState>,
-    AuthTenant(tenant): AuthTenant,
+    viewer: Viewer,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let batch = store::get_batch(&state.pool, &tenant.name, &id)
+    let batch = store::get_batch(&state.pool, viewer.tenant(), &id)
         .await?
         .ok_or_else(|| ApiError::not_found("batch"))?;
     one_view(&state, batch).await
@@ -728,21 +771,262 @@ pub(crate) async fn get(
 )]
 pub(crate) async fn cancel(
     State(state): State<AppState>,
-    AuthTenant(tenant): AuthTenant,
+    viewer: Viewer,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let mut tx = state.pool.begin().await.map_err(db)?;
-    let outcome = store::cancel_batch(&mut tx, &tenant.name, &id, state.clock.now()).await?;
+    let outcome = store::cancel_batch(&mut tx, viewer.tenant(), &id, state.clock.now()).await?;
     tx.commit().await.map_err(db)?;
+    controlled(&state, outcome).await
+}
+
+/// Answers a batch control: the batch, or why it was not changed.
+async fn controlled(state: &AppState, outcome: BatchControl) -> Result<Json<Value>, ApiError> {
     match outcome {
-        BatchCancel::Cancelling(batch) => one_view(&state, batch).await,
-        BatchCancel::Finished(batch) => Err(ApiError::new(
+        BatchControl::Changed(batch) => one_view(state, batch).await,
+        BatchControl::Finished(batch) => Err(ApiError::new(
             StatusCode::CONFLICT,
             ApiErrorCode::BatchAlreadyFinished,
             format!("the batch already finished as {}", batch.status),
         )),
-        BatchCancel::NotFound => Err(ApiError::not_found("batch")),
+        BatchControl::NotFound => Err(ApiError::not_found("batch")),
     }
+}
+
+/// Runs `change` on the tenant's batch `id` in one transaction.
+async fn control(
+    state: &AppState,
+    tenant: &str,
+    id: &str,
+    change: BatchChange,
+) -> Result<Json<Value>, ApiError> {
+    let mut tx = state.pool.begin().await.map_err(db)?;
+    if let Some(class) = change.class {
+        // Its queued lines join `class`'s queue: they must fit its cap like new jobs.
+        let queued = store::queued_batch_lines(&mut *tx, id).await?;
+        crate::jobs::reserve_queue_room(state, &mut tx, tenant, class, u64::try_from(queued).unwrap_or(0))
+            .await?;
+    }
+    let outcome = store::control_batch(&mut tx, tenant, id, &change, state.clock.now()).await?;
+    tx.commit().await.map_err(db)?;
+    controlled(state, outcome).await
+}
+
+/// Pauses a batch: its queued lines are not admitted until it resumes; lines already
+/// admitted or running go on. Pausing a paused batch changes nothing.
+#[utoipa::path(
+    post,
+    path = "/v1/batches/{id}/pause",
+    operation_id = "pause_batch",
+    tag = "batches",
+    params(("id" = String, Path, description = "Batch id")),
+    responses(
+        (status = 200, description = "The batch, `paused_at` set", body = Object),
+        (status = 404, description = "`not_found`", body = doc::ErrorBody),
+        (status = 409, description = "`batch_already_finished`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn pause(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let change = BatchChange {
+        paused: Some(true),
+        ..BatchChange::default()
+    };
+    control(&state, &tenant.name, &id, change).await
+}
+
+/// Resumes a paused batch: its queued lines are admitted again.
+#[utoipa::path(
+    post,
+    path = "/v1/batches/{id}/resume",
+    operation_id = "resume_batch",
+    tag = "batches",
+    params(("id" = String, Path, description = "Batch id")),
+    responses(
+        (status = 200, description = "The batch, `paused_at` null", body = Object),
+        (status = 404, description = "`not_found`", body = doc::ErrorBody),
+        (status = 409, description = "`batch_already_finished`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn resume(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let change = BatchChange {
+        paused: Some(false),
+        ..BatchChange::default()
+    };
+    control(&state, &tenant.name, &id, change).await
+}
+
+/// `PATCH /v1/batches/{id}`: each field given becomes the batch's and its queued lines'.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BatchPatch {
+    /// -1000 to 1000, as a job's.
+    #[serde(default)]
+    priority: Option<i32>,
+    #[serde(default)]
+    class: Option<JobClass>,
+    /// RFC 3339, in the future: its lines' deadline and the batch's `expires_at`.
+    #[serde(default)]
+    deadline: Option<DateTime<Utc>>,
+}
+
+/// Changes a running batch's priority, class or deadline: its queued lines take them
+/// (lines admitted or running keep theirs); a class's queue cap holds as for new jobs.
+#[utoipa::path(
+    patch,
+    path = "/v1/batches/{id}",
+    operation_id = "update_batch",
+    tag = "batches",
+    params(("id" = String, Path, description = "Batch id")),
+    request_body = BatchPatch,
+    responses(
+        (status = 200, description = "The batch as changed", body = Object),
+        (status = 400, description = "`invalid_request` or `invalid_deadline`, `param` naming the field", body = doc::ErrorBody),
+        (status = 403, description = "`key_not_permitted`: the key may not use that class or priority", body = doc::ErrorBody),
+        (status = 404, description = "`not_found`", body = doc::ErrorBody),
+        (status = 409, description = "`batch_already_finished`", body = doc::ErrorBody),
+        (status = 429, description = "`queue_full`: the class's queue cannot take its queued lines", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn update(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Some(batch) = store::get_batch(&state.pool, Some(&tenant.name), &id).await? else {
+        return Err(ApiError::not_found("batch"));
+    };
+    let patch: BatchPatch = serde_json::from_value(json_body(body)?)
+        .map_err(|e| ApiError::bad_request(ApiErrorCode::InvalidRequest, e.to_string()))?;
+    if patch
+        .priority
+        .is_some_and(|p| !crate::jobs::PRIORITY_RANGE.contains(&p))
+    {
+        return Err(ApiError::bad_request(
+            ApiErrorCode::InvalidRequest,
+            "`priority` must be between -1000 and 1000",
+        )
+        .with_param("priority"));
+    }
+    if let Some(class) = patch.class {
+        check_class(class)?;
+    }
+    if patch.deadline.is_some_and(|d| d <= state.clock.now()) {
+        return Err(
+            ApiError::bad_request(ApiErrorCode::InvalidDeadline, "`deadline` must be in the future")
+                .with_param("deadline"),
+        );
+    }
+    let (class, priority) = (
+        patch.class.unwrap_or(batch.class),
+        patch.priority.unwrap_or(batch.priority),
+    );
+    if let Some((field, reason)) = tenant.scopes.refuses(None, batch.endpoint, class, priority) {
+        return Err(crate::jobs::scope_refusal(field, reason));
+    }
+    let change = BatchChange {
+        paused: None,
+        priority: patch.priority,
+        class: patch.class,
+        deadline: patch.deadline.map(|d| d.trunc_subsecs(6)),
+    };
+    control(&state, &tenant.name, &id, change).await
+}
+
+/// `GET /v1/batches/{id}/results`: where to start.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ResultsParams {
+    /// The `x-next-cursor` of the previous read; from the start without it.
+    after: Option<String>,
+    /// Lines at most (default and most 1,000).
+    limit: Option<i64>,
+}
+
+/// Most lines one read of a batch's results returns.
+const MAX_RESULT_LINES: i64 = 1000;
+
+/// A batch's finished lines while it runs, in the order they finished, as JSONL in the
+/// output file's shape (a failed line in the error file's); the cursor for the next read
+/// is in `x-next-cursor`. Reading from each cursor in turn gives every line once; a line
+/// appears within a maintenance pass of finishing, and once the batch has ended a read
+/// gives all that are left.
+#[utoipa::path(
+    get,
+    path = "/v1/batches/{id}/results",
+    operation_id = "batch_results",
+    tag = "batches",
+    params(
+        ("id" = String, Path, description = "Batch id"),
+        ("after" = Option<String>, Query, description = "The previous read's `x-next-cursor`"),
+        ("limit" = Option<i64>, Query, description = "Lines at most, 1 to 1000 (default 1000)"),
+    ),
+    responses(
+        (status = 200, description = "JSONL: one line per finished request; header `x-next-cursor`", body = String, content_type = "application/jsonl"),
+        (status = 400, description = "`invalid_request`: a cursor or limit that is not one", body = doc::ErrorBody),
+        (status = 404, description = "`not_found`", body = doc::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn results(
+    State(state): State<AppState>,
+    AuthTenant(tenant): AuthTenant,
+    Path(id): Path<String>,
+    Query(params): Query<ResultsParams>,
+) -> Result<axum::response::Response, ApiError> {
+    let bad = |param: &str, message: &str| {
+        ApiError::bad_request(ApiErrorCode::InvalidRequest, message.to_owned()).with_param(param.to_owned())
+    };
+    let after = match params.after.as_deref() {
+        None => 0,
+        Some(cursor) => cursor
+            .parse::<i64>()
+            .ok()
+            .filter(|c| *c >= 0)
+            .ok_or_else(|| bad("after", "`after` must be a cursor from `x-next-cursor`"))?,
+    };
+    let limit = params.limit.unwrap_or(MAX_RESULT_LINES);
+    if !(1..=MAX_RESULT_LINES).contains(&limit) {
+        return Err(bad("limit", "`limit` must be from 1 to 1000"));
+    }
+    let Some(batch) = store::get_batch(&state.pool, Some(&tenant.name), &id).await? else {
+        return Err(ApiError::not_found("batch"));
+    };
+    let status = batch.status();
+    if status.is_terminal() {
+        // Its last lines may have ended with it, after the last maintenance pass.
+        let mut conn = state.pool.acquire().await.map_err(db)?;
+        store::publish_batch_results(&mut conn).await?;
+    }
+    let lines = store::batch_results_after(&state.pool, &id, after, limit).await?;
+    let next = lines.last().map_or(after, |l| l.seq);
+    let mut body = String::new();
+    for line in &lines {
+        let (_, value) = tollgate_workers::batches::job_line(&line.result, status);
+        body.push_str(&value.to_string());
+        body.push('\n');
+    }
+    Ok((
+        [
+            (axum::http::header::CONTENT_TYPE, "application/jsonl".to_owned()),
+            (
+                axum::http::HeaderName::from_static("x-next-cursor"),
+                next.to_string(),
+            ),
+        ],
+        body,
+    )
+        .into_response())
 }
 
 #[derive(Debug, Deserialize)]
@@ -769,7 +1053,7 @@ pub(crate) struct ListParams {
 )]
 pub(crate) async fn list(
     State(state): State<AppState>,
-    AuthTenant(tenant): AuthTenant,
+    viewer: Viewer,
     params: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let params = paging::params(params)?;
@@ -778,7 +1062,7 @@ pub(crate) async fn list(
         .after
         .as_deref()
         .map_or(store::Cursor::Newest, store::Cursor::After);
-    let batches = store::list_batches(&state.pool, &tenant.name, BATCH_PREFIX, cursor, limit + 1).await?;
+    let batches = store::list_batches(&state.pool, viewer.tenant(), BATCH_PREFIX, cursor, limit + 1).await?;
     let counts = counts_of(&state, &batches).await?;
     let rows: Vec<(BatchRow, RequestCounts)> = batches.into_iter().zip(counts).collect();
     Ok(Json(paging::page(

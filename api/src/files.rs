@@ -27,7 +27,7 @@ use tollgate::vocab::ApiErrorCode;
 use tollgate_workers::batches::FILE_CHUNK_BYTES;
 
 use crate::AppState;
-use crate::auth::AuthTenant;
+use crate::auth::{AuthTenant, Viewer};
 use crate::error::ApiError;
 use crate::openapi as doc;
 use crate::paging;
@@ -50,6 +50,7 @@ pub(crate) fn file_view(f: &FileRow) -> Value {
     json!({
         "id": f.id,
         "object": "file",
+        "tenant": f.tenant,
         "bytes": f.bytes,
         "created_at": unix(f.created_at),
         "expires_at": f.expires_at.map(unix),
@@ -443,7 +444,8 @@ pub(crate) async fn upload(
     Ok(Json(file_view(&row)))
 }
 
-async fn tenant_file(state: &AppState, tenant: &str, id: &str) -> Result<FileRow, ApiError> {
+/// A tenant's file (any tenant's for `None`: the operators').
+async fn tenant_file(state: &AppState, tenant: Option<&str>, id: &str) -> Result<FileRow, ApiError> {
     store::get_file(&state.pool, tenant, id)
         .await?
         .ok_or_else(|| ApiError::not_found("file"))
@@ -464,10 +466,10 @@ async fn tenant_file(state: &AppState, tenant: &str, id: &str) -> Result<FileRow
 )]
 pub(crate) async fn get(
     State(state): State<AppState>,
-    AuthTenant(tenant): AuthTenant,
+    viewer: Viewer,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(file_view(&tenant_file(&state, &tenant.name, &id).await?)))
+    Ok(Json(file_view(&tenant_file(&state, viewer.tenant(), &id).await?)))
 }
 
 /// `DELETE /v1/files/{id}`.
@@ -509,10 +511,10 @@ pub(crate) async fn delete(
 )]
 pub(crate) async fn content(
     State(state): State<AppState>,
-    AuthTenant(tenant): AuthTenant,
+    viewer: Viewer,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let file = tenant_file(&state, &tenant.name, &id).await?;
+    let file = tenant_file(&state, viewer.tenant(), &id).await?;
     let pool = state.pool.clone();
     let chunks = futures::stream::unfold(Some(0i32), move |seq| {
         let (pool, id) = (pool.clone(), file.id.clone());
@@ -564,7 +566,7 @@ pub(crate) struct ListParams {
 )]
 pub(crate) async fn list(
     State(state): State<AppState>,
-    AuthTenant(tenant): AuthTenant,
+    viewer: Viewer,
     params: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let params = paging::params(params)?;
@@ -581,7 +583,7 @@ pub(crate) async fn list(
     };
     let files = store::list_files(
         &state.pool,
-        &tenant.name,
+        viewer.tenant(),
         params.purpose.as_deref(),
         params.after.as_deref(),
         ascending,

@@ -35,7 +35,7 @@ const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 /// Largest `metadata` object accepted, serialized.
 const MAX_METADATA_BYTES: usize = 16 * 1024;
 /// Priorities outside this range are rejected (higher runs first within a class).
-const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -1000..=1000;
+pub(crate) const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -1000..=1000;
 
 /// Reads a JSON body, mapping every failure to a clear 4xx.
 pub(crate) fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
@@ -665,8 +665,13 @@ pub(crate) fn job_view(job: &Job) -> Value {
         "result": job.result,
         // While queued for a retry, `error` is the last attempt's error.
         "error": error,
-        // While queued: why it waits (the bucket that stops it, its limit and what remains).
-        "admission": (job.state == JobState::Queued).then_some(&job.admission),
+        // While queued: why it waits (the bucket that stops it, its limit and what remains;
+        // `batch_paused` while its batch is paused).
+        "admission": match (job.state, job.held) {
+            (JobState::Queued, true) => Some(json!({"reason": "batch_paused"})),
+            (JobState::Queued, false) => job.admission.clone(),
+            _ => None,
+        },
         "idempotency_key": job.idempotency_key,
         "metadata": job.metadata,
         // The id of the API key it was submitted with.

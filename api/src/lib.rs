@@ -185,8 +185,11 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(files::get, files::delete))
         .routes(routes!(files::content))
         .routes(routes!(batches::create, batches::list))
-        .routes(routes!(batches::get))
+        .routes(routes!(batches::get, batches::update))
         .routes(routes!(batches::cancel))
+        .routes(routes!(batches::pause))
+        .routes(routes!(batches::resume))
+        .routes(routes!(batches::results))
         .routes(routes!(admin::create_tenant, admin::list_tenants))
         .routes(routes!(
             admin::get_tenant,

@@ -24,7 +24,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tollgate::batches::{BatchRow, Line, LineSplitter, MESSAGE_BATCH_PREFIX, new_message_batch_id};
 use tollgate::model::JobClass;
-use tollgate::store::{self, BatchCancel, Cursor};
+use tollgate::store::{self, BatchControl, Cursor};
 use tollgate::vocab::{ApiErrorCode, BatchStatus, Endpoint, ReasonCode};
 
 use crate::AppState;
@@ -182,7 +182,7 @@ fn check_requests(body: Value, max: u64) -> Result<Vec<(String, Value)>, ApiErro
 
 /// A tenant's Message Batch (another tenant's, or a batch of another endpoint, is not one).
 async fn message_batch(state: &AppState, tenant: &str, id: &str) -> Result<BatchRow, ApiError> {
-    store::get_batch(&state.pool, tenant, id)
+    store::get_batch(&state.pool, Some(tenant), id)
         .await?
         .filter(|b| b.endpoint == Endpoint::Messages)
         .ok_or_else(|| ApiError::not_found("message batch"))
@@ -254,8 +254,14 @@ pub(crate) async fn list(
         (None, Some(before)) => Cursor::Before(before),
         (None, None) => Cursor::Newest,
     };
-    let mut rows =
-        store::list_batches(&state.pool, &tenant.name, MESSAGE_BATCH_PREFIX, cursor, limit + 1).await?;
+    let mut rows = store::list_batches(
+        &state.pool,
+        Some(&tenant.name),
+        MESSAGE_BATCH_PREFIX,
+        cursor,
+        limit + 1,
+    )
+    .await?;
     let has_more = rows.len() as i64 > limit;
     if has_more {
         // The extra row is beyond the page: the oldest going forward, the newest going back.
@@ -296,16 +302,16 @@ pub(crate) async fn cancel(
 ) -> Result<Json<Value>, ApiError> {
     message_batch(&state, &tenant.name, &id).await?;
     let mut tx = state.pool.begin().await.map_err(db)?;
-    let outcome = store::cancel_batch(&mut tx, &tenant.name, &id, state.clock.now()).await?;
+    let outcome = store::cancel_batch(&mut tx, Some(&tenant.name), &id, state.clock.now()).await?;
     tx.commit().await.map_err(db)?;
     match outcome {
-        BatchCancel::Cancelling(batch) => Ok(Json(view(&batch, &headers))),
-        BatchCancel::Finished(_) => Err(ApiError::new(
+        BatchControl::Changed(batch) => Ok(Json(view(&batch, &headers))),
+        BatchControl::Finished(_) => Err(ApiError::new(
             StatusCode::CONFLICT,
             ApiErrorCode::BatchAlreadyFinished,
             "the message batch has already ended",
         )),
-        BatchCancel::NotFound => Err(ApiError::not_found("message batch")),
+        BatchControl::NotFound => Err(ApiError::not_found("message batch")),
     }
 }
 

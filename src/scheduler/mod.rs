@@ -76,6 +76,8 @@ pub enum Verdict {
     DeadlineUnmeetable,
     /// Every provider key that could serve it was rejected by its provider.
     UpstreamCredentialsExhausted,
+    /// Its batch's spend reached the batch's `max_cost_usd`: it no longer fits.
+    BatchCostCapReached,
 }
 
 impl Verdict {
@@ -85,12 +87,16 @@ impl Verdict {
             Verdict::ExceedsLimit => ReasonCode::ExceedsLimit,
             Verdict::DeadlineUnmeetable => ReasonCode::DeadlineUnmeetable,
             Verdict::UpstreamCredentialsExhausted => ReasonCode::UpstreamCredentialsExhausted,
+            Verdict::BatchCostCapReached => ReasonCode::BatchCostCapReached,
         }
     }
 
     /// Whether a bucket made this decision (the admission metrics count those).
     pub fn by_bucket(self) -> bool {
-        matches!(self, Verdict::ExceedsLimit | Verdict::DeadlineUnmeetable)
+        matches!(
+            self,
+            Verdict::ExceedsLimit | Verdict::DeadlineUnmeetable | Verdict::BatchCostCapReached
+        )
     }
 }
 
@@ -435,7 +441,10 @@ impl Scheduler {
     ) {
         match self.unfit(plan, buckets, paused, &decision.closed, now) {
             Unfit::Fails(failed) => {
-                if failed.verdict == Verdict::DeadlineUnmeetable {
+                if matches!(
+                    failed.verdict,
+                    Verdict::DeadlineUnmeetable | Verdict::BatchCostCapReached
+                ) {
                     decision.blocked += 1;
                 }
                 decision.failed.push(failed);
@@ -551,6 +560,11 @@ impl Scheduler {
         let deadline = plan.job.deadline;
         if let Some(at) = ready.filter(|at| *at > deadline) {
             let bucket = blocking.map_or("", |(b, _)| &b.key);
+            if buckets::is_batch_cap(bucket) {
+                let message =
+                    "its batch's spend reached the batch's max_cost_usd: the line no longer fits".to_owned();
+                return fails(plan.job, Verdict::BatchCostCapReached, bucket, message);
+            }
             let message = format!(
                 "capacity for the job ({}) is not expected before {at}, after its deadline {deadline}",
                 blocking.map_or("its turn", |(b, _)| &b.key),

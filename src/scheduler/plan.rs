@@ -204,7 +204,7 @@ impl Planner<'_> {
 
     /// The buckets of `job`'s own limits and budgets, the same on every route: its API
     /// key's, its key's application's, its tenant's and those of the tenants above it
-    /// (`lineage`).
+    /// (`lineage`), and its batch's cost cap.
     fn holders_path(&self, job: &Candidate, lineage: &[&Tenant]) -> Vec<(String, Dimension)> {
         let key = job
             .api_key
@@ -228,10 +228,16 @@ impl Planner<'_> {
         let tenant_specs = lineage
             .iter()
             .flat_map(|t| buckets::limit_specs(&buckets::tenant_scope(&t.name), &t.limits, &t.budgets));
+        // A batch's cost cap: a bucket only where the batch has one (none: nothing taken).
+        let batch_cap = job
+            .batch_id
+            .as_deref()
+            .map(|id| (buckets::batch_cap_key(id), Dimension::SpendMicroUsd));
         key_specs
             .chain(application_specs)
             .chain(tenant_specs)
             .map(|s| (s.key, s.dimension))
+            .chain(batch_cap)
             .collect()
     }
 

@@ -33,6 +33,7 @@ fn candidate(n: u128, tenant: &str, class: JobClass) -> Candidate {
         dispatch_via: None,
         stream: false,
         api_key: None,
+        batch_id: None,
     }
 }
 

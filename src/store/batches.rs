@@ -14,7 +14,7 @@ use sqlx::{PgConnection, PgExecutor};
 use super::Result;
 use super::buckets::{Settlement, reservation, settle};
 use super::jobs::notify_done;
-use crate::batches::BatchRow;
+use crate::batches::{BatchRow, ERROR_RATE_MIN_LINES};
 use crate::model::{JobClass, JobId, JobState};
 use crate::vocab::{BatchStatus, Endpoint, ReasonCode};
 
@@ -28,7 +28,8 @@ macro_rules! query_batches {
                 + r#" id, tenant, endpoint AS "endpoint: Endpoint", input_file_id, completion_window, status, class AS "class: JobClass",
                       output_file_id, error_file_id, metadata, errors, total, rejected, completed, failed, cancelled, expired, usage,
                       output_expires_secs, created_at, in_progress_at, expires_at, finalizing_at, completed_at,
-                      failed_at, expired_at, cancelling_at, cancelled_at, api_key "#
+                      failed_at, expired_at, cancelling_at, cancelled_at, api_key, paused_at, priority, max_cost_usd,
+                      max_error_rate "#
                 + $tail
             $(, $arg)*
         )
@@ -39,8 +40,8 @@ pub async fn insert_batch(ex: impl PgExecutor<'_>, b: &BatchRow) -> Result<()> {
     sqlx::query!(
         "INSERT INTO batches (id, tenant, endpoint, input_file_id, completion_window, status, class, metadata,
                               total, rejected, output_expires_secs, created_at, in_progress_at, expires_at,
-                              api_key)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+                              api_key, priority, max_cost_usd, max_error_rate)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)",
         &b.id,
         &b.tenant,
         b.endpoint as Endpoint,
@@ -56,6 +57,9 @@ pub async fn insert_batch(ex: impl PgExecutor<'_>, b: &BatchRow) -> Result<()> {
         b.in_progress_at,
         b.expires_at,
         b.api_key,
+        b.priority,
+        b.max_cost_usd,
+        b.max_error_rate,
     )
     .execute(ex)
     .await?;
@@ -100,7 +104,7 @@ pub async fn insert_batch_jobs(
         "INSERT INTO jobs (id, tenant, class, priority, request, model, deadline, not_before, max_attempts,
                            estimated_input_tokens, estimated_output_tokens, created_at,
                            batch_id, custom_id, batch_line, endpoint, api_key)
-         SELECT t.id, $1, $2, 0, t.request, t.model, $3, $4, $5, t.ein, t.eout, $4, $6, t.custom_id, t.line, $14, $15
+         SELECT t.id, $1, $2, $16, t.request, t.model, $3, $4, $5, t.ein, t.eout, $4, $6, t.custom_id, t.line, $14, $15
          FROM unnest($7::uuid[], $8::jsonb[], $9::text[], $10::int[], $11::int[], $12::text[], $13::int[])
              AS t(id, request, model, ein, eout, custom_id, line)",
         &batch.tenant,
@@ -118,6 +122,7 @@ pub async fn insert_batch_jobs(
         &jobs.lines,
         batch.endpoint as Endpoint,
         batch.api_key,
+        batch.priority,
     )
     .execute(ex)
     .await?
@@ -168,13 +173,17 @@ pub async fn set_batch_totals(ex: impl PgExecutor<'_>, id: &str, total: i32, rej
     Ok(())
 }
 
-/// A tenant's batch, or `None` (also when it belongs to another tenant).
-pub async fn get_batch(ex: impl PgExecutor<'_>, tenant: &str, id: &str) -> Result<Option<BatchRow>> {
-    Ok(
-        query_batches!("SELECT", "FROM batches WHERE id = $1 AND tenant = $2", id, tenant)
-            .fetch_optional(ex)
-            .await?,
+/// A tenant's batch (any tenant's for `None`: the operators'), or `None` (also when it
+/// belongs to another tenant).
+pub async fn get_batch(ex: impl PgExecutor<'_>, tenant: Option<&str>, id: &str) -> Result<Option<BatchRow>> {
+    Ok(query_batches!(
+        "SELECT",
+        "FROM batches WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)",
+        id,
+        tenant
     )
+    .fetch_optional(ex)
+    .await?)
 }
 
 /// Where a page of a list starts.
@@ -192,7 +201,7 @@ pub enum Cursor<'a> {
 /// batches made through it), newest first, from `cursor`.
 pub async fn list_batches(
     ex: impl PgExecutor<'_>,
-    tenant: &str,
+    tenant: Option<&str>,
     prefix: &str,
     cursor: Cursor<'_>,
     limit: i64,
@@ -200,7 +209,8 @@ pub async fn list_batches(
     if let Cursor::Before(before) = cursor {
         let mut rows = query_batches!(
             "SELECT",
-            "FROM batches WHERE tenant = $1 AND starts_with(id, $2) AND id > $3 ORDER BY id LIMIT $4",
+            "FROM batches WHERE ($1::text IS NULL OR tenant = $1) AND starts_with(id, $2) AND id > $3
+             ORDER BY id LIMIT $4",
             tenant,
             prefix,
             before,
@@ -217,7 +227,7 @@ pub async fn list_batches(
     };
     Ok(query_batches!(
         "SELECT",
-        "FROM batches WHERE tenant = $1 AND starts_with(id, $2) AND ($3::text IS NULL OR id < $3)
+        "FROM batches WHERE ($1::text IS NULL OR tenant = $1) AND starts_with(id, $2) AND ($3::text IS NULL OR id < $3)
          ORDER BY id DESC LIMIT $4",
         tenant,
         prefix,
@@ -304,51 +314,304 @@ pub async fn cancel_batch_jobs(
     Ok(ids.len() as u64)
 }
 
-/// The outcome of a cancel request.
-#[derive(Debug)]
-pub enum BatchCancel {
-    /// Now `cancelling` (or already was); its jobs are cancelled.
-    Cancelling(BatchRow),
-    /// It had already finished.
-    Finished(BatchRow),
-    NotFound,
-}
-
 /// Moves a running batch to `cancelling` and cancels its unfinished jobs, in one
 /// transaction; finalization then writes its files and marks it `cancelled`.
 pub async fn cancel_batch(
     conn: &mut PgConnection,
-    tenant: &str,
+    tenant: Option<&str>,
     id: &str,
     now: DateTime<Utc>,
-) -> Result<BatchCancel> {
-    let Some(batch) = query_batches!(
+) -> Result<BatchControl> {
+    let Some(batch) = lock_tenant_batch(&mut *conn, tenant, id).await? else {
+        return Ok(BatchControl::NotFound);
+    };
+    match batch.status() {
+        BatchStatus::Cancelling => return Ok(BatchControl::Changed(batch)),
+        BatchStatus::Validating | BatchStatus::InProgress => {}
+        _ => return Ok(BatchControl::Finished(batch)),
+    }
+    let batch = stop_batch(
+        conn,
+        id,
+        ReasonCode::BatchCancelled,
+        "the batch was cancelled",
+        false,
+        now,
+    )
+    .await?;
+    Ok(BatchControl::Changed(batch))
+}
+
+/// Moves batch `id` (locked, open) to `cancelling` and cancels its unfinished jobs with
+/// `code`; with `report`, `code` and `message` are its `errors` too (what stopped it).
+async fn stop_batch(
+    conn: &mut PgConnection,
+    id: &str,
+    code: ReasonCode,
+    message: &str,
+    report: bool,
+    now: DateTime<Utc>,
+) -> Result<BatchRow> {
+    let errors = report.then(
+        || serde_json::json!({"object": "list", "data": [{"code": code.as_str(), "message": message}]}),
+    );
+    let batch = query_batches!(
+        "UPDATE batches SET status = 'cancelling', cancelling_at = $2, errors = COALESCE($3, errors)
+         WHERE id = $1 RETURNING",
+        "",
+        id,
+        now,
+        errors,
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    cancel_batch_jobs(conn, id, code.as_str(), message, now).await?;
+    Ok(batch)
+}
+
+/// Stops each running batch whose published lines' error rate passed its `max_error_rate`
+/// (once [`ERROR_RATE_MIN_LINES`] of them succeeded or failed): cancelled, its unfinished
+/// lines cancelled with `batch_error_rate_exceeded`, which its `errors` name. Returns how
+/// many it stopped.
+pub async fn stop_failing_batches(conn: &mut PgConnection, now: DateTime<Utc>) -> Result<u64> {
+    let over = sqlx::query!(
+        r#"SELECT b.id, b.max_error_rate AS "max_error_rate!", n.failed AS "failed!", n.ended AS "ended!"
+           FROM batches b,
+           LATERAL (SELECT count(*) FILTER (WHERE j.state = 'failed') AS failed,
+                           count(*) FILTER (WHERE j.state IN ('succeeded', 'failed')) AS ended
+                    FROM jobs j WHERE j.batch_id = b.id AND j.result_seq IS NOT NULL) n
+           WHERE b.status = 'in_progress' AND b.max_error_rate IS NOT NULL
+             AND n.ended >= $1 AND n.failed > b.max_error_rate * n.ended"#,
+        ERROR_RATE_MIN_LINES,
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut stopped = 0;
+    for batch in over {
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        // Still running once locked (a cancel or the finalizer may have come first).
+        if lock_open_batch(&mut tx, &batch.id)
+            .await?
+            .is_some_and(|b| b.status() == BatchStatus::InProgress)
+        {
+            let message = format!(
+                "{} of its {} finished lines failed, more than its max_error_rate of {}: the batch was stopped",
+                batch.failed, batch.ended, batch.max_error_rate
+            );
+            stop_batch(
+                &mut tx,
+                &batch.id,
+                ReasonCode::BatchErrorRateExceeded,
+                &message,
+                true,
+                now,
+            )
+            .await?;
+            stopped += 1;
+        }
+        tx.commit().await?;
+    }
+    Ok(stopped)
+}
+
+/// A tenant's batch (any tenant's for `None`), locked for the rest of the transaction;
+/// `None` when it has none of that id.
+async fn lock_tenant_batch(
+    conn: &mut PgConnection,
+    tenant: Option<&str>,
+    id: &str,
+) -> Result<Option<BatchRow>> {
+    Ok(query_batches!(
         "SELECT",
-        "FROM batches WHERE id = $1 AND tenant = $2 FOR UPDATE",
+        "FROM batches WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) FOR UPDATE",
         id,
         tenant,
     )
     .fetch_optional(&mut *conn)
-    .await?
-    else {
-        return Ok(BatchCancel::NotFound);
+    .await?)
+}
+
+/// What a batch control (a cancel, a pause, a change) found: the batch as changed, one
+/// already finished (unchanged), or none of the tenant's.
+#[derive(Debug)]
+pub enum BatchControl {
+    Changed(BatchRow),
+    Finished(BatchRow),
+    NotFound,
+}
+
+/// A change of a running batch: what [`control_batch`] writes.
+#[derive(Debug, Clone, Default)]
+pub struct BatchChange {
+    /// Pause (`true`) or resume (`false`).
+    pub paused: Option<bool>,
+    pub priority: Option<i32>,
+    pub class: Option<JobClass>,
+    /// Its lines' deadline (the batch's `expires_at`).
+    pub deadline: Option<DateTime<Utc>>,
+}
+
+/// Changes a tenant's open batch (validating or in progress) and its queued jobs, in one
+/// transaction: paused, its queued jobs are held out of admission (jobs admitted or
+/// running go on); resumed, they are released and the gate told; a new priority, class or
+/// deadline is its queued jobs' from now on (jobs in flight keep theirs).
+pub async fn control_batch(
+    conn: &mut PgConnection,
+    tenant: &str,
+    id: &str,
+    change: &BatchChange,
+    now: DateTime<Utc>,
+) -> Result<BatchControl> {
+    let Some(batch) = lock_tenant_batch(&mut *conn, Some(tenant), id).await? else {
+        return Ok(BatchControl::NotFound);
     };
-    match batch.status() {
-        BatchStatus::Cancelling => return Ok(BatchCancel::Cancelling(batch)),
-        BatchStatus::Validating | BatchStatus::InProgress => {}
-        _ => return Ok(BatchCancel::Finished(batch)),
+    if !matches!(batch.status(), BatchStatus::Validating | BatchStatus::InProgress) {
+        return Ok(BatchControl::Finished(batch));
     }
+    let paused_at = match change.paused {
+        Some(true) => Some(batch.paused_at.unwrap_or(now)),
+        Some(false) => None,
+        None => batch.paused_at,
+    };
     let batch = query_batches!(
-        "UPDATE batches SET status = 'cancelling', cancelling_at = $2 WHERE id = $1 RETURNING",
+        "UPDATE batches SET paused_at = $2, priority = COALESCE($3, priority), class = COALESCE($4, class),
+                            expires_at = COALESCE($5, expires_at)
+         WHERE id = $1 RETURNING",
         "",
         id,
-        now,
+        paused_at,
+        change.priority,
+        change.class as Option<JobClass>,
+        change.deadline,
     )
     .fetch_one(&mut *conn)
     .await?;
-    let code = ReasonCode::BatchCancelled.as_str();
-    cancel_batch_jobs(conn, id, code, "the batch was cancelled", now).await?;
-    Ok(BatchCancel::Cancelling(batch))
+    sqlx::query!(
+        "UPDATE jobs SET held = $2, priority = COALESCE($3, priority), class = COALESCE($4, class),
+                         deadline = COALESCE($5, deadline)
+         WHERE batch_id = $1 AND state = 'queued'",
+        id,
+        paused_at.is_some(),
+        change.priority,
+        change.class as Option<JobClass>,
+        change.deadline,
+    )
+    .execute(&mut *conn)
+    .await?;
+    if paused_at.is_none() {
+        sqlx::query!("SELECT pg_notify($1, '')", super::CHANNEL_GATE)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(BatchControl::Changed(batch))
+}
+
+/// How many of a batch's jobs are queued.
+pub async fn queued_batch_lines(ex: impl PgExecutor<'_>, batch_id: &str) -> Result<i64> {
+    Ok(sqlx::query_scalar!(
+        r#"SELECT count(*) AS "n!" FROM jobs WHERE batch_id = $1 AND state = 'queued'"#,
+        batch_id
+    )
+    .fetch_one(ex)
+    .await?)
+}
+
+/// Holds again the queued jobs of paused batches that came back to the queue by a way
+/// that does not look at their batch (a rescued lease, a provider batch's line sent back
+/// online). Returns how many.
+pub async fn hold_paused_lines(ex: impl PgExecutor<'_>) -> Result<u64> {
+    Ok(sqlx::query!(
+        "UPDATE jobs j SET held = true FROM batches b
+         WHERE b.paused_at IS NOT NULL AND b.status IN ('validating', 'in_progress')
+           AND j.batch_id = b.id AND j.state = 'queued' AND NOT j.held"
+    )
+    .execute(ex)
+    .await?
+    .rows_affected())
+}
+
+/// Batch lines numbered per transaction by [`publish_batch_results`].
+const PUBLISH_BATCH: i64 = 10_000;
+
+/// Numbers every batch line finished since the last call (earliest finished first,
+/// [`PUBLISH_BATCH`] per transaction), publishing them to [`batch_results_after`].
+/// Returns how many.
+pub async fn publish_batch_results(conn: &mut PgConnection) -> Result<u64> {
+    let mut published = 0;
+    loop {
+        let n = publish_some_batch_results(&mut *conn, PUBLISH_BATCH).await?;
+        published += n;
+        if n < PUBLISH_BATCH as u64 {
+            return Ok(published);
+        }
+    }
+}
+
+/// Numbers up to `limit` of the batch lines not numbered yet. One transaction at a time
+/// (an advisory lock), so numbers are committed in the order they are given: a reader that
+/// saw number `n` has seen every number below it.
+async fn publish_some_batch_results(conn: &mut PgConnection, limit: i64) -> Result<u64> {
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    // "tgrs": tollgate result sequence.
+    sqlx::query!("SELECT pg_advisory_xact_lock(1952936563)")
+        .execute(&mut *tx)
+        .await?;
+    let published = sqlx::query!(
+        "UPDATE jobs j SET result_seq = nextval('job_result_seq')
+         FROM (SELECT id FROM jobs
+               WHERE batch_id IS NOT NULL AND result_seq IS NULL AND state IN ('succeeded', 'failed', 'cancelled')
+               ORDER BY finished_at, id LIMIT $1) t
+         WHERE j.id = t.id",
+        limit,
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    Ok(published)
+}
+
+/// A published line of a batch: its number, and the job.
+#[derive(Debug, Clone)]
+pub struct PublishedResult {
+    pub seq: i64,
+    pub result: BatchJobResult,
+}
+
+/// Up to `limit` of a batch's lines published after number `after`, in order.
+pub async fn batch_results_after(
+    ex: impl PgExecutor<'_>,
+    batch_id: &str,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<PublishedResult>> {
+    let rows = sqlx::query!(
+        r#"SELECT result_seq AS "seq!", id AS "id: JobId", custom_id AS "custom_id!", batch_line AS "batch_line!",
+                  state AS "state: JobState", result, usage, error_code, error_message, provider_request_id
+           FROM jobs WHERE batch_id = $1 AND result_seq > $2 ORDER BY result_seq LIMIT $3"#,
+        batch_id,
+        after,
+        limit,
+    )
+    .fetch_all(ex)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| PublishedResult {
+            seq: r.seq,
+            result: BatchJobResult {
+                id: r.id,
+                custom_id: r.custom_id,
+                batch_line: r.batch_line,
+                state: r.state,
+                result: r.result,
+                usage: r.usage,
+                error_code: r.error_code,
+                error_message: r.error_message,
+                provider_request_id: r.provider_request_id,
+            },
+        })
+        .collect())
 }
 
 /// Open batches that finalization should look at now: cancelling ones, expired ones, and

@@ -111,20 +111,24 @@ pub async fn set_file_size(ex: impl PgExecutor<'_>, f: &FileRow) -> Result<()> {
     Ok(())
 }
 
-/// A tenant's file, or `None` (also when it belongs to another tenant).
-pub async fn get_file(ex: impl PgExecutor<'_>, tenant: &str, id: &str) -> Result<Option<FileRow>> {
-    Ok(
-        query_files!("SELECT", "FROM files WHERE id = $1 AND tenant = $2", id, tenant)
-            .fetch_optional(ex)
-            .await?,
+/// A tenant's file (any tenant's for `None`: the operators'), or `None` (also when it
+/// belongs to another tenant).
+pub async fn get_file(ex: impl PgExecutor<'_>, tenant: Option<&str>, id: &str) -> Result<Option<FileRow>> {
+    Ok(query_files!(
+        "SELECT",
+        "FROM files WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)",
+        id,
+        tenant
     )
+    .fetch_optional(ex)
+    .await?)
 }
 
 /// A tenant's files, newest first (or oldest first with `ascending`); `after` is the last
 /// id of the previous page.
 pub async fn list_files(
     ex: impl PgExecutor<'_>,
-    tenant: &str,
+    tenant: Option<&str>,
     purpose: Option<&str>,
     after: Option<&str>,
     ascending: bool,
@@ -133,7 +137,7 @@ pub async fn list_files(
     Ok(query_files!(
         "SELECT",
         "FROM files
-         WHERE tenant = $1 AND ($2::text IS NULL OR purpose = $2)
+         WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS NULL OR purpose = $2)
            AND ($3::text IS NULL OR (CASE WHEN $4 THEN id > $3 ELSE id < $3 END))
          ORDER BY CASE WHEN $4 THEN id END ASC, id DESC
          LIMIT $5",

@@ -6,18 +6,18 @@ use sqlx::{PgConnection, PgExecutor};
 
 use super::{CHANNEL_JOBS_READY, Result};
 use crate::model::{Endpoint, JobClass, JobId};
-use crate::vocab::PriceSource;
+use crate::vocab::{PriceSource, ReasonCode};
 
 /// The (class, tenant) pairs with queued work: a loose index scan over `jobs_gate`, one
 /// probe per pair, however many jobs are queued.
 pub async fn active_queues(ex: impl PgExecutor<'_>) -> Result<Vec<(JobClass, String)>> {
     let pairs = sqlx::query!(
         r#"WITH RECURSIVE pairs AS (
-               (SELECT class, tenant FROM jobs WHERE state = 'queued' ORDER BY class, tenant LIMIT 1)
+               (SELECT class, tenant FROM jobs WHERE state = 'queued' AND NOT held ORDER BY class, tenant LIMIT 1)
                UNION ALL
                SELECT n.class, n.tenant FROM pairs p, LATERAL (
                    SELECT class, tenant FROM jobs
-                   WHERE state = 'queued' AND (class, tenant) > (p.class, p.tenant)
+                   WHERE state = 'queued' AND NOT held AND (class, tenant) > (p.class, p.tenant)
                    ORDER BY class, tenant LIMIT 1) n)
            SELECT class AS "class!: JobClass", tenant AS "tenant!" FROM pairs"#,
     )
@@ -48,6 +48,8 @@ pub struct Candidate {
     pub stream: bool,
     /// The API key it was submitted with (its limits and budgets are on its path).
     pub api_key: Option<uuid::Uuid>,
+    /// The batch it is a line of (its cost cap, if it has one, is on its path).
+    pub batch_id: Option<String>,
 }
 
 impl Candidate {
@@ -69,6 +71,7 @@ impl Candidate {
             dispatch_via: None,
             api_key: job.api_key,
             stream: job.stream,
+            batch_id: None,
         }
     }
 }
@@ -76,7 +79,7 @@ impl Candidate {
 /// Whether any interactive job is queued (one probe of `jobs_gate`).
 pub async fn interactive_queued(ex: impl PgExecutor<'_>) -> Result<bool> {
     Ok(sqlx::query_scalar!(
-        r#"SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'queued' AND class = 'interactive') AS "queued!""#,
+        r#"SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'queued' AND NOT held AND class = 'interactive') AS "queued!""#,
     )
     .fetch_one(ex)
     .await?)
@@ -100,14 +103,15 @@ pub async fn candidates(
                   j.priority AS "priority!", j.endpoint AS "endpoint!: Endpoint", j.model AS "model!", j.deadline AS "deadline!",
                   j.created_at AS "created_at!", j.estimated_input_tokens AS "estimated_input_tokens!",
                   j.estimated_output_tokens AS "estimated_output_tokens!", j.admission, j.failed_targets,
-                  j.dispatch_via, j.stream AS "stream!", j.api_key
+                  j.dispatch_via, j.stream AS "stream!", j.api_key, j.batch_id
            FROM unnest($1::job_class[], $2::text[]) AS q(class, tenant),
            LATERAL (
                SELECT id, tenant, class, priority, endpoint, model, deadline, created_at,
                       estimated_input_tokens, estimated_output_tokens, admission, failed_targets, dispatch_via,
-                      stream, api_key
+                      stream, api_key, batch_id
                FROM jobs
-               WHERE state = 'queued' AND class = q.class AND tenant = q.tenant AND not_before <= $4 AND deadline > $4
+               WHERE state = 'queued' AND NOT held AND class = q.class AND tenant = q.tenant AND not_before <= $4
+                 AND deadline > $4
                ORDER BY priority DESC, deadline, id
                LIMIT $3) j"#,
         &classes as &[JobClass],
@@ -194,7 +198,7 @@ macro_rules! admit_query {
                    FROM unnest($1::uuid[], $2::text[], $3::text[], $5::text[], $6::text[], $7::text[],
                                $8::float8[], $9::text[])
                        AS t(id, provider, model, key, buckets, amounts, reserved_usd, price_source)
-                   WHERE j.id = t.id AND j.state::text = 'queued'
+                   WHERE j.id = t.id AND j.state::text = 'queued' AND NOT j.held
                    RETURNING",
             "",
             &admissions.ids,
@@ -364,7 +368,32 @@ pub async fn fail_queued(
     )
     .fetch_all(&mut *tx)
     .await?;
-    super::jobs::notify_done(&mut tx, &ids).await?;
+    // A line that met its batch's cost cap stops the batch: the lines still queued end with
+    // it, held or not (cheaper ones would still fit, but the cap is what the batch may cost).
+    let capped: Vec<uuid::Uuid> = failures
+        .iter()
+        .filter(|f| f.1 == ReasonCode::BatchCostCapReached.as_str())
+        .map(|f| f.0.0)
+        .collect();
+    let mut ended = if capped.is_empty() {
+        Vec::new()
+    } else {
+        query_job_ids!(
+            "UPDATE jobs j SET state = 'failed', error_code = $2, finished_at = $3, error_message = $4
+             WHERE j.state = 'queued'
+               AND j.batch_id IN (SELECT c.batch_id FROM jobs c WHERE c.id = ANY($1) AND c.batch_id IS NOT NULL)
+             RETURNING",
+            "",
+            &capped,
+            ReasonCode::BatchCostCapReached.as_str(),
+            now,
+            "the batch's spend reached its max_cost_usd: the batch stopped before this line",
+        )
+        .fetch_all(&mut *tx)
+        .await?
+    };
+    ended.extend(ids);
+    super::jobs::notify_done(&mut tx, &ended).await?;
     tx.commit().await?;
-    Ok(ids.len() as u64)
+    Ok(ended.len() as u64)
 }

@@ -693,6 +693,9 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
                            error_code = t.code, error_message = t.message,
                            not_before = COALESCE(t.not_before, j.not_before),
                            finished_at = CASE WHEN t.state = 'queued'::job_state THEN NULL ELSE $13::timestamptz END,
+                           -- A line back in the queue while its batch is paused waits with it.
+                           held = t.state = 'queued'::job_state AND j.batch_id IS NOT NULL
+                                  AND EXISTS (SELECT 1 FROM batches b WHERE b.id = j.batch_id AND b.paused_at IS NOT NULL),
                            provider = COALESCE(t.provider, j.provider), provider_model = COALESCE(t.model, j.provider_model),
                            lease_owner = NULL, lease_expires_at = NULL,
                            reserved_buckets = NULL, reserved_amounts = NULL, admission = NULL,

@@ -752,3 +752,272 @@ async fn a_batch_keeps_to_its_class_and_the_tenant_s_queue_cap() {
     let (status, body) = create_batch(&app.http, &app.api, ACME, &background).await;
     assert_eq!(status, 200, "{body}");
 }
+
+/// The batch's lines by state: acme's jobs without metadata (the test's other jobs have some).
+async fn lines_by_state(app: &TestApp) -> std::collections::BTreeMap<String, Vec<Value>> {
+    let mut by_state = std::collections::BTreeMap::<String, Vec<Value>>::new();
+    let (_, jobs) = app.get(ACME, "/v1/jobs?limit=100").await;
+    for j in jobs["data"].as_array().unwrap() {
+        if j["metadata"].is_null() {
+            by_state
+                .entry(j["state"].as_str().unwrap().to_owned())
+                .or_default()
+                .push(j.clone());
+        }
+    }
+    by_state
+}
+
+/// Reads batch `id`'s results from `cursor` to the end of what is published: the lines'
+/// custom_ids, and the next cursor.
+async fn read_results(app: &TestApp, id: &str, cursor: &str) -> (Vec<String>, String) {
+    let r = app
+        .http
+        .get(app.url(&format!("/v1/batches/{id}/results?after={cursor}&limit=7")))
+        .bearer_auth(ACME)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(r.headers()["content-type"], "application/jsonl");
+    let next = r.headers()["x-next-cursor"].to_str().unwrap().to_owned();
+    let ids = jsonl(&r.text().await.unwrap())
+        .iter()
+        .map(|l| {
+            assert_eq!(l["response"]["status_code"], 200, "{l}");
+            l["custom_id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    (ids, next)
+}
+
+#[tokio::test]
+async fn a_running_batch_pauses_resumes_and_changes_and_its_results_read_while_it_runs() {
+    // Two calls at a time on "paced", each taking 200 ms: 30 lines take three seconds.
+    let mut mock = crate::harness::mock_config();
+    mock.latency_ms = 200;
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        extra_config: r#"
+[[routes]]
+alias = "paced"
+targets = ["oai/gpt-4o-mini"]
+limits = { concurrency = 2 }
+"#
+        .to_owned(),
+        ..TestOptions::default()
+    })
+    .await;
+    let http = &app.http;
+    let text: Vec<String> = (0..30).map(|i| line(&format!("p{i}"), "paced", "hi")).collect();
+    let (_, file) = upload(http, &app.api, ACME, text.join("\n").as_bytes()).await;
+    let (_, batch) = create_batch(http, &app.api, ACME, &batch_body(file["id"].as_str().unwrap())).await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        (&batch["priority"], &batch["paused_at"]),
+        (&json!(0), &Value::Null)
+    );
+
+    // Paused: what is in flight finishes, the rest waits, saying why.
+    let (status, paused) = app
+        .post(ACME, &format!("/v1/batches/{id}/pause"), &json!({}))
+        .await;
+    assert_eq!(status, 200, "{paused}");
+    assert!(paused["paused_at"].is_i64(), "{paused}");
+    let settled = eventually(20, "nothing of the batch in flight", || async {
+        let lines = lines_by_state(&app).await;
+        (!lines.contains_key("admitted") && !lines.contains_key("running")).then_some(lines)
+    })
+    .await;
+    let queued = settled.get("queued").cloned().unwrap_or_default();
+    assert!(queued.len() >= 20, "most lines wait: {:?}", settled.keys());
+    assert!(
+        queued.iter().all(|j| j["admission"]["reason"] == "batch_paused"),
+        "{queued:?}"
+    );
+    // The gate goes on for other work, and still leaves the batch's lines alone.
+    let mut other = crate::harness::job("paced", "other work");
+    other["metadata"] = json!({"not": "a line"});
+    let (_, other) = app.submit(ACME, &other).await;
+    let done = app.wait_job(ACME, other["id"].as_str().unwrap(), 30).await;
+    assert_eq!(done["state"], "succeeded");
+    let after = lines_by_state(&app).await;
+    assert_eq!(
+        after.get("queued").map(Vec::len),
+        Some(queued.len()),
+        "no paused line admitted"
+    );
+
+    // What finished so far reads as results, a page at a time.
+    let finished = 30 - queued.len();
+    let (mut seen, mut cursor) = (Vec::new(), "0".to_owned());
+    let published = eventually(10, "the finished lines published", || {
+        let (app, id, cursor) = (&app, id.clone(), cursor.clone());
+        async move {
+            let (ids, next) = read_results(app, &id, &cursor).await;
+            (!ids.is_empty() || finished == 0).then_some((ids, next))
+        }
+    })
+    .await;
+    seen.extend(published.0);
+    cursor = published.1;
+
+    // Changed while paused: its queued lines take the new priority and class.
+    let (status, e) = app
+        .patch(ACME, &format!("/v1/batches/{id}"), &json!({"priority": 5000}))
+        .await;
+    assert_eq!((status, &e["error"]["param"]), (400, &json!("priority")), "{e}");
+    let (status, e) = app
+        .patch(
+            ACME,
+            &format!("/v1/batches/{id}"),
+            &json!({"deadline": "2001-01-01T00:00:00Z"}),
+        )
+        .await;
+    assert_eq!(
+        (status, &e["error"]["code"]),
+        (400, &json!("invalid_deadline")),
+        "{e}"
+    );
+    let deadline = (Utc::now() + chrono::Duration::hours(2)).to_rfc3339();
+    let (status, changed) = app
+        .patch(
+            ACME,
+            &format!("/v1/batches/{id}"),
+            &json!({"priority": 7, "class": "background", "deadline": deadline}),
+        )
+        .await;
+    assert_eq!(status, 200, "{changed}");
+    assert_eq!(
+        (&changed["priority"], &changed["class"]),
+        (&json!(7), &json!("background"))
+    );
+    let lines = lines_by_state(&app).await;
+    for j in &lines["queued"] {
+        assert_eq!(
+            (&j["priority"], &j["class"]),
+            (&json!(7), &json!("background")),
+            "{j}"
+        );
+        assert_eq!(
+            chrono::DateTime::parse_from_rfc3339(j["deadline"].as_str().unwrap())
+                .unwrap()
+                .timestamp(),
+            chrono::DateTime::parse_from_rfc3339(&deadline)
+                .unwrap()
+                .timestamp()
+        );
+    }
+
+    // Resumed: the rest runs, and reading on from the cursor gives every line once.
+    let (status, resumed) = app
+        .post(ACME, &format!("/v1/batches/{id}/resume"), &json!({}))
+        .await;
+    assert_eq!((status, &resumed["paused_at"]), (200, &Value::Null), "{resumed}");
+    let ended = wait_batch(http, &app.api, ACME, &id, 60).await;
+    assert_eq!(ended["status"], "completed", "{ended}");
+    loop {
+        let (ids, next) = read_results(&app, &id, &cursor).await;
+        if ids.is_empty() {
+            break;
+        }
+        seen.extend(ids);
+        cursor = next;
+    }
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!((seen.len(), sorted.len()), (30, 30), "every line once: {seen:?}");
+    let (status, e) = app
+        .post(ACME, &format!("/v1/batches/{id}/pause"), &json!({}))
+        .await;
+    assert_eq!(
+        (status, &e["error"]["code"]),
+        (409, &json!("batch_already_finished"))
+    );
+    let (status, _) = app
+        .get(crate::harness::GLOBEX, &format!("/v1/batches/{id}/results"))
+        .await;
+    assert_eq!(status, 404, "another tenant's batch is not found");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_batch_stops_at_its_cost_cap_and_at_its_error_rate() {
+    // gpt-4o-mini at $1,000 per million tokens: a line reserves about $0.04.
+    let app = TestApp::spawn_with(TestOptions {
+        extra_config: "[providers.prices.\"gpt-4o-mini\"]\ninput_per_mtok = 1000\noutput_per_mtok = 1000\n"
+            .to_owned(),
+        ..TestOptions::default()
+    })
+    .await;
+    let http = &app.http;
+    let text: Vec<String> = (0..10).map(|i| line(&format!("c{i}"), "fast", "hi")).collect();
+    let (_, file) = upload(http, &app.api, ACME, text.join("\n").as_bytes()).await;
+    let file_id = file["id"].as_str().unwrap();
+    let mut body = batch_body(file_id);
+    body["max_cost_usd"] = json!(-1);
+    let (status, e) = create_batch(http, &app.api, ACME, &body).await;
+    assert_eq!(
+        (status, &e["error"]["param"]),
+        (400, &json!("max_cost_usd")),
+        "{e}"
+    );
+    let cap = 0.1;
+    body["max_cost_usd"] = json!(cap);
+    let (status, batch) = create_batch(http, &app.api, ACME, &body).await;
+    assert_eq!((status, &batch["max_cost_usd"]), (200, &json!(cap)), "{batch}");
+    let id = batch["id"].as_str().unwrap();
+    let ended = wait_batch(http, &app.api, ACME, id, 60).await;
+    assert_eq!(ended["status"], "completed", "{ended}");
+    let (_, jobs) = app.get(ACME, "/v1/jobs?limit=100").await;
+    let lines = jobs["data"].as_array().unwrap();
+    assert_eq!(lines.len(), 10);
+    let spent: f64 = lines
+        .iter()
+        .filter_map(|j| j["cost"]["charged_usd"].as_f64())
+        .sum();
+    let succeeded = lines.iter().filter(|j| j["state"] == "succeeded").count();
+    let capped = lines
+        .iter()
+        .filter(|j| j["error"]["code"] == "batch_cost_cap_reached")
+        .count();
+    assert!(spent <= cap + 1e-12, "the batch cost ${spent} against its ${cap}");
+    assert!(succeeded >= 1 && capped >= 1, "{succeeded} ran, {capped} stopped");
+    assert_eq!(
+        succeeded + capped,
+        10,
+        "every line ran or was stopped by the cap: {lines:?}"
+    );
+
+    // Every call fails (max_attempts 1): past half of ten finished lines failing, it stops.
+    app.shutdown().await;
+    let mut mock = crate::harness::mock_config();
+    mock.faults = vec![tollgate_mock::FaultConfig {
+        project: None,
+        start_ms: 0,
+        duration_ms: 0,
+        status: 500,
+        probability: 1.0,
+    }];
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        retry_config: "max_attempts = 1\n".to_owned(),
+        ..TestOptions::default()
+    })
+    .await;
+    let http = &app.http;
+    let text: Vec<String> = (0..30).map(|i| line(&format!("e{i}"), "fast", "hi")).collect();
+    let (_, file) = upload(http, &app.api, ACME, text.join("\n").as_bytes()).await;
+    let mut body = batch_body(file["id"].as_str().unwrap());
+    body["max_error_rate"] = json!(0.5);
+    let (status, batch) = create_batch(http, &app.api, ACME, &body).await;
+    assert_eq!(status, 200, "{batch}");
+    let ended = wait_batch(http, &app.api, ACME, batch["id"].as_str().unwrap(), 60).await;
+    assert_eq!(ended["status"], "cancelled", "{ended}");
+    assert_eq!(
+        ended["errors"]["data"][0]["code"], "batch_error_rate_exceeded",
+        "{ended}"
+    );
+    app.shutdown().await;
+}

@@ -148,6 +148,15 @@ async fn dashboard_renders_what_the_api_reports() {
             b["source"].as_str()
         );
     }
+    // A budget reads in dollars, not the micro-USD it is kept in.
+    let budget = dom
+        .split("<tr")
+        .find(|row| row.contains("data-bucket=\"tenant:viewer:daily_spend\""))
+        .unwrap_or_else(|| panic!("the viewer's budget not rendered: {dom}"));
+    assert!(
+        budget.contains("spend (USD)") && budget.contains("$5.00") && !budget.contains("5,000,000"),
+        "{budget}"
+    );
     // The queue that waits, as the API counts it.
     assert_eq!(
         attr(&dom, "data-queue=\"queuer/standard\"", "data-queued").as_deref(),

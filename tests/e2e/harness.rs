@@ -445,6 +445,18 @@ impl TestApp {
         (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
     }
 
+    pub async fn patch(&self, key: &str, path: &str, body: &Value) -> (u16, Value) {
+        let r = self
+            .http
+            .patch(self.url(path))
+            .bearer_auth(key)
+            .json(body)
+            .send()
+            .await
+            .expect("PATCH");
+        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+
     pub async fn post(&self, key: &str, path: &str, body: &Value) -> (u16, Value) {
         let r = self
             .http

@@ -74,16 +74,19 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
     assert_eq!(job.endpoint, tollgate::vocab::Endpoint::Embeddings);
     let open = tollgate::store::batch_has_open_jobs(&db.pool, "batch_0190a000000070008000000000000004").await;
     assert!(open.unwrap(), "the batch's line is the queued job");
-    let batch = tollgate::store::get_batch(&db.pool, "acme", "batch_0190a000000070008000000000000004")
+    let batch = tollgate::store::get_batch(&db.pool, Some("acme"), "batch_0190a000000070008000000000000004")
         .await
         .unwrap()
         .unwrap();
     assert_eq!((batch.total, batch.rejected), (2, 1));
-    let message_batch =
-        tollgate::store::get_batch(&db.pool, "acme", "msgbatch_0190a000000070008000000000000009")
-            .await
-            .unwrap()
-            .unwrap();
+    let message_batch = tollgate::store::get_batch(
+        &db.pool,
+        Some("acme"),
+        "msgbatch_0190a000000070008000000000000009",
+    )
+    .await
+    .unwrap()
+    .unwrap();
     assert_eq!(message_batch.input_file_id, None, "its requests came inline");
     assert_eq!(
         (message_batch.cancelled, message_batch.expired),

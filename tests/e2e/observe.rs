@@ -121,7 +121,7 @@ pub fn watched_options(watcher: &str, waiter: &str) -> TestOptions {
         mock,
         server_config: format!("admin_key = \"{ADMIN}\""),
         extra_config: format!(
-            "[[tenants]]\nname = \"{watcher}\"\napi_key = \"tk-{watcher}\"\n\
+            "[[tenants]]\nname = \"{watcher}\"\napi_key = \"tk-{watcher}\"\ndaily_spend_usd = 5\n\
              [[tenants]]\nname = \"{waiter}\"\napi_key = \"tk-{waiter}\"\nrpd = 2\n"
         ),
         ..TestOptions::default()

@@ -211,6 +211,48 @@ async fn every_endpoint_answers_401_403_404_as_documented_and_never_another_tena
     );
     let (status, _) = app.submit(ADMIN, &job("fast", "as whom?")).await;
     assert_eq!(status, 401, "the admin key is no tenant's: it cannot submit");
+    // And any tenant's files and batches: read, listed, cancelled, the tenant shown.
+    for (path, list) in [
+        (format!("/v1/files/{file_id}"), "/v1/files"),
+        (format!("/v1/batches/{batch_id}"), "/v1/batches"),
+    ] {
+        let (status, seen) = app.get(ADMIN, &path).await;
+        assert_eq!(
+            (status, seen["tenant"].as_str()),
+            (200, Some("acme")),
+            "{path}: {seen}"
+        );
+        let (status, listed) = app.get(ADMIN, list).await;
+        assert_eq!(status, 200, "{listed}");
+        assert!(
+            listed["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|x| x["tenant"] == "acme"),
+            "{list}: {listed}"
+        );
+    }
+    let r = app
+        .http
+        .get(app.url(&format!("/v1/files/{file_id}/content")))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(
+        r.text().await.unwrap().contains(CANARY),
+        "the admin reads acme's file"
+    );
+    let (status, cancelling) = app
+        .post(ADMIN, &format!("/v1/batches/{batch_id}/cancel"), &json!({}))
+        .await;
+    assert_eq!(
+        (status, cancelling["status"].as_str()),
+        (200, Some("cancelling")),
+        "{cancelling}"
+    );
     let (status, cancelled) = app
         .post(ADMIN, &format!("/v1/jobs/{job_id}/cancel"), &json!({}))
         .await;

@@ -127,7 +127,7 @@ pub fn event_body(event: &str, b: &BatchRow, now: DateTime<Utc>) -> String {
 }
 
 /// One output/error line for a job, and whether it goes to the output file.
-fn job_line(job: &BatchJobResult, status: BatchStatus) -> (bool, Value) {
+pub fn job_line(job: &BatchJobResult, status: BatchStatus) -> (bool, Value) {
     let id = format!("batch_req_{}", job.id.0.simple());
     if job.state == JobState::Succeeded {
         let line = json!({

@@ -647,8 +647,10 @@ impl Gate {
     ) -> Result<(Vec<Failed>, Vec<scheduler::Waiting>), StoreError> {
         let window = |f: &Failed| {
             buckets.get(&f.bucket).filter(|b| {
-                f.verdict == scheduler::Verdict::DeadlineUnmeetable
-                    && matches!(b.rule, Rule::Fixed | Rule::Ramp)
+                matches!(
+                    f.verdict,
+                    scheduler::Verdict::DeadlineUnmeetable | scheduler::Verdict::BatchCostCapReached
+                ) && matches!(b.rule, Rule::Fixed | Rule::Ramp)
             })
         };
         let ids: Vec<i64> = failed.iter().filter_map(|f| window(f).map(|b| b.id)).collect();

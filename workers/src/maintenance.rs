@@ -114,11 +114,19 @@ impl Maintenance {
     /// a lease is expired by the database's time, which a test moves by writing the lease).
     pub async fn run_once(&self, now: DateTime<Utc>) -> Result<Pass, StoreError> {
         let rescued = store::rescue_expired_leases(&self.pool, now).await?;
+        store::hold_paused_lines(&self.pool).await?;
+        self.publish_results().await?;
+        // Judged on what was just published, before a batch could be finalized whole.
+        store::stop_failing_batches(&mut *self.pool.acquire().await?, now).await?;
         let deadlines_expired = store::expire_deadlines(&self.pool, now).await?;
         let calibrated = self.calibrate(now).await?;
         store::prune_pauses(&self.pool, now).await?;
         store::refresh_job_statistics(&self.pool, &self.analyzed_at).await?;
         let batches_finished = self.batches.run_once(now).await?;
+        if batches_finished > 0 {
+            // Their last lines ended with them: published now, not a pass later.
+            self.publish_results().await?;
+        }
         let budgets_announced = self.announce_budgets(now).await?;
         let pruned = match &self.retention {
             Some(r) => r.run_once(now).await?,
@@ -140,6 +148,13 @@ impl Maintenance {
             pruned,
             budgets_announced,
         })
+    }
+
+    /// Publishes every batch line finished since the last pass to its batch's results
+    /// (`GET /v1/batches/{id}/results`).
+    async fn publish_results(&self) -> Result<u64, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        store::publish_batch_results(&mut conn).await
     }
 
     /// Queues a `budget.threshold` event for each spend budget whose spending just

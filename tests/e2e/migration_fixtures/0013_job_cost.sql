@@ -9,3 +9,5 @@ VALUES ('0190a000-0000-7000-8000-000000000013', 'acme', 'standard', 'succeeded',
         '{"input_tokens": 100, "output_tokens": 40}', 42, 60, 'model');
 UPDATE tenants SET applications = '{"chatbot": {"budgets": [{"window": "day", "usd": 2}]}}'
 WHERE name = 'acme';
+-- A paused batch.
+UPDATE batches SET paused_at = now(), priority = 5 WHERE id = 'batch_0190a000000070008000000000000004';
