@@ -56,6 +56,8 @@ pub struct Config {
     pub providers: Vec<ProviderConfig>,
     #[serde(default)]
     pub routes: Vec<RouteConfig>,
+    /// None is fine with `server.admin_key`: tenants are then made through the admin API.
+    #[serde(default)]
     pub tenants: Vec<TenantConfig>,
     /// What a tenant may keep stored, unless its `[[tenants]]` entry says otherwise.
     #[serde(default)]

@@ -174,7 +174,8 @@ pub fn config_parse(data: &[u8]) {
     };
     if let Ok(config) = Config::parse(text, "fuzz") {
         assert!(config.validate().is_ok());
-        assert!(!config.providers.is_empty() && !config.tenants.is_empty());
+        let admin = config.server.admin_key.is_some() || config.server.admin_key_env.is_some();
+        assert!(!config.providers.is_empty() && (!config.tenants.is_empty() || admin));
     }
 }
 

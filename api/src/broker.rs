@@ -29,7 +29,7 @@ use tollgate_workers::webhooks::WebhookSender;
 use crate::AppState;
 use crate::supervise::{spawn_supervised, supervise};
 
-/// Which roles this process runs. `serve` runs all of them.
+/// Which roles this process runs. `serve` runs those its `--roles` names (all by default).
 #[derive(Debug, Clone, Copy)]
 pub struct Roles {
     pub api: bool,
@@ -217,6 +217,13 @@ impl Broker {
                 relays.close();
                 relays.wait().await;
             });
+        } else if let Some(listener) = listener {
+            // No API here: the probes alone, so an orchestrator can watch this process.
+            addr = Some(listener.local_addr()?);
+            let limits = crate::serve::ConnectionLimits::from_config(&config.server);
+            let app = crate::probes(state);
+            let stop = cancel.clone();
+            tracker.spawn(async move { crate::serve::serve(listener, app, limits, stop).await });
         }
         if roles.dispatch {
             spawn_supervised(

@@ -233,6 +233,14 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// The probes alone (`/healthz`, `/readyz`): what a process without the API role serves.
+pub fn probes(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", axum::routing::get(healthz))
+        .route("/readyz", axum::routing::get(readyz))
+        .with_state(state)
+}
+
 /// On every answer: no content sniffing, no framing by other sites, no referrer to
 /// them. The dashboard page adds its own `Content-Security-Policy` (`dashboard`).
 async fn protective_headers(mut response: axum::response::Response) -> axum::response::Response {

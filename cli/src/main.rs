@@ -51,7 +51,7 @@ The client commands (status, jobs, submit, batches, files, usage) talk to a runn
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run every role in one process: API, dispatcher, maintenance.
+    /// Run the broker's roles: by default all of them (API, gate, dispatcher, maintenance).
     Serve {
         /// Config file (TOML); see tollgate.example.toml.
         #[arg(long, env = "TOLLGATE_CONFIG")]
@@ -59,6 +59,16 @@ enum Command {
         /// Address for the API; overrides `server.listen`.
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
+        /// The roles this process runs, comma-separated. Without `api` it serves only
+        /// `/healthz` and `/readyz` on the listen address (for probes).
+        #[arg(
+            long,
+            env = "TOLLGATE_ROLES",
+            value_enum,
+            value_delimiter = ',',
+            default_value = "api,gate,dispatch,maintenance"
+        )]
+        roles: Vec<Role>,
     },
     /// Apply a config file's tenants and keys to its database, as `serve` does at start and
     /// on SIGHUP, printing the difference (GitOps); `--dry-run` prints it only.
@@ -115,6 +125,30 @@ enum Command {
     ProviderKeys(tollgate_api::cli::ProviderKeysArgs),
 }
 
+/// A role `serve` may run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Role {
+    /// The HTTP API, the dashboard and /metrics.
+    Api,
+    /// Admission (one process at a time admits; the others stand by).
+    Gate,
+    /// Claims admitted jobs and calls the providers.
+    Dispatch,
+    /// Rescues, deadlines, batch finalization, webhooks, retention, provider batches.
+    Maintenance,
+}
+
+impl Role {
+    fn all_of(roles: &[Role]) -> Roles {
+        Roles {
+            api: roles.contains(&Role::Api),
+            gate: roles.contains(&Role::Gate),
+            dispatch: roles.contains(&Role::Dispatch),
+            maintenance: roles.contains(&Role::Maintenance),
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum ConfigCommand {
     /// Validate FILE as `serve` would before starting (syntax, every rule, the secrets its
@@ -141,7 +175,11 @@ async fn main() -> anyhow::Result<()> {
     };
     telemetry::init_log(cli.log_format, default_filter);
     match cli.command {
-        Command::Serve { config, listen } => serve(config, listen).await,
+        Command::Serve {
+            config,
+            listen,
+            roles,
+        } => serve(config, listen, Role::all_of(&roles)).await,
         Command::Config {
             command: ConfigCommand::Check { file },
         } => exit_unless(tollgate_api::cli::config_check(&file)),
@@ -196,7 +234,11 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn serve(config_path: PathBuf, listen: Option<std::net::SocketAddr>) -> anyhow::Result<()> {
+async fn serve(
+    config_path: PathBuf,
+    listen: Option<std::net::SocketAddr>,
+    roles: Roles,
+) -> anyhow::Result<()> {
     let mut config = Config::load(&config_path)?;
     if let Some(listen) = listen {
         // Checked again: what is allowed depends on where the API listens (short keys).
@@ -210,9 +252,9 @@ async fn serve(config_path: PathBuf, listen: Option<std::net::SocketAddr>) -> an
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
-    let broker = Broker::start(Arc::new(config), db.pool.clone(), Some(listener), Roles::ALL).await?;
+    let broker = Broker::start(Arc::new(config), db.pool.clone(), Some(listener), roles).await?;
     if let Some(addr) = broker.addr {
-        tracing::info!(%addr, "tollgate serving");
+        tracing::info!(%addr, ?roles, "tollgate serving");
     }
     let reloads = reload_on_hangup(config_path, db.pool.clone());
     tokio::select! {

@@ -513,3 +513,18 @@ async fn config_check_validates_a_file_without_starting_anything() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn the_shipped_kubernetes_config_checks() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/k8s/tollgate.toml");
+    let env = [
+        ("TOLLGATE_ADMIN_KEY", "tk-admin-0123456789abcdef0123456789"),
+        ("OPENAI_API_KEY", "sk-check"),
+        (
+            "TOLLGATE_WEBHOOK_KEY",
+            "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
+        ),
+    ];
+    let (code, out, err) = run(&env, &["config", "check", config]).await;
+    assert_eq!(code, 0, "{out}{err}");
+}

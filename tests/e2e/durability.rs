@@ -296,3 +296,51 @@ async fn accepted_job_survives_sigkill_of_the_server_and_completes_once() {
     assert!(status.success(), "graceful shutdown exit status: {status}");
     local_mock.shutdown().await;
 }
+
+#[tokio::test]
+async fn one_process_per_role_runs_jobs_and_the_api_less_ones_answer_probes_only() {
+    let db = fresh_db_with(2 * serve_connections()).await;
+    let local_mock = MockProvider::new(mock_config()).start_local().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = short_lease_config(dir.path(), local_mock.addr);
+    let (api_port, worker_port) = (free_port(), free_port());
+    let (api, worker) = (
+        format!("http://127.0.0.1:{api_port}"),
+        format!("http://127.0.0.1:{worker_port}"),
+    );
+    let mut front = Serve::start_with(&config_path, &db.url, api_port, |c| {
+        c.args(["--roles", "api"]);
+    });
+    let mut back = Serve::start_with(&config_path, &db.url, worker_port, |c| {
+        c.args(["--roles", "gate,dispatch,maintenance"]);
+    });
+    front.wait_ready(&api).await;
+    back.wait_ready(&worker).await;
+    let http = reqwest::Client::new();
+    let healthy = http.get(format!("{worker}/healthz")).send().await.unwrap();
+    assert_eq!(healthy.status().as_u16(), 200);
+    let absent = http
+        .get(format!("{worker}/v1/jobs"))
+        .bearer_auth(ACME)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(absent.status().as_u16(), 404, "no API where the role is not run");
+    // Accepted by the API process, admitted and sent by the other.
+    let accepted: Value = http
+        .post(format!("{api}/v1/jobs"))
+        .bearer_auth(ACME)
+        .json(&job("oai/gpt-4o-mini", "split"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let done =
+        crate::harness::wait_finished_at(&http, &api, ACME, accepted["id"].as_str().unwrap(), 30).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    for serve in [&mut front, &mut back] {
+        serve.signal(Signal::SIGTERM);
+    }
+}
