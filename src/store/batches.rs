@@ -811,7 +811,9 @@ pub async fn prune_finished_batches(
                  SELECT id FROM batches WHERE status IN ('completed', 'failed', 'expired', 'cancelled')
                    AND created_at < $1 LIMIT $2)
              RETURNING id),
-         endpoints AS (DELETE FROM webhook_endpoints WHERE batch_id IN (SELECT id FROM gone))
+         endpoints AS (DELETE FROM webhook_endpoints WHERE batch_id IN (SELECT id FROM gone)),
+         -- Their cost caps' buckets (`buckets::batch_cap_key`).
+         caps AS (DELETE FROM buckets WHERE key IN (SELECT 'batch:' || id || ':max_cost' FROM gone))
          SELECT count(*) AS "deleted!" FROM gone"#,
         before,
         limit,

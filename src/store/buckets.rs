@@ -383,6 +383,17 @@ pub struct BudgetCrossing {
     pub resets_at: DateTime<Utc>,
 }
 
+/// Forgets the budget alerts of windows that ended before `before` (their budgets have
+/// reset since: nothing can be announced twice for them). Returns how many.
+pub async fn prune_budget_alerts(ex: impl PgExecutor<'_>, before: DateTime<Utc>) -> Result<u64> {
+    Ok(
+        sqlx::query!("DELETE FROM budget_alerts WHERE resets_at < $1", before)
+            .execute(ex)
+            .await?
+            .rows_affected(),
+    )
+}
+
 /// The spend budgets whose spending reached one of `thresholds` (fractions of the budget)
 /// in their current window and were not announced yet for it: each is recorded as
 /// announced (`budget_alerts`) and returned, once. Run in the transaction that queues the

@@ -563,7 +563,18 @@ async fn retention_prunes_old_finished_work() {
     let app = TestApp::spawn().await;
     let http = &app.http;
     let (_, file) = upload(http, &app.api, ACME, line("a", "fast", "x").as_bytes()).await;
-    let (_, batch) = create_batch(http, &app.api, ACME, &batch_body(file["id"].as_str().unwrap())).await;
+    let mut body = batch_body(file["id"].as_str().unwrap());
+    body["max_cost_usd"] = json!(5);
+    let (_, batch) = create_batch(http, &app.api, ACME, &body).await;
+    let cap = tollgate::buckets::batch_cap_key(batch["id"].as_str().unwrap());
+    let cap_buckets = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM buckets WHERE key = $1")
+            .bind(&cap)
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(cap_buckets().await, 1, "the batch's cost cap is a bucket");
     let done = wait_batch(http, &app.api, ACME, batch["id"].as_str().unwrap(), 60).await;
     assert_eq!(done["status"], "completed");
     let (_, single) = app.submit(ACME, &crate::harness::job("fast", "single")).await;
@@ -573,15 +584,21 @@ async fn retention_prunes_old_finished_work() {
     let retention = Retention::new(app.db.pool.clone(), config);
     // Now: nothing is old enough.
     assert_eq!(retention.run_once(Utc::now()).await.unwrap().total(), 0);
+    // An alert of a budget window that ended a week ago: forgotten with the rest.
+    sqlx::query("INSERT INTO budget_alerts (bucket_key, resets_at, threshold) VALUES ('tenant:acme:daily_spend', now() - interval '7 days', 0.8)")
+        .execute(&app.db.pool)
+        .await
+        .unwrap();
     // 31 days later everything finished is gone, files included (they expire after 30).
     let later = Utc::now() + chrono::Duration::days(31);
     let retention = Retention::new(app.db.pool.clone(), app.config.retention.clone());
     let pruned = retention.run_once(later).await.unwrap();
     assert_eq!(
-        (pruned.jobs, pruned.batches, pruned.files),
-        (2, 1, 2),
+        (pruned.jobs, pruned.batches, pruned.files, pruned.budget_alerts),
+        (2, 1, 2, 1),
         "{pruned:?}"
     );
+    assert_eq!(cap_buckets().await, 0, "the batch's cap bucket goes with it");
     assert_eq!(
         app.get(ACME, &format!("/v1/jobs/{}", single["id"].as_str().unwrap()))
             .await

@@ -1,11 +1,14 @@
 //! What `tollgate serve` tells its operators: each job's trace received over OTLP
-//! (http/protobuf) by a collector of the test's own, its spans in one tree under the
+//! (http/protobuf, and gRPC) by a collector of the test's own, its spans in one tree under the
 //! client's `traceparent`; and its log as JSON lines, the request log among them.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Bytes;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
@@ -20,47 +23,83 @@ use tollgate_mock::MockProvider;
 use crate::durability::{Serve, free_port};
 use crate::harness::{ACME, config_text, eventually, fresh_db_with, job, mock_config, serve_connections};
 
-/// An OTLP/HTTP collector on a port of its own, served by `tasks` until `stop`: the
-/// spans it was sent, and its address.
+/// The spans a collector was sent, each export checked to come from the service
+/// `tollgate`.
+#[derive(Clone, Default)]
+struct Received(Arc<Mutex<Vec<Span>>>);
+
+impl Received {
+    fn keep(&self, request: ExportTraceServiceRequest) {
+        let mut kept = self.0.lock().unwrap();
+        for resource in request.resource_spans {
+            let service = resource
+                .resource
+                .iter()
+                .flat_map(|r| &r.attributes)
+                .find(|a| a.key == "service.name")
+                .and_then(|a| a.value.clone());
+            assert_eq!(
+                service.and_then(|v| v.value),
+                Some(AnyValue::StringValue("tollgate".into()))
+            );
+            kept.extend(resource.scope_spans.into_iter().flat_map(|s| s.spans));
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl TraceService for Received {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        self.keep(request.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+/// An OTLP collector speaking `protocol` (`http/protobuf` or `grpc`) on a port of its
+/// own, served by `tasks` until `stop`: what it receives, and its address.
 async fn collector(
+    protocol: &str,
     tasks: &TaskTracker,
     stop: CancellationToken,
-) -> (Arc<Mutex<Vec<Span>>>, std::net::SocketAddr) {
-    let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
-    let kept = spans.clone();
+) -> (Received, std::net::SocketAddr) {
+    let received = Received::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    if protocol == "grpc" {
+        let service = TraceServiceServer::new(received.clone());
+        tasks.spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(
+                    tonic::transport::server::TcpIncoming::from(listener),
+                    stop.cancelled_owned(),
+                )
+                .await
+                .unwrap()
+        });
+        return (received, addr);
+    }
+    let kept = received.clone();
     let app = axum::Router::new().route(
         "/v1/traces",
         axum::routing::post(move |body: Bytes| {
             let kept = kept.clone();
             async move {
-                let request = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf export");
-                let mut kept = kept.lock().unwrap();
-                for resource in request.resource_spans {
-                    let service = resource
-                        .resource
-                        .iter()
-                        .flat_map(|r| &r.attributes)
-                        .find(|a| a.key == "service.name")
-                        .and_then(|a| a.value.clone());
-                    assert_eq!(
-                        service.and_then(|v| v.value),
-                        Some(AnyValue::StringValue("tollgate".into()))
-                    );
-                    kept.extend(resource.scope_spans.into_iter().flat_map(|s| s.spans));
-                }
+                kept.keep(ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf export"));
                 ExportTraceServiceResponse::default().encode_to_vec()
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     tasks.spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await
             .unwrap()
     });
-    (spans, addr)
+    (received, addr)
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -87,10 +126,21 @@ fn attribute(span: &Span, key: &str) -> Option<String> {
 
 #[tokio::test]
 async fn a_job_s_trace_continues_its_client_s_and_the_log_is_json_lines() {
+    traced_serve("http/protobuf").await;
+}
+
+#[tokio::test]
+async fn a_job_s_trace_goes_over_grpc_too() {
+    traced_serve("grpc").await;
+}
+
+/// Runs `tollgate serve` sending traces over `protocol` and logging JSON, two jobs through
+/// it, and checks what the collector received and what the log holds.
+async fn traced_serve(protocol: &str) {
     let db = fresh_db_with(serve_connections()).await;
     let mock = MockProvider::new(mock_config()).start_local().await.unwrap();
     let (tasks, stop) = (TaskTracker::new(), CancellationToken::new());
-    let (spans, otlp) = collector(&tasks, stop.clone()).await;
+    let (received, otlp) = collector(protocol, &tasks, stop.clone()).await;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("tollgate.toml");
     std::fs::write(&config, config_text(mock.addr, "")).unwrap();
@@ -102,7 +152,7 @@ async fn a_job_s_trace_continues_its_client_s_and_the_log_is_json_lines() {
         c.args(["--log-format", "json"])
             .env("RUST_LOG", "info,sqlx=warn")
             .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{otlp}"))
-            .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+            .env("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
             .env("OTEL_BSP_SCHEDULE_DELAY", "100")
             .stderr(stderr);
     });
@@ -137,7 +187,7 @@ async fn a_job_s_trace_continues_its_client_s_and_the_log_is_json_lines() {
     // job.attempt under job.submit.
     for (id, trace) in ids.iter().zip(&trace_ids) {
         let tree = eventually(20, "the job's three spans at the collector", || async {
-            let spans = spans.lock().unwrap();
+            let spans = received.0.lock().unwrap();
             let of_job: Vec<Span> = spans
                 .iter()
                 .filter(|s| hex(&s.trace_id) == *trace)

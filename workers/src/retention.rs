@@ -21,11 +21,13 @@ pub struct Pruned {
     pub batches: u64,
     pub files: u64,
     pub deliveries: u64,
+    /// Budget alerts of windows that have ended.
+    pub budget_alerts: u64,
 }
 
 impl Pruned {
     pub fn total(&self) -> u64 {
-        self.jobs + self.batches + self.files + self.deliveries
+        self.jobs + self.batches + self.files + self.deliveries + self.budget_alerts
     }
 }
 
@@ -75,6 +77,7 @@ impl Retention {
         pruned.batches = store::prune_finished_batches(&self.pool, before, chunk).await?;
         pruned.files = store::prune_expired_files(&self.pool, now, chunk).await?;
         pruned.deliveries = store::prune_deliveries(&self.pool, before, chunk).await?;
+        pruned.budget_alerts = store::prune_budget_alerts(&self.pool, now).await?;
         if pruned.total() > 0 {
             tracing::info!(?pruned, "retention pass");
         }
