@@ -413,6 +413,31 @@ pub enum BatchesCommand {
         #[command(flatten)]
         remote: Remote,
     },
+    /// Pause a batch: its queued requests wait; those in flight finish.
+    Pause {
+        /// The batch's id (`batch_…`).
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Resume a paused batch.
+    Resume {
+        /// The batch's id (`batch_…`).
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// A batch's finished requests so far (JSONL, in the order they finished), from
+    /// `--after` (the cursor this printed last, on stderr) to what is finished now.
+    Results {
+        /// The batch's id (`batch_…`).
+        id: String,
+        /// Start after this cursor (printed on stderr by the previous run).
+        #[arg(long, default_value = "0")]
+        after: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
     /// The content of a batch's output file (JSONL, one result per request).
     Outputs {
         /// The batch's id (`batch_…`).
@@ -776,6 +801,8 @@ pub fn render_batch(b: &Value) -> String {
         ("ID", cell(&b["id"])),
         ("STATUS", cell(&b["status"])),
         ("CLASS", cell(&b["class"])),
+        ("PRIORITY", cell(&b["priority"])),
+        ("PAUSED", when(&b["paused_at"])),
         ("ENDPOINT", cell(&b["endpoint"])),
         (
             "REQUESTS",
@@ -802,6 +829,25 @@ pub fn render_batch(b: &Value) -> String {
             ),
         ),
     ])
+}
+
+/// `POST /v1/batches/{id}/{action}` (`pause`, `resume`); prints the batch's id, status,
+/// and whether it is paused.
+async fn pause_or_resume(
+    http: &reqwest::Client,
+    remote: &Remote,
+    id: &str,
+    action: &str,
+) -> anyhow::Result<bool> {
+    let path = format!("/v1/batches/{}/{action}", segment(id));
+    let b = remote.json(http, Method::POST, &path, None).await?;
+    let paused = if b["paused_at"].is_null() {
+        "running"
+    } else {
+        "paused"
+    };
+    println!("{} {} {paused}", cell(&b["id"]), cell(&b["status"]));
+    Ok(true)
 }
 
 /// `tollgate batches …`.
@@ -896,6 +942,29 @@ pub async fn batches(args: BatchesArgs) -> anyhow::Result<bool> {
             } else {
                 println!("{} {}", cell(&b["id"]), cell(&b["status"]));
             }
+            Ok(true)
+        }
+        BatchesCommand::Pause { id, remote } => pause_or_resume(&http, &remote, &id, "pause").await,
+        BatchesCommand::Resume { id, remote } => pause_or_resume(&http, &remote, &id, "resume").await,
+        BatchesCommand::Results { id, after, remote } => {
+            let mut cursor = after;
+            loop {
+                let path = format!("/v1/batches/{}/results?after={}", segment(&id), segment(&cursor));
+                let r = remote.send(&http, Method::GET, &path, None).await?;
+                let next = r
+                    .headers()
+                    .get("x-next-cursor")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| cursor.clone());
+                let lines = r.text().await?;
+                print!("{lines}");
+                if lines.is_empty() || next == cursor {
+                    break;
+                }
+                cursor = next;
+            }
+            eprintln!("next cursor: {cursor}");
             Ok(true)
         }
         BatchesCommand::Outputs {

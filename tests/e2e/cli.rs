@@ -364,6 +364,28 @@ async fn batches_and_files_in_progress() {
     assert_eq!(out, "");
     assert!(err.contains("has no output file (status in_progress)"), "{err}");
 
+    // Paused and resumed; nothing has finished, so no results yet.
+    let (code, out, err) = tollgate(&app, ACME, &["batches", "pause", &id]).await;
+    assert_eq!(
+        (code, out.trim()),
+        (0, format!("{id} in_progress paused").as_str()),
+        "{err}"
+    );
+    let (_, out, _) = tollgate(&app, ACME, &["batches", "get", &id]).await;
+    assert!(
+        out.lines().any(|l| l.starts_with("PAUSED") && !l.ends_with('-')),
+        "{out}"
+    );
+    let (code, out, err) = tollgate(&app, ACME, &["batches", "resume", &id]).await;
+    assert_eq!(
+        (code, out.trim()),
+        (0, format!("{id} in_progress running").as_str()),
+        "{err}"
+    );
+    let (code, out, err) = tollgate(&app, ACME, &["batches", "results", &id]).await;
+    assert_eq!((code, out.as_str()), (0, ""), "{err}");
+    assert!(err.contains("next cursor: 0"), "{err}");
+
     let (code, out, err) = tollgate(&app, ACME, &["batches", "cancel", &id]).await;
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.trim(), format!("{id} cancelling"));
