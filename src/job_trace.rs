@@ -17,7 +17,7 @@ use std::time::SystemTime;
 
 use chrono::{DateTime, Utc};
 use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer};
+use opentelemetry::trace::{Span, SpanKind, Status, TraceContextExt, Tracer};
 use opentelemetry::{Context, KeyValue, global};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 
@@ -125,7 +125,7 @@ pub fn attempted(job: &Job, outcome: &Outcome, started_at: DateTime<Utc>, finish
                 ),
             ])
             .start_with_context(&tracer, &parent);
-        opentelemetry::trace::Span::end_with_timestamp(&mut queued, time(admitted_at));
+        queued.end_with_timestamp(time(admitted_at));
     }
     let mut attributes = vec![
         attempt,
@@ -154,7 +154,6 @@ pub fn attempted(job: &Job, outcome: &Outcome, started_at: DateTime<Utc>, finish
         .with_start_time(time(started_at))
         .with_attributes(attributes)
         .start_with_context(&tracer, &parent);
-    use opentelemetry::trace::Span;
     match &outcome.end {
         End::Succeeded { .. } => span.set_status(Status::Ok),
         End::Failed { code, message } | End::Retry { code, message, .. } => {

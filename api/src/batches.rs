@@ -1009,10 +1009,10 @@ pub(crate) async fn results(
         store::publish_batch_results(&mut conn).await?;
     }
     let lines = store::batch_results_after(&state.pool, &id, after, limit).await?;
-    let next = lines.last().map_or(after, |l| l.seq);
+    let next = lines.last().and_then(|l| l.result_seq).unwrap_or(after);
     let mut body = String::new();
     for line in &lines {
-        let (_, value) = tollgate_workers::batches::job_line(&line.result, status);
+        let (_, value) = tollgate_workers::batches::job_line(line, status);
         body.push_str(&value.to_string());
         body.push('\n');
     }

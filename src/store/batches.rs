@@ -571,47 +571,25 @@ async fn publish_some_batch_results(conn: &mut PgConnection, limit: i64) -> Resu
     Ok(published)
 }
 
-/// A published line of a batch: its number, and the job.
-#[derive(Debug, Clone)]
-pub struct PublishedResult {
-    pub seq: i64,
-    pub result: BatchJobResult,
-}
-
 /// Up to `limit` of a batch's lines published after number `after`, in order.
 pub async fn batch_results_after(
     ex: impl PgExecutor<'_>,
     batch_id: &str,
     after: i64,
     limit: i64,
-) -> Result<Vec<PublishedResult>> {
-    let rows = sqlx::query!(
-        r#"SELECT result_seq AS "seq!", id AS "id: JobId", custom_id AS "custom_id!", batch_line AS "batch_line!",
-                  state AS "state: JobState", result, usage, error_code, error_message, provider_request_id
+) -> Result<Vec<BatchJobResult>> {
+    Ok(sqlx::query_as!(
+        BatchJobResult,
+        r#"SELECT id AS "id: JobId", custom_id AS "custom_id!", batch_line AS "batch_line!",
+                  state AS "state: JobState", result, usage, error_code, error_message, provider_request_id,
+                  result_seq
            FROM jobs WHERE batch_id = $1 AND result_seq > $2 ORDER BY result_seq LIMIT $3"#,
         batch_id,
         after,
         limit,
     )
     .fetch_all(ex)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| PublishedResult {
-            seq: r.seq,
-            result: BatchJobResult {
-                id: r.id,
-                custom_id: r.custom_id,
-                batch_line: r.batch_line,
-                state: r.state,
-                result: r.result,
-                usage: r.usage,
-                error_code: r.error_code,
-                error_message: r.error_message,
-                provider_request_id: r.provider_request_id,
-            },
-        })
-        .collect())
+    .await?)
 }
 
 /// Open batches that finalization should look at now: cancelling ones, expired ones, and
@@ -671,6 +649,9 @@ pub struct BatchJobResult {
     pub error_code: Option<String>,
     pub error_message: Option<String>,
     pub provider_request_id: Option<String>,
+    /// Its number among the batch's published results ([`publish_batch_results`]); `None`
+    /// until published.
+    pub result_seq: Option<i64>,
 }
 
 /// A page of a batch's jobs in input order, after input line `after_line`.
@@ -684,7 +665,8 @@ pub async fn batch_results_page(
     Ok(sqlx::query_as!(
         BatchJobResult,
         r#"SELECT id AS "id: JobId", custom_id AS "custom_id!", batch_line AS "batch_line!",
-                  state AS "state: JobState", result, usage, error_code, error_message, provider_request_id
+                  state AS "state: JobState", result, usage, error_code, error_message, provider_request_id,
+                  result_seq
            FROM jobs WHERE batch_id = $1 AND batch_line > $2 ORDER BY batch_line LIMIT $3"#,
         batch_id,
         after_line,
