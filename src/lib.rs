@@ -20,6 +20,7 @@
 //!   messages).
 //! - [`keyring`]: provider keys as the control plane has them: the file's less those
 //!   disabled at runtime, and those added at runtime.
+//! - [`holds`]: operator pauses of a tenant's queue, a route or a provider model.
 //! - [`routing`]: requested model (route alias or `provider/model`) → provider targets.
 //! - [`estimate`]: token demand of a request, made at submit time.
 //! - [`buckets`]: limits as buckets, a job's path through them, their arithmetic.
@@ -60,6 +61,7 @@ pub mod estimate;
 #[doc(hidden)]
 pub mod fuzz_bodies;
 pub mod gather;
+pub mod holds;
 pub mod job_trace;
 pub mod keyring;
 pub mod learning;

@@ -113,6 +113,9 @@ pub struct Job {
     pub reserved_amounts: Option<Vec<f64>>,
     /// The gate's explanation of why a queued job still waits.
     pub admission: Option<serde_json::Value>,
+    /// Each change of why it waited (reason, bucket or scope), with when: the latest
+    /// (the store keeps 20).
+    pub admission_log: Option<serde_json::Value>,
     /// Run by the API process streaming it to its client, not by dispatchers.
     pub stream: bool,
     /// The provider key the gate chose.
@@ -140,6 +143,8 @@ pub struct Job {
     pub traceparent: Option<String>,
     /// Queued but held out of admission: its batch is paused.
     pub held: bool,
+    /// The batch it is a line of.
+    pub batch_id: Option<String>,
 }
 
 impl Job {
@@ -178,6 +183,7 @@ impl Job {
             reserved_buckets: None,
             reserved_amounts: None,
             admission: None,
+            admission_log: None,
             stream: new.stream,
             provider_key: None,
             failed_targets: None,
@@ -190,6 +196,7 @@ impl Job {
             price_source: None,
             traceparent: new.traceparent.clone(),
             held: false,
+            batch_id: None,
         }
     }
 }

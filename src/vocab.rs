@@ -355,7 +355,7 @@ pub enum LearnedFrom {
 }
 
 /// How a job is sent to its provider (`jobs.dispatch_via`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, IntoStaticStr, EnumString)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, IntoStaticStr, EnumString)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
 pub enum Lane {
@@ -482,6 +482,9 @@ pub enum ApiErrorCode {
     IdempotencyKeyReused,
     /// 409: cancelling a finished job.
     JobAlreadyFinished,
+    /// 409: retrying a job that did not fail and was not cancelled, a batch's line, or a
+    /// cancelled job whose call is still in flight.
+    JobNotRetryable,
     /// 409: creating what exists already (a tenant of that name).
     AlreadyExists,
     /// 409: deleting a tenant that other tenants name as their parent, or that has jobs not

@@ -206,7 +206,9 @@ fn list<T: Serialize>(data: Vec<T>) -> Json<List<T>> {
 }
 
 /// A body of type `T`, or a 400 naming what is wrong with it.
-fn body<T: for<'de> Deserialize<'de>>(bytes: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+pub(crate) fn body<T: for<'de> Deserialize<'de>>(
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
     let value = crate::jobs::json_body(bytes)?;
     serde_json::from_value(value)
         .map_err(|e| ApiError::bad_request(ApiErrorCode::InvalidRequest, e.to_string()))

@@ -6,12 +6,10 @@
 //! change. Missing, unknown, revoked or expired keys answer 401 with `missing_api_key` /
 //! `invalid_api_key`; a tenant's key where the admin key is needed, 403 `admin_only`.
 
-use std::sync::Arc;
-
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
-use tollgate::tenants::{Caller, Tenant};
+use tollgate::tenants::Caller;
 use tollgate::vocab::ApiErrorCode;
 
 use crate::AppState;
@@ -53,10 +51,11 @@ impl FromRequestParts<AppState> for Admin {
     }
 }
 
-/// Who is looking: the operators (admin key) see every tenant, a tenant its own.
+/// Who is looking: the operators (admin key) see every tenant, a tenant (with the key it
+/// came with) its own.
 pub enum Viewer {
     Admin,
-    Tenant(Arc<Tenant>),
+    Tenant(Caller),
 }
 
 impl Viewer {
@@ -64,7 +63,7 @@ impl Viewer {
     pub fn tenant(&self) -> Option<&str> {
         match self {
             Viewer::Admin => None,
-            Viewer::Tenant(t) => Some(&t.name),
+            Viewer::Tenant(c) => Some(&c.tenant.name),
         }
     }
 
@@ -84,7 +83,7 @@ impl FromRequestParts<AppState> for Viewer {
         }
         directory
             .authenticate(key, state.clock.now())
-            .map(|found| Viewer::Tenant(found.tenant))
+            .map(Viewer::Tenant)
             .ok_or_else(invalid_key)
     }
 }

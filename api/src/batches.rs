@@ -793,21 +793,31 @@ async fn controlled(state: &AppState, outcome: BatchControl) -> Result<Json<Valu
     }
 }
 
-/// Runs `change` on the tenant's batch `id` in one transaction.
+/// Runs `change` on batch `id` of `viewer` (any tenant's for the admin key) in one
+/// transaction.
 async fn control(
     state: &AppState,
-    tenant: &str,
+    viewer: &Viewer,
     id: &str,
     change: BatchChange,
 ) -> Result<Json<Value>, ApiError> {
     let mut tx = state.pool.begin().await.map_err(db)?;
     if let Some(class) = change.class {
         // Its queued lines join `class`'s queue: they must fit its cap like new jobs.
+        let Some(batch) = store::get_batch(&mut *tx, viewer.tenant(), id).await? else {
+            return Err(ApiError::not_found("batch"));
+        };
         let queued = store::queued_batch_lines(&mut *tx, id).await?;
-        crate::jobs::reserve_queue_room(state, &mut tx, tenant, class, u64::try_from(queued).unwrap_or(0))
-            .await?;
+        crate::jobs::reserve_queue_room(
+            state,
+            &mut tx,
+            &batch.tenant,
+            class,
+            u64::try_from(queued).unwrap_or(0),
+        )
+        .await?;
     }
-    let outcome = store::control_batch(&mut tx, tenant, id, &change, state.clock.now()).await?;
+    let outcome = store::control_batch(&mut tx, viewer.tenant(), id, &change, state.clock.now()).await?;
     tx.commit().await.map_err(db)?;
     controlled(state, outcome).await
 }
@@ -829,14 +839,14 @@ async fn control(
 )]
 pub(crate) async fn pause(
     State(state): State<AppState>,
-    AuthTenant(tenant): AuthTenant,
+    viewer: Viewer,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let change = BatchChange {
         paused: Some(true),
         ..BatchChange::default()
     };
-    control(&state, &tenant.name, &id, change).await
+    control(&state, &viewer, &id, change).await
 }
 
 /// Resumes a paused batch: its queued lines are admitted again.
@@ -855,14 +865,14 @@ pub(crate) async fn pause(
 )]
 pub(crate) async fn resume(
     State(state): State<AppState>,
-    AuthTenant(tenant): AuthTenant,
+    viewer: Viewer,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let change = BatchChange {
         paused: Some(false),
         ..BatchChange::default()
     };
-    control(&state, &tenant.name, &id, change).await
+    control(&state, &viewer, &id, change).await
 }
 
 /// `PATCH /v1/batches/{id}`: each field given becomes the batch's and its queued lines'.
@@ -900,11 +910,11 @@ pub(crate) struct BatchPatch {
 )]
 pub(crate) async fn update(
     State(state): State<AppState>,
-    AuthTenant(tenant): AuthTenant,
+    viewer: Viewer,
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let Some(batch) = store::get_batch(&state.pool, Some(&tenant.name), &id).await? else {
+    let Some(batch) = store::get_batch(&state.pool, viewer.tenant(), &id).await? else {
         return Err(ApiError::not_found("batch"));
     };
     let patch: BatchPatch = serde_json::from_value(json_body(body)?)
@@ -932,7 +942,10 @@ pub(crate) async fn update(
         patch.class.unwrap_or(batch.class),
         patch.priority.unwrap_or(batch.priority),
     );
-    if let Some((field, reason)) = tenant.scopes.refuses(None, batch.endpoint, class, priority) {
+    // A tenant's key is held to its scopes; the admin key to none.
+    if let Viewer::Tenant(tenant) = &viewer
+        && let Some((field, reason)) = tenant.scopes.refuses(None, batch.endpoint, class, priority)
+    {
         return Err(crate::jobs::scope_refusal(field, reason));
     }
     let change = BatchChange {
@@ -941,7 +954,7 @@ pub(crate) async fn update(
         class: patch.class,
         deadline: patch.deadline.map(|d| d.trunc_subsecs(6)),
     };
-    control(&state, &tenant.name, &id, change).await
+    control(&state, &viewer, &id, change).await
 }
 
 /// `GET /v1/batches/{id}/results`: where to start.
@@ -980,7 +993,7 @@ const MAX_RESULT_LINES: i64 = 1000;
 )]
 pub(crate) async fn results(
     State(state): State<AppState>,
-    AuthTenant(tenant): AuthTenant,
+    viewer: Viewer,
     Path(id): Path<String>,
     Query(params): Query<ResultsParams>,
 ) -> Result<axum::response::Response, ApiError> {
@@ -999,7 +1012,7 @@ pub(crate) async fn results(
     if !(1..=MAX_RESULT_LINES).contains(&limit) {
         return Err(bad("limit", "`limit` must be from 1 to 1000"));
     }
-    let Some(batch) = store::get_batch(&state.pool, Some(&tenant.name), &id).await? else {
+    let Some(batch) = store::get_batch(&state.pool, viewer.tenant(), &id).await? else {
         return Err(ApiError::not_found("batch"));
     };
     let status = batch.status();

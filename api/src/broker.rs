@@ -190,7 +190,6 @@ impl Broker {
             notifications: notifications.clone(),
             dispatcher: dispatcher.clone(),
             relays: relays.clone(),
-            observer: crate::status::Observer::default(),
             readiness: crate::Readiness::default(),
             queue_room: crate::jobs::QueueRoom::default(),
             clock: clock.clone(),
@@ -204,8 +203,8 @@ impl Broker {
                 &tracker,
                 "status sampler",
                 &cancel,
-                (state.observer.clone(), pool.clone()),
-                |(observer, pool), cancel| observer.sample(pool, cancel),
+                pool.clone(),
+                crate::status::sample,
             );
             let limits = crate::serve::ConnectionLimits::from_config(&config.server);
             let app = crate::router(state);

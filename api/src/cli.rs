@@ -42,7 +42,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-pub use self::admin::{KeysArgs, ProviderKeysArgs, TenantsArgs, apply, keys, provider_keys, tenants};
+pub use self::admin::{
+    KeysArgs, PausesArgs, ProviderKeysArgs, TenantsArgs, apply, keys, pauses, provider_keys, tenants,
+};
 use self::progress::{Progress, short_duration};
 use self::table::{Align, Table, fields};
 
@@ -180,6 +182,23 @@ impl Remote {
 
     async fn get(&self, http: &reqwest::Client, path: &str) -> Result<Value, Refused> {
         self.json(http, Method::GET, path, None).await
+    }
+
+    /// The `data` of a one-page list (`{object: "list", data}`) to show as a table; with
+    /// `json`, the items are printed as JSON instead and `None` returned.
+    async fn table_items(
+        &self,
+        http: &reqwest::Client,
+        path: &str,
+        json: bool,
+    ) -> anyhow::Result<Option<Vec<Value>>> {
+        let list = self.get(http, path).await?;
+        let items = list["data"].as_array().cloned().unwrap_or_default();
+        if json {
+            print_json(&Value::Array(items))?;
+            return Ok(None);
+        }
+        Ok(Some(items))
     }
 
     /// A list endpoint (`{data, has_more, last_id}`), page after page until `limit`
@@ -333,6 +352,24 @@ pub enum JobsCommand {
         /// Only jobs in this state (queued, admitted, running, succeeded, failed, cancelled).
         #[arg(long)]
         state: Option<String>,
+        /// Only this tenant's (the admin key).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Only this class (interactive, standard, background, batch).
+        #[arg(long)]
+        class: Option<String>,
+        /// Only jobs sent to this model (a route alias or provider/model).
+        #[arg(long)]
+        model: Option<String>,
+        /// Only jobs that failed for, or wait for, this reason code.
+        #[arg(long)]
+        reason: Option<String>,
+        /// Only this batch's lines.
+        #[arg(long)]
+        batch: Option<String>,
+        /// A job id, an idempotency key, or key=value of the jobs' metadata.
+        #[arg(long)]
+        search: Option<String>,
         /// How many.
         #[arg(long, default_value = "20", value_parser = positive)]
         limit: usize,
@@ -360,6 +397,25 @@ pub enum JobsCommand {
         /// The job's id.
         id: String,
         /// Print the server's JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Queue a failed or cancelled job again (as many attempts as it had before).
+    Retry {
+        /// The job's id.
+        id: String,
+        /// Print the server's JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// A job's provider calls: status, outcome, tokens, what the provider said of its limits.
+    Attempts {
+        /// The job's id.
+        id: String,
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -746,12 +802,29 @@ pub async fn jobs(args: JobsArgs) -> anyhow::Result<bool> {
     match args.command {
         JobsCommand::List {
             state,
+            tenant,
+            class,
+            model,
+            reason,
+            batch,
+            search,
             limit,
             after,
             json,
             remote,
         } => {
-            let query: Vec<(&str, String)> = state.map(|s| ("state", s)).into_iter().collect();
+            let query: Vec<(&str, String)> = [
+                ("state", state),
+                ("tenant", tenant),
+                ("class", class),
+                ("model", model),
+                ("reason", reason),
+                ("batch", batch),
+                ("q", search),
+            ]
+            .into_iter()
+            .filter_map(|(name, value)| Some((name, value?)))
+            .collect();
             let (jobs, more) = remote.list(&http, "/v1/jobs", &query, limit, after).await?;
             print_page(jobs, more, json, render_jobs)
         }
@@ -762,17 +835,61 @@ pub async fn jobs(args: JobsArgs) -> anyhow::Result<bool> {
             print_json(&job)?;
             Ok(job["state"] != "failed")
         }
-        JobsCommand::Cancel { id, json, remote } => {
-            let path = format!("/v1/jobs/{}/cancel", segment(&id));
-            let job = remote.json(&http, Method::POST, &path, None).await?;
-            if json {
-                print_json(&job)?;
-            } else {
-                println!("{} {}", cell(&job["id"]), cell(&job["state"]));
+        JobsCommand::Cancel { id, json, remote } => job_action(&http, &remote, &id, "cancel", json).await,
+        JobsCommand::Retry { id, json, remote } => job_action(&http, &remote, &id, "retry", json).await,
+        JobsCommand::Attempts { id, json, remote } => {
+            let path = format!("/v1/jobs/{}/attempts", segment(&id));
+            let Some(attempts) = remote.table_items(&http, &path, json).await? else {
+                return Ok(true);
+            };
+            let mut t = Table::new(&[
+                ("#", Align::Right),
+                ("PROVIDER", Align::Left),
+                ("MODEL", Align::Left),
+                ("KEY", Align::Left),
+                ("STATUS", Align::Right),
+                ("OUTCOME", Align::Left),
+                ("CODE", Align::Left),
+                ("IN", Align::Right),
+                ("OUT", Align::Right),
+                ("FINISHED", Align::Left),
+            ]);
+            for a in &attempts {
+                t.row(vec![
+                    cell(&a["attempt"]),
+                    cell(&a["provider"]),
+                    cell(&a["provider_model"]),
+                    cell(&a["key"]),
+                    cell(&a["status"]),
+                    cell(&a["outcome"]),
+                    cell(&a["error_code"]),
+                    cell(&a["usage"]["input_tokens"]),
+                    cell(&a["usage"]["output_tokens"]),
+                    when(&a["finished_at"]),
+                ]);
             }
+            print!("{}", t.render_or("(no provider calls yet)"));
             Ok(true)
         }
     }
+}
+
+/// `POST /v1/jobs/{id}/<action>` (`cancel`, `retry`), the job printed as it is after.
+async fn job_action(
+    http: &reqwest::Client,
+    remote: &Remote,
+    id: &str,
+    action: &str,
+    json: bool,
+) -> anyhow::Result<bool> {
+    let path = format!("/v1/jobs/{}/{action}", segment(id));
+    let job = remote.json(http, Method::POST, &path, None).await?;
+    if json {
+        print_json(&job)?;
+    } else {
+        println!("{} {}", cell(&job["id"]), cell(&job["state"]));
+    }
+    Ok(true)
 }
 
 /// A page of a list: as JSON, or as `table` renders it and then, on stderr when the page

@@ -485,7 +485,7 @@ pub(crate) struct GetParams {
     wait: Option<f64>,
 }
 
-fn parse_id(id: &str) -> Result<JobId, ApiError> {
+pub(crate) fn parse_id(id: &str) -> Result<JobId, ApiError> {
     id.parse().map_err(|_| ApiError::not_found("job"))
 }
 
@@ -526,7 +526,10 @@ pub(crate) async fn get(
     let job = wait_terminal(&state, viewer.tenant(), id, wait)
         .await?
         .ok_or_else(|| ApiError::not_found("job"))?;
-    Ok(Json(job_view(&job)))
+    // One job shows what was asked of it too; lists do not carry requests.
+    let mut view = job_view(&job);
+    view["request"] = job.request;
+    Ok(Json(view))
 }
 
 /// Reads the job, waiting up to `wait` for it to reach a terminal state. `None` if the
@@ -556,11 +559,22 @@ pub(crate) async fn wait_terminal(
 #[serde(deny_unknown_fields)]
 pub(crate) struct ListParams {
     state: Option<JobState>,
+    tenant: Option<String>,
+    class: Option<JobClass>,
+    model: Option<String>,
+    endpoint: Option<String>,
+    lane: Option<tollgate::vocab::Lane>,
+    batch: Option<String>,
+    reason: Option<String>,
+    created_after: Option<DateTime<Utc>>,
+    created_before: Option<DateTime<Utc>>,
+    q: Option<String>,
     limit: Option<i64>,
     after: Option<String>,
 }
 
-/// The tenant's jobs (every tenant's, with the admin key), newest first, a page at a time.
+/// The tenant's jobs (every tenant's, with the admin key), newest first, a page at a time,
+/// filtered by any of the parameters given.
 #[utoipa::path(
     get,
     path = "/v1/jobs",
@@ -568,6 +582,16 @@ pub(crate) struct ListParams {
     tag = "jobs",
     params(
         ("state" = Option<String>, Query, description = "Only jobs in this state"),
+        ("tenant" = Option<String>, Query, description = "Only this tenant's (the admin key; a tenant key sees its own only)"),
+        ("class" = Option<String>, Query, description = "`interactive`, `standard`, `background` or `batch`"),
+        ("model" = Option<String>, Query, description = "As requested: a route alias or `provider/model`"),
+        ("endpoint" = Option<String>, Query, description = "The API path, e.g. `/v1/chat/completions`"),
+        ("lane" = Option<String>, Query, description = "`online` or `provider_batch`"),
+        ("batch" = Option<String>, Query, description = "Lines of this batch"),
+        ("reason" = Option<String>, Query, description = "Failed with this reason code, or queued waiting for this reason"),
+        ("created_after" = Option<String>, Query, description = "RFC 3339: submitted at or after"),
+        ("created_before" = Option<String>, Query, description = "RFC 3339: submitted before"),
+        ("q" = Option<String>, Query, description = "A job id, an idempotency key, or `key=value` of its metadata"),
         ("limit" = Option<i64>, Query, description = "1 to 100 (default 20)"),
         ("after" = Option<String>, Query, description = "The previous page's `last_id`"),
     ),
@@ -594,7 +618,44 @@ pub(crate) async fn list(
             })
         })
         .transpose()?;
-    let jobs = store::list_jobs(&state.pool, viewer.tenant(), params.state, after, limit + 1).await?;
+    let endpoint = params
+        .endpoint
+        .as_deref()
+        .map(|path| {
+            Endpoint::parse(path).ok_or_else(|| {
+                ApiError::bad_request(ApiErrorCode::InvalidRequest, format!("no endpoint {path}"))
+                    .with_param("endpoint")
+            })
+        })
+        .transpose()?;
+    let search = params
+        .q
+        .filter(|q| !q.is_empty())
+        .map(|q| match q.parse::<JobId>() {
+            Ok(id) => store::JobSearch::Id(id),
+            Err(_) => store::JobSearch::Text(q),
+        });
+    let filter = store::JobFilter {
+        state: params.state,
+        class: params.class,
+        model: params.model,
+        endpoint,
+        lane: params.lane,
+        batch: params.batch,
+        reason: params.reason,
+        created_after: params.created_after,
+        created_before: params.created_before,
+        search,
+    };
+    // A tenant key lists its own jobs whatever `tenant` says: another's is an empty list.
+    let tenant = match (viewer.tenant(), params.tenant.as_deref()) {
+        (Some(own), Some(asked)) if own != asked => {
+            return Ok(Json(paging::page(Vec::<Job>::new(), limit, |j| j.id, job_view)));
+        }
+        (Some(own), _) => Some(own),
+        (None, asked) => asked,
+    };
+    let jobs = store::list_jobs(&state.pool, tenant, &filter, after, limit + 1).await?;
     Ok(Json(paging::page(jobs, limit, |j| j.id, job_view)))
 }
 
@@ -672,6 +733,10 @@ pub(crate) fn job_view(job: &Job) -> Value {
             (JobState::Queued, false) => job.admission.clone(),
             _ => None,
         },
+        // The batch it is a line of.
+        "batch_id": job.batch_id,
+        // Each change of why it waited, with `at`: the admission explanation over time.
+        "admission_history": job.admission_log.clone().unwrap_or_else(|| json!([])),
         "idempotency_key": job.idempotency_key,
         "metadata": job.metadata,
         // The id of the API key it was submitted with.

@@ -18,6 +18,8 @@
 //! - [`auth`]: bearer tenant key → tenant; the admin key → every tenant.
 //! - [`admin`]: the admin API: tenants, their keys, provider keys and routes, changed at
 //!   runtime.
+//! - [`operate`]: retry a job, a job's provider calls, pause and resume a tenant, a route
+//!   or a provider model.
 //! - [`status`]: `/v1/status` and its history: queues, buckets, traffic, failures.
 //! - [`metrics`]: `GET /metrics`, Prometheus text (events and database levels).
 //! - [`error`]: `ApiError`, status + stable code + safe message.
@@ -30,7 +32,7 @@
 //!   notifications) and runs the shutdown sequence; `serve`, `demo` and tests use it.
 //! - [`cli`]: the client commands (`status`, `jobs`, `submit`, `batches`, `files`) against
 //!   a running server.
-//! - [`dashboard`]: `GET /dashboard`, the live page (assets embedded from `api/assets/`).
+//! - [`dashboard`]: `GET /dashboard`, the console (assets embedded from `api/assets/`).
 //! - [`fuzz_bodies`]: the fuzz targets' bodies for client input (JSON bodies, uploads).
 //!
 //! The `tollgate` binary is the `tollgate-cli` crate (`cli/`): it wires this crate, the
@@ -59,6 +61,7 @@ pub mod metrics;
 pub mod models;
 pub mod observed;
 pub mod openapi;
+pub mod operate;
 pub(crate) mod paging;
 pub(crate) mod requests;
 pub mod serve;
@@ -96,8 +99,6 @@ pub struct AppState {
     pub dispatcher: Dispatcher,
     /// The relay tasks of those streams (waited for at shutdown).
     pub relays: TaskTracker,
-    /// The dashboard's history of queue samples.
-    pub observer: status::Observer,
     /// Admission on arrival for interactive jobs, when this process runs the gate and
     /// dispatches too.
     pub arrivals: Option<arrivals::Arrivals>,
@@ -133,6 +134,8 @@ pub fn routes() -> OpenApiRouter<AppState> {
         })
         .routes(routes!(jobs::get))
         .routes(routes!(jobs::cancel))
+        .routes(routes!(operate::retry))
+        .routes(routes!(operate::attempts))
         .routes(routes!(chat::completions))
         .routes(routes!(chat::embeddings))
         .routes(routes!(chat::responses))
@@ -200,6 +203,8 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(admin::revoke_key))
         .routes(routes!(admin::add_provider_key, admin::list_provider_keys))
         .routes(routes!(admin::change_provider_key, admin::remove_provider_key))
+        .routes(routes!(operate::pause, operate::list_pauses))
+        .routes(routes!(operate::resume))
         .routes(routes!(admin::add_route, admin::list_routes))
         .routes(routes!(admin::change_route, admin::remove_route))
         .routes(routes!(healthz))
@@ -211,6 +216,8 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(dashboard::page))
         .routes(routes!(dashboard::script))
         .routes(routes!(dashboard::style))
+        .routes(routes!(dashboard::chart_script))
+        .routes(routes!(dashboard::chart_style))
 }
 
 pub fn router(state: AppState) -> Router {

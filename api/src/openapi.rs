@@ -249,9 +249,17 @@ pub struct JobSchema {
     #[schema(value_type = Option<Object>)]
     error: Option<Value>,
     /// While queued: why it waits (`reason`, `bucket`, `limit`, `remaining`, `needs`,
-    /// `expected_at`).
+    /// `expected_at`; `scope` when a pause holds it).
     #[schema(value_type = Option<Object>)]
     admission: Option<Value>,
+    /// Each change of why it waited (the `admission` notes, each with `at`), the last 20.
+    #[schema(value_type = Vec<Object>)]
+    admission_history: Vec<Value>,
+    /// The batch it is a line of (`null`: submitted on its own).
+    batch_id: Option<String>,
+    /// The request as submitted (`GET /v1/jobs/{id}` only; lists leave it out).
+    #[schema(value_type = Option<Object>)]
+    request: Option<Value>,
     idempotency_key: Option<String>,
     #[schema(value_type = Option<Object>)]
     metadata: Option<Value>,

@@ -4,19 +4,19 @@
 //! dashboard polls both; `tollgate status` prints the first. The admin key sees every
 //! tenant; a tenant key sees its own jobs and the buckets that apply to it.
 //!
-//! History is a bounded ring of samples kept by this API process ([`Observer`]): one
-//! sample every [`SAMPLE_EVERY`] (less often when sampling is slow), [`HISTORY`] long,
-//! taken from the database by [`Observer::sample`] (a loop the broker runs), so every
-//! process shows the same numbers.
+//! History is kept in the database (`status_samples`): one sample every [`SAMPLE_EVERY`]
+//! (less often when sampling is slow), [`HISTORY`] long, taken by whichever process's
+//! sampler ([`sample`], a loop the broker runs) comes first, so every process shows the same
+//! numbers and charts survive restarts.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::State;
-use chrono::{DateTime, Utc};
-use serde::Serialize;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use chrono::{DateTime, DurationRound, Utc};
+use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use tollgate::buckets;
@@ -264,7 +264,7 @@ pub struct Sample {
     pub traffic: BTreeMap<String, SampleTraffic>,
 }
 
-#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 pub struct SampleTraffic {
     pub succeeded: i64,
     pub failed: i64,
@@ -280,117 +280,133 @@ pub struct History {
     pub samples: Vec<Sample>,
 }
 
-/// This process's history of samples (bounded), shared by its handlers.
-#[derive(Clone, Default)]
-pub struct Observer {
-    samples: Arc<Mutex<VecDeque<Sample>>>,
+/// Takes the sample of the slot `now` falls in, unless a process took it; forgets samples
+/// older than [`HISTORY`]. Every process samples; the first to reach a slot of
+/// [`SAMPLE_EVERY`] takes it and the others skip it, so the history in the database is one
+/// series whichever processes run, and survives their restarts.
+pub async fn sample_once(pool: &PgPool, now: DateTime<Utc>) -> Result<(), StoreError> {
+    let every = chrono::Duration::from_std(SAMPLE_EVERY).unwrap_or_default();
+    // Calls end a moment before they are written: a slot is sampled once that moment
+    // has passed, so no call of it is missed.
+    let settled = now - chrono::Duration::seconds(1);
+    let slot = settled.duration_trunc(every).unwrap_or(settled);
+    let previous = store::last_status_sample(pool).await?;
+    if previous.is_some_and(|p| p >= slot) {
+        return Ok(());
+    }
+    let since = previous
+        .filter(|p| slot - *p <= chrono::Duration::from_std(HISTORY).unwrap_or_default())
+        .unwrap_or(slot - every);
+    let queued: BTreeMap<String, i64> = store::queue_depths(pool, None)
+        .await?
+        .into_iter()
+        .map(|q| (format!("{}/{}", q.tenant, class_label(q.class)), q.queued))
+        .collect();
+    let traffic: BTreeMap<String, SampleTraffic> = store::traffic(pool, since, slot, None)
+        .await?
+        .into_iter()
+        .map(|t| {
+            (
+                t.tenant,
+                SampleTraffic {
+                    succeeded: t.succeeded,
+                    failed: t.failed,
+                    tokens: t.tokens,
+                    status_429: t.status_429,
+                    status_5xx: t.status_5xx,
+                },
+            )
+        })
+        .collect();
+    let sample = store::StatusSample {
+        at: slot,
+        interval_secs: (slot - since).num_milliseconds() as f64 / 1000.0,
+        queued: serde_json::to_value(queued).unwrap_or_default(),
+        traffic: serde_json::to_value(traffic).unwrap_or_default(),
+    };
+    let oldest = now - chrono::Duration::from_std(HISTORY).unwrap_or_default();
+    store::put_status_sample(pool, &sample, oldest).await?;
+    Ok(())
 }
 
-impl Observer {
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Sample>> {
-        match self.samples.lock() {
-            Ok(s) => s,
-            Err(poisoned) => poisoned.into_inner(),
+/// The sampling loop, until `cancel`: a sample every [`SAMPLE_EVERY`], or less often when
+/// sampling is slow (counting a queue of a million takes most of a second), so that it
+/// takes at most 1 / [`SAMPLER_SHARE`] of the time.
+pub async fn sample(pool: PgPool, cancel: CancellationToken) {
+    loop {
+        let began = std::time::Instant::now();
+        if let Err(e) = sample_once(&pool, Utc::now()).await {
+            tracing::warn!(error = %e, "could not sample the queues for the dashboard");
+        }
+        let took = began.elapsed();
+        let pause = SAMPLE_EVERY.saturating_sub(took).max(took * (SAMPLER_SHARE - 1));
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(pause) => {}
         }
     }
+}
 
-    /// Takes one sample of the database at `now`.
-    pub async fn sample_once(&self, pool: &PgPool, now: DateTime<Utc>) -> Result<(), StoreError> {
-        let since = self.lock().back().map_or(
-            now - chrono::Duration::from_std(SAMPLE_EVERY).unwrap_or_default(),
-            |s| s.at,
-        );
-        let queued = store::queue_depths(pool, None)
-            .await?
-            .into_iter()
-            .map(|q| (format!("{}/{}", q.tenant, class_label(q.class)), q.queued))
-            .collect();
-        let traffic = store::traffic(pool, since, now, None)
-            .await?
-            .into_iter()
-            .map(|t| {
-                (
-                    t.tenant,
-                    SampleTraffic {
-                        succeeded: t.succeeded,
-                        failed: t.failed,
-                        tokens: t.tokens,
-                        status_429: t.status_429,
-                        status_5xx: t.status_5xx,
-                    },
-                )
-            })
-            .collect();
-        let mut samples = self.lock();
-        samples.push_back(Sample {
-            at: now,
-            interval_secs: (now - since).num_milliseconds() as f64 / 1000.0,
-            queued,
-            traffic,
-        });
-        let oldest = now - chrono::Duration::from_std(HISTORY).unwrap_or_default();
-        while samples.front().is_some_and(|s| s.at < oldest) {
-            samples.pop_front();
-        }
-        Ok(())
-    }
-
-    /// The sampling loop, until `cancel`: a sample every [`SAMPLE_EVERY`], or less often
-    /// when sampling is slow (counting a queue of a million takes most of a second), so
-    /// that it takes at most 1 / [`SAMPLER_SHARE`] of the time.
-    pub async fn sample(self, pool: PgPool, cancel: CancellationToken) {
-        loop {
-            let began = std::time::Instant::now();
-            if let Err(e) = self.sample_once(&pool, Utc::now()).await {
-                tracing::warn!(error = %e, "could not sample the queues for the dashboard");
-            }
-            let took = began.elapsed();
-            let pause = SAMPLE_EVERY.saturating_sub(took).max(took * (SAMPLER_SHARE - 1));
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(pause) => {}
-            }
-        }
-    }
-
-    /// The history as `viewer` may see it.
-    pub fn history(&self, viewer: &Viewer) -> History {
-        let samples = self
-            .lock()
-            .iter()
-            .map(|s| Sample {
+/// The history after `after` (the last hour when `None`) as `viewer` may see it.
+async fn history_for(
+    pool: &PgPool,
+    viewer: &Viewer,
+    after: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> Result<History, StoreError> {
+    let hour_ago = now - chrono::Duration::from_std(HISTORY).unwrap_or_default();
+    let after = after.map_or(hour_ago, |a| a.max(hour_ago));
+    let samples = store::status_samples(pool, after)
+        .await?
+        .into_iter()
+        .map(|s| {
+            let queued: BTreeMap<String, i64> = serde_json::from_value(s.queued).unwrap_or_default();
+            let traffic: BTreeMap<String, SampleTraffic> =
+                serde_json::from_value(s.traffic).unwrap_or_default();
+            Sample {
                 at: s.at,
                 interval_secs: s.interval_secs,
-                queued: s
-                    .queued
-                    .iter()
+                queued: queued
+                    .into_iter()
                     .filter(|(k, _)| k.split_once('/').is_some_and(|(t, _)| viewer.may_see(t)))
-                    .map(|(k, v)| (k.clone(), *v))
                     .collect(),
-                traffic: s
-                    .traffic
-                    .iter()
-                    .filter(|(t, _)| viewer.may_see(t))
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
-            })
-            .collect();
-        History {
-            interval_secs: SAMPLE_EVERY.as_secs_f64(),
-            samples,
-        }
-    }
+                traffic: traffic.into_iter().filter(|(t, _)| viewer.may_see(t)).collect(),
+            }
+        })
+        .collect();
+    Ok(History {
+        interval_secs: SAMPLE_EVERY.as_secs_f64(),
+        samples,
+    })
 }
 
-/// Queue depth and traffic over the last hour, one sample every 2 s.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HistoryParams {
+    after: Option<DateTime<Utc>>,
+}
+
+/// Queue depth and traffic over the last hour, one sample every 2 s, kept in the database
+/// (the same from every process, across restarts); `after` returns only newer samples.
 #[utoipa::path(
     get,
     path = "/v1/status/history",
     operation_id = "get_status_history",
     tag = "limits",
-    responses((status = 200, description = "Samples, oldest first", body = History)),
+    params(("after" = Option<String>, Query, description = "RFC 3339: only samples taken after it")),
+    responses(
+        (status = 200, description = "Samples, oldest first", body = History),
+        (status = 400, description = "`invalid_request` (bad `after`)", body = crate::openapi::ErrorBody),
+    ),
     security(("bearer" = []))
 )]
-pub(crate) async fn history(State(state): State<AppState>, viewer: Viewer) -> Json<History> {
-    Json(state.observer.history(&viewer))
+pub(crate) async fn history(
+    State(state): State<AppState>,
+    viewer: Viewer,
+    params: Result<Query<HistoryParams>, QueryRejection>,
+) -> Result<Json<History>, ApiError> {
+    let params = crate::paging::params(params)?;
+    Ok(Json(
+        history_for(&state.pool, &viewer, params.after, state.clock.now()).await?,
+    ))
 }

@@ -106,7 +106,7 @@ enum Command {
     Bench(tollgate_bench::BenchArgs),
     /// A running server's queues by tenant and class, and its buckets with use and limit.
     Status(tollgate_api::cli::StatusArgs),
-    /// A running server's jobs: list, get, cancel.
+    /// A running server's jobs: list (filtered, searched), get, cancel, retry, attempts.
     Jobs(tollgate_api::cli::JobsArgs),
     /// Submit each line of a JSONL file as a job; with --wait, follow them with a progress
     /// bar. Exits 1 when any job failed or was rejected.
@@ -123,6 +123,8 @@ enum Command {
     Keys(tollgate_api::cli::KeysArgs),
     /// Provider keys at runtime (the admin key): list, add, rotate, disable, enable, remove.
     ProviderKeys(tollgate_api::cli::ProviderKeysArgs),
+    /// Pause and resume a tenant's queue, a route or a provider model (the admin key).
+    Pauses(tollgate_api::cli::PausesArgs),
 }
 
 /// A role `serve` may run.
@@ -224,6 +226,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Tenants(args) => exit_unless(tollgate_api::cli::tenants(args).await?),
         Command::Keys(args) => exit_unless(tollgate_api::cli::keys(args).await?),
         Command::ProviderKeys(args) => exit_unless(tollgate_api::cli::provider_keys(args).await?),
+        Command::Pauses(args) => exit_unless(tollgate_api::cli::pauses(args).await?),
         Command::Demo(args) => {
             let ok = tollgate_bench::demo::run(args).await?;
             if !ok {

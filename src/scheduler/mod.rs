@@ -53,6 +53,7 @@ pub use plan::{Known, Plan, Planner, Route};
 
 use crate::buckets::{self, Bucket};
 use crate::config::GateConfig;
+use crate::holds;
 use crate::learning;
 use crate::model::{JobClass, JobId};
 use crate::provider_batches;
@@ -404,10 +405,14 @@ impl Scheduler {
                 continue;
             };
             let mut vtime = turn.vtime;
-            if let Some(r) =
-                self.policy
-                    .first_fitting(&plan.routes, plan.class, buckets, paused, &decision.closed)
-            {
+            let held = holds::holding(paused, &plan.job.tenant, &plan.job.model).is_some();
+            let fitting = (!held)
+                .then(|| {
+                    self.policy
+                        .first_fitting(&plan.routes, plan.class, buckets, paused, &decision.closed)
+                })
+                .flatten();
+            if let Some(r) = fitting {
                 let admission = take(&plan, r, buckets);
                 vtime =
                     self.fairness
@@ -495,6 +500,14 @@ impl Scheduler {
                 message,
             })
         };
+        if let Some(scope) = holds::holding(paused, &plan.job.tenant, &plan.job.model) {
+            return Unfit::Waits {
+                plan,
+                note: json!({"reason": holds::PAUSED_BY_OPERATOR, "scope": scope}),
+                stamp: format!("{}|{scope}", holds::PAUSED_BY_OPERATOR),
+                ready: None,
+            };
+        }
         if !plan.routes.is_empty() && plan.routes.iter().all(|r| key_rejected(paused, &r.target)) {
             let message = "every provider key that could serve the job was rejected by its provider";
             return fails(
@@ -535,9 +548,11 @@ impl Scheduler {
             target: first, path, ..
         } = &plan.routes[0];
         let mut blocking: Option<(&Bucket, f64)> = None;
-        // A provider's 429 paused this target: nothing goes before its Retry-After.
+        // A provider's 429 paused this target: nothing goes before its Retry-After. An
+        // operator's pause has no end to promise (and fails nothing as unmeetable).
         let pause = paused_until(paused, first);
-        let mut ready: Option<DateTime<Utc>> = Some(pause.unwrap_or(now));
+        let operator_held = pause.is_some_and(holds::is_operator);
+        let mut ready: Option<DateTime<Utc>> = (!operator_held).then(|| pause.unwrap_or(now));
         for (key, amount) in path {
             let Some(b) = buckets.get(key) else { continue };
             let open = !closed.contains(key);
@@ -581,6 +596,10 @@ impl Scheduler {
                 "expected_at": ready,
             }),
             None => match pause {
+                Some(_) if operator_held => json!({
+                    "reason": holds::PAUSED_BY_OPERATOR,
+                    "scope": buckets::target_scope(&first.provider, &first.model),
+                }),
                 Some(until) => json!({
                     "reason": "provider_rate_limited",
                     "scope": buckets::target_scope(&first.provider, &first.model),

@@ -497,6 +497,38 @@ fn a_paused_model_waits_for_its_retry_after() {
 }
 
 #[test]
+fn an_operator_s_pause_holds_jobs_whatever_their_deadline_and_others_go_on() {
+    let mut paused = Pauses::new();
+    paused.insert(
+        crate::holds::Held::Tenant("acme".into()).scope(),
+        crate::holds::held_until(),
+    );
+    // A deadline a minute away: a pause with no end does not fail it as unmeetable.
+    let mut held = plan(1, "acme", 1.0, JobClass::Standard, 1.0, &[]);
+    held.job.deadline = t0() + Duration::minutes(1);
+    let other = plan(2, "globex", 1.0, JobClass::Standard, 1.0, &[]);
+    let d = scheduler().schedule(vec![held, other], &mut HashMap::new(), &paused, usize::MAX, t0());
+    assert_eq!(admitted_ids(&d), vec![2]);
+    assert!(d.failed.is_empty());
+    assert_eq!(d.waiting[0].note["reason"], "paused_by_operator");
+    assert_eq!(d.waiting[0].note["scope"], "tenant:acme");
+
+    // A model held by the operator: the route's next target serves; with none, the job
+    // waits (not failed) and says who holds it.
+    let mut paused = Pauses::new();
+    paused.insert(buckets::target_scope("p", "m"), crate::holds::held_until());
+    let mut p = plan(3, "acme", 1.0, JobClass::Standard, 1.0, &[]);
+    p.job.deadline = t0() + Duration::minutes(1);
+    let d = scheduler().schedule(vec![p.clone()], &mut HashMap::new(), &paused, usize::MAX, t0());
+    assert!(d.admitted.is_empty() && d.failed.is_empty());
+    assert_eq!(d.waiting[0].note["reason"], "paused_by_operator");
+    assert_eq!(d.waiting[0].note["scope"], "provider:p:m");
+    p.routes.push(route("other", &[]));
+    let d = scheduler().schedule(vec![p], &mut HashMap::new(), &paused, usize::MAX, t0());
+    assert_eq!(d.admitted[0].target().model, "other");
+}
+
+#[test]
 fn the_interactive_reserve_is_kept_from_lower_classes() {
     let key = "provider:p:m:rpm";
     let policy = Policy::new(GateConfig {

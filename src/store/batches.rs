@@ -451,18 +451,19 @@ pub struct BatchChange {
     pub deadline: Option<DateTime<Utc>>,
 }
 
-/// Changes a tenant's open batch (validating or in progress) and its queued jobs, in one
-/// transaction: paused, its queued jobs are held out of admission (jobs admitted or
-/// running go on); resumed, they are released and the gate told; a new priority, class or
-/// deadline is its queued jobs' from now on (jobs in flight keep theirs).
+/// Changes an open batch (validating or in progress) of `tenant` (any tenant's for
+/// `None`) and its queued jobs, in one transaction: paused, its queued jobs are held out
+/// of admission (jobs admitted or running go on); resumed, they are released and the gate
+/// told; a new priority, class or deadline is its queued jobs' from now on (jobs in flight
+/// keep theirs).
 pub async fn control_batch(
     conn: &mut PgConnection,
-    tenant: &str,
+    tenant: Option<&str>,
     id: &str,
     change: &BatchChange,
     now: DateTime<Utc>,
 ) -> Result<BatchControl> {
-    let Some(batch) = lock_tenant_batch(&mut *conn, Some(tenant), id).await? else {
+    let Some(batch) = lock_tenant_batch(&mut *conn, tenant, id).await? else {
         return Ok(BatchControl::NotFound);
     };
     if !matches!(batch.status(), BatchStatus::Validating | BatchStatus::InProgress) {

@@ -324,18 +324,40 @@ pub async fn admitted_backlog(ex: impl PgExecutor<'_>, cap: i64) -> Result<i64> 
     .await?)
 }
 
-/// Records why queued jobs still wait (shown on the job).
-pub async fn explain(ex: impl PgExecutor<'_>, notes: &[(JobId, serde_json::Value)]) -> Result<()> {
+/// How many changes of why a job waits its `admission_log` keeps (the latest).
+pub const ADMISSION_LOG_LEN: i32 = 20;
+
+/// Records why queued jobs still wait (shown on the job), and in each job's
+/// `admission_log` the note with `at` when what it waits for changed (its reason, bucket
+/// or scope, not merely the expected time).
+pub async fn explain(
+    ex: impl PgExecutor<'_>,
+    notes: &[(JobId, serde_json::Value)],
+    now: DateTime<Utc>,
+) -> Result<()> {
     if notes.is_empty() {
         return Ok(());
     }
     let ids: Vec<uuid::Uuid> = notes.iter().map(|n| n.0.0).collect();
     let texts: Vec<serde_json::Value> = notes.iter().map(|n| n.1.clone()).collect();
     sqlx::query!(
-        "UPDATE jobs j SET admission = t.note
+        "UPDATE jobs j SET admission = t.note,
+             admission_log = CASE
+                 WHEN (j.admission->>'reason', j.admission->>'bucket', j.admission->>'scope')
+                      IS NOT DISTINCT FROM (t.note->>'reason', t.note->>'bucket', t.note->>'scope')
+                      AND j.admission_log IS NOT NULL
+                 THEN j.admission_log
+                 ELSE (SELECT coalesce(jsonb_agg(e ORDER BY n), '[]'::jsonb)
+                       FROM jsonb_array_elements(coalesce(j.admission_log, '[]'::jsonb)
+                                                 || jsonb_build_array(t.note || jsonb_build_object('at', $3::timestamptz)))
+                            WITH ORDINALITY AS l(e, n)
+                       WHERE n > jsonb_array_length(coalesce(j.admission_log, '[]'::jsonb)) + 1 - $4)
+             END
          FROM unnest($1::uuid[], $2::jsonb[]) AS t(id, note) WHERE j.id = t.id AND j.state::text = 'queued'",
         &ids,
         &texts,
+        now,
+        ADMISSION_LOG_LEN,
     )
     .execute(ex)
     .await?;

@@ -8,7 +8,7 @@ use super::buckets::{BucketArrays, Reservation, Settlement, reservation, save_bu
 use super::{CHANNEL_GATE, CHANNEL_JOB_DONE, Result};
 use crate::attempt::{Call, End, Holder, Outcome, Pause, Served};
 use crate::model::{Job, JobClass, JobId, JobState, NewJob, Usage};
-use crate::vocab::{Endpoint, ReasonCode};
+use crate::vocab::{Endpoint, Lane, ReasonCode};
 
 /// The outcome of an insert with an idempotency key.
 #[derive(Debug)]
@@ -416,41 +416,108 @@ pub async fn get_job(ex: impl PgExecutor<'_>, tenant: Option<&str>, id: JobId) -
     .await?)
 }
 
-/// A tenant's jobs (every tenant's when `None`: the operators'), newest first; `after` is
-/// the last id of the previous page.
+/// Which jobs a list shows: every field given must match (`None`: any).
+#[derive(Debug, Clone, Default)]
+pub struct JobFilter {
+    pub state: Option<JobState>,
+    pub class: Option<JobClass>,
+    /// As requested: a route alias or `provider/model`.
+    pub model: Option<String>,
+    pub endpoint: Option<Endpoint>,
+    pub lane: Option<Lane>,
+    pub batch: Option<String>,
+    /// Why it failed (`error_code`) or why it waits (its admission note's reason).
+    pub reason: Option<String>,
+    pub created_after: Option<DateTime<Utc>>,
+    pub created_before: Option<DateTime<Utc>>,
+    pub search: Option<JobSearch>,
+}
+
+/// A search for jobs: its id, its idempotency key, or a `key=value` pair of its metadata.
+#[derive(Debug, Clone)]
+pub enum JobSearch {
+    Id(JobId),
+    /// Either an idempotency key or, when it holds `=`, a metadata pair.
+    Text(String),
+}
+
+impl JobSearch {
+    /// What the search can match: (id, idempotency key, metadata containing).
+    fn terms(&self) -> (Option<uuid::Uuid>, Option<&str>, Option<serde_json::Value>) {
+        match self {
+            JobSearch::Id(id) => (Some(id.0), None, None),
+            JobSearch::Text(text) => (
+                None,
+                Some(text),
+                text.split_once('=')
+                    .map(|(k, v)| serde_json::json!({ k.trim(): v.trim() })),
+            ),
+        }
+    }
+}
+
+/// [`query_jobs!`] of a page of jobs matching a [`JobFilter`], newest first: `$tenant` is
+/// how `$1` (the tenant) restricts them, the filter's fields are `$2`…`$13`, then the
+/// previous page's last id and the page size.
+macro_rules! query_job_list {
+    ($tenant:expr $(, $arg:expr)* $(,)?) => {
+        query_jobs!(
+            "SELECT",
+            "FROM jobs j WHERE "
+                + $tenant
+                + " AND ($2::job_state IS NULL OR j.state = $2) AND ($3::job_class IS NULL OR j.class = $3)
+                   AND ($4::text IS NULL OR j.model = $4) AND ($5::text IS NULL OR j.endpoint = $5)
+                   AND ($6::text IS NULL OR coalesce(j.dispatch_via, 'online') = $6) AND ($7::text IS NULL OR j.batch_id = $7)
+                   AND ($8::text IS NULL OR j.error_code = $8 OR (j.state = 'queued' AND j.admission->>'reason' = $8))
+                   AND ($9::timestamptz IS NULL OR j.created_at >= $9) AND ($10::timestamptz IS NULL OR j.created_at < $10)
+                   AND (($11::uuid IS NULL AND $12::text IS NULL)
+                        OR j.id = $11 OR j.idempotency_key = $12 OR j.metadata @> $13::jsonb)
+                   AND ($14::uuid IS NULL OR j.id < $14)
+                 ORDER BY j.id DESC LIMIT $15"
+            $(, $arg)*
+        )
+    };
+}
+
+/// A tenant's jobs (every tenant's when `None`: the operators') that match `filter`,
+/// newest first; `after` is the last id of the previous page.
 pub async fn list_jobs(
     ex: impl PgExecutor<'_>,
     tenant: Option<&str>,
-    state: Option<JobState>,
+    filter: &JobFilter,
     after: Option<JobId>,
     limit: i64,
 ) -> Result<Vec<Job>> {
     let after = after.map(|a| a.0);
+    let (id, key, metadata) = filter.search.as_ref().map(JobSearch::terms).unwrap_or_default();
     // Two statements, so that a tenant's list is always planned on its own index.
+    macro_rules! list {
+        ($tenant:expr) => {
+            query_job_list!(
+                $tenant,
+                tenant,
+                filter.state as Option<JobState>,
+                filter.class as Option<JobClass>,
+                filter.model.as_deref(),
+                filter.endpoint as Option<Endpoint>,
+                filter.lane as Option<Lane>,
+                filter.batch.as_deref(),
+                filter.reason.as_deref(),
+                filter.created_after,
+                filter.created_before,
+                id,
+                key,
+                metadata,
+                after,
+                limit,
+            )
+            .fetch_all(ex)
+            .await?
+        };
+    }
     Ok(match tenant {
-        Some(tenant) => query_jobs!(
-            "SELECT",
-            "FROM jobs j
-             WHERE j.tenant = $1 AND ($2::job_state IS NULL OR j.state = $2) AND ($3::uuid IS NULL OR j.id < $3)
-             ORDER BY j.id DESC LIMIT $4",
-            tenant,
-            state as Option<JobState>,
-            after,
-            limit,
-        )
-        .fetch_all(ex)
-        .await?,
-        None => query_jobs!(
-            "SELECT",
-            "FROM jobs j
-             WHERE ($1::job_state IS NULL OR j.state = $1) AND ($2::uuid IS NULL OR j.id < $2)
-             ORDER BY j.id DESC LIMIT $3",
-            state as Option<JobState>,
-            after,
-            limit,
-        )
-        .fetch_all(ex)
-        .await?,
+        Some(_) => list!("j.tenant = $1"),
+        None => list!("$1::text IS NULL"),
     })
 }
 
@@ -641,7 +708,8 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
              FROM unnest($1::text[], $2::timestamptz[], $3::text[]) AS t(scope, until, reason)
              GROUP BY scope
              ON CONFLICT ON CONSTRAINT pauses_pkey DO UPDATE SET until = GREATEST(pauses.until, excluded.until),
-                                                                 reason = excluded.reason",
+                                                                 reason = CASE WHEN pauses.reason = 'operator'
+                                                                               THEN pauses.reason ELSE excluded.reason END",
             &scopes as &[&str],
             &until,
             &reasons as &[&str],

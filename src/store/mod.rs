@@ -16,6 +16,8 @@
 //! - [`webhooks`]: webhook endpoints and the delivery outbox.
 //! - [`provider_batches`]: dispatch decisions and packs sent through providers' batch APIs.
 //! - [`observe`]: what the dashboard, `/v1/status` and `/metrics` read.
+//! - [`operate`]: what operators act on and look back at: pauses, retries, a job's calls,
+//!   the dashboard's history.
 //! - [`statistics`]: the planner's statistics of `jobs`, analyzed when stale.
 //!
 //! Every write to a running job is guarded by ownership — `state = 'running' AND attempt
@@ -57,9 +59,9 @@ macro_rules! query_jobs {
                     j.max_attempts, j.lease_owner, j.lease_expires_at, j.provider, j.provider_model,
                     j.provider_request_id, j.estimated_input_tokens, j.estimated_output_tokens, j.usage,
                     j.result, j.error_code, j.error_message, j.created_at, j.started_at, j.finished_at,
-                    j.admitted_at, j.reserved_buckets, j.reserved_amounts, j.admission, j.stream,
+                    j.admitted_at, j.reserved_buckets, j.reserved_amounts, j.admission, j.admission_log, j.stream,
                     j.provider_key, j.failed_targets, j.dispatch_via, j.dispatch_reason, j.provider_batch_id,
-                    j.spend_micro_usd, j.api_key, j.reserved_micro_usd, j.price_source AS \"price_source: _\", j.traceparent, j.held "
+                    j.spend_micro_usd, j.api_key, j.reserved_micro_usd, j.price_source AS \"price_source: _\", j.traceparent, j.held, j.batch_id "
                 + $tail
             $(, $arg)*
         )
@@ -82,6 +84,7 @@ pub mod gate;
 pub mod jobs;
 pub mod learned;
 pub mod observe;
+pub mod operate;
 pub mod provider_batches;
 pub mod statistics;
 pub mod usage;
@@ -95,6 +98,7 @@ pub use gate::*;
 pub use jobs::*;
 pub use learned::*;
 pub use observe::*;
+pub use operate::*;
 pub use provider_batches::*;
 pub use statistics::*;
 pub use usage::*;

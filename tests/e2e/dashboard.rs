@@ -66,6 +66,15 @@ fn attr(dom: &str, marker: &str, attr: &str) -> Option<String> {
     Some(tag[from..from + tag[from..].find('"')?].to_owned())
 }
 
+/// The latest value a chart's legend shows for `series` (its row `data-series="…"`).
+fn legend_value(dom: &str, series: &str) -> Option<f64> {
+    let row = &dom[dom.find(&format!("data-series=\"{series}\""))?..];
+    let row = &row[..row.find("</tr>")?];
+    let cell = &row[row.find("u-value")?..];
+    let text = &cell[cell.find('>')? + 1..cell.find("</td>")?];
+    text.replace(',', "").trim().parse().ok()
+}
+
 #[tokio::test]
 async fn dashboard_renders_what_the_api_reports() {
     let app = TestApp::spawn_with(watched_options("viewer", "queuer")).await;
@@ -181,6 +190,15 @@ async fn dashboard_renders_what_the_api_reports() {
     );
     // Charts drawn from the history: one line per tenant/class queue.
     assert!(dom.contains("data-series=\"queuer/standard\""), "{dom}");
+    // Rates are drawn over the trailing minute: the failed job's four 529s read as 4 a
+    // minute on the chart, as in the header's last-minute figure (not one 2 s sample's
+    // count times 30).
+    let header: f64 = attr(&dom, "id=\"provider-5xxs\"", "data-value")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(header, 4.0, "{dom}");
+    assert_eq!(legend_value(&dom, "5xx/min"), Some(header), "{dom}");
     assert!(dom.contains("no batches in progress"));
 
     // A tenant key sees its own jobs and no other tenant's.

@@ -14,6 +14,8 @@
 //! - [`cli`]: the client commands of the real binary (`submit`, `jobs`, `status`, `batches`,
 //!   `files`), a refused key, `--version` and a bare `tollgate`.
 //! - [`dashboard`]: the dashboard in headless Chromium, checked against the API.
+//! - [`console`]: pauses, retries and job search through the API, and the console driven
+//!   in Chromium over WebDriver, the API agreeing with every click.
 //! - [`observe`]: OpenAPI, metrics, status, the CLI and the dashboard.
 //! - [`faults`]: the mock's fault mix on a few hundred jobs: every fault classified,
 //!   nothing stuck, deadlines kept, buckets full again.
@@ -54,6 +56,7 @@ mod bulk;
 mod chaos;
 mod cli;
 mod clock;
+mod console;
 mod control;
 mod dashboard;
 mod durability;

@@ -113,6 +113,21 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
         .map(|k| (k.name.as_str(), k.sealed_value.is_some(), k.disabled_at.is_some()))
         .collect();
     assert_eq!(provider_keys, [("k1", false, true), ("runtime", true, false)]);
+    let pauses = tollgate::store::list_pauses(&db.pool, chrono::Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        pauses
+            .iter()
+            .map(|p| (p.scope.as_str(), p.reason.as_str()))
+            .collect::<Vec<_>>(),
+        [("tenant:acme", "operator")]
+    );
+    let samples = tollgate::store::status_samples(&db.pool, chrono::Utc::now() - chrono::Duration::hours(1))
+        .await
+        .unwrap();
+    assert_eq!(samples.len(), 1);
+    assert_eq!(samples[0].traffic["acme"]["succeeded"], 4);
     let buckets = tollgate::store::all_buckets(&db.pool).await.unwrap();
     assert_eq!(buckets.len(), 1);
     let learned = tollgate::store::learned_limits(&db.pool).await.unwrap();

@@ -95,6 +95,15 @@ async fn every_endpoint_answers_401_403_404_as_documented_and_never_another_tena
         .await;
     assert_eq!(status, 201, "{spare}");
     let spare_key_id = spare["id"].as_str().unwrap().to_owned();
+    // A pause to resume: of a tenant of its own, so nothing of the test's waits on it.
+    let (status, idle) = app
+        .post(ADMIN, "/v1/admin/tenants", &json!({"name": "idle"}))
+        .await;
+    assert_eq!(status, 201, "{idle}");
+    let (status, _) = app
+        .post(ADMIN, "/v1/admin/pauses", &json!({"tenant": "idle"}))
+        .await;
+    assert_eq!(status, 201);
 
     let (_, doc) = app.get(ACME, "/openapi.json").await;
     let paths = doc["paths"].as_object().expect("paths in /openapi.json");
@@ -133,7 +142,8 @@ async fn every_endpoint_answers_401_403_404_as_documented_and_never_another_tena
             .replace("{tenant}", "acme")
             .replace("{alias}", "fast")
             .replace("{provider}", "oai")
-            .replace("{name}", "k1");
+            .replace("{name}", "k1")
+            .replace("{scope}", "tenant%3Aidle");
             let at = format!("{method} {concrete}");
             let admin_only = path == "/metrics" || path.starts_with("/v1/admin/");
             if key_optional && !admin_only {

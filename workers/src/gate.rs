@@ -310,6 +310,10 @@ impl Gate {
             if !plan.bucket_keys().all(|k| buckets.contains_key(k)) {
                 continue;
             }
+            // Held by an operator's pause: the round explains why it waits.
+            if tollgate::holds::holding(&paused, &plan.job.tenant, &plan.job.model).is_some() {
+                continue;
+            }
             let Some(route) =
                 self.policy
                     .first_fitting(&plan.routes, plan.class, &buckets, &paused, &HashSet::new())
@@ -619,7 +623,7 @@ impl Gate {
         let ((), failed, ()) = tokio::try_join!(
             store::save_learned(&self.pool, &rows),
             store::fail_queued(&self.pool, &failures, now),
-            store::explain(&self.pool, &notes),
+            store::explain(&self.pool, &notes, now),
         )?;
         let round = Round {
             admitted: admitted.len(),

@@ -280,12 +280,9 @@ pub async fn tenants(args: TenantsArgs) -> anyhow::Result<bool> {
     let http = reqwest::Client::new();
     match args.command {
         TenantsCommand::List { json, remote } => {
-            let list = remote.get(&http, "/v1/admin/tenants").await?;
-            let tenants = list["data"].as_array().cloned().unwrap_or_default();
-            if json {
-                print_json(&Value::Array(tenants))?;
+            let Some(tenants) = remote.table_items(&http, "/v1/admin/tenants", json).await? else {
                 return Ok(true);
-            }
+            };
             let mut t = Table::new(&[
                 ("NAME", Align::Left),
                 ("WEIGHT", Align::Right),
@@ -468,12 +465,9 @@ pub async fn provider_keys(args: ProviderKeysArgs) -> anyhow::Result<bool> {
     };
     let (what, answer) = match args.command {
         ProviderKeysCommand::List { json, remote } => {
-            let list = remote.get(&http, "/v1/admin/provider-keys").await?;
-            let keys = list["data"].as_array().cloned().unwrap_or_default();
-            if json {
-                print_json(&Value::Array(keys))?;
+            let Some(keys) = remote.table_items(&http, "/v1/admin/provider-keys", json).await? else {
                 return Ok(true);
-            }
+            };
             let mut t = Table::new(&[
                 ("PROVIDER", Align::Left),
                 ("NAME", Align::Left),
@@ -577,12 +571,9 @@ pub async fn keys(args: KeysArgs) -> anyhow::Result<bool> {
     match args.command {
         KeysCommand::List { tenant, json, remote } => {
             let path = format!("/v1/admin/tenants/{}/keys", segment(&tenant));
-            let list = remote.get(&http, &path).await?;
-            let keys = list["data"].as_array().cloned().unwrap_or_default();
-            if json {
-                print_json(&Value::Array(keys))?;
+            let Some(keys) = remote.table_items(&http, &path, json).await? else {
                 return Ok(true);
-            }
+            };
             let mut t = Table::new(&[
                 ("ID", Align::Left),
                 ("NAME", Align::Left),
@@ -741,5 +732,98 @@ pub async fn apply(file: &std::path::Path, dry_run: bool) -> anyhow::Result<bool
         (false, true) => println!("applied: {summary}; in force on every process within a second"),
     }
     db.close().await?;
+    Ok(true)
+}
+
+#[derive(Debug, Args)]
+pub struct PausesArgs {
+    #[command(subcommand)]
+    pub command: PausesCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PausesCommand {
+    /// Every pause in force: the operators' and those providers caused.
+    List {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Pause a tenant's queue, a route or a provider model until resumed: nothing of it is
+    /// admitted (a paused model's jobs fail over to their route's next target).
+    Add {
+        #[arg(long, required_unless_present_any = ["route", "model"], conflicts_with_all = ["route", "model"])]
+        tenant: Option<String>,
+        #[arg(long, conflicts_with = "model")]
+        route: Option<String>,
+        /// `provider/model`.
+        #[arg(long)]
+        model: Option<String>,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Resume what was paused, by its scope as `list` shows it (`tenant:acme`).
+    Resume {
+        scope: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+}
+
+/// `tollgate pauses …`.
+pub async fn pauses(args: PausesArgs) -> anyhow::Result<bool> {
+    let http = reqwest::Client::new();
+    match args.command {
+        PausesCommand::List { json, remote } => {
+            let Some(pauses) = remote.table_items(&http, "/v1/admin/pauses", json).await? else {
+                return Ok(true);
+            };
+            let mut t = Table::new(&[
+                ("SCOPE", Align::Left),
+                ("BY", Align::Left),
+                ("REASON", Align::Left),
+                ("SINCE", Align::Left),
+                ("UNTIL", Align::Left),
+            ]);
+            for p in &pauses {
+                t.row(vec![
+                    cell(&p["scope"]),
+                    cell(&p["by"]),
+                    cell(&p["reason"]),
+                    when(&p["created_at"]),
+                    when(&p["until"]),
+                ]);
+            }
+            print!("{}", t.render_or("(nothing paused)"));
+        }
+        PausesCommand::Add {
+            tenant,
+            route,
+            model,
+            remote,
+        } => {
+            let body = match (tenant, route, model) {
+                (Some(tenant), _, _) => json!({"tenant": tenant}),
+                (_, Some(route), _) => json!({"route": route}),
+                (_, _, Some(target)) => {
+                    let Some((provider, model)) = target.split_once('/') else {
+                        anyhow::bail!("--model {target:?}: give it as provider/model");
+                    };
+                    json!({"provider": provider, "model": model})
+                }
+                _ => anyhow::bail!("give --tenant, --route or --model"),
+            };
+            let pause = remote
+                .json(&http, Method::POST, "/v1/admin/pauses", Some(&body))
+                .await?;
+            println!("paused {}", cell(&pause["scope"]));
+        }
+        PausesCommand::Resume { scope, remote } => {
+            let path = format!("/v1/admin/pauses/{}", segment(&scope));
+            remote.json(&http, Method::DELETE, &path, None).await?;
+            println!("resumed {scope}");
+        }
+    }
     Ok(true)
 }
