@@ -451,7 +451,7 @@ function overview(main, r, g) {
       el("p", { class: "figures" }, figure("provider-429s"), " 429s · ", figure("provider-5xxs"), " 5xx ", el("small", {}, "(last minute)")),
       chartBox("chart-errors", "provider errors over the trailing minute", 150)),
     card("wide", ["Buckets ", el("small", {}, "use against limit")], table("buckets", ["bucket", "dimension", "use", "#used", "#limit", "source"])),
-    card("wide", "Queues now", table("queues", ["tenant", "class", "#queued", "#admitted", "#running", "#oldest"])),
+    card("wide", "Queues now", table("queues", ["tenant", "class", "#queued", "#admitted", "#running", "#oldest", "#done/min", "#drained in"])),
     card("", "Oldest queued job per class", table("oldest", ["class", "#age"])),
     card("", "Batches in progress", table("batches", ["batch", "tenant", "state", "progress", ""])),
     card("wide", "Recent failures", table("failures", ["when", "tenant", "model", "reason", "message", "job"])));
@@ -494,10 +494,11 @@ function drawStatus(s) {
       td(b.source, b.source === "configured" ? "" : "learned"));
   }), "no buckets");
   const jobsOf = (q, state) => "#/jobs?" + new URLSearchParams(scope === "all" ? { tenant: q.tenant, class: q.class, state } : { class: q.class, state });
-  fill("queues", s.queues.map((q) => el("tr", { "data-queue": q.tenant + "/" + q.class, "data-queued": q.queued, "data-admitted": q.admitted, "data-running": q.running },
+  // `eta_secs`: the broker's forecast of when the queue's unfinished jobs are done.
+  fill("queues", s.queues.map((q) => el("tr", { "data-queue": q.tenant + "/" + q.class, "data-queued": q.queued, "data-admitted": q.admitted, "data-running": q.running, "data-eta": q.eta_secs == null ? "" : q.eta_secs },
     td(q.tenant), td(q.class),
     num(el("a", { href: jobsOf(q, "queued") }, fmt(q.queued))), num(q.admitted), num(q.running),
-    num(age(q.oldest_queued_secs)))), "nothing waiting");
+    num(age(q.oldest_queued_secs)), num(q.finished_last_minute), num(q.eta_secs == null ? "—" : age(q.eta_secs)))), "nothing waiting");
   const oldest = {};
   for (const q of s.queues) if (q.queued > 0) oldest[q.class] = Math.max(oldest[q.class] || 0, q.oldest_queued_secs);
   fill("oldest", Object.entries(oldest).map(([c, a]) => el("tr", { "data-class": c, "data-age": a }, td(c), num(age(a)))), "nothing queued");

@@ -724,9 +724,14 @@ async fn counts_of(state: &AppState, batches: &[BatchRow]) -> Result<Vec<Request
 async fn one_view(state: &AppState, batch: BatchRow) -> Result<Json<Value>, ApiError> {
     let counts = counts_of(state, std::slice::from_ref(&batch)).await?;
     let mut view = batch_view(&batch, counts.first().copied().unwrap_or_default());
-    // Lines sent through providers' batch APIs, and what the batch price saved over online.
-    let (saved, lines) = store::batch_savings(&state.pool, &batch.id).await?;
-    view["provider_batch"] = json!({"lines": lines, "estimated_savings_usd": saved / 1e6});
+    // What its lines were charged so far and hold; lines sent through providers' batch
+    // APIs, and what the batch price saved over online.
+    let costs = store::batch_costs(&state.pool, &batch.id).await?;
+    view["cost"] = json!({"charged_usd": costs.charged / 1e6, "reserved_usd": costs.reserved / 1e6});
+    view["provider_batch"] = json!({
+        "lines": costs.provider_batch_lines,
+        "estimated_savings_usd": costs.saved / 1e6,
+    });
     Ok(Json(view))
 }
 

@@ -1247,6 +1247,8 @@ pub struct Submitted {
     pub state: String,
     /// The refusal or failure: `{code, message}`.
     pub error: Option<Value>,
+    /// The class it was queued in, when it was accepted.
+    pub class: Option<String>,
 }
 
 /// Sends the jobs (each with its line number) to the server, `concurrency` at a time.
@@ -1275,6 +1277,7 @@ pub async fn upload(
                     id: answer["id"].as_str().map(str::to_owned),
                     state: answer["state"].as_str().unwrap_or("queued").to_owned(),
                     error: None,
+                    class: answer["class"].as_str().map(str::to_owned),
                 },
                 Err(e) => {
                     let error = Some(e.body());
@@ -1290,6 +1293,7 @@ pub async fn upload(
                         id: None,
                         state: "rejected".into(),
                         error,
+                        class: None,
                     }
                 }
             }
@@ -1434,9 +1438,11 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<bool> {
 }
 
 /// Long-polls every accepted job until it is finished, updating the bar from one
-/// [`Progress`]: its position is the finished count the message shows, and the ETA is
-/// from the rate jobs finished since following began. The admission rate comes from the
-/// tenant's queue in `/v1/status`. Stops at a refused key; waits out a server restart.
+/// [`Progress`]: its position is the finished count the message shows, and the ETA is the
+/// broker's forecast for the tenant's queues that hold the jobs (`/v1/status`,
+/// `eta_secs`), or until the broker has one, the rate jobs finished since following began.
+/// The admission rate comes from the same queues. Stops at a refused key; waits out a
+/// server restart.
 async fn follow(
     http: &reqwest::Client,
     remote: &Remote,
@@ -1462,6 +1468,7 @@ async fn follow(
         .filter_map(|(i, j)| j.id.clone().map(|id| (i, id)))
         .collect();
     let accepted = waiting.len() as f64;
+    let classes: std::collections::HashSet<String> = jobs.iter().filter_map(|j| j.class.clone()).collect();
     let mut finished = futures::stream::iter(waiting)
         .map(|(i, id)| async move {
             loop {
@@ -1496,7 +1503,16 @@ async fn follow(
             _ = tick.tick() => {
                 // Admitted so far = accepted − still queued (the tenant's queue, all classes).
                 if let Ok(s) = remote.get(http, "/v1/status").await {
-                    let queued: f64 = rows(&s["queues"]).iter().map(|q| q["queued"].as_f64().unwrap_or(0.0)).sum();
+                    let queues: Vec<&Value> = rows(&s["queues"])
+                        .iter()
+                        .filter(|q| q["class"].as_str().is_some_and(|c| classes.contains(c)))
+                        .collect();
+                    progress.forecast = queues
+                        .iter()
+                        .filter_map(|q| q["eta_secs"].as_f64())
+                        .reduce(f64::max)
+                        .map(Duration::from_secs_f64);
+                    let queued: f64 = queues.iter().map(|q| q["queued"].as_f64().unwrap_or(0.0)).sum();
                     let admitted = (accepted - queued).max(0.0);
                     let now = Instant::now();
                     admission = match previous {

@@ -21,6 +21,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use tollgate::buckets;
 use tollgate::metrics::class_label;
+use tollgate::model::JobClass;
 use tollgate::store::{self, StoreError};
 use utoipa::ToSchema;
 
@@ -50,6 +51,12 @@ pub struct Queue {
     pub running: i64,
     /// Age of the oldest queued job, seconds (0 when none is queued).
     pub oldest_queued_secs: f64,
+    /// Jobs of the queue that finished (however) in the last minute.
+    pub finished_last_minute: i64,
+    /// The broker's forecast of when the queue's unfinished jobs (queued, admitted,
+    /// running) will have finished, in seconds from now, at the rate it finished them over
+    /// the last minute; `null` before any finished.
+    pub eta_secs: Option<f64>,
 }
 
 /// A bucket: its limit, what is used and what remains now.
@@ -144,22 +151,42 @@ pub async fn batches_in_progress(state: &AppState, viewer: &Viewer) -> Result<Ve
         .collect())
 }
 
+/// Seconds until `unfinished` jobs have finished at the rate of `finished_last_minute`
+/// (`None` without a rate).
+fn drain_secs(unfinished: i64, finished_last_minute: i64) -> Option<f64> {
+    (finished_last_minute > 0)
+        .then(|| unfinished as f64 * RATE_WINDOW_SECS as f64 / finished_last_minute as f64)
+}
+
 /// The status as `viewer` may see it.
 pub async fn status(state: &AppState, viewer: &Viewer) -> Result<Status, ApiError> {
     let now = Utc::now();
     let tenant = viewer.tenant();
-    let queues = store::queue_depths(&state.pool, tenant)
-        .await?
+    let minute_ago = now - chrono::Duration::seconds(RATE_WINDOW_SECS);
+    let (depths, finished) = tokio::try_join!(
+        store::queue_depths(&state.pool, tenant),
+        store::finished_by_queue(&state.pool, minute_ago, tenant),
+    )?;
+    let finished: std::collections::HashMap<(String, JobClass), i64> = finished
         .into_iter()
-        .map(|q| Queue {
-            oldest_queued_secs: q
-                .oldest_queued
-                .map_or(0.0, |t| (now - t).num_milliseconds().max(0) as f64 / 1000.0),
-            tenant: q.tenant,
-            class: class_label(q.class).to_owned(),
-            queued: q.queued,
-            admitted: q.admitted,
-            running: q.running,
+        .map(|(t, class, n)| ((t, class), n))
+        .collect();
+    let queues = depths
+        .into_iter()
+        .map(|q| {
+            let finished = finished.get(&(q.tenant.clone(), q.class)).copied().unwrap_or(0);
+            Queue {
+                oldest_queued_secs: q
+                    .oldest_queued
+                    .map_or(0.0, |t| (now - t).num_milliseconds().max(0) as f64 / 1000.0),
+                finished_last_minute: finished,
+                eta_secs: drain_secs(q.queued + q.admitted + q.running, finished),
+                tenant: q.tenant,
+                class: class_label(q.class).to_owned(),
+                queued: q.queued,
+                admitted: q.admitted,
+                running: q.running,
+            }
         })
         .collect();
     let buckets = bucket_uses(&state.pool, viewer, now).await?;

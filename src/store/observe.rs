@@ -49,6 +49,30 @@ pub async fn queue_depths(ex: impl PgExecutor<'_>, tenant: Option<&str>) -> Resu
     .await?)
 }
 
+/// Jobs of each (tenant, class) that finished (however) after `since`: the rate a queue
+/// drains at. Reads the finished jobs of the window only (`jobs_finished_at`).
+pub async fn finished_by_queue(
+    ex: impl PgExecutor<'_>,
+    since: DateTime<Utc>,
+    tenant: Option<&str>,
+) -> Result<Vec<(String, JobClass, i64)>> {
+    let rows = sqlx::query!(
+        r#"SELECT tenant, class AS "class: JobClass", count(*) AS "finished!"
+           FROM jobs
+           WHERE state IN ('succeeded', 'failed', 'cancelled') AND finished_at > $1
+             AND ($2::text IS NULL OR tenant = $2)
+           GROUP BY tenant, class"#,
+        since,
+        tenant,
+    )
+    .fetch_all(ex)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.tenant, r.class, r.finished))
+        .collect())
+}
+
 /// Provider calls of one tenant that finished in a window.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Traffic {

@@ -412,16 +412,35 @@ pub async fn get_provider_batch(ex: impl PgExecutor<'_>, id: &str) -> Result<Opt
     )
 }
 
-/// What a tollgate batch's lines saved by going through provider batch APIs, in micro-USD,
-/// and how many of them went that way.
-pub async fn batch_savings(ex: impl PgExecutor<'_>, batch_id: &str) -> Result<(f64, i64)> {
-    let savings = sqlx::query!(
-        r#"SELECT COALESCE(sum(saved_micro_usd), 0)::float8 AS "saved!",
+/// What a tollgate batch's lines cost so far, in micro-USD.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BatchCosts {
+    /// Charged for the calls made (online and through provider batches).
+    pub charged: f64,
+    /// Held by lines admitted or running, not yet charged.
+    pub reserved: f64,
+    /// Saved by the lines that went through provider batch APIs, against online.
+    pub saved: f64,
+    /// How many lines went that way.
+    pub provider_batch_lines: i64,
+}
+
+/// What batch `batch_id`'s lines cost so far (its spend) and saved.
+pub async fn batch_costs(ex: impl PgExecutor<'_>, batch_id: &str) -> Result<BatchCosts> {
+    let c = sqlx::query!(
+        r#"SELECT COALESCE(sum(spend_micro_usd), 0)::float8 AS "charged!",
+                  COALESCE(sum(reserved_micro_usd) FILTER (WHERE state IN ('admitted', 'running')), 0)::float8 AS "reserved!",
+                  COALESCE(sum(saved_micro_usd), 0)::float8 AS "saved!",
                   count(*) FILTER (WHERE provider_batch_id IS NOT NULL) AS "jobs!"
            FROM jobs WHERE batch_id = $1"#,
         batch_id,
     )
     .fetch_one(ex)
     .await?;
-    Ok((savings.saved, savings.jobs))
+    Ok(BatchCosts {
+        charged: c.charged,
+        reserved: c.reserved,
+        saved: c.saved,
+        provider_batch_lines: c.jobs,
+    })
 }

@@ -1001,6 +1001,12 @@ async fn a_batch_stops_at_its_cost_cap_and_at_its_error_rate() {
         .count();
     assert!(spent <= cap + 1e-12, "the batch cost ${spent} against its ${cap}");
     assert!(succeeded >= 1 && capped >= 1, "{succeeded} ran, {capped} stopped");
+    // The batch shows what its lines were charged: their sum, and nothing held any more.
+    assert!(
+        (ended["cost"]["charged_usd"].as_f64().unwrap() - spent).abs() < 1e-9,
+        "{ended}"
+    );
+    assert_eq!(ended["cost"]["reserved_usd"], 0.0, "{ended}");
     assert_eq!(
         succeeded + capped,
         10,

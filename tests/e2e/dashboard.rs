@@ -109,6 +109,16 @@ async fn dashboard_renders_what_the_api_reports() {
         (waiting && failed).then_some(s)
     })
     .await;
+    // The broker's forecast for the queue that waits: its 3 unfinished jobs at the rate
+    // it finished 2 in the last minute.
+    let waiting = api["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["tenant"] == "queuer")
+        .unwrap();
+    assert_eq!(waiting["finished_last_minute"], 2, "{waiting}");
+    assert_eq!(waiting["eta_secs"].as_f64(), Some(90.0), "{waiting}");
     // The queue charts draw from the sampled history: wait for a sample that saw it.
     eventually(30, "a history sample of queuer's queue", || async {
         let (_, h) = app.get(ADMIN, "/v1/status/history").await;

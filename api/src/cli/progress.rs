@@ -1,10 +1,12 @@
 //! What `tollgate submit --wait` shows while it follows its jobs: one count of finished
 //! jobs, which both the bar's position and its message come from (so they cannot
-//! disagree), and an ETA from the rate at which jobs have actually finished.
+//! disagree), and an ETA: the broker's forecast for the queues that hold the jobs, or
+//! until it has one, the rate at which the jobs have actually finished.
 //!
 //! indicatif's own `{eta}` extrapolates from the bar's steps: it said "0s" before any
-//! job had finished and swung to minutes after a pause. Here there is no ETA until a job
-//! has finished since following began; then it is `remaining ÷ (finished ÷ elapsed)`.
+//! job had finished and swung to minutes after a pause. Here there is no ETA until the
+//! broker forecasts one or a job has finished since following began; then it is
+//! `remaining ÷ (finished ÷ elapsed)`.
 
 use std::time::Duration;
 
@@ -20,6 +22,9 @@ pub(crate) struct Progress {
     pub(crate) rejected: u64,
     /// Finished before following began (refused, or already done): not part of the rate.
     baseline: u64,
+    /// The broker's forecast of when the queues holding the jobs will have drained
+    /// (`/v1/status` `eta_secs`), when it has one.
+    pub(crate) forecast: Option<Duration>,
 }
 
 impl Progress {
@@ -51,9 +56,12 @@ impl Progress {
         self.succeeded + self.failed + self.rejected
     }
 
-    /// Time left at the rate jobs have finished over the `elapsed` time since following
-    /// began; `None` until there is such a rate.
+    /// Time left: the broker's forecast, or else at the rate jobs have finished over the
+    /// `elapsed` time since following began; `None` until there is either.
     pub(crate) fn eta(&self, elapsed: Duration) -> Option<Duration> {
+        if self.forecast.is_some() {
+            return self.forecast;
+        }
         let measured = self.finished().saturating_sub(self.baseline);
         if measured == 0 || elapsed.is_zero() {
             return None;
@@ -109,6 +117,21 @@ mod tests {
         // Refused lines finished before following began: they are no rate either.
         let p = Progress::new(3, ["rejected", "queued", "queued"]);
         assert_eq!(p.eta(10 * SEC), None);
+    }
+
+    #[test]
+    fn the_broker_s_forecast_is_the_eta_when_it_has_one() {
+        let mut p = Progress::new(30, ["queued"; 30]);
+        p.forecast = Some(90 * SEC);
+        assert_eq!(p.eta(Duration::ZERO), Some(90 * SEC));
+        for _ in 0..29 {
+            p.record("succeeded");
+        }
+        // Its forecast wins over the rate seen here (which would say 1 s).
+        p.forecast = Some(5 * SEC);
+        assert_eq!(p.message(29 * SEC), "29/30 done: 29 succeeded, 0 failed, ETA 5s");
+        p.forecast = None;
+        assert_eq!(p.eta(29 * SEC), Some(SEC));
     }
 
     #[test]
