@@ -6,10 +6,13 @@
 //!   provider is the authority ([`Authority`]).
 //! - A reported `remaining` corrects the level down (never up): the provider counted
 //!   something tollgate did not (other clients of the account, a different count).
-//! - Where nothing is reported, 429s teach (AIMD): a 429 cuts the capacity to
-//!   [`DECREASE`] of itself and remembers the old one as the ceiling; while the bucket is
-//!   saturated and no 429 comes, the capacity climbs back quickly towards 90 % of the
-//!   ceiling, then slowly, more slowly after each cut — so 429s taper off.
+//! - Where nothing is reported, 429s teach (AIMD), a request limit and a token limit
+//!   (which one binds is not said): a 429 cuts the capacity to [`DECREASE`] of itself and
+//!   remembers the old one as the ceiling; while the bucket is saturated and no 429 comes,
+//!   the capacity climbs back quickly towards 90 % of the ceiling, then slowly, more
+//!   slowly after each cut — so 429s taper off. A 429 cuts only the limits that held the
+//!   traffic back (their bucket nearly empty, [`spared`]): one with room to spare did not
+//!   let too much through, and cutting it would make it bind below the provider's limit.
 //!
 //! - A learned capacity is trusted to refuse a job larger than itself only while it is
 //!   fresh ([`TRUSTED_FOR`] since the last reading or cut). After that it may be stale or
@@ -21,6 +24,7 @@
 //! Everything here is arithmetic on a [`Learned`] row and its [`Bucket`]; the gate applies
 //! it inside its round, while it holds the bucket locks.
 
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -162,6 +166,32 @@ pub fn increase(row: &mut Learned, bucket: &mut Bucket, saturated: bool, now: Da
     true
 }
 
+/// The share of its capacity a bucket may have left when a 429 comes and still count as
+/// what held the traffic back.
+const NEARLY_EMPTY: f64 = 0.2;
+
+/// The buckets (keys) of 429-learned limits that a new 429 spares: in a scope where some
+/// such bucket was nearly empty (it held the traffic back), those that had room to spare.
+/// Where none was nearly empty (someone else used the account), none is spared.
+pub fn spared(rows: &[Learned], buckets: &HashMap<String, Bucket>) -> HashSet<String> {
+    let throttled: Vec<(&Learned, &Bucket)> = rows
+        .iter()
+        .filter(|r| r.source == LearnedFrom::Throttling && r.new_throttle())
+        .filter_map(|r| Some((r, buckets.get(&r.bucket_key())?)))
+        .collect();
+    let nearly_empty = |b: &Bucket| b.level <= NEARLY_EMPTY * b.capacity;
+    let binding: HashSet<&str> = throttled
+        .iter()
+        .filter(|(_, b)| nearly_empty(b))
+        .map(|(r, _)| r.scope.as_str())
+        .collect();
+    throttled
+        .iter()
+        .filter(|(r, b)| binding.contains(r.scope.as_str()) && !nearly_empty(b))
+        .map(|(r, _)| r.bucket_key())
+        .collect()
+}
+
 /// What a job that needs `amount` of `bucket` is asked of it at `now`: `amount`, or the
 /// whole capacity when that was learned more than [`TRUSTED_FOR`] ago, is smaller than
 /// `amount`, and no configured capacity refuses `amount` (see the module's re-probe).
@@ -294,6 +324,41 @@ mod tests {
             t0 + chrono::Duration::seconds(4),
         );
         assert_eq!(b.level, 40.0);
+    }
+
+    #[test]
+    fn a_429_spares_the_learned_limit_that_had_room_when_another_held_the_traffic_back() {
+        let t0 = Utc::now();
+        let mut requests = row(LearnedFrom::Throttling, t0);
+        requests.throttled_at = Some(t0);
+        let mut tokens = Learned {
+            name: LimitName::Tpm,
+            ..requests.clone()
+        };
+        tokens.throttled_at = Some(t0);
+        let mut b_requests = bucket(100.0, 60.0, t0);
+        b_requests.key = requests.bucket_key();
+        let mut b_tokens = bucket(1000.0, 50.0, t0);
+        b_tokens.key = tokens.bucket_key();
+        let map =
+            |a: &Bucket, b: &Bucket| HashMap::from([(a.key.clone(), a.clone()), (b.key.clone(), b.clone())]);
+        let rows = [requests.clone(), tokens.clone()];
+        // Tokens held the traffic back (5 % left): the request limit, 60 % left, is spared.
+        assert_eq!(
+            spared(&rows, &map(&b_requests, &b_tokens)),
+            HashSet::from([requests.bucket_key()])
+        );
+        // Neither nearly empty: the provider is full for other reasons; both are cut.
+        b_tokens.level = 500.0;
+        assert!(spared(&rows, &map(&b_requests, &b_tokens)).is_empty());
+        // Both nearly empty: both cut.
+        b_requests.level = 10.0;
+        b_tokens.level = 0.0;
+        assert!(spared(&rows, &map(&b_requests, &b_tokens)).is_empty());
+        // A throttle already applied spares nothing (it is not new).
+        tokens.applied_at = Some(t0);
+        requests.applied_at = Some(t0);
+        assert!(spared(&[requests, tokens], &map(&b_requests, &b_tokens)).is_empty());
     }
 
     #[test]

@@ -95,6 +95,10 @@ pub struct BenchArgs {
     /// Limits case: the mock provider's tokens per minute.
     #[arg(long, default_value_t = 400_000)]
     pub tpm: u64,
+    /// Limits case: only these scenarios, comma-separated (`headers`, `no-headers`,
+    /// `halved`, `outage`, `sdk`); every one by default.
+    #[arg(long, value_delimiter = ',')]
+    pub scenarios: Vec<String>,
     /// Scale case: jobs queued behind the measured ones.
     #[arg(long, default_value_t = 1_000_000)]
     pub backlog: usize,

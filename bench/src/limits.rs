@@ -29,6 +29,8 @@ use tollgate_api::broker::Roles;
 /// Independent clients of the baseline, and requests each has in flight.
 const SDK_CLIENTS: usize = 8;
 const SDK_CONCURRENCY: usize = 8;
+/// The baseline's row.
+const SDK_ROW: &str = "baseline: 8 SDK clients, direct";
 
 /// Job `i` of the workload: its chat request and its `max_tokens`.
 fn request(i: usize) -> (Value, u64) {
@@ -113,10 +115,17 @@ impl Drain {
 
 #[allow(clippy::print_stdout)]
 pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let wants = |scenario: &str| args.scenarios.is_empty() || args.scenarios.iter().any(|s| s == scenario);
     let mut rows = Vec::new();
-    rows.push(through_tollgate(args, "tollgate, headers", true, Vec::new(), false).await?);
-    rows.push(through_tollgate(args, "tollgate, no headers", false, Vec::new(), false).await?);
-    rows.push(through_tollgate(args, "tollgate, limits halved", true, Vec::new(), true).await?);
+    if wants("headers") {
+        rows.push(through_tollgate(args, "tollgate, headers", true, Vec::new(), false).await?);
+    }
+    if wants("no-headers") {
+        rows.push(through_tollgate(args, "tollgate, no headers", false, Vec::new(), false).await?);
+    }
+    if wants("halved") {
+        rows.push(through_tollgate(args, "tollgate, limits halved", true, Vec::new(), true).await?);
+    }
     let faults = vec![
         FaultConfig {
             project: None,
@@ -133,8 +142,12 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             probability: 0.05,
         },
     ];
-    rows.push(through_tollgate(args, "tollgate, 20 s outage + 5% 529", true, faults, false).await?);
-    rows.push(sdk_clients(args).await?);
+    if wants("outage") {
+        rows.push(through_tollgate(args, "tollgate, 20 s outage + 5% 529", true, faults, false).await?);
+    }
+    if wants("sdk") {
+        rows.push(sdk_clients(args).await?);
+    }
 
     println!(
         "\n### limits: {} mixed jobs, provider limits rpm {} / tpm {}, none configured\n",
@@ -157,7 +170,9 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             r.note
         );
     }
-    if let (Some(ours), Some(sdk)) = (rows.first(), rows.last()) {
+    let ours = rows.iter().find(|r| r.name == "tollgate, headers");
+    let sdk = rows.iter().find(|r| r.name == SDK_ROW);
+    if let (Some(ours), Some(sdk)) = (ours, sdk) {
         println!(
             "\nratio drain time, 8 SDK clients / tollgate (headers): {:.2}; 429s {} vs {}",
             sdk.secs / ours.secs.max(1e-9),
@@ -323,7 +338,7 @@ async fn sdk_clients(args: &BenchArgs) -> anyhow::Result<Drain> {
     let tokens = results.iter().filter(|r| r.0).map(|r| r.1).sum();
     stack.stop().await?;
     Ok(Drain {
-        name: "baseline: 8 SDK clients, direct",
+        name: SDK_ROW,
         secs,
         admitted: stats.projects.values().map(|p| p.requests_admitted).sum(),
         tokens,

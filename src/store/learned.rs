@@ -72,7 +72,8 @@ pub async fn record_observations(pool: &sqlx::PgPool, observations: &[&Observati
         let (scopes, at): (Vec<&str>, Vec<DateTime<Utc>>) = throttles.into_iter().unzip();
         sqlx::query!(
             "INSERT INTO learned_limits AS l (scope, name, observed_at, throttled_at, source)
-             SELECT s, 'rpm', at, at, 'throttling' FROM unnest($1::text[], $2::timestamptz[]) AS t(s, at)
+             SELECT s, n, at, at, 'throttling'
+             FROM unnest($1::text[], $2::timestamptz[]) AS t(s, at), unnest(ARRAY['rpm', 'tpm']) AS n
              ON CONFLICT ON CONSTRAINT learned_limits_pkey DO UPDATE SET
                  throttled_at = GREATEST(l.throttled_at, excluded.throttled_at),
                  -- A limit never reported is learned from the 429s.
@@ -242,15 +243,19 @@ pub async fn requeue_admitted(conn: &mut PgConnection, provider: &str, model: &s
     Ok(n)
 }
 
-/// Requests sent to a provider model since `since` (what a first 429 says was too much).
-pub async fn requests_since(
+/// What was sent to `provider`'s `model` since `since`: the requests its provider
+/// answered, and the tokens admission reserved for them (estimated input and output), as
+/// a request bucket and a token bucket count them.
+pub async fn sent_since(
     ex: impl PgExecutor<'_>,
     provider: &str,
     model: &str,
     since: DateTime<Utc>,
-) -> Result<f64> {
-    let n = sqlx::query_scalar!(
-        r#"SELECT count(*) AS "requests!" FROM job_attempts
+) -> Result<(f64, f64)> {
+    let sent = sqlx::query!(
+        r#"SELECT count(*) AS "requests!",
+                  COALESCE(sum(estimated_input_tokens::bigint + estimated_output_tokens), 0)::float8 AS "tokens!"
+           FROM job_attempts
            WHERE provider = $1 AND provider_model = $2 AND started_at >= $3 AND status IS NOT NULL"#,
         provider,
         model,
@@ -258,5 +263,5 @@ pub async fn requests_since(
     )
     .fetch_one(ex)
     .await?;
-    Ok(n as f64)
+    Ok((sent.requests as f64, sent.tokens))
 }

@@ -414,7 +414,8 @@ async fn a_budget_fails_a_job_only_for_what_is_spent_not_for_what_is_held() {
     // 0.028 USD) and spends what the mock writes (fewer). A budget of 0.05 USD holds one
     // reservation at a time, but more than one job's spend: the jobs after the first wait
     // for its settlement rather than fail, and only a job the spent budget cannot hold
-    // fails.
+    // fails. The jobs are all queued before a gate starts, so one round meets them all: the
+    // first one's reservation is this round's, not yet written, and still counts as held.
     let mut mock = mock_config();
     mock.projects[0].rpm = 1000;
     let app = TestApp::spawn_with(TestOptions {
@@ -423,6 +424,8 @@ async fn a_budget_fails_a_job_only_for_what_is_spent_not_for_what_is_held() {
             "[providers.prices.\"gpt-4o-mini\"]\ninput_per_mtok = 1000.0\noutput_per_mtok = 1000.0\n\
                        [[tenants]]\nname = \"frugal\"\napi_key = \"tk-frugal\"\ndaily_spend_usd = 0.05\n"
                 .into(),
+        roles: Roles::API_ONLY,
+        peers: 1,
         ..TestOptions::default()
     })
     .await;
@@ -443,6 +446,7 @@ async fn a_budget_fails_a_job_only_for_what_is_spent_not_for_what_is_held() {
         assert_eq!(status, 202, "{j}");
         ids.push(j["id"].as_str().unwrap().to_owned());
     }
+    let worker = app.spawn_peer(Roles::ALL).await;
     let mut done = Vec::new();
     for id in &ids {
         done.push(app.wait_job("tk-frugal", id, 60).await);
@@ -481,6 +485,7 @@ async fn a_budget_fails_a_job_only_for_what_is_spent_not_for_what_is_held() {
         message.contains("tenant:frugal:daily_spend") && message.ends_with("its whole capacity is $0.050000"),
         "{message}"
     );
+    worker.shutdown().await;
     app.shutdown().await;
 }
 

@@ -406,11 +406,16 @@ impl Gate {
                 (None, LearnedFrom::Throttling) => {
                     let (provider, model) = buckets::scope_target(&row.scope);
                     let window = chrono::Duration::seconds(row.name.window_secs());
-                    let sent = store::requests_since(&mut *tx, provider, model, now - window).await?;
+                    let (requests, tokens) =
+                        store::sent_since(&mut *tx, provider, model, now - window).await?;
+                    let sent = match row.name.dimension() {
+                        Dimension::Requests => requests,
+                        _ => tokens,
+                    };
                     let (capacity, ceiling) = learning::first_capacity(sent);
                     // What was admitted while the limit was unknown meets it too.
                     let requeued = store::requeue_admitted(&mut *tx, provider, model).await?;
-                    tracing::info!(scope = %row.scope, capacity, requeued, "a 429 taught a request limit");
+                    tracing::info!(scope = %row.scope, limit = %row.name.as_str(), capacity, requeued, "a 429 taught a limit");
                     row.ceiling = Some(ceiling);
                     row.decreases = 1;
                     row.changed_at = Some(now);
@@ -438,8 +443,16 @@ impl Gate {
             b.refill(now);
             buckets.insert(b.key.clone(), b);
         }
+        // A 429 that said nothing cuts the limits that held the traffic back, not those
+        // with room to spare.
+        let spared = learning::spared(rows, buckets);
         for (i, row) in rows.iter_mut().enumerate() {
             if !row.pending() {
+                continue;
+            }
+            if spared.contains(&row.bucket_key()) {
+                row.applied_at = Some(row.latest());
+                changed.insert(i);
                 continue;
             }
             let authority = self
@@ -562,7 +575,15 @@ impl Gate {
         let mut decision = locked(&self.scheduler).schedule(plans, &mut buckets, &paused, limit, now);
         let failed = std::mem::take(&mut decision.failed);
         let waiting = std::mem::take(&mut decision.waiting);
-        (decision.failed, decision.waiting) = self.not_for_good(&mut tx, failed, &refilled, waiting).await?;
+        // What this round admits holds its buckets too, though it is not written yet.
+        let taken: HashSet<i64> = decision
+            .admitted
+            .iter()
+            .flat_map(|a| a.admission.bucket_ids.iter().copied())
+            .collect();
+        (decision.failed, decision.waiting) = self
+            .not_for_good(&mut tx, failed, &refilled, &taken, waiting)
+            .await?;
         record(&decision, now);
         let Decision {
             admitted,
@@ -640,13 +661,15 @@ impl Gate {
 
     /// Of the jobs the round would fail because a window bucket (a daily budget or quota)
     /// cannot hold them before their deadline, those whose bucket is short only of what
-    /// unsettled jobs hold or refunds not yet applied: they wait instead (with `waiting`),
-    /// for a job fails only for what is spent and cannot come back.
+    /// unsettled jobs hold (those of earlier rounds, or `taken` by this round's admissions)
+    /// or refunds not yet applied: they wait instead (with `waiting`), for a job fails only
+    /// for what is spent and cannot come back.
     async fn not_for_good(
         &self,
         tx: &mut PgConnection,
         failed: Vec<Failed>,
         buckets: &HashMap<String, Bucket>,
+        taken: &HashSet<i64>,
         mut waiting: Vec<scheduler::Waiting>,
     ) -> Result<(Vec<Failed>, Vec<scheduler::Waiting>), StoreError> {
         let window = |f: &Failed| {
@@ -664,7 +687,7 @@ impl Gate {
         let held = store::held(tx, &ids).await?;
         let (later, now): (Vec<_>, Vec<_>) = failed
             .into_iter()
-            .partition(|f| window(f).is_some_and(|b| held.contains(&b.id)));
+            .partition(|f| window(f).is_some_and(|b| held.contains(&b.id) || taken.contains(&b.id)));
         waiting.extend(later.into_iter().map(|f| scheduler::Waiting {
             note: serde_json::json!({"reason": "waiting_for_settlement", "bucket": f.bucket,
                 "message": "what running jobs hold of this bucket may come back when they settle"}),
