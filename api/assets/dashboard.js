@@ -770,6 +770,12 @@ function batch(main, r, g) {
     const ok = ticket();
     try {
       const b = await api("/v1/batches/" + enc(id));
+      if (!BATCH_DONE.includes(b.status)) {
+        // The broker's forecast for the queue its lines wait in (`/v1/status` `eta_secs`).
+        const s = await api("/v1/status").catch(() => null);
+        const q = s && s.queues.find((q) => q.tenant === b.tenant && q.class === b.class);
+        b.queue_eta_secs = q ? q.eta_secs : null;
+      }
       if (!live(g) || !ok()) return;
       status = b.status;
       root.dataset.status = b.status;
@@ -825,6 +831,7 @@ function drawBatch(box, b, reload) {
           el("span", {}, done + " / " + c.total + " done · " + c.completed + " completed · " + c.failed + " failed")),
         kv([
           ["ETA", b.eta ? when(b.eta) : b.estimated_completion_at ? when(b.estimated_completion_at) : null],
+          ["queue drains in", b.queue_eta_secs == null ? null : age(b.queue_eta_secs) + " (the broker's forecast for " + b.tenant + "/" + b.class + ")"],
           ["lines", [lines({}, "all"), " · ", lines({ state: "failed" }, "failed"), " · ", lines({ state: "queued" }, "queued")]],
         ])),
       card("", "Batch", kv([

@@ -119,15 +119,26 @@ async fn dashboard_renders_what_the_api_reports() {
         .unwrap();
     assert_eq!(waiting["finished_last_minute"], 2, "{waiting}");
     assert_eq!(waiting["eta_secs"].as_f64(), Some(90.0), "{waiting}");
-    // The queue charts draw from the sampled history: wait for a sample that saw it.
-    eventually(30, "a history sample of queuer's queue", || async {
-        let (_, h) = app.get(ADMIN, "/v1/status/history").await;
-        h["samples"]
-            .as_array()?
-            .iter()
-            .any(|s| s["queued"]["queuer/standard"].as_i64().is_some())
-            .then_some(())
-    })
+    // The charts draw from the sampled history: wait for samples that saw queuer's queue
+    // and the failed job's four 5xx answers.
+    eventually(
+        30,
+        "history samples of queuer's queue and the 5xx answers",
+        || async {
+            let (_, h) = app.get(ADMIN, "/v1/status/history").await;
+            let samples = h["samples"].as_array()?;
+            let queue = samples
+                .iter()
+                .any(|s| s["queued"]["queuer/standard"].as_i64().is_some());
+            let errors: i64 = samples
+                .iter()
+                .filter_map(|s| s["traffic"].as_object())
+                .flat_map(|t| t.values())
+                .filter_map(|t| t["status_5xx"].as_i64())
+                .sum();
+            (queue && errors == 4).then_some(())
+        },
+    )
     .await;
 
     // The admin's view, with a picture of it for people (a CI artifact).
