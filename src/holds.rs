@@ -14,6 +14,8 @@
 //! A job held waits whatever its deadline says (it is not failed as unmeetable: the
 //! operator, not capacity, holds it) and explains itself as `paused_by_operator`.
 
+use std::collections::HashMap;
+
 use chrono::{DateTime, TimeZone, Utc};
 
 use crate::buckets;
@@ -84,11 +86,7 @@ impl Held {
 
 /// The operator's pause that holds a job of `tenant` sent to `requested` (its route alias
 /// or `provider/model`), if any, among the active pauses `paused` (scope → until).
-pub fn holding<V>(
-    paused: &std::collections::HashMap<String, V>,
-    tenant: &str,
-    requested: &str,
-) -> Option<String> {
+pub fn holding(paused: &HashMap<String, DateTime<Utc>>, tenant: &str, requested: &str) -> Option<String> {
     [Held::Tenant(tenant.to_owned()), Held::Route(requested.to_owned())]
         .into_iter()
         .map(|h| h.scope())
@@ -98,7 +96,6 @@ pub fn holding<V>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
     #[test]
     fn scopes_name_what_they_hold_and_read_back() {

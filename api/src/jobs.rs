@@ -562,7 +562,7 @@ pub(crate) struct ListParams {
     tenant: Option<String>,
     class: Option<JobClass>,
     model: Option<String>,
-    endpoint: Option<String>,
+    endpoint: Option<Endpoint>,
     lane: Option<tollgate::vocab::Lane>,
     batch: Option<String>,
     reason: Option<String>,
@@ -618,16 +618,6 @@ pub(crate) async fn list(
             })
         })
         .transpose()?;
-    let endpoint = params
-        .endpoint
-        .as_deref()
-        .map(|path| {
-            Endpoint::parse(path).ok_or_else(|| {
-                ApiError::bad_request(ApiErrorCode::InvalidRequest, format!("no endpoint {path}"))
-                    .with_param("endpoint")
-            })
-        })
-        .transpose()?;
     let search = params
         .q
         .filter(|q| !q.is_empty())
@@ -639,7 +629,7 @@ pub(crate) async fn list(
         state: params.state,
         class: params.class,
         model: params.model,
-        endpoint,
+        endpoint: params.endpoint,
         lane: params.lane,
         batch: params.batch,
         reason: params.reason,

@@ -53,7 +53,7 @@ pub(crate) async fn retry(
         |message: String| ApiError::new(StatusCode::CONFLICT, ApiErrorCode::JobNotRetryable, message);
     match store::retry_job(&state.pool, viewer.tenant(), id, state.clock.now()).await? {
         Retried::Queued => {}
-        Retried::NotFinishedBadly(s) => {
+        Retried::NotFailedOrCancelled(s) => {
             return Err(not_retryable(format!(
                 "the job is {}: only a failed or cancelled job is retried",
                 s.as_str()
@@ -228,7 +228,7 @@ impl From<PauseRecord> for PauseObject {
 
 /// What a [`NewPause`] pauses, checked against the tenants and routes the database holds
 /// (one just created is known at once) and the models configured.
-async fn held(state: &AppState, new: NewPause) -> Result<Held, ApiError> {
+async fn to_hold(state: &AppState, new: NewPause) -> Result<Held, ApiError> {
     let invalid = |param: &str, message: String| {
         ApiError::bad_request(ApiErrorCode::InvalidRequest, message).with_param(param)
     };
@@ -304,7 +304,7 @@ pub(crate) async fn pause(
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let new: NewPause = crate::admin::body(bytes)?;
-    let held = held(&state, new).await?;
+    let held = to_hold(&state, new).await?;
     let record = store::hold(&state.pool, &held.scope(), state.clock.now()).await?;
     store::notify_gate(&state.pool).await?;
     Ok((StatusCode::CREATED, Json(PauseObject::from(record))).into_response())

@@ -18,6 +18,21 @@ use crate::batches::{BatchRow, ERROR_RATE_MIN_LINES};
 use crate::model::{JobClass, JobId, JobState};
 use crate::vocab::{BatchStatus, Endpoint, ReasonCode};
 
+/// `sqlx::query_as!` of [`BatchJobResult`]s: the result columns of a batch's jobs, then
+/// `$tail`.
+macro_rules! query_batch_results {
+    ($tail:expr $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            BatchJobResult,
+            r#"SELECT id AS "id: JobId", custom_id AS "custom_id!", batch_line AS "batch_line!",
+                      state AS "state: JobState", result, usage, error_code, error_message,
+                      provider_request_id, result_seq "#
+                + $tail
+            $(, $arg)*
+        )
+    };
+}
+
 /// `sqlx::query_as!` of [`BatchRow`]s: the statement is `$head`, the batch's columns, then
 /// `$tail`.
 macro_rules! query_batches {
@@ -579,12 +594,8 @@ pub async fn batch_results_after(
     after: i64,
     limit: i64,
 ) -> Result<Vec<BatchJobResult>> {
-    Ok(sqlx::query_as!(
-        BatchJobResult,
-        r#"SELECT id AS "id: JobId", custom_id AS "custom_id!", batch_line AS "batch_line!",
-                  state AS "state: JobState", result, usage, error_code, error_message, provider_request_id,
-                  result_seq
-           FROM jobs WHERE batch_id = $1 AND result_seq > $2 ORDER BY result_seq LIMIT $3"#,
+    Ok(query_batch_results!(
+        "FROM jobs WHERE batch_id = $1 AND result_seq > $2 ORDER BY result_seq LIMIT $3",
         batch_id,
         after,
         limit,
@@ -663,12 +674,8 @@ pub async fn batch_results_page(
     limit: i64,
 ) -> Result<Vec<BatchJobResult>> {
     // A batch's jobs have a custom_id and line (set by `insert_batch_jobs`).
-    Ok(sqlx::query_as!(
-        BatchJobResult,
-        r#"SELECT id AS "id: JobId", custom_id AS "custom_id!", batch_line AS "batch_line!",
-                  state AS "state: JobState", result, usage, error_code, error_message, provider_request_id,
-                  result_seq
-           FROM jobs WHERE batch_id = $1 AND batch_line > $2 ORDER BY batch_line LIMIT $3"#,
+    Ok(query_batch_results!(
+        "FROM jobs WHERE batch_id = $1 AND batch_line > $2 ORDER BY batch_line LIMIT $3",
         batch_id,
         after_line,
         limit,

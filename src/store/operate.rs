@@ -69,7 +69,7 @@ pub enum Retried {
     /// now as it was from its submission when it has passed.
     Queued,
     /// Not failed or cancelled (the state it is in).
-    NotFinishedBadly(JobState),
+    NotFailedOrCancelled(JobState),
     /// A line of a batch: the batch accounts for its lines, so they are not retried one by one.
     InBatch,
     /// Cancelled while its call was in flight: that call still holds its reservation.
@@ -114,7 +114,7 @@ pub async fn retry_job(
     Ok(match row {
         None => Retried::NotFound,
         Some(r) if !matches!(r.state, JobState::Failed | JobState::Cancelled) => {
-            Retried::NotFinishedBadly(r.state)
+            Retried::NotFailedOrCancelled(r.state)
         }
         Some(r) if r.batch_id.is_some() => Retried::InBatch,
         Some(_) => Retried::CallInFlight,
