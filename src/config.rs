@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
 use crate::tenant_spec::{Allowance, Budget, BudgetWindow, TenantLimits, TenantSettings, TenantSpec};
@@ -347,6 +347,16 @@ pub enum ProviderKind {
     /// Azure OpenAI at `{base_url}/openai/deployments/{model}/chat/completions`; the
     /// model names the deployment.
     Azure,
+    /// AWS Bedrock Converse at `{base_url}/model/{model}/converse`, signed with SigV4 by
+    /// keys of `access_key_id` and `secret_access_key`; `base_url` defaults to
+    /// `https://bedrock-runtime.{region}.amazonaws.com`. A model is a model id or an
+    /// inference profile (`us.anthropic.claude-…`).
+    Bedrock,
+    /// Google Vertex AI: Gemini models (`publishers/google`) and Anthropic's (`claude-…`,
+    /// `publishers/anthropic`) under `{base_url}/v1/projects/{project}/locations/{location}`,
+    /// authorized by OAuth2 tokens a service-account key (the key's `file`, `env` or
+    /// `value`: its JSON) is exchanged for; `base_url` defaults to the location's endpoint.
+    Vertex,
 }
 
 impl ProviderKind {
@@ -384,6 +394,8 @@ pub struct ProviderConfig {
     pub kind: ProviderKind,
     /// As the provider's own SDK takes it: OpenAI-style ones include `/v1`; Anthropic's,
     /// Gemini's and Azure's (`https://<resource>.openai.azure.com`) are the API root.
+    /// Bedrock's and Vertex's default to their region's or location's endpoint.
+    #[serde(default)]
     pub base_url: String,
     pub keys: Vec<KeyConfig>,
     /// Models this provider serves; `<name>/<model>` is valid only for these.
@@ -419,6 +431,15 @@ pub struct ProviderConfig {
     /// The provider's own batch API as a scheduling choice for `batch`-class jobs.
     #[serde(default)]
     pub batch_api: BatchApiConfig,
+    /// AWS region of a `bedrock` provider (`us-east-1`): its endpoint and signing scope.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// Google Cloud project of a `vertex` provider.
+    #[serde(default)]
+    pub project: Option<String>,
+    /// Location of a `vertex` provider (`us-central1`, `europe-west4`, `global`).
+    #[serde(default)]
+    pub location: Option<String>,
 }
 
 /// USD per million tokens.
@@ -445,9 +466,48 @@ impl ProviderConfig {
         self.dialect.unwrap_or(match self.kind {
             ProviderKind::Anthropic => Dialect::Anthropic,
             ProviderKind::Openai | ProviderKind::OpenaiCompatible => Dialect::Openai,
-            ProviderKind::Gemini => Dialect::Gemini,
+            ProviderKind::Gemini | ProviderKind::Vertex => Dialect::Gemini,
             ProviderKind::Azure => Dialect::Azure,
+            ProviderKind::Bedrock => Dialect::None,
         })
+    }
+
+    /// The endpoint a `bedrock` or `vertex` provider without a `base_url` is sent to.
+    fn default_base_url(&self) -> Option<String> {
+        match (self.kind, &self.region, &self.location) {
+            (ProviderKind::Bedrock, Some(region), _) => {
+                Some(format!("https://bedrock-runtime.{region}.amazonaws.com"))
+            }
+            (ProviderKind::Vertex, _, Some(location)) if location == "global" => {
+                Some("https://aiplatform.googleapis.com".to_owned())
+            }
+            (ProviderKind::Vertex, _, Some(location)) => {
+                Some(format!("https://{location}-aiplatform.googleapis.com"))
+            }
+            _ => None,
+        }
+    }
+
+    /// What a provider of this kind needs besides the fields every kind has: a region
+    /// for Bedrock, a project and location for Vertex (as `(field, reason)`).
+    fn kind_fault(&self) -> Option<(&'static str, &'static str)> {
+        let named = |v: &Option<String>| {
+            v.as_deref()
+                .is_some_and(|v| !v.is_empty() && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'))
+        };
+        match self.kind {
+            ProviderKind::Bedrock if !named(&self.region) => {
+                Some(("region", "a bedrock provider needs its AWS `region` (us-east-1)"))
+            }
+            ProviderKind::Vertex if !named(&self.project) => {
+                Some(("project", "a vertex provider needs its Google Cloud `project` id"))
+            }
+            ProviderKind::Vertex if !named(&self.location) => Some((
+                "location",
+                "a vertex provider needs its `location` (us-central1, global)",
+            )),
+            _ => None,
+        }
     }
 
     /// Whether the config limits requests or tokens of `model` (else its limits are
@@ -494,6 +554,19 @@ pub struct KeyConfig {
     pub value: Option<SecretString>,
     /// Name of the environment variable holding the key.
     pub env: Option<String>,
+    /// A file holding the key: a `vertex` provider's service-account JSON key.
+    #[serde(default)]
+    pub file: Option<String>,
+    /// A `bedrock` key: the AWS access key id, or the environment variable holding it.
+    #[serde(default)]
+    pub access_key_id: Option<String>,
+    #[serde(default)]
+    pub access_key_id_env: Option<String>,
+    /// A `bedrock` key: its secret access key, or the environment variable holding it.
+    #[serde(default)]
+    pub secret_access_key: Option<SecretString>,
+    #[serde(default)]
+    pub secret_access_key_env: Option<String>,
     /// Limits of this key alone, across all models (on top of the provider's per-model
     /// limits, which all its keys share).
     #[serde(default)]
@@ -779,7 +852,14 @@ impl Config {
         };
         let raw: toml::Value = toml::from_str(text).map_err(parse_error)?;
         check_durations(&raw, "")?;
-        let config: Config = toml::from_str(text).map_err(parse_error)?;
+        let mut config: Config = toml::from_str(text).map_err(parse_error)?;
+        for p in &mut config.providers {
+            if p.base_url.is_empty()
+                && let Some(url) = p.default_base_url()
+            {
+                p.base_url = url;
+            }
+        }
         config.validate()?;
         Ok(config)
     }
@@ -863,6 +943,9 @@ impl Config {
                     format!("duplicate provider name {:?}", p.name),
                 ));
             }
+            if let Some((field, reason)) = p.kind_fault() {
+                return Err(invalid(at(field), reason));
+            }
             let url = reqwest_free_url_check(&p.base_url);
             if let Err(reason) = url {
                 return Err(invalid(at("base_url"), reason));
@@ -874,8 +957,12 @@ impl Config {
                 .validate(p.kind)
                 .map_err(|reason| invalid(at("batch_api"), reason))?;
             for (k, key) in p.keys.iter().enumerate() {
-                key.resolve()
+                let secret = key
+                    .resolve()
                     .map_err(|reason| invalid(format!("providers[{i}].keys[{k}]"), reason))?;
+                if let Some(reason) = key_fault(p.kind, &secret) {
+                    return Err(invalid(format!("providers[{i}].keys[{k}]"), reason));
+                }
                 if key.weight == 0 {
                     return Err(invalid(
                         format!("providers[{i}].keys[{k}].weight"),
@@ -989,14 +1076,76 @@ fn reqwest_free_url_check(url: &str) -> Result<(), String> {
 impl KeyConfig {
     /// The key's secret, from `value` or the environment variable `env`.
     pub fn resolve(&self) -> Result<SecretString, String> {
-        match (&self.value, &self.env) {
-            (Some(v), None) => Ok(v.clone()),
-            (None, Some(var)) => std::env::var(var)
+        let aws = self.access_key_id.is_some()
+            || self.access_key_id_env.is_some()
+            || self.secret_access_key.is_some()
+            || self.secret_access_key_env.is_some();
+        match (&self.value, &self.env, &self.file, aws) {
+            (Some(v), None, None, false) => Ok(v.clone()),
+            (None, Some(var), None, false) => from_env(var, "env"),
+            (None, None, Some(path), false) => std::fs::read_to_string(path)
                 .map(SecretString::from)
-                .map_err(|_| format!("environment variable {var} (named by `env`) is not set")),
-            (Some(_), Some(_)) => Err("give `value` or `env`, not both".to_owned()),
-            (None, None) => Err("needs `value` or `env`".to_owned()),
+                .map_err(|e| format!("the key file {path:?} (named by `file`) cannot be read: {e}")),
+            (None, None, None, true) => {
+                let id = match (&self.access_key_id, &self.access_key_id_env) {
+                    (Some(id), None) => id.clone(),
+                    (None, Some(var)) => from_env(var, "access_key_id_env")?.expose_secret().to_owned(),
+                    _ => return Err("give `access_key_id` or `access_key_id_env`, one of them".to_owned()),
+                };
+                let secret = match (&self.secret_access_key, &self.secret_access_key_env) {
+                    (Some(secret), None) => secret.clone(),
+                    (None, Some(var)) => from_env(var, "secret_access_key_env")?,
+                    _ => {
+                        return Err(
+                            "give `secret_access_key` or `secret_access_key_env`, one of them".to_owned()
+                        );
+                    }
+                };
+                Ok(SecretString::from(format!("{id}:{}", secret.expose_secret())))
+            }
+            (None, None, None, false) => {
+                Err("needs `value`, `env`, `file`, or `access_key_id` and `secret_access_key`".to_owned())
+            }
+            _ => Err("give one of `value`, `env`, `file`, or the access key pair".to_owned()),
         }
+    }
+}
+
+/// A secret from the environment variable `var`, named by the key's `field`.
+fn from_env(var: &str, field: &str) -> Result<SecretString, String> {
+    std::env::var(var)
+        .map(SecretString::from)
+        .map_err(|_| format!("environment variable {var} (named by `{field}`) is not set"))
+}
+
+/// What is wrong with a resolved key for a provider of `kind`, if anything: a Bedrock key
+/// is `access_key_id:secret_access_key`, a Vertex key a service account's JSON key.
+/// The reason never quotes the secret.
+pub fn key_fault(kind: ProviderKind, secret: &SecretString) -> Option<&'static str> {
+    let secret = secret.expose_secret();
+    match kind {
+        ProviderKind::Bedrock => {
+            let pair = secret.split_once(':');
+            (!pair.is_some_and(|(id, key)| !id.is_empty() && !key.is_empty())).then_some(
+                "a bedrock key needs `access_key_id` and `secret_access_key` (or a `value` of `ID:SECRET`)",
+            )
+        }
+        ProviderKind::Vertex => {
+            let json: Option<serde_json::Value> = serde_json::from_str(secret).ok();
+            let field = |k: &str| {
+                json.as_ref()
+                    .and_then(|j| j.get(k))
+                    .and_then(serde_json::Value::as_str)
+                    .is_some_and(|v| !v.is_empty())
+            };
+            (!["client_email", "private_key", "token_uri"]
+                .iter()
+                .all(|k| field(k)))
+            .then_some(
+                "a vertex key is a service account's JSON key (with client_email, private_key and token_uri)",
+            )
+        }
+        _ => None,
     }
 }
 
@@ -1076,7 +1225,6 @@ impl ServerConfig {
     /// Refuses a short key when `listen` is reachable from other hosts; on loopback only
     /// (the demo, the tests) a short key is allowed.
     fn check_key(&self, field: &str, key: &SecretString) -> Result<(), ConfigError> {
-        use secrecy::ExposeSecret;
         if self.listen.ip().is_loopback() || key.expose_secret().chars().count() >= MIN_KEY_CHARS {
             return Ok(());
         }
@@ -1104,7 +1252,6 @@ impl TenantConfig {
     /// The SHA-256 of the tenant's API key: from `api_key_sha256`, or of the key in
     /// `api_key` / the variable `api_key_env`. Exactly one of the three is required.
     pub fn key_sha256(&self) -> Result<[u8; 32], String> {
-        use secrecy::ExposeSecret;
         use sha2::{Digest, Sha256};
         let key = match (&self.api_key, &self.api_key_env, &self.api_key_sha256) {
             (Some(v), None, None) => v.clone(),
@@ -1321,6 +1468,74 @@ weight = 3
         let c = Config::parse(&GOOD.replace("kind = \"openai\"", "kind = \"azure\""), "t").unwrap();
         assert_eq!(c.providers[0].dialect(), Dialect::Azure);
         assert_eq!(c.providers[0].azure_api_version, "2024-10-21");
+    }
+
+    /// Bedrock and Vertex: their endpoints from the region and location, their keys (an
+    /// access key pair; a service account's JSON key, read from a file), and what each
+    /// needs refused by its field.
+    #[test]
+    fn bedrock_and_vertex_take_their_own_keys_and_places() {
+        let bedrock = r#"
+[[providers]]
+name = "bed"
+kind = "bedrock"
+region = "eu-central-1"
+keys = [{ name = "a", access_key_id = "AKID1", secret_access_key = "s3cret" }]
+models = ["anthropic.claude-3-5-haiku-20241022-v1:0"]
+[[tenants]]
+name = "t"
+api_key = "tk-test"
+"#;
+        let c = Config::parse(bedrock, "t").unwrap();
+        let p = &c.providers[0];
+        assert_eq!(p.base_url, "https://bedrock-runtime.eu-central-1.amazonaws.com");
+        assert_eq!(p.dialect(), Dialect::None);
+        assert_eq!(p.keys[0].resolve().unwrap().expose_secret(), "AKID1:s3cret");
+        assert!(err(&bedrock.replace("region = \"eu-central-1\"\n", "")).contains("providers[0].region"));
+        let half = bedrock.replace(", secret_access_key = \"s3cret\"", "");
+        assert!(err(&half).contains("secret_access_key"), "{}", err(&half));
+        let plain = bedrock.replace(
+            "access_key_id = \"AKID1\", secret_access_key = \"s3cret\"",
+            "value = \"no-pair\"",
+        );
+        assert!(err(&plain).contains("providers[0].keys[0]"), "{}", err(&plain));
+
+        let dir = tempfile::tempdir().unwrap();
+        let key_file = dir.path().join("sa.json");
+        std::fs::write(
+            &key_file,
+            r#"{"type":"service_account","client_email":"a@p.iam.gserviceaccount.com","private_key":"-----BEGIN PRIVATE KEY-----\n","token_uri":"https://oauth2.googleapis.com/token"}"#,
+        )
+        .unwrap();
+        let vertex = format!(
+            r#"
+[[providers]]
+name = "vx"
+kind = "vertex"
+project = "acme-prod"
+location = "global"
+keys = [{{ name = "sa", file = "{}" }}]
+models = ["gemini-2.0-flash"]
+[[tenants]]
+name = "t"
+api_key = "tk-test"
+"#,
+            key_file.display()
+        );
+        let c = Config::parse(&vertex, "t").unwrap();
+        assert_eq!(c.providers[0].base_url, "https://aiplatform.googleapis.com");
+        assert_eq!(c.providers[0].dialect(), Dialect::Gemini);
+        let regional = Config::parse(&vertex.replace("\"global\"", "\"us-central1\""), "t").unwrap();
+        assert_eq!(
+            regional.providers[0].base_url,
+            "https://us-central1-aiplatform.googleapis.com"
+        );
+        assert!(err(&vertex.replace("project = \"acme-prod\"\n", "")).contains("providers[0].project"));
+        std::fs::write(&key_file, "sk-not-a-service-account").unwrap();
+        let e = err(&vertex);
+        assert!(e.contains("service account") && !e.contains("sk-not"), "{e}");
+        std::fs::remove_file(&key_file).unwrap();
+        assert!(err(&vertex).contains("cannot be read"));
     }
 
     #[test]

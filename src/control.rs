@@ -694,13 +694,21 @@ fn check_provider_key(
     models: &[String],
 ) -> Result<(), ControlError> {
     use secrecy::ExposeSecret;
-    let malformed =
-        |v: &str| v.is_empty() || v.len() > 4096 || v.chars().any(|c| c.is_whitespace() || c.is_control());
+    // A Vertex key is a service account's JSON key, spaces and all; the others are one token.
+    let json_key = p.kind == crate::config::ProviderKind::Vertex;
+    let malformed = |v: &str| {
+        v.is_empty()
+            || v.len() > 16_384
+            || (!json_key && (v.len() > 4096 || v.chars().any(|c| c.is_whitespace() || c.is_control())))
+    };
     if value.map(ExposeSecret::expose_secret).is_some_and(malformed) {
         return Err(invalid_field(
             "value",
-            "must be the provider's key: 1 to 4096 characters, no spaces",
+            "must be the provider's key: 1 to 4096 characters, no spaces (a vertex key: a service account's JSON key)",
         ));
+    }
+    if let Some(reason) = value.and_then(|v| crate::config::key_fault(p.kind, v)) {
+        return Err(invalid_field("value", reason));
     }
     if weight == 0 {
         return Err(invalid_field("weight", "must be at least 1"));

@@ -69,10 +69,12 @@ pub(crate) fn check(
     for target in &targets {
         let provider = config.provider(&target.provider);
         let refused = match (&as_chat, AsChat::of(target.kind, endpoint)) {
-            _ if endpoint == Endpoint::ChatCompletions => provider.and_then(|p| unexpressed(p, request)),
+            _ if endpoint == Endpoint::ChatCompletions => {
+                provider.and_then(|p| unexpressed(p, &target.model, request))
+            }
             (Some(chat), Some(translation)) => translation
                 .unexpressed(request)
-                .or_else(|| provider.and_then(|p| unexpressed(p, chat))),
+                .or_else(|| provider.and_then(|p| unexpressed(p, &target.model, chat))),
             _ => None,
         };
         if let Some(refused) = refused {

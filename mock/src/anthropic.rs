@@ -100,14 +100,57 @@ pub(super) async fn messages(State(p): State<MockProvider>, req: Request) -> Res
     let Ok(bytes) = to_bytes(body, MAX_BODY_BYTES).await else {
         return reply.bad_request("The request body could not be read.");
     };
-    let req: MessagesRequest = match serde_json::from_slice(&bytes) {
+    answer(&p, in_flight, reply, project, &bytes, None).await
+}
+
+/// Claude on Vertex AI (`rawPredict`, `streamRawPredict`), for a caller Vertex
+/// authenticated: Anthropic's body without `model` (it is in the URL) and with
+/// `anthropic_version: "vertex-2023-10-16"` instead of the header.
+pub(super) async fn vertex(
+    p: &MockProvider,
+    in_flight: super::stats::InFlight<'_>,
+    project: usize,
+    model: &str,
+    body: Body,
+) -> Response {
+    let inner = &*p.inner;
+    let reply = Reply {
+        inner,
+        request_id: format!("req_vrtx_011C{}", hex_id(20)),
+        project: Some(project),
+    };
+    let Ok(bytes) = to_bytes(body, MAX_BODY_BYTES).await else {
+        return reply.bad_request("The request body could not be read.");
+    };
+    let raw: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    if raw.get("anthropic_version").and_then(serde_json::Value::as_str) != Some("vertex-2023-10-16") {
+        return reply.bad_request("anthropic_version: Input should be 'vertex-2023-10-16'");
+    }
+    if raw.get("model").is_some() {
+        return reply.bad_request("model: Extra inputs are not permitted");
+    }
+    answer(p, in_flight, reply, project, &bytes, Some(model)).await
+}
+
+/// What follows the caller's authentication: the body, the model (the body's, or the
+/// URL's on Vertex), faults, the limits, the answer.
+async fn answer(
+    p: &MockProvider,
+    in_flight: super::stats::InFlight<'_>,
+    reply: Reply<'_>,
+    project: usize,
+    bytes: &[u8],
+    model_in_url: Option<&str>,
+) -> Response {
+    let inner = &*p.inner;
+    let req: MessagesRequest = match serde_json::from_slice(bytes) {
         Ok(r) => r,
         Err(e) if e.is_syntax() || e.is_eof() => {
             return reply.bad_request("There was an error parsing the body of your request: invalid JSON.");
         }
         Err(e) => return reply.bad_request(&format!("Invalid request body: {e}")),
     };
-    let Some(model) = req.model.as_deref().filter(|m| !m.is_empty()) else {
+    let Some(model) = model_in_url.or(req.model.as_deref()).filter(|m| !m.is_empty()) else {
         return reply.bad_request("model: Field required");
     };
     let Some(messages) = req.messages else {
@@ -119,7 +162,7 @@ pub(super) async fn messages(State(p): State<MockProvider>, req: Request) -> Res
     let Some(max_tokens) = req.max_tokens else {
         return reply.bad_request("max_tokens: Field required");
     };
-    let tool_call = match serde_json::from_slice(&bytes)
+    let tool_call = match serde_json::from_slice(bytes)
         .map_err(|e| e.to_string())
         .and_then(|b| tool_turn(&b))
     {

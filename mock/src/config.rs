@@ -116,6 +116,13 @@ pub enum ProviderKind {
     /// `POST /openai/deployments/{deployment}/chat/completions?api-version=…`, `api-key`;
     /// `x-ratelimit-remaining-*` headers, 429s with `retry-after(-ms)` and code `"429"`.
     Azure,
+    /// `POST /model/{model}/converse(-stream)`, SigV4-signed by keys written
+    /// `ACCESS_KEY_ID:SECRET`; no rate-limit headers, 429 `ThrottlingException`.
+    Bedrock,
+    /// Vertex AI: `POST /v1/projects/{project}/locations/{location}/publishers/{google|anthropic}/models/{model}:{method}`
+    /// with a bearer token from `POST /token` (a service account's JWT, verified with the
+    /// project's `public_key`); keys are the service accounts' emails.
+    Vertex,
 }
 
 /// One project (an account with its own rate limits).
@@ -132,6 +139,10 @@ pub struct ProjectConfig {
     /// Keys answered with a 401 in the provider's shape.
     #[serde(default)]
     pub revoked_keys: Vec<String>,
+    /// A `vertex` project: the PEM public key its service accounts' token requests are
+    /// verified with.
+    #[serde(default)]
+    pub public_key: Option<String>,
     /// Accepted models; empty accepts any model, otherwise an unknown model is a 404.
     #[serde(default)]
     pub models: Vec<String>,

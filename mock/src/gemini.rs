@@ -8,7 +8,9 @@
 //! Auth errors as Google sends them: no key → 403 `PERMISSION_DENIED`; an unknown key →
 //! 400 `INVALID_ARGUMENT` with `ErrorInfo.reason = API_KEY_INVALID`; a revoked key → 403
 //! `PERMISSION_DENIED` (`CONSUMER_SUSPENDED`). Token rule: `contents` count as messages and
-//! `systemInstruction` as one more (`request`). Only `generateContent` is served. Function
+//! `systemInstruction` as one more (`request`). `streamGenerateContent?alt=sse` streams the
+//! answer as server-sent events, each a partial `GenerateContentResponse`, the last with
+//! the `finishReason` and the whole `usageMetadata` (`stream`). Function
 //! calling as Gemini checks it: declared functions are called (see [`function_call`]), a
 //! turn of function responses must follow the turn of calls it answers, one per call.
 
@@ -24,6 +26,7 @@ use serde_json::{Value, json};
 use super::buckets::{Admission, Charge, Denial, LimitKind, LimitsView};
 use super::reply::Respond;
 use super::request::{MessagesTokens, TextChars, input_tokens, message_tokens};
+use super::stream::{self, Shape, StreamGuard};
 use super::{Inner, KeyLookup, MAX_BODY_BYTES, MockProvider, ProviderKind, ceil_secs, hex_id};
 
 /// The `GenerateContentRequest` fields the mock reads; others are ignored.
@@ -63,14 +66,8 @@ pub(super) async fn generate_content(
     req: Request,
 ) -> Response {
     let inner = &*p.inner;
-    let _in_flight = inner.totals.begin();
+    let in_flight = inner.totals.begin();
     let reply = Reply { inner };
-    let (model, action) = model_action.split_once(':').unwrap_or((&model_action, ""));
-    if action != "generateContent" {
-        super::stats::bump(&inner.totals.not_found);
-        let msg = format!("The mock serves only :generateContent, not {action:?}.");
-        return reply.error(StatusCode::NOT_FOUND, "NOT_FOUND", &msg, Vec::new());
-    }
     let (parts, body) = req.into_parts();
     let key = parts
         .headers
@@ -106,7 +103,39 @@ pub(super) async fn generate_content(
             );
         }
     };
+    answer(&p, in_flight, project, &model_action, &query, body).await
+}
 
+/// A `google.rpc.Status` error answer (Vertex AI's too).
+pub(super) fn error(inner: &Inner, status: StatusCode, name: &str, message: &str) -> Response {
+    Reply { inner }.error(status, name, message, Vec::new())
+}
+
+/// What follows the caller's authentication — the method, the body, the model, faults,
+/// the limits, the answer — for `project`: the Gemini API's and Vertex AI's Gemini models'.
+pub(super) async fn answer(
+    p: &MockProvider,
+    in_flight: super::stats::InFlight<'_>,
+    project: usize,
+    model_action: &str,
+    query: &HashMap<String, String>,
+    body: Body,
+) -> Response {
+    let inner = &*p.inner;
+    let reply = Reply { inner };
+    let (model, action) = model_action.split_once(':').unwrap_or((model_action, ""));
+    let streamed = match action {
+        "generateContent" => false,
+        "streamGenerateContent" => true,
+        _ => {
+            super::stats::bump(&inner.totals.not_found);
+            let msg = format!("The mock serves :generateContent and :streamGenerateContent, not {action:?}.");
+            return reply.error(StatusCode::NOT_FOUND, "NOT_FOUND", &msg, Vec::new());
+        }
+    };
+    if streamed && query.get("alt").map(String::as_str) != Some("sse") {
+        return reply.bad_request("The mock streams with `alt=sse` only (server-sent events).");
+    }
     let Ok(bytes) = to_bytes(body, MAX_BODY_BYTES).await else {
         return reply.bad_request("The request body could not be read.");
     };
@@ -163,12 +192,26 @@ pub(super) async fn generate_content(
         Admission::Admitted(view) => view,
         Admission::Denied(denial, _) => return reply.rate_limited(model, &denial),
     };
-    let refund = inner.generate(project, &view, reserved, output).await;
     let finish_reason = if output < inner.output_tokens {
         "MAX_TOKENS"
     } else {
         "STOP"
     };
+    if streamed {
+        super::stats::bump(&inner.totals.succeeded);
+        in_flight.hand_over();
+        let otpm_reserved = if view.otpm.is_some() { reserved } else { 0 };
+        let guard = StreamGuard::new(p.clone(), project, output, otpm_reserved);
+        let shape = Shape::Gemini {
+            id: hex_id(22),
+            model: model.to_owned(),
+            finish_reason,
+            input,
+            call,
+        };
+        return reply.stream(stream::body(guard, shape), &view);
+    }
+    let refund = inner.generate(project, &view, reserved, output).await;
     let part = match call {
         Some(call) => json!({"functionCall": call}),
         None => json!({"text": inner.text.words(output)}),

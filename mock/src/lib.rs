@@ -1,12 +1,14 @@
 //! The mock LLM provider: a real HTTP server that speaks enough of the OpenAI Chat
-//! Completions, Anthropic Messages, Gemini `generateContent` and Azure OpenAI APIs —
+//! Completions, Anthropic Messages, Gemini `generateContent`, Azure OpenAI, AWS Bedrock
+//! Converse and Google Vertex AI APIs —
 //! headers, error bodies and rate-limit semantics as in `docs/PROVIDERS.md` §1–4 — for tests,
 //! the demo and benchmarks.
 //!
 //! Modules, in request order:
 //! - `config`: TOML schema ([`MockConfig`]) with documented defaults, and validation.
-//! - `openai` / `anthropic` / `gemini` / `azure`: the route handlers; auth, body checks,
-//!   the provider's header set and error shapes.
+//! - `openai` / `anthropic` / `gemini` / `azure` / `bedrock` / `vertex`: the route handlers;
+//!   auth (Bedrock's SigV4 verified, Vertex's OAuth2 tokens issued), body checks, the
+//!   provider's header set and error shapes.
 //! - `request`: the body fields the mock reads and the token-count rule
 //!   (`3 + Σ (4 + ceil(chars/4))`, Anthropic `system` counted as one more message).
 //! - `buckets`: per-project limiter — continuous-refill per-minute buckets (RPM, TPM,
@@ -34,6 +36,7 @@ mod anthropic_batch;
 mod audit;
 mod azure;
 mod batch_state;
+mod bedrock;
 mod buckets;
 mod clock;
 mod config;
@@ -47,6 +50,7 @@ mod reply;
 mod request;
 mod stats;
 mod stream;
+mod vertex;
 
 #[cfg(test)]
 mod tests;
@@ -98,6 +102,8 @@ struct Project {
     org: Option<axum::http::HeaderValue>,
     /// Accepted models; empty = any.
     models: HashSet<String>,
+    /// A `vertex` project: the public key its service accounts' JWTs are verified with.
+    public_key: Option<String>,
     /// Held only for bucket arithmetic, never across an await.
     limiter: Mutex<Limiter>,
     counters: ProjectCounters,
@@ -146,6 +152,8 @@ struct Inner {
     /// Files and batches of the batch APIs (`batch_state`).
     batches: Mutex<batch_state::BatchState>,
     batch_config: BatchMockConfig,
+    /// Vertex AI access tokens issued: their project and expiry (Unix seconds).
+    vertex_tokens: Mutex<HashMap<String, (usize, i64)>>,
 }
 
 impl MockProvider {
@@ -180,6 +188,7 @@ impl MockProvider {
                 name: p.name.clone(),
                 org: axum::http::HeaderValue::from_str(&format!("org-{}", p.name)).ok(),
                 models: p.models.iter().cloned().collect(),
+                public_key: p.public_key.clone(),
                 limiter: Mutex::new(Limiter::new(p.limits(), &clock)),
                 counters: ProjectCounters::default(),
             });
@@ -218,6 +227,7 @@ impl MockProvider {
             text: CannedText::new(config.output_tokens),
             batches: Mutex::new(batch_state::BatchState::default()),
             batch_config: config.batch,
+            vertex_tokens: Mutex::default(),
         };
         Self {
             inner: Arc::new(inner),
@@ -228,7 +238,9 @@ impl MockProvider {
     /// (`/v1/files`, `/v1/batches`, `/v1/messages/batches`: see `openai_batch`,
     /// `anthropic_batch`),
     /// `POST /v1beta/models/{model}:generateContent`,
-    /// `POST /openai/deployments/{deployment}/chat/completions`, `GET /mock/stats`,
+    /// `POST /openai/deployments/{deployment}/chat/completions`, Bedrock's
+    /// `POST /model/{model}/converse(-stream)` (`bedrock`), Vertex AI's `POST /token` and
+    /// model routes (`vertex`), `GET /mock/stats`,
     /// `POST /mock/limits/{project}` (body: [`ProjectLimits`]), `POST /mock/reset`.
     pub fn router(&self) -> Router {
         Router::new()
@@ -242,6 +254,12 @@ impl MockProvider {
             .route(
                 "/openai/deployments/{deployment}/chat/completions",
                 post(azure::chat_completions),
+            )
+            .route("/model/{model}/{operation}", post(bedrock::converse))
+            .route("/token", post(vertex::token))
+            .route(
+                "/v1/projects/{project}/locations/{location}/publishers/{publisher}/models/{model_action}",
+                post(vertex::predict),
             )
             .route("/v1/files", post(openai_batch::upload_file))
             .route("/v1/files/{id}/content", get(openai_batch::file_content))
@@ -401,6 +419,11 @@ impl Drop for OutputRefund<'_> {
 }
 
 impl Inner {
+    /// Vertex AI's tokens; held for a lookup or an insert, never across an await.
+    fn vertex_tokens(&self) -> MutexGuard<'_, HashMap<String, (usize, i64)>> {
+        self.vertex_tokens.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// The batch APIs' files and batches; held for plain bookkeeping, never across an await.
     fn batch_state(&self) -> MutexGuard<'_, batch_state::BatchState> {
         self.batches.lock().unwrap_or_else(PoisonError::into_inner)

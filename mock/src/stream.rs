@@ -1,4 +1,5 @@
-//! Streaming responses (`"stream": true`) of both APIs as server-sent events.
+//! Streaming responses (`"stream": true`, Gemini's `streamGenerateContent`) as
+//! server-sent events.
 //!
 //! Admission is the handlers' (same checks, same errors, same charges as non-streaming);
 //! this module only produces the body of an admitted stream. Timing: the headers go out
@@ -46,6 +47,19 @@ pub(super) enum Shape {
         stop_reason: &'static str,
         input: u64,
     },
+    /// `streamGenerateContent?alt=sse`: each event a `GenerateContentResponse` with one
+    /// token's text, the last with the `finishReason`, the function call if the mock makes
+    /// one, and the whole `usageMetadata`. Events end in `\r\n\r\n`, as Google's do.
+    Gemini {
+        id: String,
+        model: String,
+        finish_reason: &'static str,
+        input: u64,
+        call: Option<Value>,
+    },
+    /// ConverseStream: AWS event-stream messages (`messageStart`, a `contentBlockDelta` per
+    /// token, `contentBlockStop`, `messageStop`, `metadata` with the usage).
+    Bedrock { stop_reason: &'static str, input: u64 },
 }
 
 /// Settles an admitted stream's accounting at its last event or, failing that, when its
@@ -183,6 +197,24 @@ fn data(v: &Value) -> Bytes {
     Bytes::from(format!("data: {v}\n\n"))
 }
 
+/// One AWS event-stream message: `:event-type` `name`, a JSON payload.
+fn aws_event(name: &str, v: &Value) -> Bytes {
+    use aws_smithy_types::event_stream::{Header, HeaderValue, Message};
+    let string = |s: &str| HeaderValue::String(s.to_owned().into());
+    let message = Message::new(v.to_string().into_bytes())
+        .add_header(Header::new(":event-type", string(name)))
+        .add_header(Header::new(":content-type", string("application/json")))
+        .add_header(Header::new(":message-type", string("event")));
+    let mut out = Vec::new();
+    match aws_smithy_eventstream::frame::write_message_to(&message, &mut out) {
+        Ok(()) => Bytes::from(out),
+        Err(e) => {
+            tracing::error!(%e, "mock event-stream message not written");
+            Bytes::new()
+        }
+    }
+}
+
 fn event(name: &str, v: &Value) -> Bytes {
     Bytes::from(format!("event: {name}\ndata: {v}\n\n"))
 }
@@ -193,6 +225,8 @@ impl Shape {
         match self {
             Shape::OpenAi { choices, .. } => *choices,
             Shape::Anthropic { .. } => 3,
+            Shape::Gemini { .. } => 0,
+            Shape::Bedrock { .. } => 1,
         }
     }
 
@@ -205,6 +239,8 @@ impl Shape {
                 ..
             } => choices + 1 + u64::from(*include_usage),
             Shape::Anthropic { .. } => 3,
+            Shape::Gemini { .. } => 1,
+            Shape::Bedrock { .. } => 3,
         }
     }
 
@@ -235,6 +271,8 @@ impl Shape {
 
     fn opening_event(&self, step: u64) -> Bytes {
         match self {
+            Shape::Gemini { .. } => Bytes::new(),
+            Shape::Bedrock { .. } => aws_event("messageStart", &json!({"role": "assistant"})),
             Shape::OpenAi { .. } => {
                 data(&self.chunk(step, json!({"role": "assistant", "content": ""}), None))
             }
@@ -270,7 +308,30 @@ impl Shape {
                 &json!({"type": "content_block_delta", "index": 0,
                         "delta": {"type": "text_delta", "text": CannedText::token(i)}}),
             ),
+            Shape::Bedrock { .. } => aws_event(
+                "contentBlockDelta",
+                &json!({"contentBlockIndex": 0, "delta": {"text": CannedText::token(i)}}),
+            ),
+            Shape::Gemini { input, .. } => self.gemini(
+                json!([{"text": CannedText::token(i)}]),
+                None,
+                json!({"promptTokenCount": input, "totalTokenCount": input}),
+            ),
         }
+    }
+
+    /// A Gemini event: one candidate of `parts`, its finish reason, and `usage`.
+    fn gemini(&self, parts: Value, finish_reason: Option<&str>, usage: Value) -> Bytes {
+        let Shape::Gemini { id, model, .. } = self else {
+            return Bytes::new();
+        };
+        let mut candidate = json!({"content": {"parts": parts, "role": "model"}, "index": 0});
+        if let Some(reason) = finish_reason {
+            candidate["finishReason"] = json!(reason);
+        }
+        let response = json!({"candidates": [candidate], "usageMetadata": usage,
+                              "modelVersion": model, "responseId": id});
+        Bytes::from(format!("data: {response}\r\n\r\n"))
     }
 
     fn closing_event(&self, j: u64, output: u64) -> Bytes {
@@ -311,6 +372,30 @@ impl Shape {
                             "usage": {"output_tokens": output}}),
                 ),
                 _ => event("message_stop", &json!({"type": "message_stop"})),
+            },
+            Shape::Gemini {
+                finish_reason,
+                input,
+                call,
+                ..
+            } => {
+                let parts = match call {
+                    Some(call) => json!([{"functionCall": call}]),
+                    None => json!([{"text": ""}]),
+                };
+                let usage = json!({"promptTokenCount": input, "candidatesTokenCount": output,
+                                   "totalTokenCount": input + output});
+                self.gemini(parts, Some(finish_reason), usage)
+            }
+            Shape::Bedrock { stop_reason, input } => match j {
+                0 => aws_event("contentBlockStop", &json!({"contentBlockIndex": 0})),
+                1 => aws_event("messageStop", &json!({"stopReason": stop_reason})),
+                _ => aws_event(
+                    "metadata",
+                    &json!({"usage": {"inputTokens": input, "outputTokens": output,
+                                      "totalTokens": input + output},
+                            "metrics": {"latencyMs": 1}}),
+                ),
             },
         }
     }

@@ -63,7 +63,11 @@ impl BatchApiConfig {
         match kind {
             ProviderKind::Openai => endpoint != Endpoint::Messages,
             ProviderKind::Anthropic => matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Messages),
-            ProviderKind::OpenaiCompatible | ProviderKind::Gemini | ProviderKind::Azure => false,
+            ProviderKind::OpenaiCompatible
+            | ProviderKind::Gemini
+            | ProviderKind::Azure
+            | ProviderKind::Bedrock
+            | ProviderKind::Vertex => false,
         }
     }
 

@@ -1,45 +1,30 @@
 //! The Gemini and Azure OpenAI adapters end to end: jobs routed to a `gemini` and an
 //! `azure` provider on the mock come back in OpenAI chat format with the usage the mock
-//! reported; Azure streams like OpenAI, Gemini refuses streams with a clear code; a
+//! reported; Azure streams like OpenAI, Gemini through `streamGenerateContent`; a
 //! Gemini 429 (`QuotaFailure` + `RetryInfo`, no headers) teaches the RPM limit. A
 //! tool-calling conversation from the `openai` SDK to an Anthropic model, plain and
 //! streamed; what Anthropic or Gemini cannot express refused up front, naming the field.
 
 use serde_json::{Value, json};
-use tollgate_mock::{MockConfig, ProjectConfig, ProviderKind};
+use tollgate_mock::{MockConfig, ProviderKind};
 
-use crate::harness::{ACME, GLOBEX, TestApp, TestOptions, eventually, mock_config};
-
-fn project(name: &str, kind: ProviderKind, key: &str, model: &str, rpm: u64) -> ProjectConfig {
-    ProjectConfig {
-        name: name.to_owned(),
-        kind,
-        keys: vec![key.to_owned()],
-        revoked_keys: Vec::new(),
-        models: vec![model.to_owned()],
-        rpm,
-        tpm: 0,
-        rpd: 0,
-        itpm: 0,
-        otpm: 0,
-    }
-}
+use crate::harness::{ACME, GLOBEX, TestApp, TestOptions, eventually, mock_config, mock_project};
 
 /// The harness's projects plus a Gemini and an Azure one.
 fn mock(gemini_rpm: u64) -> MockConfig {
     let mut m = mock_config();
-    m.projects.push(project(
+    m.projects.push(mock_project(
         "gem-test",
         ProviderKind::Gemini,
-        "g-test",
-        "gemini-2.0-flash",
+        &["g-test"],
+        &["gemini-2.0-flash"],
         gemini_rpm,
     ));
-    m.projects.push(project(
+    m.projects.push(mock_project(
         "az-test",
         ProviderKind::Azure,
-        "az-test",
-        "gpt-4o-deploy",
+        &["az-test"],
+        &["gpt-4o-deploy"],
         100_000,
     ));
     m
@@ -67,7 +52,7 @@ learn_limits = false
     )
 }
 
-fn chat(model: &str) -> Value {
+pub(crate) fn chat(model: &str) -> Value {
     json!({
         "model": model,
         "messages": [
@@ -136,48 +121,82 @@ async fn gemini_and_azure_jobs_come_back_in_openai_format_with_usage() {
     app.shutdown().await;
 }
 
-/// `POST /v1/chat/completions` as tenant acme.
-async fn chat_completions(app: &TestApp, body: &Value) -> reqwest::Response {
-    app.http
+/// A streamed chat call (three tokens, the usage asked for) as tenant acme: its content
+/// and usage chunk.
+pub(crate) async fn stream(app: &TestApp, model: &str) -> (String, Value) {
+    let mut body = chat(model);
+    body["stream"] = json!(true);
+    body["max_tokens"] = json!(3);
+    body["stream_options"] = json!({"include_usage": true});
+    let resp = app
+        .http
         .post(app.url("/v1/chat/completions"))
         .bearer_auth(ACME)
-        .json(body)
+        .json(&body)
         .send()
         .await
-        .unwrap()
+        .unwrap();
+    assert_eq!(resp.status(), 200, "{model}");
+    let text = resp.text().await.unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{model}: {text}");
+    let chunks: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str(d.trim()).ok())
+        .collect();
+    let content = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    let usage = chunks
+        .iter()
+        .find(|c| c["usage"].is_object())
+        .map(|c| c["usage"].clone())
+        .unwrap_or_else(|| panic!("{model}: no usage chunk in {text}"));
+    (content, usage)
 }
 
 #[tokio::test]
-async fn azure_streams_like_openai_and_gemini_refuses_streams_clearly() {
+async fn azure_and_gemini_stream_in_openai_chunks() {
     let app = TestApp::spawn_with(TestOptions {
         mock: mock(100_000),
         extra_config: providers(false),
         ..TestOptions::default()
     })
     .await;
-    let mut body = chat("az/gpt-4o-deploy");
-    body["stream"] = json!(true);
-    body["max_tokens"] = json!(3);
-    let resp = chat_completions(&app, &body).await;
-    assert_eq!(resp.status(), 200);
-    let text = resp.text().await.unwrap();
-    let content: String = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
-        .collect();
-    assert_eq!(content, "lorem ipsum dolor");
-    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
-    assert_eq!(app.mock.stats().streams_completed, 1);
-
-    let mut body = chat("gem/gemini-2.0-flash");
-    body["stream"] = json!(true);
-    let resp = chat_completions(&app, &body).await;
-    assert_eq!(resp.status(), 400);
-    let err: Value = resp.json().await.unwrap();
-    assert_eq!(err["error"]["code"], "streaming_unsupported", "{err}");
-    assert!(app.mock.stats().projects["gem-test"].requests_admitted == 0);
+    for model in ["az/gpt-4o-deploy", "gem/gemini-2.0-flash"] {
+        let (content, usage) = stream(&app, model).await;
+        assert_eq!(content, "lorem ipsum dolor", "{model}");
+        assert_eq!(
+            (
+                usage["prompt_tokens"].as_i64(),
+                usage["completion_tokens"].as_i64()
+            ),
+            (Some(16), Some(3)),
+            "{model}"
+        );
+    }
+    let stats = app.mock.stats();
+    assert_eq!(stats.streams_completed, 2, "{stats:?}");
+    assert_eq!(stats.projects["gem-test"].requests_admitted, 1);
+    // The job settled with what Gemini's last event reported.
+    let (status, jobs) = app.get(ACME, "/v1/jobs?limit=5").await;
+    assert_eq!(status, 200, "{jobs}");
+    let gemini = jobs["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["provider"] == "gem")
+        .unwrap_or_else(|| panic!("{jobs}"))
+        .clone();
+    assert_eq!(gemini["state"], "succeeded", "{gemini}");
+    assert_eq!(
+        (
+            gemini["usage"]["input_tokens"].as_i64(),
+            gemini["usage"]["output_tokens"].as_i64()
+        ),
+        (Some(16), Some(3))
+    );
     app.shutdown().await;
 }
 

@@ -13,7 +13,7 @@ use tollgate::config::Config;
 use tollgate::db;
 use tollgate::embedded::{EmbeddedOptions, EmbeddedPostgres};
 use tollgate_api::broker::{Broker, Roles};
-use tollgate_mock::{LocalMock, MockConfig, MockProvider};
+use tollgate_mock::{LocalMock, MockConfig, MockProvider, ProjectConfig, ProviderKind};
 
 pub const ACME: &str = "tk-acme";
 pub const GLOBEX: &str = "tk-globex";
@@ -181,6 +181,30 @@ otpm = 100000000
 "#,
     )
     .expect("mock config")
+}
+
+/// A mock project of `kind` with `keys`, serving `models` at `rpm` requests a minute and no
+/// other limit.
+pub fn mock_project(
+    name: &str,
+    kind: ProviderKind,
+    keys: &[&str],
+    models: &[&str],
+    rpm: u64,
+) -> ProjectConfig {
+    ProjectConfig {
+        name: name.to_owned(),
+        kind,
+        keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+        revoked_keys: Vec::new(),
+        public_key: None,
+        models: models.iter().map(|m| (*m).to_owned()).collect(),
+        rpm,
+        tpm: 0,
+        rpd: 0,
+        itpm: 0,
+        otpm: 0,
+    }
 }
 
 /// The broker's config pointing at the mock on `mock_addr`. `extra` is appended: the `oai`

@@ -56,6 +56,7 @@ mod bulk;
 mod chaos;
 mod cli;
 mod clock;
+mod clouds;
 mod console;
 mod control;
 mod dashboard;

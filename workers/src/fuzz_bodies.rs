@@ -144,7 +144,10 @@ fn sse_events(body: &[u8], piece: usize) -> Result<Vec<SseEvent>, String> {
 type Streamed = (Vec<(Value, bool)>, Option<(ReasonCode, Option<u16>)>, Usage, bool);
 
 fn stream(which: usize, body: &[u8], piece: usize) -> Streamed {
-    let Some(events) = adapters()[which].0.stream_events(Endpoint::ChatCompletions) else {
+    let Some(events) = adapters()[which]
+        .0
+        .stream_events(Endpoint::ChatCompletions, &adapters()[which].1)
+    else {
         panic!("adapter {which} does not stream");
     };
     let pieces = body.chunks(piece).map(Bytes::copy_from_slice).collect();
@@ -176,8 +179,9 @@ fn stream(which: usize, body: &[u8], piece: usize) -> Streamed {
     })
 }
 
-/// A provider's event stream. The first byte picks the adapter (`% 2`: OpenAI's chunks,
-/// Anthropic's events) and the size of the pieces it arrives in; the rest is the body.
+/// A provider's event stream. The first byte picks the adapter (`% 3`: OpenAI's chunks,
+/// Anthropic's events, Gemini's responses) and the size of the pieces it arrives in; the
+/// rest is the body.
 /// Invariants: the events, and the chunks, failure and usage they become, do not depend
 /// on how the body was split; every chunk is JSON; usage is non-negative and bounded; a
 /// stream ends either with the provider's end marker or in a failure, never silently;
@@ -193,8 +197,8 @@ pub fn sse_stream(data: &[u8]) {
         sse_events(body, whole),
         "events depend on the split"
     );
-    // OpenAI's chunks (also Azure's), or Anthropic's events.
-    let which = if knob % 2 == 0 { 0 } else { 2 };
+    // OpenAI's chunks (also Azure's), Anthropic's events, or Gemini's responses.
+    let which = [0, 2, 3][usize::from(knob % 3)];
     let split = stream(which, body, piece);
     assert_eq!(
         split,

@@ -18,7 +18,7 @@ use tollgate::vocab::{Endpoint, ReasonCode};
 use super::batch_api::{BatchApi, LineResult, Status, Upload, failed};
 use super::openai::{content_text, stop_sequences};
 use super::sse::SseEvent;
-use super::streaming::{self, StreamEvents, StreamOut};
+use super::streaming::{self, ChunkHead, StreamEvents, StreamOut};
 use super::{Mode, ProviderApi, Success, Unexpressed, arguments_object, array, data_url, int};
 
 /// An Anthropic provider.
@@ -73,7 +73,7 @@ impl ProviderApi for Anthropic {
         read_message(body, endpoint)
     }
 
-    fn stream_events(&self, endpoint: Endpoint) -> Option<Box<dyn StreamEvents>> {
+    fn stream_events(&self, endpoint: Endpoint, _model: &str) -> Option<Box<dyn StreamEvents>> {
         match endpoint {
             Endpoint::Messages => Some(Box::new(PassThrough)),
             _ => Some(Box::new(Events::default())),
@@ -88,7 +88,7 @@ impl ProviderApi for Anthropic {
         Some(self)
     }
 
-    fn unexpressed(&self, request: &Value) -> Option<Unexpressed> {
+    fn unexpressed(&self, _model: &str, request: &Value) -> Option<Unexpressed> {
         unexpressed(request)
     }
 }
@@ -119,7 +119,7 @@ const IMAGE_TYPES: [&str; 4] = ["image/jpeg", "image/png", "image/gif", "image/w
 /// What of an OpenAI chat request the translation below cannot carry: the fields above,
 /// tools that are not functions, tool call arguments that are not a JSON object (Anthropic
 /// takes `input` as an object; empty arguments are `{}`), base64 images of other types.
-fn unexpressed(request: &Value) -> Option<Unexpressed> {
+pub(super) fn unexpressed(request: &Value) -> Option<Unexpressed> {
     if let Some(refused) = super::first_set(request, &UNEXPRESSED_FIELDS, "Anthropic") {
         return Some(refused);
     }
@@ -150,24 +150,10 @@ fn unexpressed(request: &Value) -> Option<Unexpressed> {
             }
         }
     }
-    for (i, tool) in array(request, "tools").iter().enumerate() {
-        if tool.get("type").and_then(Value::as_str) != Some("function") {
-            return Unexpressed::at(format!("tools[{i}].type"), "Anthropic takes function tools only");
-        }
+    if let Some(refused) = super::functions_only(request, "Anthropic") {
+        return Some(refused);
     }
     for (i, m) in array(request, "messages").iter().enumerate() {
-        for (j, call) in array(m, "tool_calls").iter().enumerate() {
-            let arguments = call
-                .pointer("/function/arguments")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            if arguments_object(call).is_none() && !arguments.trim().is_empty() {
-                return Unexpressed::at(
-                    format!("messages[{i}].tool_calls[{j}].function.arguments"),
-                    "tool call arguments must be a JSON object for Anthropic",
-                );
-            }
-        }
         for (j, part) in array(m, "content").iter().enumerate() {
             let url = part
                 .pointer("/image_url/url")
@@ -451,9 +437,7 @@ pub(super) fn error_type_status(error_type: &str) -> Option<u16> {
 #[derive(Default)]
 pub(super) struct Events {
     /// What every chunk of the message repeats, from `message_start`.
-    id: Value,
-    model: Value,
-    created: i64,
+    head: ChunkHead,
     /// Tool calls started so far: the next one's OpenAI `index`.
     tool_calls: usize,
     /// The block open is the JSON answer ([`JSON_TOOL`]): its input is relayed as text.
@@ -468,17 +452,13 @@ impl StreamEvents for Events {
         match v.get("type").and_then(Value::as_str).unwrap_or_default() {
             "message_start" => {
                 let m = v.get("message").cloned().unwrap_or(Value::Null);
-                self.id = m.get("id").cloned().unwrap_or(Value::Null);
-                self.model = m.get("model").cloned().unwrap_or(Value::Null);
-                self.created = chrono::Utc::now().timestamp();
+                let field = |k: &str| m.get(k).cloned().unwrap_or(Value::Null);
+                self.head = ChunkHead::new(field("id"), field("model"));
                 if let Some(u) = m.get("usage") {
                     let (input, cached) = input_usage(u);
                     out.input(input, cached);
                 }
-                out.chunk(
-                    self.chunk(json!({"role": "assistant", "content": ""}), None)
-                        .to_string(),
-                );
+                out.chunk(self.head.chunk(json!({"role": "assistant", "content": ""}), None));
             }
             "content_block_start" => {
                 let block = v.get("content_block").unwrap_or(&Value::Null);
@@ -494,7 +474,7 @@ impl StreamEvents for Events {
                         self.tool_calls += 1;
                         let call = json!({"index": index, "id": block.get("id"), "type": "function",
                             "function": {"name": block.get("name"), "arguments": ""}});
-                        out.chunk(self.chunk(json!({"tool_calls": [call]}), None).to_string());
+                        out.chunk(self.head.chunk(json!({"tool_calls": [call]}), None));
                     }
                     _ => {}
                 }
@@ -516,7 +496,7 @@ impl StreamEvents for Events {
                             out.content(partial);
                             let call =
                                 json!({"index": self.tool_calls - 1, "function": {"arguments": partial}});
-                            out.chunk(self.chunk(json!({"tool_calls": [call]}), None).to_string());
+                            out.chunk(self.head.chunk(json!({"tool_calls": [call]}), None));
                         }
                     }
                     _ => {}
@@ -529,21 +509,9 @@ impl StreamEvents for Events {
                     "tool_calls" if self.answered_json && self.tool_calls == 0 => "stop",
                     finish => finish,
                 };
-                out.chunk(self.chunk(json!({}), Some(finish)).to_string());
+                out.chunk(self.head.chunk(json!({}), Some(finish)));
             }
-            "message_stop" => {
-                let usage = out.usage();
-                let mut chunk = self.chunk(Value::Null, None);
-                chunk["choices"] = json!([]);
-                chunk["usage"] = json!({
-                    "prompt_tokens": usage.input_tokens,
-                    "completion_tokens": usage.output_tokens,
-                    "total_tokens": usage.input_tokens + usage.output_tokens,
-                    "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-                });
-                out.usage_chunk(chunk.to_string());
-                out.finish();
-            }
+            "message_stop" => self.head.finish_with_usage(out),
             // ping, content_block_stop, and event types with no OpenAI counterpart
             // (thinking).
             _ => {}
@@ -616,18 +584,7 @@ impl Events {
             return;
         }
         out.content(text);
-        out.chunk(self.chunk(json!({"content": text}), None).to_string());
-    }
-
-    /// An OpenAI chunk of the translated message with one choice carrying `delta`.
-    fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> Value {
-        json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}],
-        })
+        out.chunk(self.head.chunk(json!({"content": text}), None));
     }
 }
 

@@ -60,7 +60,7 @@ impl ProviderApi for Azure {
         openai::parse_success(body, endpoint)
     }
 
-    fn stream_events(&self, _endpoint: Endpoint) -> Option<Box<dyn StreamEvents>> {
+    fn stream_events(&self, _endpoint: Endpoint, _model: &str) -> Option<Box<dyn StreamEvents>> {
         Some(Box::new(openai::Chunks))
     }
 }

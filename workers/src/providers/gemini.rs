@@ -8,8 +8,9 @@
 //! `inlineData`, a JSON schema `response_format` → `responseJsonSchema`); the response is
 //! translated back (`functionCall` parts → tool calls), usage from `usageMetadata`. Gemini sends no rate-limit headers: its 429 bodies (`QuotaFailure`,
 //! `RetryInfo`) are read by `tollgate::ratelimit` and classified by
-//! `tollgate::retry::classify_response`. Streaming (`streamGenerateContent`) is not
-//! translated: a stream to Gemini is refused with `streaming_unsupported`.
+//! `tollgate::retry::classify_response`. A stream goes to
+//! `streamGenerateContent?alt=sse`, whose events are each a partial
+//! `GenerateContentResponse`, translated into OpenAI chunks ([`Events`]).
 
 use std::collections::HashMap;
 
@@ -21,8 +22,10 @@ use tollgate::model::Usage;
 use tollgate::vocab::Endpoint;
 
 use super::openai::{content_text, stop_sequences};
-use super::streaming::StreamEvents;
+use super::sse::SseEvent;
+use super::streaming::{self, ChunkHead, StreamEvents, StreamOut};
 use super::{Mode, ProviderApi, Success, Unexpressed, arguments_object, array, data_url, int};
+use tollgate::retry::Failure;
 
 /// A Google Gemini API provider.
 pub struct Gemini {
@@ -38,10 +41,8 @@ impl Gemini {
 }
 
 impl ProviderApi for Gemini {
-    /// `generateContent` for both modes: a stream is refused before it is built, as
-    /// [`Gemini::stream_events`] has no translator.
-    fn url(&self, model: &str, _endpoint: Endpoint, _mode: Mode) -> String {
-        format!("{}/v1beta/models/{model}:generateContent", self.base_url)
+    fn url(&self, model: &str, _endpoint: Endpoint, mode: Mode) -> String {
+        format!("{}/v1beta/models/{model}:{}", self.base_url, action(mode))
     }
 
     fn authorize(&self, request: RequestBuilder, key: &SecretString) -> RequestBuilder {
@@ -56,13 +57,22 @@ impl ProviderApi for Gemini {
         parse_success(body, model)
     }
 
-    /// `streamGenerateContent` is not translated.
-    fn stream_events(&self, _endpoint: Endpoint) -> Option<Box<dyn StreamEvents>> {
-        None
+    fn stream_events(&self, _endpoint: Endpoint, _model: &str) -> Option<Box<dyn StreamEvents>> {
+        Some(Box::new(Events::default()))
     }
 
-    fn unexpressed(&self, request: &Value) -> Option<Unexpressed> {
+    fn unexpressed(&self, _model: &str, request: &Value) -> Option<Unexpressed> {
         unexpressed(request)
+    }
+}
+
+/// The method a call of `mode` names after the model: `generateContent`, or
+/// `streamGenerateContent` with server-sent events (`alt=sse`; without it Google streams
+/// one JSON array).
+pub(super) fn action(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Whole => "generateContent",
+        Mode::Stream => "streamGenerateContent?alt=sse",
     }
 }
 
@@ -82,19 +92,12 @@ const UNEXPRESSED_FIELDS: [&str; 6] = [
 /// arguments that are not a JSON object, a tool result answering no call of the
 /// conversation, images not given inline (`data:` URLs), and parts other than text and
 /// images.
-fn unexpressed(request: &Value) -> Option<Unexpressed> {
-    if let Some(refused) = super::first_set(request, &UNEXPRESSED_FIELDS, "Gemini") {
+pub(super) fn unexpressed(request: &Value) -> Option<Unexpressed> {
+    if let Some(refused) = super::chat_refusals(request, &UNEXPRESSED_FIELDS, "Gemini") {
         return Some(refused);
     }
-    let refuse = |param: String, message: &str| {
-        Unexpressed::at(param, format!("{message}; remove it or route to an OpenAI model"))
-    };
-    if request.get("parallel_tool_calls") == Some(&Value::Bool(false)) {
-        return refuse(
-            "parallel_tool_calls".to_owned(),
-            "Gemini cannot be told to call one tool at a time",
-        );
-    }
+    let refuse =
+        |param: String, message: &str| Unexpressed::at(param, format!("{message}{}", super::ROUTE_ELSEWHERE));
     if let Some(format) = request.pointer("/response_format/type").and_then(Value::as_str)
         && !matches!(format, "text" | "json_object" | "json_schema")
     {
@@ -103,25 +106,8 @@ fn unexpressed(request: &Value) -> Option<Unexpressed> {
             "tollgate sends Gemini text or JSON output only",
         );
     }
-    for (i, tool) in array(request, "tools").iter().enumerate() {
-        if tool.get("type").and_then(Value::as_str) != Some("function") {
-            return refuse(format!("tools[{i}].type"), "Gemini takes function tools only");
-        }
-    }
     let calls = call_names(request);
     for (i, m) in array(request, "messages").iter().enumerate() {
-        for (j, call) in array(m, "tool_calls").iter().enumerate() {
-            let arguments = call
-                .pointer("/function/arguments")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            if arguments_object(call).is_none() && !arguments.trim().is_empty() {
-                return refuse(
-                    format!("messages[{i}].tool_calls[{j}].function.arguments"),
-                    "tool call arguments must be a JSON object for Gemini",
-                );
-            }
-        }
         if m.get("role").and_then(Value::as_str) == Some("tool")
             && !m
                 .get("tool_call_id")
@@ -323,24 +309,12 @@ pub(super) fn parse_success(body: &[u8], model: &str) -> Result<Success, String>
         .and_then(Value::as_array)
         .map(Vec::as_slice)
         .unwrap_or_default();
-    let text: String = parts
-        .iter()
-        .filter(|p| p.get("thought").and_then(Value::as_bool) != Some(true))
-        .filter_map(|p| p.get("text").and_then(Value::as_str))
-        .collect();
+    let text: String = answer_texts(parts).collect();
     let tool_calls: Vec<Value> = parts
         .iter()
         .filter_map(|p| p.get("functionCall"))
         .enumerate()
-        .map(|(i, call)| {
-            let id = call
-                .get("id")
-                .and_then(Value::as_str)
-                .map_or_else(|| format!("call_{i}"), str::to_owned);
-            let arguments = call.get("args").cloned().unwrap_or_else(|| json!({}));
-            json!({"id": id, "type": "function",
-                   "function": {"name": call.get("name"), "arguments": arguments.to_string()}})
-        })
+        .map(|(i, call)| tool_call(call, i))
         .collect();
     let finish = match candidate {
         None => "content_filter",
@@ -349,11 +323,12 @@ pub(super) fn parse_success(body: &[u8], model: &str) -> Result<Success, String>
     };
     let reported = r.get("usageMetadata").is_some_and(Value::is_object);
     let u = r.get("usageMetadata").cloned().unwrap_or(Value::Null);
-    let input = int(&u, &["promptTokenCount"]);
+    let Usage {
+        input_tokens: input,
+        output_tokens: output,
+        cached_tokens: cached,
+    } = usage_of(&u);
     let thoughts = int(&u, &["thoughtsTokenCount"]);
-    // Thinking is billed as output.
-    let output = int(&u, &["candidatesTokenCount"]) + thoughts;
-    let cached = int(&u, &["cachedContentTokenCount"]);
     let usage = reported.then(|| {
         json!({
             "prompt_tokens": input,
@@ -382,9 +357,115 @@ pub(super) fn parse_success(body: &[u8], model: &str) -> Result<Success, String>
     })
 }
 
+/// The answer's text of `parts`, without the model's thoughts.
+fn answer_texts(parts: &[Value]) -> impl Iterator<Item = &str> {
+    parts
+        .iter()
+        .filter(|p| p.get("thought").and_then(Value::as_bool) != Some(true))
+        .filter_map(|p| p.get("text").and_then(Value::as_str))
+}
+
+/// A `functionCall` part as the OpenAI tool call number `i` of the answer.
+fn tool_call(call: &Value, i: usize) -> Value {
+    let id = call
+        .get("id")
+        .and_then(Value::as_str)
+        .map_or_else(|| format!("call_{i}"), str::to_owned);
+    let arguments = call.get("args").cloned().unwrap_or_else(|| json!({}));
+    json!({"id": id, "type": "function",
+           "function": {"name": call.get("name"), "arguments": arguments.to_string()}})
+}
+
+/// `usageMetadata` as usage: thinking is billed as output.
+fn usage_of(u: &Value) -> Usage {
+    Usage {
+        input_tokens: int(u, &["promptTokenCount"]),
+        output_tokens: int(u, &["candidatesTokenCount"]) + int(u, &["thoughtsTokenCount"]),
+        cached_tokens: int(u, &["cachedContentTokenCount"]),
+    }
+}
+
+/// Translates `streamGenerateContent` events into OpenAI chunks. Each event is a partial
+/// `GenerateContentResponse`: the first brings the role chunk, each text part a content
+/// chunk, each `functionCall` part a whole tool call; the event whose candidate has a
+/// `finishReason` (or a prompt blocked before any candidate) brings the finish chunk, then
+/// the usage chunk from its `usageMetadata`, and ends the stream (Google sends no end
+/// marker of its own). An event carrying an `error` is the failure, by its `code`.
+#[derive(Default)]
+pub(super) struct Events {
+    head: Option<ChunkHead>,
+    tool_calls: usize,
+}
+
+impl StreamEvents for Events {
+    fn on_event(&mut self, event: SseEvent, out: &mut StreamOut) -> Result<(), Failure> {
+        let v = out.json(&event.data)?;
+        if streaming::is_error_event(&event, &v) {
+            let status = v
+                .pointer("/error/code")
+                .and_then(Value::as_u64)
+                .and_then(|c| u16::try_from(c).ok())
+                .unwrap_or(500);
+            return Err(out.error_event(status, &event.data));
+        }
+        let head = self.head.get_or_insert_with(|| {
+            let head = ChunkHead::new(
+                v.get("responseId").cloned().unwrap_or(Value::Null),
+                v.get("modelVersion").cloned().unwrap_or(Value::Null),
+            );
+            out.chunk(head.chunk(json!({"role": "assistant", "content": ""}), None));
+            head
+        });
+        if let Some(u) = v.get("usageMetadata").filter(|u| u.is_object()) {
+            let usage = usage_of(u);
+            out.input(usage.input_tokens, usage.cached_tokens);
+            if u.get("candidatesTokenCount").is_some() {
+                out.output(usage.output_tokens);
+            }
+        }
+        let candidate = v.pointer("/candidates/0");
+        let parts = candidate
+            .and_then(|c| c.pointer("/content/parts"))
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        for text in answer_texts(parts).filter(|t| !t.is_empty()) {
+            out.content(text);
+            out.chunk(head.chunk(json!({"content": text}), None));
+        }
+        for call in parts.iter().filter_map(|p| p.get("functionCall")) {
+            let mut call = tool_call(call, self.tool_calls);
+            call["index"] = json!(self.tool_calls);
+            self.tool_calls += 1;
+            out.content(
+                call.pointer("/function/arguments")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default(),
+            );
+            out.chunk(head.chunk(json!({"tool_calls": [call]}), None));
+        }
+        let finish = match candidate
+            .and_then(|c| c.get("finishReason"))
+            .and_then(Value::as_str)
+        {
+            Some(_) if self.tool_calls > 0 => "tool_calls",
+            Some(reason) => finish_reason(Some(reason)),
+            None if candidate.is_none() && v.pointer("/promptFeedback/blockReason").is_some() => {
+                "content_filter"
+            }
+            None => return Ok(()),
+        };
+        out.chunk(head.chunk(json!({}), Some(finish)));
+        head.finish_with_usage(out);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use tollgate::retry::FailureClass;
+
+    use crate::providers::streaming::ChatStream;
     use tollgate::vocab::ReasonCode;
 
     use super::*;
@@ -396,7 +477,7 @@ mod tests {
     }
 
     #[test]
-    fn builds_the_request_and_refuses_streams() {
+    fn builds_the_request_plain_and_streamed() {
         let r = json!({"model": "fast", "messages": [{"role": "user", "content": "hi"}]});
         let req = adapter()
             .request(
@@ -421,8 +502,56 @@ mod tests {
             json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}],
                    "generationConfig": {"maxOutputTokens": tollgate::estimate::DEFAULT_OUTPUT_TOKENS}})
         );
-        assert!(adapter().stream_events(Endpoint::ChatCompletions).is_none());
+        assert_eq!(
+            adapter().url("gemini-2.0-flash", Endpoint::ChatCompletions, Mode::Stream),
+            "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.0-flash:streamGenerateContent?alt=sse"
+        );
         assert!(adapter().batch().is_none());
+    }
+
+    /// Google's events as `streamGenerateContent?alt=sse` sends them: text in pieces, a
+    /// thought skipped, a function call whole, the finish reason and usage on the last.
+    #[tokio::test]
+    async fn stream_events_become_openai_chunks() {
+        let events = [
+            "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"Hel\"}],\"role\":\"model\"},\"index\":0}],\"usageMetadata\":{\"promptTokenCount\":9,\"totalTokenCount\":9},\"modelVersion\":\"gemini-2.0-flash\",\"responseId\":\"r1\"}\r\n\r\n",
+            "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"hmm\",\"thought\":true},{\"text\":\"lo\"}],\"role\":\"model\"},\"index\":0}],\"modelVersion\":\"gemini-2.0-flash\",\"responseId\":\"r1\"}\r\n\r\n",
+            "data: {\"candidates\":[{\"content\":{\"parts\":[{\"functionCall\":{\"name\":\"f\",\"args\":{\"a\":1}}}],\"role\":\"model\"},\"finishReason\":\"STOP\",\"index\":0}],\"usageMetadata\":{\"promptTokenCount\":9,\"candidatesTokenCount\":4,\"thoughtsTokenCount\":2,\"totalTokenCount\":15},\"modelVersion\":\"gemini-2.0-flash\",\"responseId\":\"r1\"}\r\n\r\n",
+        ];
+        let mut stream = ChatStream::canned(Box::new(Events::default()), &events);
+        let (chunks, usage_flags) = stream.flagged().await;
+        assert!(stream.finished());
+        let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
+        assert_eq!(deltas[0]["role"], "assistant");
+        assert_eq!(
+            (deltas[1]["content"].as_str(), deltas[2]["content"].as_str()),
+            (Some("Hel"), Some("lo"))
+        );
+        assert_eq!(deltas[3]["tool_calls"][0]["function"]["name"], "f");
+        assert_eq!(deltas[3]["tool_calls"][0]["function"]["arguments"], "{\"a\":1}");
+        assert_eq!(deltas[3]["tool_calls"][0]["index"], 0);
+        assert_eq!(chunks[4]["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(chunks[5]["usage"]["completion_tokens"], 6);
+        assert_eq!(usage_flags, [false, false, false, false, false, true]);
+        assert!(
+            chunks
+                .iter()
+                .all(|c| c["id"] == "r1" && c["model"] == "gemini-2.0-flash")
+        );
+        assert_eq!(
+            (stream.usage().input_tokens, stream.usage().output_tokens),
+            (9, 6)
+        );
+
+        // Cut before a finish reason: a failure, not a stream that ended well.
+        let mut cut = ChatStream::canned(Box::new(Events::default()), &events[..1]);
+        let (_, failure) = cut.drain().await;
+        assert!(failure.is_some());
+        // An error event mid-stream fails by its code.
+        let error = "data: {\"error\":{\"code\":503,\"message\":\"The model is overloaded.\",\"status\":\"UNAVAILABLE\"}}\n\n";
+        let mut failed = ChatStream::canned(Box::new(Events::default()), &[events[0], error]);
+        let (_, failure) = failed.drain().await;
+        assert_eq!(failure.map(|f| f.class), Some(FailureClass::Overload));
     }
 
     #[test]

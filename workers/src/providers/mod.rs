@@ -17,6 +17,10 @@
 //! - [`as_chat`]: endpoints a target does not speak sent to it as chat: Anthropic Messages
 //!   ([`messages_chat`]) and OpenAI Responses ([`responses_chat`]).
 //! - [`azure`]: Azure OpenAI deployments: OpenAI's format at Azure's URL and auth header.
+//! - [`bedrock`]: AWS Bedrock's Converse and ConverseStream, SigV4-signed, translated to
+//!   and from the OpenAI chat format; [`aws_events`] reads its binary event stream.
+//! - [`vertex`]: Google Vertex AI, Gemini and Anthropic models, with OAuth2 tokens from a
+//!   service-account key.
 //! - [`streaming`]: [`streaming::ChatStream`], a started stream read event by event.
 //! - [`sse`]: the `text/event-stream` parser the streams share.
 //! - [`batch_api`]: [`batch_api::BatchClient`], the HTTP side of the providers' batch APIs.
@@ -31,14 +35,17 @@
 
 pub mod anthropic;
 pub mod as_chat;
+pub mod aws_events;
 pub mod azure;
 pub mod batch_api;
+pub mod bedrock;
 pub mod gemini;
 pub mod messages_chat;
 pub mod openai;
 pub mod responses_chat;
 pub mod sse;
 pub mod streaming;
+pub mod vertex;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -46,6 +53,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
 use reqwest::RequestBuilder;
 use reqwest::header::{ACCEPT, HeaderMap};
 use secrecy::SecretString;
@@ -84,6 +92,17 @@ pub trait ProviderApi: Send + Sync {
     /// Batch API requests are authorized the same way.
     fn authorize(&self, request: RequestBuilder, key: &SecretString) -> RequestBuilder;
 
+    /// What a call is authorized with, given the configured `key`: the key itself, unless
+    /// the provider exchanges it for a short-lived token first (Vertex AI's OAuth2). A key
+    /// that cannot be exchanged is the call's failure.
+    fn credential<'a>(
+        &'a self,
+        _http: &'a reqwest::Client,
+        key: &'a SecretString,
+    ) -> BoxFuture<'a, Result<SecretString, Failure>> {
+        Box::pin(std::future::ready(Ok(key.clone())))
+    }
+
     /// The provider's body for `request` (in `endpoint`'s shape) served by `model`.
     fn body(&self, model: &str, endpoint: Endpoint, request: &Value, mode: Mode) -> Value;
 
@@ -93,10 +112,11 @@ pub trait ProviderApi: Send + Sync {
     /// instead of zeros.
     fn parse_success(&self, body: &[u8], endpoint: Endpoint, model: &str) -> Result<Success, String>;
 
-    /// A fresh reader of this provider's stream events for a request of `endpoint`: a
+    /// A fresh reader of this provider's stream events for a request of `endpoint` served by
+    /// `model` (for chunks that name it when the events do not): a
     /// translator into OpenAI chunks for chat, Anthropic's events as they are for Messages;
     /// `None` when tollgate does not stream from this provider.
-    fn stream_events(&self, endpoint: Endpoint) -> Option<Box<dyn StreamEvents>>;
+    fn stream_events(&self, endpoint: Endpoint, model: &str) -> Option<Box<dyn StreamEvents>>;
 
     /// A non-2xx answer, classified into the retry taxonomy. The shared classifier reads
     /// every provider's error shapes (OpenAI's codes, Anthropic's spend cap, Google's
@@ -132,13 +152,14 @@ pub trait ProviderApi: Send + Sync {
     }
 
     /// The first field of `request` (OpenAI chat) this adapter cannot express to its
-    /// provider, so that the request is refused before it becomes a job rather than sent
+    /// provider's `model`, so that the request is refused before it becomes a job rather than sent
     /// without it. The OpenAI family sends the request as it is: nothing.
-    fn unexpressed(&self, _request: &Value) -> Option<Unexpressed> {
+    fn unexpressed(&self, _model: &str, _request: &Value) -> Option<Unexpressed> {
         None
     }
 
-    /// The request of one call: URL, auth and body together.
+    /// The request of one call: URL, auth and body together (a stream's accepting
+    /// server-sent events).
     fn request(
         &self,
         http: &reqwest::Client,
@@ -148,8 +169,13 @@ pub trait ProviderApi: Send + Sync {
         request: &Value,
         mode: Mode,
     ) -> RequestBuilder {
-        self.authorize(http.post(self.url(model, endpoint, mode)), key)
-            .json(&self.body(model, endpoint, request, mode))
+        let builder = self
+            .authorize(http.post(self.url(model, endpoint, mode)), key)
+            .json(&self.body(model, endpoint, request, mode));
+        match mode {
+            Mode::Whole => builder,
+            Mode::Stream => builder.header(ACCEPT, "text/event-stream"),
+        }
     }
 }
 
@@ -161,6 +187,8 @@ pub(crate) fn adapter(p: &ProviderConfig) -> Box<dyn ProviderApi> {
         ProviderKind::Anthropic => Box::new(anthropic::Anthropic::from_config(p)),
         ProviderKind::Gemini => Box::new(gemini::Gemini::from_config(p)),
         ProviderKind::Azure => Box::new(azure::Azure::from_config(p)),
+        ProviderKind::Bedrock => Box::new(bedrock::Bedrock::from_config(p)),
+        ProviderKind::Vertex => Box::new(vertex::Vertex::from_config(p)),
     }
 }
 
@@ -204,9 +232,10 @@ fn array<'a>(v: &'a Value, key: &str) -> &'a [Value] {
         .unwrap_or_default()
 }
 
-/// What of `request` (OpenAI chat) the adapter of `provider` cannot express, if anything.
-pub fn unexpressed(provider: &ProviderConfig, request: &Value) -> Option<Unexpressed> {
-    adapter(provider).unexpressed(request)
+/// What of `request` (OpenAI chat) the adapter of `provider` cannot express to `model`,
+/// if anything.
+pub fn unexpressed(provider: &ProviderConfig, model: &str, request: &Value) -> Option<Unexpressed> {
+    adapter(provider).unexpressed(model, request)
 }
 
 /// The first of `fields` that `request` sets to more than its default (absent, null,
@@ -223,8 +252,55 @@ fn first_set(request: &Value, fields: &[&str], provider: &str) -> Option<Unexpre
         .find(|f| request.get(**f).is_some_and(|v| set(f, v)))?;
     Unexpressed::at(
         (*field).to_owned(),
-        format!("`{field}` cannot be expressed to {provider}; remove it or route to an OpenAI model"),
+        format!("`{field}` cannot be expressed to {provider}{ROUTE_ELSEWHERE}"),
     )
+}
+
+/// What a provider with function tools and no switch for one call at a time cannot
+/// express of `request`: the first of `fields` set, `parallel_tool_calls: false`, and what
+/// [`functions_only`] refuses.
+fn chat_refusals(request: &Value, fields: &[&str], provider: &str) -> Option<Unexpressed> {
+    if let Some(refused) = first_set(request, fields, provider) {
+        return Some(refused);
+    }
+    if request.get("parallel_tool_calls") == Some(&Value::Bool(false)) {
+        return Unexpressed::at(
+            "parallel_tool_calls".to_owned(),
+            format!("{provider} cannot be told to call one tool at a time{ROUTE_ELSEWHERE}"),
+        );
+    }
+    functions_only(request, provider)
+}
+
+/// What a refusal suggests.
+const ROUTE_ELSEWHERE: &str = "; remove it or route to an OpenAI model";
+
+/// The first tool of `request` that is not a function, or tool call whose arguments are
+/// not a JSON object, refused for `provider`, whose tools are functions taking objects.
+fn functions_only(request: &Value, provider: &str) -> Option<Unexpressed> {
+    for (i, tool) in array(request, "tools").iter().enumerate() {
+        if tool.get("type").and_then(Value::as_str) != Some("function") {
+            return Unexpressed::at(
+                format!("tools[{i}].type"),
+                format!("{provider} takes function tools only{ROUTE_ELSEWHERE}"),
+            );
+        }
+    }
+    for (i, m) in array(request, "messages").iter().enumerate() {
+        for (j, call) in array(m, "tool_calls").iter().enumerate() {
+            let arguments = call
+                .pointer("/function/arguments")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            if arguments_object(call).is_none() && !arguments.trim().is_empty() {
+                return Unexpressed::at(
+                    format!("messages[{i}].tool_calls[{j}].function.arguments"),
+                    format!("tool call arguments must be a JSON object for {provider}{ROUTE_ELSEWHERE}"),
+                );
+            }
+        }
+    }
+    None
 }
 
 /// The provider's base URL as configured, without a trailing `/`.
@@ -505,12 +581,6 @@ impl ProviderClient {
         mode: Mode,
     ) -> Result<Answered, CallOutcome> {
         let key = self.pick_key(target);
-        let mut builder = self
-            .api
-            .request(http, &key.secret, &target.model, endpoint, request, mode);
-        if mode == Mode::Stream {
-            builder = builder.header(ACCEPT, "text/event-stream");
-        }
         let mut outcome = CallOutcome {
             key_name: key.name,
             reached: false,
@@ -520,6 +590,16 @@ impl ProviderClient {
             signals: Signals::default(),
             result: Err(Failure::network("request was not sent")),
         };
+        let credential = match self.api.credential(http, &key.secret).await {
+            Ok(credential) => credential,
+            Err(failure) => {
+                outcome.result = Err(failure);
+                return Err(outcome);
+            }
+        };
+        let builder = self
+            .api
+            .request(http, &credential, &target.model, endpoint, request, mode);
         let response = match builder.send().await {
             Ok(r) => r,
             Err(e) => {
@@ -678,7 +758,8 @@ fn send_failure(e: reqwest::Error) -> Failure {
 }
 
 fn request_id(headers: &HeaderMap) -> Option<String> {
-    ["x-request-id", "request-id"]
+    // OpenAI's, Anthropic's, AWS's.
+    ["x-request-id", "request-id", "x-amzn-requestid"]
         .iter()
         .find_map(|h| headers.get(*h))
         .and_then(|v| v.to_str().ok())

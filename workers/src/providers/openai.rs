@@ -67,7 +67,7 @@ impl ProviderApi for OpenAi {
         parse_success(body, endpoint)
     }
 
-    fn stream_events(&self, endpoint: Endpoint) -> Option<Box<dyn StreamEvents>> {
+    fn stream_events(&self, endpoint: Endpoint, _model: &str) -> Option<Box<dyn StreamEvents>> {
         match endpoint {
             Endpoint::Responses => Some(Box::new(ResponseEvents)),
             _ => Some(Box::new(Chunks)),

@@ -33,6 +33,7 @@ use tollgate::routing::Target;
 use tollgate::vocab::{Endpoint, ReasonCode};
 
 use super::as_chat::{AsChat, ChunkEvents};
+use super::aws_events::AwsEventReader;
 use super::sse::{SseEvent, SseParser};
 use super::{Answered, CallOutcome, Mode, Providers, send_failure};
 
@@ -41,10 +42,71 @@ use super::{Answered, CallOutcome, Mode, Providers, send_failure};
 /// they are for Anthropic Messages and Responses. A fresh value per stream, so it may keep
 /// what later chunks repeat (Anthropic's message id and model).
 pub trait StreamEvents: Send {
+    /// How the provider frames its events on the wire.
+    fn framing(&self) -> Framing {
+        Framing::Sse
+    }
+
     /// Handles one event with data: chunks to yield and usage go to `out`, and
     /// `out.finish()` when it is the provider's end marker. An error event (or one that
     /// is not JSON) is the `Err`, which ends the stream.
     fn on_event(&mut self, event: SseEvent, out: &mut StreamOut) -> Result<(), Failure>;
+}
+
+/// How a provider frames the events of a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// `text/event-stream` (every provider but Bedrock).
+    Sse,
+    /// AWS's binary `application/vnd.amazon.eventstream` (Bedrock's ConverseStream), each
+    /// message read as an event named by its `:event-type` header
+    /// ([`super::aws_events`]).
+    AwsEventStream,
+}
+
+impl Framing {
+    /// The content type a stream of this framing is answered with.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Self::Sse => "text/event-stream",
+            Self::AwsEventStream => "application/vnd.amazon.eventstream",
+        }
+    }
+
+    fn decoder(self) -> Decoder {
+        match self {
+            Self::Sse => Decoder::Sse(SseParser::default()),
+            Self::AwsEventStream => Decoder::Aws(AwsEventReader::default()),
+        }
+    }
+}
+
+/// The reader of a stream's bytes into events, by its [`Framing`].
+enum Decoder {
+    Sse(SseParser),
+    Aws(AwsEventReader),
+}
+
+impl Decoder {
+    fn push(&mut self, bytes: &[u8]) -> Result<(), String> {
+        match self {
+            Self::Sse(p) => p.push(bytes),
+            Self::Aws(r) => r.push(bytes),
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Self::Sse(p) = self {
+            p.finish();
+        }
+    }
+
+    fn next_event(&mut self) -> Option<SseEvent> {
+        match self {
+            Self::Sse(p) => p.next_event(),
+            Self::Aws(r) => r.next_event(),
+        }
+    }
 }
 
 /// Whether an event reports an error instead of content: an SSE `event: error`, an
@@ -53,6 +115,58 @@ pub fn is_error_event(event: &SseEvent, v: &Value) -> bool {
     event.event.as_deref() == Some("error")
         || v.get("type").and_then(Value::as_str) == Some("error")
         || v.get("error").is_some_and(|e| !e.is_null())
+}
+
+/// What every OpenAI chunk of a translated stream repeats: the message's id and model, and
+/// when it was created. An adapter that translates its provider's events keeps one.
+#[derive(Debug, Default)]
+pub struct ChunkHead {
+    pub id: Value,
+    pub model: Value,
+    pub created: i64,
+}
+
+impl ChunkHead {
+    pub fn new(id: Value, model: Value) -> Self {
+        Self {
+            id,
+            model,
+            created: chrono::Utc::now().timestamp(),
+        }
+    }
+
+    /// An OpenAI chunk with one choice carrying `delta`.
+    pub fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> String {
+        serde_json::json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}],
+        })
+        .to_string()
+    }
+
+    /// The usage chunk (`"choices": []` with `usage`) of the usage `out` holds, then the
+    /// end of the stream.
+    pub fn finish_with_usage(&self, out: &mut StreamOut) {
+        let usage = out.usage();
+        let chunk = serde_json::json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": {
+                "prompt_tokens": usage.input_tokens,
+                "completion_tokens": usage.output_tokens,
+                "total_tokens": usage.input_tokens + usage.output_tokens,
+                "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+            },
+        });
+        out.usage_chunk(chunk.to_string());
+        out.finish();
+    }
 }
 
 /// A started stream: the upstream answered 2xx; chunks follow.
@@ -67,7 +181,7 @@ pub struct ChatStream {
     pub rate_limit: Option<Value>,
     /// The upstream body; dropping it closes the upstream connection.
     body: Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>,
-    parser: SseParser,
+    parser: Decoder,
     events: Box<dyn StreamEvents>,
     out: StreamOut,
     /// Nothing more is read: finished, failed or cut.
@@ -350,7 +464,7 @@ impl Providers {
         };
         let events = client
             .api
-            .stream_events(endpoint)
+            .stream_events(endpoint, &target.model)
             .map(|chat| -> Box<dyn StreamEvents> {
                 match as_chat {
                     Some(as_chat) => Box::new(Translated {
@@ -380,11 +494,12 @@ impl Providers {
             .send(&self.http, target, endpoint, request, Mode::Stream)
             .await?;
         let status = response.status().as_u16();
+        let framing = events.framing();
         let content_type = headers
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .unwrap_or("text/event-stream");
-        if !content_type.trim_start().starts_with("text/event-stream") {
+            .unwrap_or(framing.content_type());
+        if !content_type.trim_start().starts_with(framing.content_type()) {
             outcome.result = Err(Failure::bad_response(
                 format!("provider answered a streaming request with {content_type:?}, not an event stream"),
                 status,
@@ -397,7 +512,7 @@ impl Providers {
             request_id: outcome.request_id,
             rate_limit: outcome.rate_limit,
             body: Box::pin(response.bytes_stream()),
-            parser: SseParser::default(),
+            parser: framing.decoder(),
             events,
             out: StreamOut::new(
                 status,
@@ -418,6 +533,10 @@ struct Translated {
 }
 
 impl StreamEvents for Translated {
+    fn framing(&self) -> Framing {
+        self.chat.framing()
+    }
+
     fn on_event(&mut self, event: SseEvent, out: &mut StreamOut) -> Result<(), Failure> {
         let (before, was_finished) = (out.pending.len(), out.finished);
         self.chat.on_event(event, out)?;
@@ -448,7 +567,7 @@ impl ChatStream {
             request_id: None,
             rate_limit: None,
             body: Box::pin(futures::stream::iter(chunks)),
-            parser: SseParser::default(),
+            parser: events.framing().decoder(),
             events,
             out: StreamOut::new(200, 42),
             ended: false,
