@@ -380,6 +380,9 @@ pub enum LaneReason {
     EndpointNotBatched,
     /// A line the provider failed or expired, sent back online.
     ProviderBatchFailedRetryOnline,
+    /// A line of a provider batch that would not finish before its deadline: the batch
+    /// was cancelled and the line sent online.
+    PulledBackFromProviderBatch,
 }
 
 /// Where the price a job's cost is reckoned at comes from (`jobs.price_source`).

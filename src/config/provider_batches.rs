@@ -1,5 +1,6 @@
 //! `[providers.batch_api]`: whether and how a provider's own batch API (OpenAI Batch,
-//! Anthropic Message Batches) may carry `batch`-class jobs.
+//! Anthropic Message Batches, an OpenAI-compatible server's copy of OpenAI's) may carry
+//! `batch`-class jobs.
 
 use serde::Deserialize;
 
@@ -9,7 +10,8 @@ use crate::vocab::Endpoint;
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct BatchApiConfig {
-    /// Send eligible `batch`-class jobs through the provider's batch API. Default false.
+    /// Send eligible `batch`-class jobs through the provider's batch API (for an
+    /// `openai-compatible` server: it has a copy of OpenAI's). Default false.
     pub enabled: bool,
     /// Fraction of the online price a batch line costs (0.5: half price).
     pub discount: f64,
@@ -31,6 +33,11 @@ pub struct BatchApiConfig {
     /// How long admitted lines are gathered before a partial pack is submitted, in
     /// milliseconds (a full pack goes at once). Default 60 s.
     pub pack_wait_ms: u64,
+    /// The time the lines of a provider batch running late need online: a batch still
+    /// running this long before its earliest line's deadline — or whose progress so far
+    /// says it will still be running then — is pulled back (cancelled at the provider;
+    /// its finished lines kept, the rest sent online). Default 1 h.
+    pub pull_back_secs: u64,
 }
 
 impl Default for BatchApiConfig {
@@ -45,6 +52,7 @@ impl Default for BatchApiConfig {
             enqueued_tokens: None,
             poll_interval_ms: 60_000,
             pack_wait_ms: 60_000,
+            pull_back_secs: 3600,
         }
     }
 }
@@ -63,17 +71,24 @@ impl BatchApiConfig {
         match kind {
             ProviderKind::Openai => endpoint != Endpoint::Messages,
             ProviderKind::Anthropic => matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Messages),
-            ProviderKind::OpenaiCompatible
-            | ProviderKind::Gemini
-            | ProviderKind::Azure
-            | ProviderKind::Bedrock
-            | ProviderKind::Vertex => false,
+            // Servers that copy OpenAI's Batch API (Groq, Together, xAI, vLLM) take chat,
+            // and some embeddings and completions; which server has one is the
+            // provider's `enabled` to say, never assumed.
+            ProviderKind::OpenaiCompatible => matches!(
+                endpoint,
+                Endpoint::ChatCompletions | Endpoint::Embeddings | Endpoint::Completions
+            ),
+            ProviderKind::Gemini | ProviderKind::Azure | ProviderKind::Bedrock | ProviderKind::Vertex => {
+                false
+            }
         }
     }
 
     pub(super) fn validate(&self, kind: ProviderKind) -> Result<(), String> {
         if self.enabled && !Self::supported(kind) {
-            return Err("only `openai` and `anthropic` providers have a batch API tollgate drives".into());
+            return Err(
+                "only `openai`, `openai-compatible` and `anthropic` providers have a batch API tollgate drives".into(),
+            );
         }
         if !(self.discount > 0.0 && self.discount <= 1.0) {
             return Err("`discount` must be in (0, 1]".into());

@@ -328,6 +328,18 @@ pub async fn pack_jobs(ex: impl PgExecutor<'_>, id: &str) -> Result<Vec<Job>> {
     .await?)
 }
 
+/// The earliest deadline of the lines pack `id` still runs (none when it runs none).
+pub async fn pack_deadline(ex: impl PgExecutor<'_>, id: &str) -> Result<Option<DateTime<Utc>>> {
+    Ok(sqlx::query_scalar!(
+        "SELECT min(deadline) FROM jobs
+         WHERE provider_batch_id = $1 AND lease_owner = $2 AND state = 'running'",
+        id,
+        pack_owner(id),
+    )
+    .fetch_one(ex)
+    .await?)
+}
+
 /// Lines sent back online: the decision changes (with why) before their outcome is
 /// written, while the pack still holds them.
 pub async fn dispatch_online(

@@ -304,6 +304,57 @@ async fn anthropic_message_batches_carry_a_batch_at_half_price() {
     app.shutdown().await;
 }
 
+/// An OpenAI-compatible server whose config says it has OpenAI's Batch API carries
+/// batches through it; one that says nothing is never assumed to have one.
+#[tokio::test]
+async fn an_openai_compatible_batch_api_is_used_only_where_enabled() {
+    let compatible = |name: &str, batch: &str| {
+        format!(
+            "[[providers]]\nname = \"{name}\"\nkind = \"openai-compatible\"\nbase_url = \"http://MOCK_ADDR/v1\"\n\
+             keys = [{{ name = \"k1\", value = \"sk-test-1\" }}]\nmodels = [\"llama-3.3-70b\"]\nlearn_limits = false\n{batch}{}",
+            prices("llama-3.3-70b")
+        )
+    };
+    let app = TestApp::spawn_with(TestOptions {
+        mock: mock(0, 0),
+        extra_config: compatible("groq", &batch_api("")) + &compatible("vllm", ""),
+        ..TestOptions::default()
+    })
+    .await;
+    let done = run_batch(&app, "groq/llama-3.3-70b", &CHAT, 6, "batch_").await;
+    let rows = jobs_of(&app, done["id"].as_str().unwrap()).await;
+    assert!(
+        rows.iter().all(|r| r.1.as_deref() == Some("provider_batch")),
+        "{rows:?}"
+    );
+    assert_eq!(app.mock.stats().succeeded, 0, "nothing went online");
+
+    let (_, file) = upload(
+        &app.http,
+        &app.api,
+        ACME,
+        input("vllm/llama-3.3-70b", &CHAT, 3).as_bytes(),
+    )
+    .await;
+    let (_, batch) = create_batch(
+        &app.http,
+        &app.api,
+        ACME,
+        &batch_body(file["id"].as_str().unwrap()),
+    )
+    .await;
+    let id = batch["id"].as_str().unwrap();
+    let done = wait_batch(&app.http, &app.api, ACME, id, 60).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    for (_, via, reason, ..) in jobs_of(&app, id).await {
+        assert_eq!(
+            (via.as_deref(), reason.as_deref()),
+            (Some("online"), Some("route_has_no_batch_api"))
+        );
+    }
+    app.shutdown().await;
+}
+
 #[tokio::test]
 async fn openai_batch_api_carries_every_endpoint_it_takes() {
     let models = [
@@ -507,6 +558,109 @@ async fn failed_and_expired_lines_go_back_online_and_finish() {
         job["dispatch"]["reason"], "provider_batch_failed_retry_online",
         "{job}"
     );
+    app.shutdown().await;
+}
+
+/// A provider batch too slow for its lines' deadline (the mock does a line a second; the
+/// batch has 35 s and the lines need `pull_back_secs` = 20 online): tollgate cancels it at
+/// the provider, keeps what it finished at the batch price and sends the rest online,
+/// billed online. Every line once in the output, none past its deadline.
+#[tokio::test]
+async fn a_provider_batch_running_late_is_pulled_back_and_finishes_in_time() {
+    const LINES: usize = 40;
+    let mut mock = mock(0, 0);
+    mock.batch.lines_per_sec = 1.0;
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        extra_config: "[providers.batch_api]\nenabled = true\nmin_deadline_secs = 10\npull_back_secs = 20\n\
+                       enqueued_tokens = 1000000\npoll_interval_ms = 50\npack_wait_ms = 0\n"
+            .to_owned()
+            + &prices("gpt-4o-mini"),
+        ..TestOptions::default()
+    })
+    .await;
+    let http = &app.http;
+    let (_, file) = upload(
+        http,
+        &app.api,
+        ACME,
+        input("oai/gpt-4o-mini", &CHAT, LINES).as_bytes(),
+    )
+    .await;
+    let mut body = batch_body(file["id"].as_str().unwrap());
+    body["completion_window"] = json!("35s");
+    let (status, batch) = create_batch(http, &app.api, ACME, &body).await;
+    assert_eq!(status, 200, "{batch}");
+    let id = batch["id"].as_str().unwrap().to_owned();
+    let done = wait_batch(http, &app.api, ACME, &id, 60).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["request_counts"]["completed"], LINES, "{done}");
+
+    let output = content(http, &app.api, ACME, done["output_file_id"].as_str().unwrap()).await;
+    let ids: HashSet<String> = output
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["custom_id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        (output.lines().count(), ids.len()),
+        (LINES, LINES),
+        "each line exactly once"
+    );
+
+    let rows = jobs_of(&app, &id).await;
+    let reasons = |r: &str| rows.iter().filter(|row| row.2.as_deref() == Some(r)).count();
+    let (kept, pulled) = (
+        reasons("deadline_allows_batch_api"),
+        reasons("pulled_back_from_provider_batch"),
+    );
+    assert!(kept > 0 && pulled > 0, "{rows:?}");
+    assert_eq!(kept + pulled, LINES, "{rows:?}");
+    assert!(rows.iter().all(|r| r.4 == "succeeded"), "{rows:?}");
+    let (late,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM jobs WHERE batch_id = $1 AND finished_at > deadline")
+            .bind(&id)
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(late, 0, "no line finished past its deadline");
+    // The pulled-back lines were served online, once each.
+    assert_eq!(app.mock.stats().succeeded, pulled as u64);
+    // Billing: the kept lines at half the online price, the pulled-back ones at the online price.
+    let spend_ratio = |via: &'static str| {
+        let pool = app.db.pool.clone();
+        let id = id.clone();
+        async move {
+            let (charged, online): (f64, f64) = sqlx::query_as(
+                "SELECT sum(spend_micro_usd)::float8,
+                        sum((usage->>'input_tokens')::float8 * $2 + (usage->>'output_tokens')::float8 * $3)
+                 FROM jobs WHERE batch_id = $1 AND dispatch_via = $4",
+            )
+            .bind(&id)
+            .bind(INPUT_PRICE)
+            .bind(OUTPUT_PRICE)
+            .bind(via)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            charged / online
+        }
+    };
+    assert!((spend_ratio("provider_batch").await - 0.5).abs() < 1e-9);
+    assert!((spend_ratio("online").await - 1.0).abs() < 1e-9);
+    let (provider_status,): (Option<String>,) = sqlx::query_as(
+        "SELECT provider_status FROM provider_batches WHERE id IN (SELECT provider_batch_id FROM jobs WHERE batch_id = $1)",
+    )
+    .bind(&id)
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(provider_status.as_deref(), Some("cancelled"));
+    all_released(&app).await;
     app.shutdown().await;
 }
 

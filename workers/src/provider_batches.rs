@@ -5,6 +5,12 @@
 //! so a repeated write is a no-op) at the batch price. Lines the provider failed or expired go back to the queue as online
 //! jobs when their deadline allows (`provider_batch_failed_retry_online`), else fail.
 //!
+//! Pull-back: a pack still running `pull_back_secs` before its earliest line's deadline —
+//! or whose pace so far says it will be — is cancelled at the provider. When the provider
+//! ends it, the lines it finished are written back at the batch price as usual and the
+//! ones it cancelled go online (`pulled_back_from_provider_batch`) with the time left:
+//! no line runs twice, and none waits past its deadline in a slow batch.
+//!
 //! Crash safety: a pack's row and its jobs' claim commit together (`submitting`) before
 //! the provider is called; the provider's batch id is recorded as soon as it answers
 //! (tried again for a while if the database cannot take it). The jobs' lease belongs to
@@ -35,7 +41,7 @@ use tollgate::store::{self, NewPack, PackEnd, PackGroup, ProviderBatch, Settleme
 use tollgate::vocab::{Lane, LaneReason, ReasonCode};
 
 use crate::providers::Providers;
-use crate::providers::batch_api::{LineResult, Status, Submitted};
+use crate::providers::batch_api::{BatchClient, LineResult, Status, Submitted};
 
 /// How long a submitter holds its pack `submitting` without renewing the hold.
 const SUBMIT_HOLD: Duration = Duration::from_secs(60);
@@ -65,6 +71,8 @@ pub struct Step {
     pub abandoned: usize,
     /// Stale packs whose batch was found at the provider and is polled from now on.
     pub adopted: usize,
+    /// Packs cancelled at the provider because their lines would miss their deadline.
+    pub pulled_back: usize,
 }
 
 #[derive(Clone)]
@@ -324,6 +332,9 @@ impl ProviderBatcher {
             }
         };
         if !status.ended {
+            if self.pull_back(pack, batch_id, &client, &status, now).await? {
+                step.pulled_back += 1;
+            }
             store::poll_later(&self.pool, &pack.id, &status.status, later).await?;
             return Ok(());
         }
@@ -336,6 +347,43 @@ impl ProviderBatcher {
             }
         };
         self.write_back(pack, &status, results, now, step).await
+    }
+
+    /// Cancels `pack`'s provider batch when its lines would otherwise miss their deadline
+    /// ([`pull_back_due`]); the lines come back when the provider ends it.
+    async fn pull_back(
+        &self,
+        pack: &ProviderBatch,
+        batch_id: &str,
+        client: &BatchClient<'_>,
+        status: &Status,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let Some(p) = self.provider(&pack.provider) else {
+            return Ok(false);
+        };
+        if matches!(status.status.as_str(), "cancelling" | "canceling") {
+            return Ok(false);
+        }
+        let Some(deadline) = store::pack_deadline(&self.pool, &pack.id).await? else {
+            return Ok(false);
+        };
+        let margin =
+            chrono::Duration::seconds(i64::try_from(p.batch_api.pull_back_secs).unwrap_or(i64::MAX / 1000));
+        let started = pack.submitted_at.unwrap_or(pack.created_at);
+        let Some(why) = pull_back_due(started, status.progress, deadline, margin, now) else {
+            return Ok(false);
+        };
+        match client.cancel(batch_id).await {
+            Ok(()) => {
+                tracing::warn!(pack = %pack.id, provider_batch = batch_id, %deadline, why, "provider batch pulled back");
+                Ok(true)
+            }
+            Err(e) => {
+                tracing::warn!(pack = %pack.id, error = %e, "could not cancel a provider batch to pull it back; trying at the next poll");
+                Ok(false)
+            }
+        }
     }
 
     /// Writes each held line's outcome: successes at the batch price, the rest back online.
@@ -510,18 +558,17 @@ impl ProviderBatcher {
             return Ok(0);
         }
         let owner = store::pack_owner(pack_id);
-        let online: Vec<JobId> = lines
-            .iter()
-            .filter(|l| l.0.deadline > now)
-            .map(|l| l.0.id)
-            .collect();
-        store::dispatch_online(
-            &self.pool,
-            pack_id,
-            &online,
-            LaneReason::ProviderBatchFailedRetryOnline.as_str(),
-        )
-        .await?;
+        for reason in [
+            LaneReason::ProviderBatchFailedRetryOnline,
+            LaneReason::PulledBackFromProviderBatch,
+        ] {
+            let online: Vec<JobId> = lines
+                .iter()
+                .filter(|l| l.0.deadline > now && online_reason(l.1) == reason)
+                .map(|l| l.0.id)
+                .collect();
+            store::dispatch_online(&self.pool, pack_id, &online, reason.as_str()).await?;
+        }
         let outcomes: Vec<Outcome> = lines
             .iter()
             .map(|(job, code, message)| {
@@ -546,5 +593,62 @@ impl ProviderBatcher {
             .zip(&written)
             .filter(|((job, ..), w)| **w && job.deadline > now)
             .count())
+    }
+}
+
+/// Why a line of a provider batch goes online: a pulled-back batch cancelled it, or the
+/// provider failed, expired or lost it.
+fn online_reason(code: ReasonCode) -> LaneReason {
+    match code {
+        ReasonCode::ProviderBatchCanceled => LaneReason::PulledBackFromProviderBatch,
+        _ => LaneReason::ProviderBatchFailedRetryOnline,
+    }
+}
+
+/// Why a provider batch started at `started` must be pulled back at `now`, if it must: its
+/// earliest line's `deadline` is within `margin` (the time its lines need online), or, once
+/// it has finished a tenth of its lines, its pace says it will still run then.
+pub fn pull_back_due(
+    started: DateTime<Utc>,
+    progress: Option<(u64, u64)>,
+    deadline: DateTime<Utc>,
+    margin: chrono::Duration,
+    now: DateTime<Utc>,
+) -> Option<&'static str> {
+    let latest_end = deadline - margin;
+    if now >= latest_end {
+        return Some("its earliest line's deadline is within pull_back_secs");
+    }
+    let (done, total) = progress.filter(|(done, total)| *done > 0 && done * 10 >= *total)?;
+    let elapsed_ms = (now - started).num_milliseconds().max(0) as f64;
+    let projected =
+        started + chrono::Duration::milliseconds((elapsed_ms * total as f64 / done as f64) as i64);
+    (projected > latest_end)
+        .then_some("at its pace it would end within pull_back_secs of its earliest line's deadline")
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::{Duration, TimeZone};
+
+    use super::*;
+
+    #[test]
+    fn a_batch_is_pulled_back_by_its_margin_or_its_pace() {
+        let t0 = Utc.with_ymd_and_hms(2026, 12, 4, 0, 0, 0).unwrap();
+        let deadline = t0 + Duration::hours(24);
+        let margin = Duration::hours(1);
+        let at = |h: i64| t0 + Duration::hours(h);
+        // On pace (half done in half the time the margin leaves): kept.
+        assert_eq!(
+            pull_back_due(t0, Some((500, 1000)), deadline, margin, at(11)),
+            None
+        );
+        // Too little done to judge the pace: kept until the margin.
+        assert_eq!(pull_back_due(t0, Some((5, 1000)), deadline, margin, at(20)), None);
+        assert_eq!(pull_back_due(t0, None, deadline, margin, at(22)), None);
+        assert!(pull_back_due(t0, None, deadline, margin, at(23)).is_some());
+        // A fifth done in half the time: it would end long after the deadline.
+        assert!(pull_back_due(t0, Some((200, 1000)), deadline, margin, at(12)).is_some());
     }
 }

@@ -630,10 +630,22 @@ impl BatchApi for Anthropic {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned();
+        let count = |k: &str| {
+            batch
+                .pointer(&format!("/request_counts/{k}"))
+                .and_then(Value::as_u64)
+        };
+        let finished: Option<u64> = ["succeeded", "errored", "canceled", "expired"]
+            .iter()
+            .map(|k| count(k))
+            .sum();
         Status {
             ended: status == "ended",
             status,
             result_files: Vec::new(),
+            progress: finished
+                .zip(count("processing"))
+                .map(|(done, left)| (done, done + left)),
         }
     }
 

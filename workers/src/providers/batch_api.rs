@@ -94,6 +94,8 @@ pub struct Status {
     pub ended: bool,
     /// The provider's ids of the files holding results (OpenAI's output and error files).
     pub(super) result_files: Vec<String>,
+    /// Lines the provider has finished, of all the batch's lines, where it counts them.
+    pub progress: Option<(u64, u64)>,
 }
 
 /// What became of one line.

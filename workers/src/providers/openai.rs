@@ -363,8 +363,11 @@ impl BatchApi for OpenAi {
     fn parse_status(&self, b: &Value) -> Status {
         let s = |k: &str| b.get(k).and_then(Value::as_str).map(str::to_owned);
         let status = s("status").unwrap_or_default();
+        let count = |k: &str| b.pointer(&format!("/request_counts/{k}")).and_then(Value::as_u64);
+        let finished = count("completed").zip(count("failed")).map(|(c, f)| c + f);
         Status {
             ended: matches!(status.as_str(), "completed" | "failed" | "expired" | "cancelled"),
+            progress: finished.zip(count("total")),
             status,
             result_files: [s("output_file_id"), s("error_file_id")]
                 .into_iter()
@@ -443,6 +446,8 @@ fn line_result(line: &Value, endpoint: Endpoint) -> LineResult {
             let message = e.get("message").and_then(Value::as_str).unwrap_or_default();
             if code == "batch_expired" {
                 failed(ReasonCode::ProviderBatchExpired, message.to_owned())
+            } else if code == "batch_cancelled" {
+                failed(ReasonCode::ProviderBatchCanceled, message.to_owned())
             } else {
                 failed(ReasonCode::ProviderBatchErrored, format!("{code}: {message}"))
             }
