@@ -16,8 +16,10 @@ use crate::tenant_spec::{Allowance, Budget, BudgetWindow, TenantLimits, TenantSe
 use crate::vocab::{Authority, Dialect, Endpoint, JobClass, PriceSource};
 
 mod batches;
+mod flex;
 mod provider_batches;
 pub use batches::{BatchesConfig, RetentionConfig, WebhookEndpointConfig, WebhooksConfig};
+pub use flex::FlexConfig;
 pub use provider_batches::BatchApiConfig;
 
 /// Why a configuration could not be used. Messages name the file and field.
@@ -431,6 +433,9 @@ pub struct ProviderConfig {
     /// The provider's own batch API as a scheduling choice for `batch`-class jobs.
     #[serde(default)]
     pub batch_api: BatchApiConfig,
+    /// The provider's flex tier as a lane for jobs whose deadline leaves it time.
+    #[serde(default)]
+    pub flex: FlexConfig,
     /// AWS region of a `bedrock` provider (`us-east-1`): its endpoint and signing scope.
     #[serde(default)]
     pub region: Option<String>,
@@ -956,6 +961,9 @@ impl Config {
             p.batch_api
                 .validate(p.kind)
                 .map_err(|reason| invalid(at("batch_api"), reason))?;
+            p.flex
+                .validate(p.kind)
+                .map_err(|reason| invalid(at("flex"), reason))?;
             for (k, key) in p.keys.iter().enumerate() {
                 let secret = key
                     .resolve()

@@ -1,8 +1,13 @@
-//! Provider batch APIs as a scheduling choice. A `batch`-class job whose route's first
-//! target has `batch_api.enabled` and a batch API that takes the job's endpoint
-//! ([`BatchApiConfig::carries`]), and whose deadline is at least the provider's completion
-//! window away, goes through the provider's own batch API (OpenAI Batch, Anthropic
-//! Message Batches) at the batch price instead of one online call.
+//! The lanes a job may take besides one online call, as a scheduling choice ([`lane`]):
+//!
+//! - A `batch`-class job whose route's first target has `batch_api.enabled` and a batch
+//!   API that takes the job's endpoint ([`BatchApiConfig::carries`]), and whose deadline is
+//!   at least the provider's completion window away, goes through the provider's own batch
+//!   API (OpenAI Batch, Anthropic Message Batches) at the batch price.
+//! - Else a job that is not interactive, whose route's first target has `flex.enabled`,
+//!   of an endpoint the flex tier serves, and whose deadline is at least
+//!   `flex.min_deadline_secs` away, is sent at the provider's flex tier ([`Lane::Flex`]) at
+//!   its price; when the tier has no capacity the dispatcher sends it online.
 //!
 //! Flow: the gate ([`decide_candidates`]) records the decision on each undecided queued
 //! `batch`-class job it reads (`dispatch_via`, `dispatch_reason`); the gate admits a
@@ -16,7 +21,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use crate::buckets;
-use crate::config::{BatchApiConfig, Config, ProviderConfig};
+use crate::config::{BatchApiConfig, Config, FlexConfig, ProviderConfig};
 use crate::model::{Decision, JobClass, Lane, LaneReason};
 use crate::routing::{self, Target};
 use crate::store::{self, Candidate, StoreError};
@@ -32,7 +37,7 @@ pub fn batch_api<'a>(config: &'a Config, target: &Target) -> Option<&'a Provider
         .filter(|p| p.batch_api.enabled && BatchApiConfig::supported(p.kind))
 }
 
-/// Whether any provider sends jobs through its batch API (else nothing here runs).
+/// Whether any provider sends jobs through its batch API (else no provider batch runs).
 pub fn any_enabled(config: &Config) -> bool {
     config
         .providers
@@ -72,25 +77,67 @@ pub fn decide(
     }
 }
 
-/// The gate's step before planning: decides the round's `batch`-class candidates not yet
-/// decided, records the decisions (on jobs still queued) and marks the candidates, so no
-/// job is admitted before it is decided. Does nothing unless some provider has its batch
-/// API enabled.
+/// The provider config of `target` when its flex tier may serve jobs of `endpoint`.
+pub fn flex<'a>(config: &'a Config, target: &Target, endpoint: Endpoint) -> Option<&'a ProviderConfig> {
+    config
+        .provider(&target.provider)
+        .filter(|p| p.flex.enabled && FlexConfig::supported(p.kind) && FlexConfig::serves(endpoint))
+}
+
+/// The lane of a job of `class` and `endpoint` asking for `model` with `deadline`, at
+/// `now`: a `batch`-class job's is always decided (its provider batch, or online and why);
+/// another's only when its route's first target has a flex tier that may serve it (else
+/// `None`: online, nothing to record). Interactive jobs are always online.
+pub fn lane(
+    config: &Config,
+    class: JobClass,
+    endpoint: Endpoint,
+    model: &str,
+    deadline: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Option<Decision> {
+    let batch = (class == JobClass::Batch).then(|| decide(config, endpoint, model, deadline, now));
+    if batch.as_ref().is_some_and(|d| d.via == Lane::ProviderBatch) || class == JobClass::Interactive {
+        return batch;
+    }
+    let first = routing::resolve(config, model, endpoint)
+        .ok()
+        .and_then(|t| t.into_iter().next());
+    let flex = first.as_ref().and_then(|t| flex(config, t, endpoint));
+    match flex {
+        Some(p) if deadline - now >= chrono::Duration::seconds(p.flex.min_deadline_secs as i64) => {
+            Some(Decision {
+                via: Lane::Flex,
+                reason: LaneReason::DeadlineAllowsFlex,
+            })
+        }
+        _ => batch,
+    }
+}
+
+/// Whether any provider has a lane besides online: a batch API or a flex tier.
+fn any_lane(config: &Config) -> bool {
+    any_enabled(config) || config.providers.iter().any(|p| p.flex.enabled)
+}
+
+/// The gate's step before planning: decides the round's candidates not yet decided
+/// ([`lane`]), records the decisions (on jobs still queued) and marks the candidates, so no
+/// job is admitted before it is decided. Does nothing unless some provider has a batch API
+/// or a flex tier enabled.
 pub async fn decide_candidates(
     pool: &PgPool,
     config: &Config,
     candidates: &mut [Candidate],
     now: DateTime<Utc>,
 ) -> Result<usize, StoreError> {
-    if !any_enabled(config) {
+    if !any_lane(config) {
         return Ok(0);
     }
     let mut decisions = Vec::new();
-    for c in candidates
-        .iter_mut()
-        .filter(|c| c.class == JobClass::Batch && c.dispatch_via.is_none())
-    {
-        let d = decide(config, c.endpoint, &c.model, c.deadline, now);
+    for c in candidates.iter_mut().filter(|c| c.dispatch_via.is_none()) {
+        let Some(d) = lane(config, c.class, c.endpoint, &c.model, c.deadline, now) else {
+            continue;
+        };
         c.dispatch_via = Some(d.via.as_str().to_owned());
         decisions.push((c.id, d));
     }
@@ -176,5 +223,63 @@ mod tests {
             crate::config::ProviderKind::Anthropic,
             Endpoint::Embeddings
         ));
+    }
+
+    /// The flex tier takes what has the time and is not interactive; a batch line the
+    /// batch API takes stays there.
+    #[test]
+    fn the_flex_lane_takes_jobs_with_time() {
+        let example = include_str!("../tollgate.example.toml");
+        let config = Config::parse(
+            &example.replacen(
+                "# [providers.batch_api]\n# enabled = true\n",
+                "[providers.batch_api]\nenabled = true\nmin_deadline_secs = 7200\n[providers.flex]\nenabled = true\n",
+                1,
+            ),
+            "t.toml",
+        )
+        .unwrap();
+        let now = Utc::now();
+        let lane_of = |class, endpoint, minutes| {
+            lane(
+                &config,
+                class,
+                endpoint,
+                "oai/gpt-4o-mini",
+                now + chrono::Duration::minutes(minutes),
+                now,
+            )
+            .map(|d| (d.via, d.reason))
+        };
+        let flex = Some((Lane::Flex, LaneReason::DeadlineAllowsFlex));
+        assert_eq!(lane_of(JobClass::Standard, Endpoint::ChatCompletions, 60), flex);
+        assert_eq!(lane_of(JobClass::Background, Endpoint::Responses, 60), flex);
+        assert_eq!(
+            lane_of(JobClass::Batch, Endpoint::ChatCompletions, 60),
+            flex,
+            "too soon for the batch API"
+        );
+        assert_eq!(
+            lane_of(JobClass::Batch, Endpoint::ChatCompletions, 180),
+            Some((Lane::ProviderBatch, LaneReason::DeadlineAllowsBatchApi))
+        );
+        assert_eq!(
+            lane_of(JobClass::Interactive, Endpoint::ChatCompletions, 60),
+            None
+        );
+        assert_eq!(
+            lane_of(JobClass::Standard, Endpoint::ChatCompletions, 10),
+            None,
+            "too soon for flex"
+        );
+        assert_eq!(
+            lane_of(JobClass::Standard, Endpoint::Embeddings, 60),
+            None,
+            "flex serves chat and Responses"
+        );
+        assert_eq!(
+            lane_of(JobClass::Batch, Endpoint::ChatCompletions, 10),
+            Some((Lane::Online, LaneReason::DeadlineTooCloseForBatchApi))
+        );
     }
 }

@@ -140,6 +140,14 @@ pub fn classify_response(status: u16, headers: &HeaderMap, body: &[u8]) -> Failu
         429 if message.starts_with("Request too large") => {
             (FailureClass::Request, ReasonCode::RequestTooLarge)
         }
+        // The flex tier's own: OpenAI's 429 "Resource Unavailable", Groq's 498
+        // `capacity_exceeded`. Not a rate limit: nothing to learn, nothing to pause.
+        429 if err_code == "resource_unavailable"
+            || message.to_ascii_lowercase().starts_with("resource unavailable") =>
+        {
+            (FailureClass::Overload, ReasonCode::FlexUnavailable)
+        }
+        498 => (FailureClass::Overload, ReasonCode::FlexUnavailable),
         429 => (FailureClass::Capacity, ReasonCode::RateLimited),
         401 | 403 => (FailureClass::KeyUnusable, ReasonCode::UpstreamAuthFailed),
         400 if key_invalid => (FailureClass::KeyUnusable, ReasonCode::UpstreamAuthFailed),
@@ -365,6 +373,16 @@ mod tests {
         assert_eq!(classify_response(429, &h, too_large).class, FailureClass::Request);
         let quota = br#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
         assert_eq!(classify_response(429, &h, quota).class, FailureClass::KeyUnusable);
+        // The flex tier without capacity is its own, not a rate limit.
+        let flex = br#"{"error":{"message":"Resource Unavailable: flex processing has no capacity","type":"resource_unavailable","param":null,"code":"resource_unavailable"}}"#;
+        let groq = br#"{"error":{"message":"Flex tier capacity exceeded. This is a known issue","type":"capacity_exceeded","code":"capacity_exceeded"}}"#;
+        for (status, body) in [(429, &flex[..]), (498, &groq[..])] {
+            let f = classify_response(status, &h, body);
+            assert_eq!(
+                (f.class, f.code),
+                (FailureClass::Overload, ReasonCode::FlexUnavailable)
+            );
+        }
     }
 
     #[test]

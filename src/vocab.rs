@@ -363,6 +363,9 @@ pub enum Lane {
     Online,
     /// Through the provider's own batch API, at the batch price.
     ProviderBatch,
+    /// One call per job at the provider's flex tier: cheaper and slower, and refused when
+    /// the tier has no capacity (then online).
+    Flex,
 }
 
 /// Why a job goes the lane it goes (`jobs.dispatch_reason`).
@@ -383,6 +386,11 @@ pub enum LaneReason {
     /// A line of a provider batch that would not finish before its deadline: the batch
     /// was cancelled and the line sent online.
     PulledBackFromProviderBatch,
+    /// Its deadline leaves the flex tier's time (`flex.min_deadline_secs`): sent at the
+    /// flex price.
+    DeadlineAllowsFlex,
+    /// The flex tier had no capacity for it: sent online.
+    FlexUnavailableRetryOnline,
 }
 
 /// Where the price a job's cost is reckoned at comes from (`jobs.price_source`).
@@ -605,8 +613,11 @@ pub enum ReasonCode {
     ProviderBatchCanceled,
     /// The job's route names a provider this process does not know.
     UnknownProvider,
-    /// A streamed call to a target that does not stream (Gemini).
+    /// A streamed call to a target whose adapter does not stream.
     StreamingUnsupported,
+    /// The provider's flex tier had no capacity for the call (OpenAI's 429 "Resource
+    /// Unavailable", Groq's 498 `capacity_exceeded`): the job goes online.
+    FlexUnavailable,
     /// A line of a batch that was cancelled before it finished.
     BatchCancelled,
     /// A line of a batch whose completion window ended before it finished.

@@ -58,6 +58,10 @@ pub struct MockConfig {
     pub fault_mix: FaultMix,
     /// The batch APIs (OpenAI Batch, Anthropic Message Batches): speed and failures.
     pub batch: BatchMockConfig,
+    /// Every n-th chat call at the flex tier (`service_tier: "flex"`, 1-based over the
+    /// mock) is refused with OpenAI's 429 "Resource Unavailable", charging nothing; 0 =
+    /// none. Default 0.
+    pub flex_unavailable_every_nth: u64,
 }
 
 /// How the mock's batch APIs process lines. Deterministic, so tests can count on it.
@@ -97,6 +101,7 @@ impl Default for MockConfig {
             faults: Vec::new(),
             fault_mix: FaultMix::default(),
             batch: BatchMockConfig::default(),
+            flex_unavailable_every_nth: 0,
         }
     }
 }

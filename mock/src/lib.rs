@@ -154,6 +154,7 @@ struct Inner {
     batch_config: BatchMockConfig,
     /// Vertex AI access tokens issued: their project and expiry (Unix seconds).
     vertex_tokens: Mutex<HashMap<String, (usize, i64)>>,
+    flex_unavailable_every_nth: u64,
 }
 
 impl MockProvider {
@@ -228,6 +229,7 @@ impl MockProvider {
             batches: Mutex::new(batch_state::BatchState::default()),
             batch_config: config.batch,
             vertex_tokens: Mutex::default(),
+            flex_unavailable_every_nth: config.flex_unavailable_every_nth,
         };
         Self {
             inner: Arc::new(inner),
@@ -517,6 +519,17 @@ impl Inner {
             tokio::time::sleep(latency).await;
         }
         refund
+    }
+
+    /// Whether this call at the flex tier is refused (`flex_unavailable_every_nth`).
+    fn flex_refuses(&self) -> bool {
+        let nth = self.flex_unavailable_every_nth;
+        let call = self
+            .totals
+            .flex_calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        nth > 0 && call.is_multiple_of(nth)
     }
 
     /// Unix seconds now, by the mock's clock.

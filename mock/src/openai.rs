@@ -218,6 +218,15 @@ pub(super) async fn chat_completions(State(p): State<MockProvider>, req: Request
         Ok(fault) => fault,
         Err(answer) => return *answer,
     };
+    if req.service_tier.as_deref() == Some("flex") && inner.flex_refuses() {
+        return reply.error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "Resource Unavailable: flex processing has no capacity for this request right now. Retry later, or send it without `service_tier: \"flex\"`.",
+            "resource_unavailable",
+            Some("resource_unavailable"),
+            &inner.totals.flex_unavailable,
+        );
+    }
 
     let input = input_tokens(messages, None);
     let chat = Admit {

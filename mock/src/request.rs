@@ -37,6 +37,9 @@ pub(crate) struct ChatRequest {
     pub tool_choice: Option<serde_json::Value>,
     #[serde(default)]
     pub response_format: Option<serde_json::Value>,
+    /// `flex` asks for the flex tier.
+    #[serde(default)]
+    pub service_tier: Option<String>,
 }
 
 /// An answer the mock gives instead of canned words.

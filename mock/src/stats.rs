@@ -36,6 +36,10 @@ pub struct MockStats {
     /// Streams that sent their last event (`data: [DONE]` / `message_stop`).
     #[serde(default)]
     pub streams_completed: u64,
+    /// Calls at the flex tier (`service_tier: "flex"`) refused for capacity (429
+    /// "Resource Unavailable"); not counted in `rate_limited_429`.
+    #[serde(default)]
+    pub flex_unavailable: u64,
     /// Streams whose body was dropped before the last event: the client went away.
     /// Their unproduced tokens were returned to OTPM and taken out of
     /// `output_tokens_admitted`.
@@ -84,6 +88,9 @@ pub(crate) struct Totals {
     pub streams_started: AtomicU64,
     pub streams_completed: AtomicU64,
     pub streams_cancelled: AtomicU64,
+    pub flex_unavailable: AtomicU64,
+    /// Calls at the flex tier received, for `flex_unavailable_every_nth`.
+    pub flex_calls: AtomicU64,
     /// Faults of the fault mix, in `faults::Injected` order.
     pub injected: [AtomicU64; 8],
 }
@@ -125,6 +132,7 @@ impl Totals {
         s.streams_started = self.streams_started.load(Relaxed);
         s.streams_completed = self.streams_completed.load(Relaxed);
         s.streams_cancelled = self.streams_cancelled.load(Relaxed);
+        s.flex_unavailable = self.flex_unavailable.load(Relaxed);
         s.faults_injected = super::faults::InjectedFaults::from_array(std::array::from_fn(|i| {
             self.injected[i].load(Relaxed)
         }));
@@ -143,6 +151,8 @@ impl Totals {
             &self.streams_started,
             &self.streams_completed,
             &self.streams_cancelled,
+            &self.flex_unavailable,
+            &self.flex_calls,
         ]
         .into_iter()
         .chain(&self.injected)

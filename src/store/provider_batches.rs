@@ -328,6 +328,22 @@ pub async fn pack_jobs(ex: impl PgExecutor<'_>, id: &str) -> Result<Vec<Job>> {
     .await?)
 }
 
+/// A job of the flex lane the flex tier refused goes online (with why), while `owner`
+/// still runs it.
+pub async fn leave_flex(ex: impl PgExecutor<'_>, id: JobId, owner: &str) -> Result<bool> {
+    Ok(sqlx::query!(
+        "UPDATE jobs SET dispatch_via = 'online', dispatch_reason = $3
+         WHERE id = $1 AND state = 'running' AND lease_owner = $2 AND dispatch_via = 'flex'",
+        id.0,
+        owner,
+        LaneReason::FlexUnavailableRetryOnline.as_str(),
+    )
+    .execute(ex)
+    .await?
+    .rows_affected()
+        == 1)
+}
+
 /// The earliest deadline of the lines pack `id` still runs (none when it runs none).
 pub async fn pack_deadline(ex: impl PgExecutor<'_>, id: &str) -> Result<Option<DateTime<Utc>>> {
     Ok(sqlx::query_scalar!(

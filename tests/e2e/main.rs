@@ -66,6 +66,7 @@ mod endpoints;
 mod faults;
 mod gate;
 mod harness;
+mod lanes;
 mod learning;
 mod lifecycle;
 mod migrations;

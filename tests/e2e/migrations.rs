@@ -49,6 +49,7 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
         .unwrap()
         .unwrap();
     assert_eq!(job.state, tollgate::model::JobState::Succeeded);
+    assert_eq!(job.dispatch_via.as_deref(), Some("flex"));
     let queued: JobId = "0190a000-0000-7000-8000-000000000002".parse().unwrap();
     let job = tollgate::store::get_job(&db.pool, Some("acme"), queued)
         .await

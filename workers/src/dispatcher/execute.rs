@@ -5,7 +5,9 @@
 //! be still running here just before its call; a call whose job the heartbeat finds no
 //! longer held here is stopped ([`Dispatcher::abandon`]). After a failure,
 //! [`retry::decide`] says what follows — retry, fall back, rotate the key, pause a scope,
-//! or fail — and this writes exactly that.
+//! or fail — and this writes exactly that. A job of the flex lane is sent with
+//! `service_tier: "flex"` and charged the flex price; when the tier has no capacity
+//! (`flex_unavailable`) it goes online at once, nothing learned or paused.
 
 use std::time::Duration;
 
@@ -118,19 +120,24 @@ impl Dispatcher {
                 &job.request,
             ))
         });
+        let (lane, discount) = match provider.filter(|_| is_flex(job)) {
+            Some(p) => (Lane::Flex, p.flex.discount),
+            None => (Lane::Online, 1.0),
+        };
         let actual_spend = usage.map_or(0.0, |u| {
-            let spend = buckets::spend_micro_usd(
-                price,
-                u.input_tokens as f64,
-                u.cached_tokens as f64,
-                u.output_tokens as f64,
-            );
+            let spend = discount
+                * buckets::spend_micro_usd(
+                    price,
+                    u.input_tokens as f64,
+                    u.cached_tokens as f64,
+                    u.output_tokens as f64,
+                );
             tollgate::metrics::call_spend(
                 &job.tenant,
                 &target.provider,
                 &target.model,
                 job.endpoint,
-                Lane::Online,
+                lane,
                 spend,
             );
             spend
@@ -207,8 +214,16 @@ impl Dispatcher {
                 Err(e) => tracing::warn!(error = %e, "could not check the job before its call; calling"),
             }
         }
+        let flex = is_flex(&job);
+        let at_flex_tier;
+        let request = if flex {
+            at_flex_tier = flex_tier(&job.request);
+            &at_flex_tier
+        } else {
+            &job.request
+        };
         let called = tokio::select! {
-            called = inner.providers.call(&target, job.endpoint, &job.request) => called,
+            called = inner.providers.call(&target, job.endpoint, request) => called,
             _ = stop.cancelled() => {
                 // The request may have reached the provider: settled as sent.
                 let settlement = self.settlement(&job, &target, None);
@@ -234,6 +249,21 @@ impl Dispatcher {
                     call: Some(call),
                     observation,
                     ..Outcome::new(holder, Some(served), end, settlement)
+                }
+            }
+            Err(failure) if flex && failure.code == ReasonCode::FlexUnavailable => {
+                // The flex tier's own refusal: online now, the online limits untouched.
+                match tollgate::store::leave_flex(&inner.pool, job.id, &inner.owner).await {
+                    Ok(_) => tracing::info!("the flex tier had no capacity; the job goes online"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not move the job off the flex lane; it tries flex again")
+                    }
+                }
+                let end = End::retry(finished_at, failure.code, failure.message.clone());
+                Outcome {
+                    call: Some(call),
+                    observation,
+                    ..Outcome::new(holder, Some(served), end, Settlement::UNSENT)
                 }
             }
             Err(failure) => {
@@ -386,4 +416,18 @@ impl Dispatcher {
             finished_at,
         }
     }
+}
+
+/// Whether `job` goes by the flex lane.
+fn is_flex(job: &Job) -> bool {
+    job.dispatch_via.as_deref() == Some(Lane::Flex.as_str())
+}
+
+/// `request` at the provider's flex tier: `service_tier: "flex"`.
+fn flex_tier(request: &serde_json::Value) -> serde_json::Value {
+    let mut request = request.clone();
+    if let Some(obj) = request.as_object_mut() {
+        obj.insert("service_tier".to_owned(), serde_json::Value::from("flex"));
+    }
+    request
 }

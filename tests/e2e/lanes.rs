@@ -1,0 +1,93 @@
+//! The flex lane end to end: jobs that are not interactive and have the time reach the
+//! mock at the flex tier (`service_tier: "flex"`) and are charged its price; a call the
+//! tier refuses for capacity goes online at once — charged online, counted against no
+//! limit and pausing nothing; interactive jobs and jobs without the time stay online.
+
+use chrono::Utc;
+use serde_json::{Value, json};
+use tollgate_mock::MockConfig;
+
+use crate::harness::{ACME, TestApp, TestOptions, mock_config};
+
+/// USD per million tokens of `gpt-4o-mini` here: micro-USD per token.
+const INPUT_PRICE: f64 = 0.15;
+const OUTPUT_PRICE: f64 = 0.6;
+
+fn job(class: &str, deadline_secs: i64, i: usize) -> Value {
+    json!({
+        "request": {"model": "oai/gpt-4o-mini", "messages": [{"role": "user", "content": format!("item {i}")}], "max_tokens": 8},
+        "class": class,
+        "deadline": (Utc::now() + chrono::Duration::seconds(deadline_secs)).to_rfc3339(),
+    })
+}
+
+#[tokio::test]
+async fn flex_serves_jobs_with_time_and_goes_online_when_refused() {
+    let app = TestApp::spawn_with(TestOptions {
+        mock: MockConfig {
+            flex_unavailable_every_nth: 3,
+            ..mock_config()
+        },
+        extra_config: format!(
+            "[providers.flex]\nenabled = true\nmin_deadline_secs = 600\n\
+             [providers.prices.\"gpt-4o-mini\"]\ninput_per_mtok = {INPUT_PRICE}\noutput_per_mtok = {OUTPUT_PRICE}\n"
+        ),
+        ..TestOptions::default()
+    })
+    .await;
+    let mut flexible = Vec::new();
+    for i in 0..6 {
+        // One at a time, so the mock refuses exactly the third and the sixth flex call.
+        let done = app.run_job(ACME, &job("background", 3600, i), 30).await;
+        assert_eq!(done["state"], "succeeded", "{done}");
+        flexible.push(done);
+    }
+    let interactive = app.run_job(ACME, &job("interactive", 3600, 7), 30).await;
+    let hurried = app.run_job(ACME, &job("standard", 300, 8), 30).await;
+
+    let lane = |j: &Value| {
+        (
+            j["dispatch"]["via"].as_str().unwrap_or_default().to_owned(),
+            j["dispatch"]["reason"].as_str().unwrap_or_default().to_owned(),
+        )
+    };
+    let lanes: Vec<(String, String)> = flexible.iter().map(lane).collect();
+    let flex = ("flex".to_owned(), "deadline_allows_flex".to_owned());
+    let refused = ("online".to_owned(), "flex_unavailable_retry_online".to_owned());
+    assert_eq!(
+        lanes,
+        [&flex, &flex, &refused, &flex, &flex, &refused].map(Clone::clone),
+        "the third and sixth flex calls were refused"
+    );
+    assert_eq!(lane(&interactive).0, "online", "{interactive}");
+    assert_eq!(lane(&hurried).0, "online", "{hurried}");
+
+    let stats = app.mock.stats();
+    assert_eq!(stats.flex_unavailable, 2, "{stats:?}");
+    assert_eq!(stats.rate_limited_429, 0, "{stats:?}");
+    assert_eq!(stats.succeeded, 8, "every job served once: {stats:?}");
+    // The refusals paused nothing.
+    let (pauses,): (i64,) = sqlx::query_as("SELECT count(*) FROM pauses")
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(pauses, 0);
+    // Charged the flex price (half) at the flex tier, the online price online.
+    for done in flexible.iter().chain([&interactive, &hurried]) {
+        let usage = &done["usage"];
+        let online = usage["input_tokens"].as_f64().unwrap() * INPUT_PRICE
+            + usage["output_tokens"].as_f64().unwrap() * OUTPUT_PRICE;
+        let id = done["id"].as_str().unwrap();
+        let (spend,): (f64,) = sqlx::query_as("SELECT spend_micro_usd::float8 FROM jobs WHERE id = $1::uuid")
+            .bind(id)
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+        let share = if lane(done).0 == "flex" { 0.5 } else { 1.0 };
+        assert!(
+            (spend - share * online).abs() < 1e-6,
+            "{id}: {spend} vs {share} of {online}"
+        );
+    }
+    app.shutdown().await;
+}
