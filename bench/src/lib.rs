@@ -27,10 +27,13 @@
 //!   does.
 //! - `attack` ([`attack`]): a well-behaved tenant's API latency while another tenant and
 //!   an anonymous client attack the process, beside the same load alone.
+//! - `lanes` ([`lanes`]): a workload of mixed deadlines with every lane on (online, flex,
+//!   the provider's batch API), beside the same workload online only: spend per lane.
 
 mod attack;
 pub mod demo;
 mod ingest;
+mod lanes;
 mod limits;
 pub mod local;
 mod scale;
@@ -64,6 +67,8 @@ pub enum Case {
     /// The synchronous `/v1/chat/completions` beside the mock directly, by `hey` (not in
     /// `all`).
     Sync,
+    /// Mixed deadlines across every lane, beside online only: spend per lane (not in `all`).
+    Lanes,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -86,7 +91,7 @@ pub struct BenchArgs {
     /// Steady and attack cases: seconds of load.
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
-    /// Limits case: jobs per scenario.
+    /// Limits case: jobs per scenario; lanes case: jobs per run.
     #[arg(long, default_value_t = 1800)]
     pub limit_jobs: usize,
     /// Limits case: the mock provider's requests per minute.
@@ -227,6 +232,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if matches!(args.case, Case::Sync) {
         sync::run(&args).await?;
+    }
+    if matches!(args.case, Case::Lanes) {
+        lanes::run(&args).await?;
     }
     Ok(())
 }
@@ -389,6 +397,23 @@ where
         .filter(|ok| futures::future::ready(!*ok))
         .count()
         .await
+}
+
+/// Submits `n` jobs to the broker at `api`, `body(i)` each (`POST /v1/jobs` as tenant
+/// `bench`), 32 at a time; an error when any was refused.
+pub(crate) async fn submit_jobs(api: &str, n: usize, body: impl Fn(usize) -> Value) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    let url = format!("{api}/v1/jobs");
+    let rejected = send_all(n, 32, |i| {
+        let (http, url, body) = (http.clone(), url.clone(), body(i));
+        async move {
+            let r = http.post(url).bearer_auth("tk-bench").json(&body).send().await;
+            matches!(r, Ok(resp) if resp.status().as_u16() == 202)
+        }
+    })
+    .await;
+    anyhow::ensure!(rejected == 0, "{rejected} submissions were refused");
+    Ok(())
 }
 
 /// Waits until `expected` jobs have ended; returns (succeeded, failed or cancelled).

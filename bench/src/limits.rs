@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use tollgate::config::Config;
 use tollgate_mock::{FaultConfig, MockConfig, ProjectLimits};
 
-use super::{BenchArgs, wait_finished};
+use super::{BenchArgs, submit_jobs, wait_finished};
 use crate::local::LocalStack;
 use tollgate_api::broker::Roles;
 
@@ -198,29 +198,13 @@ async fn through_tollgate(
         broker_config,
     )
     .await?;
-    let http = reqwest::Client::new();
-    let url = format!("{}/v1/jobs", stack.api);
     let begin = Instant::now();
-    let rejected = futures::stream::iter(0..args.limit_jobs)
-        .map(|i| {
-            let (http, url) = (http.clone(), url.clone());
-            async move {
-                let mut body = request(i).0;
-                body["model"] = json!("oai/gpt-4o-mini");
-                let r = http
-                    .post(url)
-                    .bearer_auth("tk-bench")
-                    .json(&json!({"request": body, "class": "batch"}))
-                    .send()
-                    .await;
-                matches!(r, Ok(resp) if resp.status().as_u16() == 202)
-            }
-        })
-        .buffer_unordered(32)
-        .filter(|ok| futures::future::ready(!*ok))
-        .count()
-        .await;
-    anyhow::ensure!(rejected == 0, "{rejected} submissions were refused");
+    submit_jobs(&stack.api, args.limit_jobs, |i| {
+        let mut body = request(i).0;
+        body["model"] = json!("oai/gpt-4o-mini");
+        json!({"request": body, "class": "batch"})
+    })
+    .await?;
     let expected = args.limit_jobs as i64;
     let mut note = String::new();
     if halve {
