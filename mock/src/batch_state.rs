@@ -207,7 +207,7 @@ impl BatchState {
             })
             .collect();
         let (mut output_file_id, mut error_file_id) = (None, None);
-        if b.kind == ProviderKind::Openai {
+        if matches!(b.kind, ProviderKind::Openai | ProviderKind::Azure) {
             let (out, err) = openai_files(inner, &b.lines, &fates);
             let created_at = inner.unix_secs();
             for (bytes, slot) in [(out, &mut output_file_id), (err, &mut error_file_id)] {
@@ -238,17 +238,18 @@ impl BatchState {
 }
 
 /// The online endpoint's reply to a line's body, with usage: a message (Anthropic), or
-/// the answer of the batch's `endpoint` (OpenAI); the message of its 400 when the
+/// the answer of the batch's `endpoint` (OpenAI, Azure); the message of its 400 when the
 /// endpoint refuses the body.
 fn reply(inner: &Inner, kind: ProviderKind, endpoint: &str, body: &Value) -> Result<Value, String> {
     if kind == ProviderKind::Anthropic {
         return Ok(message_reply(inner, body));
     }
-    match endpoint {
-        "/v1/embeddings" => Ok(Embeddings::check(body)?.answer()),
-        "/v1/moderations" => Ok(Moderation::check(body)?.answer()),
-        "/v1/completions" => Ok(Completion::check(body)?.whole(inner)),
-        "/v1/responses" => Ok(Responses::check(body)?.whole(inner)),
+    // Azure names the endpoints without `/v1`.
+    match endpoint.strip_prefix("/v1").unwrap_or(endpoint) {
+        "/embeddings" => Ok(Embeddings::check(body)?.answer()),
+        "/moderations" => Ok(Moderation::check(body)?.answer()),
+        "/completions" => Ok(Completion::check(body)?.whole(inner)),
+        "/responses" => Ok(Responses::check(body)?.whole(inner)),
         _ => Ok(chat_reply(inner, body)),
     }
 }

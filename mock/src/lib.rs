@@ -16,7 +16,7 @@
 //! - `audit`: an independent check that what was admitted never exceeds the limits.
 //! - `faults`: the random fault mix — seeded draws, resets, hangs, spoiled bodies.
 //! - `batch_state` / `openai_batch` / `anthropic_batch`: the batch APIs (OpenAI Files +
-//!   Batch, Anthropic Message Batches), in memory, processing lines at
+//!   Batch, also Azure's Global Batch; Anthropic Message Batches), in memory, processing lines at
 //!   [`BatchMockConfig::lines_per_sec`] with deterministic failures and expiries.
 //! - `stream`: the SSE bodies of `"stream": true` requests and their accounting.
 //! - `stats`: atomic counters and the [`MockStats`] snapshot.
@@ -263,11 +263,39 @@ impl MockProvider {
                 "/v1/projects/{project}/locations/{location}/publishers/{publisher}/models/{model_action}",
                 post(vertex::predict),
             )
-            .route("/v1/files", post(openai_batch::upload_file))
-            .route("/v1/files/{id}/content", get(openai_batch::file_content))
+            .route(
+                "/v1/files",
+                post(openai_batch::upload_file::<openai_batch::OpenAi>),
+            )
+            .route(
+                "/v1/files/{id}/content",
+                get(openai_batch::file_content::<openai_batch::OpenAi>),
+            )
             .route(
                 "/v1/batches",
-                post(openai_batch::create_batch).get(openai_batch::list_batches),
+                post(openai_batch::create_batch::<openai_batch::OpenAi>)
+                    .get(openai_batch::list_batches::<openai_batch::OpenAi>),
+            )
+            .route(
+                "/openai/files",
+                post(openai_batch::upload_file::<openai_batch::Azure>),
+            )
+            .route(
+                "/openai/files/{id}/content",
+                get(openai_batch::file_content::<openai_batch::Azure>),
+            )
+            .route(
+                "/openai/batches",
+                post(openai_batch::create_batch::<openai_batch::Azure>)
+                    .get(openai_batch::list_batches::<openai_batch::Azure>),
+            )
+            .route(
+                "/openai/batches/{id}",
+                get(batch_state::get_batch::<openai_batch::Azure>),
+            )
+            .route(
+                "/openai/batches/{id}/cancel",
+                post(batch_state::cancel_batch::<openai_batch::Azure>),
             )
             .route(
                 "/v1/batches/{id}",

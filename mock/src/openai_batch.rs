@@ -1,7 +1,9 @@
 //! OpenAI's Files and Batch APIs (`docs/PROVIDERS.md` §1.5–1.6): `POST /v1/files` (multipart,
 //! `purpose=batch`), `GET /v1/files/{id}/content`, `POST /v1/batches`,
 //! `GET /v1/batches` (the list), `GET /v1/batches/{id}`, `POST /v1/batches/{id}/cancel`. Bearer keys as on the online
-//! endpoint; a project sees only its own files and batches.
+//! endpoint; a project sees only its own files and batches. Azure OpenAI's Global Batch
+//! is the same API below `/openai` ([`Azure`]): `api-key` keys of an `azure` project, and
+//! endpoints named without `/v1` (`/chat/completions`, `/embeddings`).
 
 use std::collections::HashMap;
 
@@ -19,14 +21,12 @@ use super::{Inner, KeyLookup, MockProvider, uuid_v7};
 /// Most embedding inputs across the requests of one batch of embeddings.
 const MAX_EMBEDDING_INPUTS: usize = 50_000;
 
-/// The endpoints a batch may carry, one per batch.
-const BATCH_ENDPOINTS: [&str; 5] = [
-    "/v1/responses",
-    "/v1/chat/completions",
-    "/v1/embeddings",
-    "/v1/completions",
-    "/v1/moderations",
-];
+/// The Files and Batch APIs as a host serves them: OpenAI's own ([`OpenAi`]) or Azure's
+/// ([`Azure`]).
+pub(super) trait FilesApi: BatchApi {
+    /// The endpoints a batch may carry (one per batch), as the API names them.
+    const ENDPOINTS: &'static [&'static str];
+}
 
 fn error(status: StatusCode, message: &str, code: Option<&str>) -> Response {
     let kind = if status == StatusCode::UNAUTHORIZED || status.is_client_error() {
@@ -67,13 +67,13 @@ fn file_object(id: &str, f: &StoredFile) -> Value {
     })
 }
 
-pub(super) async fn upload_file(
+pub(super) async fn upload_file<A: FilesApi>(
     State(p): State<MockProvider>,
     headers: HeaderMap,
     mut form: Multipart,
 ) -> Response {
     let inner = &*p.inner;
-    let project = match project(inner, &headers) {
+    let project = match A::project(inner, &headers) {
         Ok(p) => p,
         Err(r) => return *r,
     };
@@ -119,13 +119,13 @@ pub(super) async fn upload_file(
     Json(body).into_response()
 }
 
-pub(super) async fn file_content(
+pub(super) async fn file_content<A: FilesApi>(
     State(p): State<MockProvider>,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
     let inner = &*p.inner;
-    let project = match project(inner, &headers) {
+    let project = match A::project(inner, &headers) {
         Ok(p) => p,
         Err(r) => return *r,
     };
@@ -136,13 +136,13 @@ pub(super) async fn file_content(
     }
 }
 
-pub(super) async fn create_batch(
+pub(super) async fn create_batch<A: FilesApi>(
     State(p): State<MockProvider>,
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> Response {
     let inner = &*p.inner;
-    let project = match project(inner, &headers) {
+    let project = match A::project(inner, &headers) {
         Ok(p) => p,
         Err(r) => return *r,
     };
@@ -156,10 +156,14 @@ pub(super) async fn create_batch(
             None,
         );
     };
-    if !BATCH_ENDPOINTS.contains(&endpoint) {
+    if !A::ENDPOINTS.contains(&endpoint) {
         let message = format!(
             "Invalid value for 'endpoint': '{endpoint}'. Supported values are: {}.",
-            BATCH_ENDPOINTS.map(|e| format!("'{e}'")).join(", ")
+            A::ENDPOINTS
+                .iter()
+                .map(|e| format!("'{e}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         return error(StatusCode::BAD_REQUEST, &message, Some("invalid_value"));
     }
@@ -204,7 +208,7 @@ pub(super) async fn create_batch(
         .iter()
         .map(|l| Embeddings::check(&l.body).map_or(1, |e| e.inputs()))
         .sum();
-    if endpoint == "/v1/embeddings" && inputs > MAX_EMBEDDING_INPUTS {
+    if endpoint.ends_with("/embeddings") && inputs > MAX_EMBEDDING_INPUTS {
         let message = format!(
             "A batch of embeddings may hold at most {MAX_EMBEDDING_INPUTS} embedding inputs across its requests; this one has {inputs}."
         );
@@ -212,7 +216,7 @@ pub(super) async fn create_batch(
     }
     let id = format!("batch_{}", uuid_v7(inner).simple());
     let batch = MockBatch {
-        kind: ProviderKind::Openai,
+        kind: A::KIND,
         project,
         input_file_id: Some(input.to_owned()),
         endpoint: endpoint.to_owned(),
@@ -229,13 +233,13 @@ pub(super) async fn create_batch(
 
 /// `GET /v1/batches`: the project's batches, newest first, `limit` (1–100, default 20)
 /// at a time after the batch `after`, as OpenAI lists them.
-pub(super) async fn list_batches(
+pub(super) async fn list_batches<A: FilesApi>(
     State(p): State<MockProvider>,
     headers: HeaderMap,
     Query(page): Query<HashMap<String, String>>,
 ) -> Response {
     let inner = &*p.inner;
-    let project = match project(inner, &headers) {
+    let project = match A::project(inner, &headers) {
         Ok(p) => p,
         Err(r) => return *r,
     };
@@ -249,7 +253,7 @@ pub(super) async fn list_batches(
     let mut ids: Vec<String> = state
         .batches
         .iter()
-        .filter(|(_, b)| b.project == project && b.kind == ProviderKind::Openai)
+        .filter(|(_, b)| b.project == project && b.kind == A::KIND)
         .map(|(id, _)| id.clone())
         .collect();
     ids.sort_unstable_by(|a, b| b.cmp(a));
@@ -273,8 +277,53 @@ pub(super) async fn list_batches(
     .into_response()
 }
 
-/// This API's batch routes (`batch_state::get_batch`, `batch_state::cancel_batch`).
+/// OpenAI's own Files and Batch APIs (and their batch routes: `batch_state::get_batch`,
+/// `batch_state::cancel_batch`).
 pub(super) struct OpenAi;
+
+impl FilesApi for OpenAi {
+    const ENDPOINTS: &'static [&'static str] = &[
+        "/v1/responses",
+        "/v1/chat/completions",
+        "/v1/embeddings",
+        "/v1/completions",
+        "/v1/moderations",
+    ];
+}
+
+/// Azure OpenAI's Global Batch: the same API, `api-key` keys of an `azure` project.
+pub(super) struct Azure;
+
+impl FilesApi for Azure {
+    const ENDPOINTS: &'static [&'static str] = &["/chat/completions", "/embeddings"];
+}
+
+impl BatchApi for Azure {
+    const KIND: ProviderKind = ProviderKind::Azure;
+
+    fn project(inner: &Inner, headers: &HeaderMap) -> Result<usize, Box<Response>> {
+        let key = headers
+            .get("api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim);
+        match key.map(|k| inner.lookup(ProviderKind::Azure, k)) {
+            Some(KeyLookup::Valid(p)) => Ok(p),
+            _ => Err(Box::new(error(
+                StatusCode::UNAUTHORIZED,
+                "Access denied due to invalid subscription key or wrong API endpoint.",
+                Some("401"),
+            ))),
+        }
+    }
+
+    fn not_found(id: &str) -> Response {
+        OpenAi::not_found(id)
+    }
+
+    fn object(inner: &Inner, id: &str, b: &MockBatch) -> Value {
+        batch_object(inner, id, b)
+    }
+}
 
 impl BatchApi for OpenAi {
     const KIND: ProviderKind = ProviderKind::Openai;

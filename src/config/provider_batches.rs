@@ -1,6 +1,6 @@
 //! `[providers.batch_api]`: whether and how a provider's own batch API (OpenAI Batch,
-//! Anthropic Message Batches, an OpenAI-compatible server's copy of OpenAI's) may carry
-//! `batch`-class jobs.
+//! Anthropic Message Batches, Azure's Global Batch, an OpenAI-compatible server's copy of
+//! OpenAI's) may carry `batch`-class jobs.
 
 use serde::Deserialize;
 
@@ -18,7 +18,8 @@ pub struct BatchApiConfig {
     /// The provider's completion window: a job is eligible only if its deadline is at
     /// least this far away (else the provider could legally answer after it). Default 24 h.
     pub min_deadline_secs: u64,
-    /// Most lines in one provider batch. Default by kind: OpenAI 50,000, Anthropic 100,000.
+    /// Most lines in one provider batch. Default by kind: OpenAI 50,000, Anthropic and
+    /// Azure 100,000.
     pub max_lines: Option<u64>,
     /// Largest provider batch in bytes. Default by kind: OpenAI 200 MB, Anthropic 256 MB.
     pub max_bytes: Option<u64>,
@@ -64,8 +65,8 @@ impl BatchApiConfig {
     }
 
     /// Whether `kind`'s batch API takes jobs of `endpoint`: OpenAI's Batch API its five
-    /// endpoints as they are; Anthropic's Message Batches Messages requests, and chat
-    /// translated as online. A request translated per call (Messages to a non-Anthropic
+    /// endpoints as they are; Azure's Global Batch chat and embeddings; Anthropic's Message
+    /// Batches Messages requests, and chat translated as online. A request translated per call (Messages to a non-Anthropic
     /// target, Responses to a non-OpenAI one) goes online.
     pub fn carries(kind: ProviderKind, endpoint: Endpoint) -> bool {
         match kind {
@@ -78,16 +79,16 @@ impl BatchApiConfig {
                 endpoint,
                 Endpoint::ChatCompletions | Endpoint::Embeddings | Endpoint::Completions
             ),
-            ProviderKind::Gemini | ProviderKind::Azure | ProviderKind::Bedrock | ProviderKind::Vertex => {
-                false
-            }
+            // Global Batch, on a global-batch deployment.
+            ProviderKind::Azure => matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Embeddings),
+            ProviderKind::Gemini | ProviderKind::Bedrock | ProviderKind::Vertex => false,
         }
     }
 
     pub(super) fn validate(&self, kind: ProviderKind) -> Result<(), String> {
         if self.enabled && !Self::supported(kind) {
             return Err(
-                "only `openai`, `openai-compatible` and `anthropic` providers have a batch API tollgate drives".into(),
+                "only `openai`, `openai-compatible`, `azure` and `anthropic` providers have a batch API tollgate drives".into(),
             );
         }
         if !(self.discount > 0.0 && self.discount <= 1.0) {
@@ -118,6 +119,7 @@ impl BatchApiConfig {
     pub fn limits(&self, kind: ProviderKind) -> (u64, u64) {
         let (lines, bytes) = match kind {
             ProviderKind::Anthropic => (100_000, 256 * 1024 * 1024),
+            ProviderKind::Azure => (100_000, 200 * 1024 * 1024),
             _ => (50_000, 200 * 1024 * 1024),
         };
         (self.max_lines.unwrap_or(lines), self.max_bytes.unwrap_or(bytes))

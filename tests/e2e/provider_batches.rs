@@ -304,6 +304,44 @@ async fn anthropic_message_batches_carry_a_batch_at_half_price() {
     app.shutdown().await;
 }
 
+/// Azure OpenAI's Global Batch: a tollgate batch to an `azure` provider's global-batch
+/// deployment goes through Azure's Files and Batch APIs (below `/openai`, the
+/// `api-version` on every URL, `api-key` auth) at half price.
+#[tokio::test]
+async fn azure_global_batch_carries_a_batch_at_half_price() {
+    let mut mock = mock(0, 0);
+    mock.projects.push(crate::harness::mock_project(
+        "az-batch",
+        tollgate_mock::ProviderKind::Azure,
+        &["az-key"],
+        &["gpt-4o-global-batch"],
+        100_000,
+    ));
+    let extra = format!(
+        "[[providers]]\nname = \"az\"\nkind = \"azure\"\nbase_url = \"http://MOCK_ADDR\"\n\
+         keys = [{{ name = \"z1\", value = \"az-key\" }}]\nmodels = [\"gpt-4o-global-batch\"]\nlearn_limits = false\n{}{}",
+        batch_api(""),
+        prices("gpt-4o-global-batch")
+    );
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        extra_config: extra,
+        ..TestOptions::default()
+    })
+    .await;
+    for (work, n) in [(&CHAT, 7), (&EMBEDDINGS, 4)] {
+        let done = run_batch(&app, "az/gpt-4o-global-batch", work, n, "batch_").await;
+        let rows = jobs_of(&app, done["id"].as_str().unwrap()).await;
+        assert!(
+            rows.iter().all(|r| r.1.as_deref() == Some("provider_batch")),
+            "{}: {rows:?}",
+            work.endpoint
+        );
+    }
+    assert_eq!(app.mock.stats().succeeded, 0, "nothing went online");
+    app.shutdown().await;
+}
+
 /// An OpenAI-compatible server whose config says it has OpenAI's Batch API carries
 /// batches through it; one that says nothing is never assumed to have one.
 #[tokio::test]

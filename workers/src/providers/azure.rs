@@ -1,7 +1,10 @@
 //! Azure OpenAI: `POST {base_url}/openai/deployments/{deployment}/{chat/completions,embeddings}
 //! ?api-version={azure_api_version}` with an `api-key` header. The target's model names
 //! the deployment. Bodies, responses and stream chunks are OpenAI's, so only the URL and
-//! the auth header live here; the rest is [`super::openai`]'s. Azure's rate-limit
+//! the auth header live here; the rest is [`super::openai`]'s. Its Batch API (Global
+//! Batch: a global-batch deployment, lines naming it as their `model`) is OpenAI's Files
+//! and Batch below `{base_url}/openai` with the `api-version` ([`openai::FilesBatch`]);
+//! its batches carry no tag to be found by. Azure's rate-limit
 //! signals (`x-ratelimit-remaining-*`, `retry-after-ms`, string-code 429s) are read by
 //! the `azure` dialect.
 
@@ -11,6 +14,7 @@ use serde_json::Value;
 use tollgate::config::{ProviderConfig, ProviderKind};
 use tollgate::vocab::Endpoint;
 
+use super::batch_api::BatchApi;
 use super::streaming::StreamEvents;
 use super::{Mode, ProviderApi, Success, openai};
 
@@ -19,14 +23,40 @@ pub struct Azure {
     base_url: String,
     /// The `api-version` query parameter.
     api_version: String,
+    /// Its Files and Batch APIs.
+    files_batch: openai::FilesBatch,
 }
 
 impl Azure {
     pub fn from_config(p: &ProviderConfig) -> Self {
+        Self::new(super::base_url(p), p.azure_api_version.clone())
+    }
+
+    fn new(base_url: String, api_version: String) -> Self {
+        let query: String = url::form_urlencoded::byte_serialize(api_version.as_bytes()).collect();
         Self {
-            base_url: super::base_url(p),
-            api_version: p.azure_api_version.clone(),
+            files_batch: openai::FilesBatch {
+                root: format!("{base_url}/openai"),
+                query: format!("?api-version={query}"),
+                line_url,
+                tags: false,
+                cap_field: openai::cap_field(ProviderKind::Azure),
+            },
+            base_url,
+            api_version,
         }
+    }
+}
+
+/// The endpoint a batch line names on Azure: its path without `/v1`.
+fn line_url(endpoint: Endpoint) -> &'static str {
+    match endpoint {
+        Endpoint::ChatCompletions => "/chat/completions",
+        Endpoint::Embeddings => "/embeddings",
+        Endpoint::Responses => "/responses",
+        Endpoint::Completions => "/completions",
+        Endpoint::Moderations => "/moderations",
+        Endpoint::Messages => "/messages",
     }
 }
 
@@ -63,6 +93,10 @@ impl ProviderApi for Azure {
     fn stream_events(&self, _endpoint: Endpoint, _model: &str) -> Option<Box<dyn StreamEvents>> {
         Some(Box::new(openai::Chunks))
     }
+
+    fn batch(&self) -> Option<&dyn BatchApi> {
+        Some(&self.files_batch)
+    }
 }
 
 #[cfg(test)]
@@ -72,10 +106,7 @@ mod tests {
     use tollgate::vocab::ReasonCode;
 
     fn adapter() -> Azure {
-        Azure {
-            base_url: "https://res.openai.azure.com".to_owned(),
-            api_version: "2024-10-21".to_owned(),
-        }
+        Azure::new("https://res.openai.azure.com".to_owned(), "2024-10-21".to_owned())
     }
 
     #[test]
@@ -122,6 +153,55 @@ mod tests {
         let limited = br#"{"error":{"code":"429","message":"Requests to the ChatCompletions_Create Operation under Azure OpenAI API version 2024-10-21 have exceeded token rate limit of your current OpenAI S0 pricing tier. Please retry after 6 seconds."}}"#;
         let f = adapter().classify_error(429, &headers, limited);
         assert_eq!(f.code, ReasonCode::RateLimited);
-        assert!(adapter().batch().is_none());
+    }
+
+    /// Global Batch: OpenAI's Files and Batch below `/openai`, the `api-version` on every
+    /// URL, lines naming the endpoint without `/v1` and the deployment as their model.
+    #[test]
+    fn global_batch_requests() {
+        let a = adapter();
+        let batch = a.batch().unwrap();
+        let r = json!({"messages": [{"role": "user", "content": "hi"}]});
+        let lines = [("job-1".to_owned(), &r)];
+        let up = batch
+            .upload("gpt-4o-global-batch", Endpoint::ChatCompletions, &lines, "pack-1")
+            .unwrap();
+        assert_eq!(
+            up.url,
+            "https://res.openai.azure.com/openai/files?api-version=2024-10-21"
+        );
+        let text = String::from_utf8(up.body).unwrap();
+        let line: Value = serde_json::from_str(text.lines().find(|l| l.starts_with('{')).unwrap()).unwrap();
+        assert_eq!(
+            (line["url"].as_str(), line["body"]["model"].as_str()),
+            (Some("/chat/completions"), Some("gpt-4o-global-batch"))
+        );
+        let (url, body) = batch.create(
+            "gpt-4o-global-batch",
+            Endpoint::ChatCompletions,
+            &lines,
+            "pack-1",
+            Some("file-1"),
+        );
+        assert_eq!(
+            url,
+            "https://res.openai.azure.com/openai/batches?api-version=2024-10-21"
+        );
+        assert_eq!(
+            body,
+            json!({"input_file_id": "file-1", "endpoint": "/chat/completions", "completion_window": "24h"})
+        );
+        assert_eq!(
+            batch.status_url("b1"),
+            "https://res.openai.azure.com/openai/batches/b1?api-version=2024-10-21"
+        );
+        assert_eq!(
+            batch.cancel_url("b1"),
+            "https://res.openai.azure.com/openai/batches/b1/cancel?api-version=2024-10-21"
+        );
+        assert!(
+            batch.list_url().is_none(),
+            "Azure's batches carry no tag to be found by"
+        );
     }
 }

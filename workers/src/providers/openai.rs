@@ -29,15 +29,42 @@ pub struct OpenAi {
     base_url: String,
     /// Where a request without an output cap gets one ([`cap_field`]).
     cap_field: &'static str,
+    /// Its Files and Batch APIs.
+    files_batch: FilesBatch,
 }
 
 impl OpenAi {
     pub fn from_config(p: &ProviderConfig) -> Self {
+        let base_url = super::base_url(p);
         Self {
-            base_url: super::base_url(p),
+            files_batch: FilesBatch {
+                root: base_url.clone(),
+                query: String::new(),
+                line_url: Endpoint::as_str,
+                tags: true,
+                cap_field: cap_field(p.kind),
+            },
+            base_url,
             cap_field: cap_field(p.kind),
         }
     }
+}
+
+/// OpenAI's Files and Batch APIs wherever they are served: OpenAI's own (and the servers
+/// that copy them) below the API root, or an Azure OpenAI resource's below `/openai` with
+/// its `api-version` on every URL and endpoints named without `/v1`.
+pub(super) struct FilesBatch {
+    /// `{root}/files`, `{root}/batches`.
+    pub(super) root: String,
+    /// Appended to every URL (`?api-version=…` on Azure; empty on OpenAI).
+    pub(super) query: String,
+    /// The endpoint a batch line (and the batch) names: OpenAI's `/v1/chat/completions`,
+    /// Azure's `/chat/completions`.
+    pub(super) line_url: fn(Endpoint) -> &'static str,
+    /// Batches carry `metadata` (the pack's tag) and can be listed to be found by it.
+    pub(super) tags: bool,
+    /// The output cap's field in a line's body ([`cap_field`]).
+    pub(super) cap_field: &'static str,
 }
 
 /// The field a request without an output cap is given one in: `max_completion_tokens` on
@@ -75,7 +102,7 @@ impl ProviderApi for OpenAi {
     }
 
     fn batch(&self) -> Option<&dyn BatchApi> {
-        Some(self)
+        Some(&self.files_batch)
     }
 }
 
@@ -304,7 +331,7 @@ fn stream_error_status(v: &Value) -> u16 {
     }
 }
 
-impl BatchApi for OpenAi {
+impl BatchApi for FilesBatch {
     /// The lines as JSONL, `POST /files` as multipart (`purpose=batch`), built by hand:
     /// one file part.
     fn upload(
@@ -316,7 +343,7 @@ impl BatchApi for OpenAi {
     ) -> Option<Upload> {
         let mut jsonl = Vec::new();
         for (id, r) in lines {
-            let line = json!({"custom_id": id, "method": "POST", "url": endpoint.as_str(),
+            let line = json!({"custom_id": id, "method": "POST", "url": (self.line_url)(endpoint),
                               "body": body(model, endpoint, r, Mode::Whole, self.cap_field)});
             jsonl.extend_from_slice(line.to_string().as_bytes());
             jsonl.push(b'\n');
@@ -337,7 +364,7 @@ impl BatchApi for OpenAi {
         body.extend_from_slice(&jsonl);
         body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
         Some(Upload {
-            url: format!("{}/files", self.base_url),
+            url: format!("{}/files{}", self.root, self.query),
             content_type: format!("multipart/form-data; boundary={boundary}"),
             body,
         })
@@ -351,13 +378,16 @@ impl BatchApi for OpenAi {
         tag: &str,
         file_id: Option<&str>,
     ) -> (String, Value) {
-        let body = json!({"input_file_id": file_id, "endpoint": endpoint.as_str(),
-                          "completion_window": "24h", "metadata": {"tollgate_pack": tag}});
-        (format!("{}/batches", self.base_url), body)
+        let mut body = json!({"input_file_id": file_id, "endpoint": (self.line_url)(endpoint),
+                              "completion_window": "24h"});
+        if self.tags {
+            body["metadata"] = json!({"tollgate_pack": tag});
+        }
+        (format!("{}/batches{}", self.root, self.query), body)
     }
 
     fn status_url(&self, batch_id: &str) -> String {
-        format!("{}/batches/{batch_id}", self.base_url)
+        format!("{}/batches/{batch_id}{}", self.root, self.query)
     }
 
     fn parse_status(&self, b: &Value) -> Status {
@@ -377,11 +407,11 @@ impl BatchApi for OpenAi {
     }
 
     fn cancel_url(&self, batch_id: &str) -> String {
-        format!("{}/batches/{batch_id}/cancel", self.base_url)
+        format!("{}/batches/{batch_id}/cancel{}", self.root, self.query)
     }
 
     fn list_url(&self) -> Option<String> {
-        Some(format!("{}/batches?limit=100", self.base_url))
+        self.tags.then(|| format!("{}/batches?limit=100", self.root))
     }
 
     fn tagged(&self, listing: &Value, tag: &str) -> Option<String> {
@@ -398,7 +428,7 @@ impl BatchApi for OpenAi {
         status
             .result_files
             .iter()
-            .map(|file| format!("{}/files/{file}/content", self.base_url))
+            .map(|file| format!("{}/files/{file}/content{}", self.root, self.query))
             .collect()
     }
 
@@ -467,6 +497,13 @@ mod tests {
         OpenAi {
             base_url: "https://api.openai.com/v1".to_owned(),
             cap_field: "max_completion_tokens",
+            files_batch: FilesBatch {
+                root: "https://api.openai.com/v1".to_owned(),
+                query: String::new(),
+                line_url: Endpoint::as_str,
+                tags: true,
+                cap_field: "max_completion_tokens",
+            },
         }
     }
 
@@ -759,7 +796,7 @@ mod tests {
 
     #[test]
     fn batch_requests() {
-        let a = adapter();
+        let a = adapter().files_batch;
         let r = json!({"model": "fast", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
         let lines = [("job-1".to_owned(), &r)];
         let up = a
@@ -823,7 +860,7 @@ mod tests {
 
     #[test]
     fn batch_status_and_results() {
-        let a = adapter();
+        let a = adapter().files_batch;
         let running = a.parse_status(&json!({"id": "b1", "object": "batch", "status": "in_progress",
                                               "output_file_id": null, "error_file_id": null}));
         assert!(!running.ended);
