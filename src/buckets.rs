@@ -578,6 +578,9 @@ pub struct Settlement {
     /// Output the provider counts against its token limits whatever was generated (its
     /// `max_tokens`, for providers that charge it up front).
     pub charged_output: Option<f64>,
+    /// What the call saved against the online price, in micro-USD: a cheaper lane's
+    /// discount (a provider batch, the flex tier); 0 online.
+    pub saved: f64,
 }
 
 impl Settlement {
@@ -587,6 +590,7 @@ impl Settlement {
         actual_spend: 0.0,
         sent: false,
         charged_output: None,
+        saved: 0.0,
     };
     /// Sent, outcome unknown (holder died, call failed): keep what rate limits count, give
     /// back the concurrency slot.
@@ -595,6 +599,7 @@ impl Settlement {
         actual_spend: 0.0,
         sent: true,
         charged_output: None,
+        saved: 0.0,
     };
 }
 

@@ -46,8 +46,8 @@ pub struct Usage {
     pub cached_tokens: i64,
 }
 
-/// A row of `jobs`, as `store`'s `query_jobs!` reads it: every column but those of a batch
-/// line (`batch_id`, `custom_id`, `batch_line`) and `saved_micro_usd`.
+/// A row of `jobs`, as `store`'s `query_jobs!` reads it: every column but a batch line's
+/// `custom_id` and `batch_line`.
 #[derive(Debug, Clone)]
 pub struct Job {
     /// A UUIDv7: time-ordered, so ids sort as jobs arrived and pages by id are stable.
@@ -132,6 +132,9 @@ pub struct Job {
     /// What the job's attempts cost at the configured prices, in micro-USD (a
     /// provider-batch line at the batch price); `None` until one is charged.
     pub spend_micro_usd: Option<f64>,
+    /// What its calls at a cheaper lane (a provider batch, the flex tier) saved against the
+    /// online price, in micro-USD; `None` when it saved nothing.
+    pub saved_micro_usd: Option<f64>,
     /// The API key it was submitted with (`None` before keys were recorded).
     pub api_key: Option<uuid::Uuid>,
     /// What its estimate cost at its price when it was last admitted, in micro-USD: what
@@ -191,6 +194,7 @@ impl Job {
             dispatch_reason: None,
             provider_batch_id: None,
             spend_micro_usd: None,
+            saved_micro_usd: None,
             api_key: new.api_key,
             reserved_micro_usd: None,
             price_source: None,

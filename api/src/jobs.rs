@@ -733,18 +733,20 @@ pub(crate) fn job_view(job: &Job) -> Value {
         "api_key": job.api_key,
         // The id of its OpenTelemetry trace (`null` when jobs are not traced).
         "trace_id": job.traceparent.as_deref().and_then(tollgate::job_trace::trace_id),
-        // Online or through the provider's batch API, and why (`null` reason: not a
-        // `batch`-class job, or no provider batch API is configured).
+        // Online, at the flex tier or through the provider's batch API, and why (`null`
+        // reason: no lane but online was considered).
         "dispatch": {
             "via": job.dispatch_via.as_deref().unwrap_or(tollgate::vocab::Lane::Online.as_str()),
             "reason": job.dispatch_reason,
             "provider_batch_id": job.provider_batch_id,
         },
-        // What it reserved when admitted and what its attempts were charged, at the
-        // configured prices (`null` until admitted, and until charged).
+        // What it reserved when admitted, what its attempts were charged and what a cheaper
+        // lane saved against the online price, at the configured prices (`null` until
+        // admitted, until charged, and when nothing was saved).
         "cost": {
             "reserved_usd": job.reserved_micro_usd.map(|m| m / 1e6),
             "charged_usd": job.spend_micro_usd.map(|m| m / 1e6),
+            "saved_usd": job.saved_micro_usd.map(|m| m / 1e6),
             "price_source": job.price_source,
             "lane": job.dispatch_via.as_deref().unwrap_or(tollgate::vocab::Lane::Online.as_str()),
         },

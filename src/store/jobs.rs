@@ -742,14 +742,19 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
         .iter()
         .map(|o| o.call.as_ref().map(|_| o.settlement.actual_spend))
         .collect();
+    // What a call at a cheaper lane saved against the online price.
+    let saved: Vec<Option<f64>> = outcomes
+        .iter()
+        .map(|o| o.call.as_ref().map(|_| o.settlement.saved).filter(|s| *s != 0.0))
+        .collect();
     let written = sqlx::query_as!(
         Previous,
         r#"WITH t AS (
              SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::job_state[], $5::jsonb[], $6::jsonb[],
                                   $7::text[], $8::text[], $9::text[], $10::timestamptz[], $11::text[], $12::text[],
-                                  $14::text[], $15::float8[])
+                                  $14::text[], $15::float8[], $16::float8[])
                  AS t(id, attempt, owner, state, result, usage, request_id, code, message, not_before, provider, model,
-                      failed, spend))
+                      failed, spend, saved))
          -- `old` is the row as this statement's snapshot saw it, read without a lock (a lock
          -- per row is a WAL record per row): a running job's reservation changes only by its
          -- holder, and a concurrent cancel or rescue changes its state, which fails the guard
@@ -770,7 +775,9 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
                            failed_targets = CASE WHEN t.failed IS NULL THEN j.failed_targets
                                                  ELSE array_append(COALESCE(j.failed_targets, '{}'), t.failed) END,
                            spend_micro_usd = CASE WHEN t.spend IS NULL THEN j.spend_micro_usd
-                                                  ELSE COALESCE(j.spend_micro_usd, 0) + t.spend END
+                                                  ELSE COALESCE(j.spend_micro_usd, 0) + t.spend END,
+                           saved_micro_usd = CASE WHEN t.saved IS NULL THEN j.saved_micro_usd
+                                                  ELSE COALESCE(j.saved_micro_usd, 0) + t.saved END
          FROM t, jobs old
          WHERE j.id = t.id AND old.id = t.id AND j.state::text = 'running'
            AND j.attempt = t.attempt AND j.lease_owner = t.owner
@@ -791,6 +798,7 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
         now,
         &failed as &[Option<&str>],
         &spend as &[Option<f64>],
+        &saved as &[Option<f64>],
     )
     .fetch_all(&mut *tx)
     .await?;

@@ -380,27 +380,6 @@ pub async fn dispatch_online(
     .rows_affected())
 }
 
-/// What each succeeded line saved over the online price (written before its outcome, so
-/// its batch's report includes it; a line cancelled meanwhile saved nothing).
-pub async fn record_savings(ex: impl PgExecutor<'_>, pack_id: &str, saved: &[(JobId, f64)]) -> Result<()> {
-    if saved.is_empty() {
-        return Ok(());
-    }
-    let ids: Vec<uuid::Uuid> = saved.iter().map(|s| s.0.0).collect();
-    let amounts: Vec<f64> = saved.iter().map(|s| s.1).collect();
-    sqlx::query!(
-        "UPDATE jobs j SET saved_micro_usd = t.saved
-         FROM unnest($1::uuid[], $2::float8[]) AS t(id, saved)
-         WHERE j.id = t.id AND j.provider_batch_id = $3 AND j.state::text = 'running'",
-        &ids,
-        &amounts,
-        pack_id,
-    )
-    .execute(ex)
-    .await?;
-    Ok(())
-}
-
 /// How a pack ended.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PackEnd {

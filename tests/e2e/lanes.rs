@@ -88,6 +88,12 @@ async fn flex_serves_jobs_with_time_and_goes_online_when_refused() {
             (spend - share * online).abs() < 1e-6,
             "{id}: {spend} vs {share} of {online}"
         );
+        // The job says what its lane saved.
+        let saved = done["cost"]["saved_usd"].as_f64().unwrap_or(0.0) * 1e6;
+        assert!(
+            (saved - (1.0 - share) * online).abs() < 1e-6,
+            "{id}: saved {saved} of {online}"
+        );
     }
     app.shutdown().await;
 }

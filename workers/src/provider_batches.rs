@@ -405,7 +405,6 @@ impl ProviderBatcher {
             ..PackEnd::default()
         };
         let mut outcomes = Vec::new();
-        let mut saved = Vec::new();
         let mut failed = Vec::new();
         for job in jobs {
             let result = results.remove(&job.id.to_string());
@@ -440,7 +439,6 @@ impl ProviderBatcher {
             end.succeeded += 1;
             end.online_cost_micro_usd += online;
             end.batch_cost_micro_usd += batch_cost;
-            saved.push((job.id, online - batch_cost));
             let holder = Holder {
                 id: job.id,
                 attempt: job.attempt,
@@ -451,6 +449,7 @@ impl ProviderBatcher {
                 actual_spend: batch_cost,
                 sent: true,
                 charged_output: None,
+                saved: online - batch_cost,
             };
             let call = Call {
                 tenant: job.tenant.clone(),
@@ -480,10 +479,8 @@ impl ProviderBatcher {
         let requeued = self.back_online(&pack.id, failed, now).await?;
         end.requeued = requeued as i32;
         end.failed -= end.requeued;
-        // Savings first: once a line's outcome is written its tollgate batch may finish,
-        // and its report must include them. The pack ends last, so a crash before that
-        // polls it again and rewrites nothing (the outcomes are guarded).
-        store::record_savings(&self.pool, &pack.id, &saved).await?;
+        // The pack ends last, so a crash before that polls it again and rewrites nothing
+        // (the outcomes are guarded).
         store::finish_attempts(&self.pool, &outcomes, now).await?;
         store::pack_ended(&self.pool, &pack.id, &end, now).await?;
         tracing::info!(

@@ -124,29 +124,31 @@ impl Dispatcher {
             Some(p) => (Lane::Flex, p.flex.discount),
             None => (Lane::Online, 1.0),
         };
-        let actual_spend = usage.map_or(0.0, |u| {
-            let spend = discount
-                * buckets::spend_micro_usd(
-                    price,
-                    u.input_tokens as f64,
-                    u.cached_tokens as f64,
-                    u.output_tokens as f64,
-                );
+        let online = usage.map_or(0.0, |u| {
+            buckets::spend_micro_usd(
+                price,
+                u.input_tokens as f64,
+                u.cached_tokens as f64,
+                u.output_tokens as f64,
+            )
+        });
+        let actual_spend = discount * online;
+        if usage.is_some() {
             tollgate::metrics::call_spend(
                 &job.tenant,
                 &target.provider,
                 &target.model,
                 job.endpoint,
                 lane,
-                spend,
+                actual_spend,
             );
-            spend
-        });
+        }
         Settlement {
             charged_output,
             usage,
             actual_spend,
             sent: true,
+            saved: online - actual_spend,
         }
     }
 
