@@ -572,6 +572,12 @@ pub struct KeyConfig {
     pub secret_access_key: Option<SecretString>,
     #[serde(default)]
     pub secret_access_key_env: Option<String>,
+    /// A `bedrock` key of temporary credentials (STS, an instance or pod role): its
+    /// session token, or the environment variable holding it.
+    #[serde(default)]
+    pub session_token: Option<SecretString>,
+    #[serde(default)]
+    pub session_token_env: Option<String>,
     /// Limits of this key alone, across all models (on top of the provider's per-model
     /// limits, which all its keys share).
     #[serde(default)]
@@ -1109,7 +1115,17 @@ impl KeyConfig {
                         );
                     }
                 };
-                Ok(SecretString::from(format!("{id}:{}", secret.expose_secret())))
+                let token = match (&self.session_token, &self.session_token_env) {
+                    (Some(token), None) => Some(token.clone()),
+                    (None, Some(var)) => Some(from_env(var, "session_token_env")?),
+                    (None, None) => None,
+                    _ => return Err("give `session_token` or `session_token_env`, not both".to_owned()),
+                };
+                let token = token.map_or(String::new(), |t| format!(":{}", t.expose_secret()));
+                Ok(SecretString::from(format!(
+                    "{id}:{}{token}",
+                    secret.expose_secret()
+                )))
             }
             (None, None, None, false) => {
                 Err("needs `value`, `env`, `file`, or `access_key_id` and `secret_access_key`".to_owned())
@@ -1127,15 +1143,16 @@ fn from_env(var: &str, field: &str) -> Result<SecretString, String> {
 }
 
 /// What is wrong with a resolved key for a provider of `kind`, if anything: a Bedrock key
-/// is `access_key_id:secret_access_key`, a Vertex key a service account's JSON key.
+/// is `access_key_id:secret_access_key[:session_token]`, a Vertex key a service account's
+/// JSON key.
 /// The reason never quotes the secret.
 pub fn key_fault(kind: ProviderKind, secret: &SecretString) -> Option<&'static str> {
     let secret = secret.expose_secret();
     match kind {
         ProviderKind::Bedrock => {
-            let pair = secret.split_once(':');
-            (!pair.is_some_and(|(id, key)| !id.is_empty() && !key.is_empty())).then_some(
-                "a bedrock key needs `access_key_id` and `secret_access_key` (or a `value` of `ID:SECRET`)",
+            let parts: Vec<&str> = secret.split(':').collect();
+            (!(2..=3).contains(&parts.len()) || parts.iter().any(|p| p.is_empty())).then_some(
+                "a bedrock key needs `access_key_id` and `secret_access_key` (or a `value` of `ID:SECRET[:SESSION_TOKEN]`)",
             )
         }
         ProviderKind::Vertex => {
@@ -1499,6 +1516,15 @@ api_key = "tk-test"
         assert_eq!(p.base_url, "https://bedrock-runtime.eu-central-1.amazonaws.com");
         assert_eq!(p.dialect(), Dialect::None);
         assert_eq!(p.keys[0].resolve().unwrap().expose_secret(), "AKID1:s3cret");
+        let temporary = bedrock.replace(
+            "secret_access_key = \"s3cret\"",
+            "secret_access_key = \"s3cret\", session_token = \"tok\"",
+        );
+        let c = Config::parse(&temporary, "t").unwrap();
+        assert_eq!(
+            c.providers[0].keys[0].resolve().unwrap().expose_secret(),
+            "AKID1:s3cret:tok"
+        );
         assert!(err(&bedrock.replace("region = \"eu-central-1\"\n", "")).contains("providers[0].region"));
         let half = bedrock.replace(", secret_access_key = \"s3cret\"", "");
         assert!(err(&half).contains("secret_access_key"), "{}", err(&half));

@@ -39,7 +39,8 @@ fn mock(rpm: u64) -> MockConfig {
     m
 }
 
-/// A Bedrock provider whose first key signs with the wrong secret, and a Vertex provider
+/// A Bedrock provider whose first key signs with the wrong secret (its second holds
+/// temporary credentials: the session token goes signed), and a Vertex provider
 /// whose first key is an account the mock does not know, then the fixture's service
 /// account (its `token_uri` the mock's). The wrong keys weigh the most: the gate's
 /// rotation offers them first.
@@ -54,7 +55,7 @@ region = "us-east-1"
 base_url = "http://MOCK_ADDR"
 keys = [
   {{ name = "stale", access_key_id = "AKIDTOLLGATETEST", secret_access_key = "wrong-secret", weight = 1000 }},
-  {{ name = "current", access_key_id = "AKIDTOLLGATETEST", secret_access_key = "right-secret" }},
+  {{ name = "current", access_key_id = "AKIDTOLLGATETEST", secret_access_key = "right-secret", session_token = "FwoGZXIvYXdzEXAMPLE" }},
 ]
 models = ["{CLAUDE_ON_BEDROCK}"]
 learn_limits = {learn}

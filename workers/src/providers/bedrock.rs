@@ -1,7 +1,8 @@
 //! AWS Bedrock's Converse API: `POST {base_url}/model/{model}/converse` (and
 //! `/converse-stream`), each request signed with SigV4 (service `bedrock`, the provider's
 //! `region`) by AWS's own signer, `aws-sigv4`. A key is an access key pair, held as
-//! `ACCESS_KEY_ID:SECRET_ACCESS_KEY` (`tollgate::config::KeyConfig::resolve`). The model
+//! `ACCESS_KEY_ID:SECRET_ACCESS_KEY`, with `:SESSION_TOKEN` for temporary credentials
+//! (`tollgate::config::KeyConfig::resolve`; the token goes as `x-amz-security-token`). The model
 //! is a model id or an inference profile id (`us.anthropic.claude-3-5-haiku-20241022-v1:0`),
 //! percent-encoded as one path segment.
 //!
@@ -160,11 +161,12 @@ pub fn signature(
     body: &[u8],
     at: SystemTime,
 ) -> Result<Vec<(String, String)>, String> {
-    let (id, secret) = key
-        .expose_secret()
-        .split_once(':')
-        .ok_or("the key is not ACCESS_KEY_ID:SECRET_ACCESS_KEY")?;
-    let identity: Identity = Credentials::new(id, secret, None, None, "tollgate").into();
+    let mut parts = key.expose_secret().splitn(3, ':');
+    let (Some(id), Some(secret)) = (parts.next(), parts.next()) else {
+        return Err("the key is not ACCESS_KEY_ID:SECRET_ACCESS_KEY[:SESSION_TOKEN]".to_owned());
+    };
+    let token = parts.next().map(str::to_owned);
+    let identity: Identity = Credentials::new(id, secret, token, None, "tollgate").into();
     let params = v4::SigningParams::builder()
         .identity(&identity)
         .region(region)
@@ -622,6 +624,12 @@ mod tests {
         assert_eq!(one, signature(&key, "us-east-1", url, b"{}", at).unwrap());
         assert_ne!(one, signature(&key, "us-east-1", url, b"{ }", at).unwrap());
         assert!(signature(&SecretString::from("no-pair"), "us-east-1", url, b"{}", at).is_err());
+        // Temporary credentials: the session token is sent, and signed.
+        let temporary = SecretString::from("ASIAEXAMPLE:secret:FwoGZXIvYXdzEXAMPLETOKEN");
+        let headers = signature(&temporary, "us-east-1", url, b"{}", at).unwrap();
+        let header = |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
+        assert_eq!(header("x-amz-security-token"), Some("FwoGZXIvYXdzEXAMPLETOKEN"));
+        assert!(header("authorization").is_some_and(|a| a.contains("x-amz-security-token")));
     }
 
     #[test]
