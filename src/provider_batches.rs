@@ -2,8 +2,10 @@
 //!
 //! - A `batch`-class job whose route's first target has `batch_api.enabled` and a batch
 //!   API that takes the job's endpoint ([`BatchApiConfig::carries`]), and whose deadline is
-//!   at least the provider's completion window away, goes through the provider's own batch
-//!   API (OpenAI Batch, Anthropic Message Batches) at the batch price.
+//!   at least the provider's completion window away — or, once the provider's batches have
+//!   been seen to end sooner, their observed turnaround (p90 of the last day's) plus the
+//!   `pull_back_secs` its lines would need online ([`Turnarounds`]) — goes through the
+//!   provider's own batch API (OpenAI Batch, Anthropic Message Batches) at the batch price.
 //! - Else a job that is not interactive, whose route's first target has `flex.enabled`,
 //!   of an endpoint the flex tier serves, and whose deadline is at least
 //!   `flex.min_deadline_secs` away, is sent at the provider's flex tier ([`Lane::Flex`]) at
@@ -16,6 +18,8 @@
 //! provider-batch worker (`tollgate-workers`) packs, submits, polls and writes results
 //! back through the ordinary completion path, sending lines the provider failed or
 //! expired back online when their deadline allows.
+
+use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
@@ -45,10 +49,18 @@ pub fn any_enabled(config: &Config) -> bool {
         .any(|p| p.batch_api.enabled && BatchApiConfig::supported(p.kind))
 }
 
+/// How long each provider model's batches took, submission to end: the p90 over the last
+/// day's, where it ended at least [`MIN_TURNAROUND_PACKS`] of them.
+pub type Turnarounds = HashMap<(String, String), chrono::Duration>;
+
+/// Packs a provider model must have ended before its observed turnaround counts.
+pub const MIN_TURNAROUND_PACKS: i64 = 3;
+
 /// The decision for a `batch`-class job of `endpoint` asking for `model` with `deadline`,
-/// at `now`.
+/// at `now`, given the batches' observed `turnarounds`.
 pub fn decide(
     config: &Config,
+    turnarounds: &Turnarounds,
     endpoint: Endpoint,
     model: &str,
     deadline: DateTime<Utc>,
@@ -68,12 +80,27 @@ pub fn decide(
         return online(LaneReason::EndpointNotBatched);
     }
     let window = chrono::Duration::seconds(provider.batch_api.min_deadline_secs as i64);
-    if deadline - now < window {
-        return online(LaneReason::DeadlineTooCloseForBatchApi);
+    let left = deadline - now;
+    if left >= window {
+        return Decision {
+            via: Lane::ProviderBatch,
+            reason: LaneReason::DeadlineAllowsBatchApi,
+        };
     }
-    Decision {
-        via: Lane::ProviderBatch,
-        reason: LaneReason::DeadlineAllowsBatchApi,
+    // Sooner than the provider promises, but its batches have ended sooner, and a late one
+    // is pulled back with the time its lines need online.
+    let observed = first
+        .as_ref()
+        .and_then(|t| turnarounds.get(&(t.provider.clone(), t.model.clone())));
+    let pull_back = chrono::Duration::seconds(
+        i64::try_from(provider.batch_api.pull_back_secs).unwrap_or(i64::MAX / 1000),
+    );
+    match observed {
+        Some(turnaround) if left >= *turnaround + pull_back => Decision {
+            via: Lane::ProviderBatch,
+            reason: LaneReason::ObservedTurnaroundAllowsBatchApi,
+        },
+        _ => online(LaneReason::DeadlineTooCloseForBatchApi),
     }
 }
 
@@ -90,13 +117,15 @@ pub fn flex<'a>(config: &'a Config, target: &Target, endpoint: Endpoint) -> Opti
 /// `None`: online, nothing to record). Interactive jobs are always online.
 pub fn lane(
     config: &Config,
+    turnarounds: &Turnarounds,
     class: JobClass,
     endpoint: Endpoint,
     model: &str,
     deadline: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> Option<Decision> {
-    let batch = (class == JobClass::Batch).then(|| decide(config, endpoint, model, deadline, now));
+    let batch =
+        (class == JobClass::Batch).then(|| decide(config, turnarounds, endpoint, model, deadline, now));
     if batch.as_ref().is_some_and(|d| d.via == Lane::ProviderBatch) || class == JobClass::Interactive {
         return batch;
     }
@@ -133,9 +162,24 @@ pub async fn decide_candidates(
     if !any_lane(config) {
         return Ok(0);
     }
+    let undecided_batch = candidates
+        .iter()
+        .any(|c| c.class == JobClass::Batch && c.dispatch_via.is_none());
+    let turnarounds = match undecided_batch && any_enabled(config) {
+        true => store::batch_turnarounds(pool, now, MIN_TURNAROUND_PACKS).await?,
+        false => Turnarounds::new(),
+    };
     let mut decisions = Vec::new();
     for c in candidates.iter_mut().filter(|c| c.dispatch_via.is_none()) {
-        let Some(d) = lane(config, c.class, c.endpoint, &c.model, c.deadline, now) else {
+        let Some(d) = lane(
+            config,
+            &turnarounds,
+            c.class,
+            c.endpoint,
+            &c.model,
+            c.deadline,
+            now,
+        ) else {
             continue;
         };
         c.dispatch_via = Some(d.via.as_str().to_owned());
@@ -185,6 +229,7 @@ mod tests {
         let lane = |endpoint, model, hours| {
             let d = decide(
                 &config,
+                &Turnarounds::new(),
                 endpoint,
                 model,
                 now + chrono::Duration::hours(hours),
@@ -243,6 +288,7 @@ mod tests {
         let lane_of = |class, endpoint, minutes| {
             lane(
                 &config,
+                &Turnarounds::new(),
                 class,
                 endpoint,
                 "oai/gpt-4o-mini",

@@ -375,7 +375,11 @@ pub enum Lane {
 pub enum LaneReason {
     /// Its deadline leaves the provider's batch window: the batch API carries it.
     DeadlineAllowsBatchApi,
-    /// Its deadline is closer than the provider's batch window.
+    /// Its deadline is closer than the provider's batch window, but the provider's batches
+    /// have been ending sooner (their observed turnaround plus `pull_back_secs` fits).
+    ObservedTurnaroundAllowsBatchApi,
+    /// Its deadline is closer than the provider's batch window (and than its batches'
+    /// observed turnaround and `pull_back_secs`).
     DeadlineTooCloseForBatchApi,
     /// Its route's first target has no batch API enabled.
     RouteHasNoBatchApi,

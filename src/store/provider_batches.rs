@@ -344,6 +344,38 @@ pub async fn leave_flex(ex: impl PgExecutor<'_>, id: JobId, owner: &str) -> Resu
         == 1)
 }
 
+/// How long each provider model's batches took from submission to their end: the p90 of
+/// those that ended whole (every line back from the provider, none pulled back or sent
+/// online) in the day before `now`, for the models that ended at least `min_packs`.
+pub async fn batch_turnarounds(
+    ex: impl PgExecutor<'_>,
+    now: DateTime<Utc>,
+    min_packs: i64,
+) -> Result<crate::provider_batches::Turnarounds> {
+    let rows = sqlx::query!(
+        r#"SELECT provider, model,
+                  percentile_cont(0.9) WITHIN GROUP (ORDER BY extract(epoch FROM ended_at - submitted_at))::float8 AS "p90!"
+           FROM provider_batches
+           WHERE status = 'ended' AND provider_status IN ('completed', 'ended') AND submitted_at IS NOT NULL
+             AND COALESCE(requeued, 0) = 0 AND COALESCE(failed, 0) = 0
+             AND ended_at > $1::timestamptz - interval '1 day'
+           GROUP BY provider, model HAVING count(*) >= $2"#,
+        now,
+        min_packs,
+    )
+    .fetch_all(ex)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            (
+                (r.provider, r.model),
+                chrono::Duration::milliseconds((r.p90 * 1000.0) as i64),
+            )
+        })
+        .collect())
+}
+
 /// The earliest deadline of the lines pack `id` still runs (none when it runs none).
 pub async fn pack_deadline(ex: impl PgExecutor<'_>, id: &str) -> Result<Option<DateTime<Utc>>> {
     Ok(sqlx::query_scalar!(

@@ -304,6 +304,53 @@ async fn anthropic_message_batches_carry_a_batch_at_half_price() {
     app.shutdown().await;
 }
 
+/// A batch due sooner than the provider's window goes online while nothing is known of
+/// its batches; once three have ended in a second or so, the same deadline goes through the
+/// batch API: their observed turnaround plus `pull_back_secs` fits.
+#[tokio::test]
+async fn observed_turnaround_opens_the_batch_api_to_closer_deadlines() {
+    let app = TestApp::spawn_with(TestOptions {
+        mock: mock(0, 0),
+        extra_config: "[providers.batch_api]\nenabled = true\nmin_deadline_secs = 7200\npull_back_secs = 60\n\
+                       enqueued_tokens = 1000000\npoll_interval_ms = 50\npack_wait_ms = 0\n"
+            .to_owned() + &prices("gpt-4o-mini"),
+        ..TestOptions::default()
+    })
+    .await;
+    let run = |window: &'static str| {
+        let app = &app;
+        async move {
+            let (_, file) = upload(
+                &app.http,
+                &app.api,
+                ACME,
+                input("oai/gpt-4o-mini", &CHAT, 3).as_bytes(),
+            )
+            .await;
+            let mut body = batch_body(file["id"].as_str().unwrap());
+            body["completion_window"] = json!(window);
+            let (status, batch) = create_batch(&app.http, &app.api, ACME, &body).await;
+            assert_eq!(status, 200, "{batch}");
+            let id = batch["id"].as_str().unwrap().to_owned();
+            let done = wait_batch(&app.http, &app.api, ACME, &id, 60).await;
+            assert_eq!(done["status"], "completed", "{done}");
+            let reasons: HashSet<Option<String>> = jobs_of(app, &id).await.into_iter().map(|r| r.2).collect();
+            reasons
+        }
+    };
+    let one = |r: &str| HashSet::from([Some(r.to_owned())]);
+    assert_eq!(
+        run("1h").await,
+        one("deadline_too_close_for_batch_api"),
+        "nothing observed yet"
+    );
+    for _ in 0..3 {
+        assert_eq!(run("24h").await, one("deadline_allows_batch_api"));
+    }
+    assert_eq!(run("1h").await, one("observed_turnaround_allows_batch_api"));
+    app.shutdown().await;
+}
+
 /// Azure OpenAI's Global Batch: a tollgate batch to an `azure` provider's global-batch
 /// deployment goes through Azure's Files and Batch APIs (below `/openai`, the
 /// `api-version` on every URL, `api-key` auth) at half price.
