@@ -19,8 +19,6 @@
 //! back through the ordinary completion path, sending lines the provider failed or
 //! expired back online when their deadline allows.
 
-use std::collections::HashMap;
-
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
@@ -28,7 +26,7 @@ use crate::buckets;
 use crate::config::{BatchApiConfig, Config, FlexConfig, ProviderConfig};
 use crate::model::{Decision, JobClass, Lane, LaneReason};
 use crate::routing::{self, Target};
-use crate::store::{self, Candidate, StoreError};
+use crate::store::{self, Candidate, StoreError, Turnarounds};
 use crate::vocab::{Dimension, Endpoint};
 
 /// `jobs.dispatch_via` of a job the provider's batch API carries.
@@ -48,10 +46,6 @@ pub fn any_enabled(config: &Config) -> bool {
         .iter()
         .any(|p| p.batch_api.enabled && BatchApiConfig::supported(p.kind))
 }
-
-/// How long each provider model's batches took, submission to end: the p90 over the last
-/// day's, where it ended at least [`MIN_TURNAROUND_PACKS`] of them.
-pub type Turnarounds = HashMap<(String, String), chrono::Duration>;
 
 /// Packs a provider model must have ended before its observed turnaround counts.
 pub const MIN_TURNAROUND_PACKS: i64 = 3;

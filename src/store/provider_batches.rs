@@ -344,6 +344,10 @@ pub async fn leave_flex(ex: impl PgExecutor<'_>, id: JobId, owner: &str) -> Resu
         == 1)
 }
 
+/// How long each provider model's batches took, submission to end, by (provider, model):
+/// the p90 over the last day's ([`batch_turnarounds`]).
+pub type Turnarounds = std::collections::HashMap<(String, String), chrono::Duration>;
+
 /// How long each provider model's batches took from submission to their end: the p90 of
 /// those that ended whole (every line back from the provider, none pulled back or sent
 /// online) in the day before `now`, for the models that ended at least `min_packs`.
@@ -351,7 +355,7 @@ pub async fn batch_turnarounds(
     ex: impl PgExecutor<'_>,
     now: DateTime<Utc>,
     min_packs: i64,
-) -> Result<crate::provider_batches::Turnarounds> {
+) -> Result<Turnarounds> {
     let rows = sqlx::query!(
         r#"SELECT provider, model,
                   percentile_cont(0.9) WITHIN GROUP (ORDER BY extract(epoch FROM ended_at - submitted_at))::float8 AS "p90!"
