@@ -256,33 +256,12 @@ fn unexpressed(request: &Value) -> Option<Unexpressed> {
             "tollgate sends Bedrock's Converse text output only",
         );
     }
-    for (i, m) in array(request, "messages").iter().enumerate() {
-        for (j, part) in array(m, "content").iter().enumerate() {
-            match part.get("type").and_then(Value::as_str) {
-                Some("text") => {}
-                Some("image_url") => {
-                    let url = part.pointer("/image_url/url").and_then(Value::as_str);
-                    if url
-                        .and_then(data_url)
-                        .and_then(|(media, _)| image_format(media))
-                        .is_none()
-                    {
-                        return refuse(
-                            format!("messages[{i}].content[{j}].image_url.url"),
-                            "Bedrock takes images inline: a base64 `data:` URL of PNG, JPEG, GIF or WebP",
-                        );
-                    }
-                }
-                _ => {
-                    return refuse(
-                        format!("messages[{i}].content[{j}]"),
-                        "tollgate sends Bedrock text and image parts only",
-                    );
-                }
-            }
-        }
-    }
-    None
+    super::text_and_inline_images(
+        request,
+        "Bedrock",
+        |media| image_format(media).is_some(),
+        "a base64 `data:` URL of PNG, JPEG, GIF or WebP",
+    )
 }
 
 /// A chat message's content as Converse content blocks: text, and `data:` images.

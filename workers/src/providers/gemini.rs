@@ -119,28 +119,13 @@ pub(super) fn unexpressed(request: &Value) -> Option<Unexpressed> {
                 "a tool result must answer a tool call of the conversation (Gemini names the function it answers)",
             );
         }
-        for (j, part) in array(m, "content").iter().enumerate() {
-            match part.get("type").and_then(Value::as_str) {
-                Some("text") => {}
-                Some("image_url") => {
-                    let url = part.pointer("/image_url/url").and_then(Value::as_str);
-                    if url.and_then(data_url).is_none() {
-                        return refuse(
-                            format!("messages[{i}].content[{j}].image_url.url"),
-                            "Gemini takes images inline: send the image as a base64 `data:` URL",
-                        );
-                    }
-                }
-                _ => {
-                    return refuse(
-                        format!("messages[{i}].content[{j}]"),
-                        "tollgate sends Gemini text and image parts only",
-                    );
-                }
-            }
-        }
     }
-    None
+    super::text_and_inline_images(
+        request,
+        "Gemini",
+        |_| true,
+        "send the image as a base64 `data:` URL",
+    )
 }
 
 /// The function name of each tool call of the conversation, by call id.

@@ -272,6 +272,40 @@ fn chat_refusals(request: &Value, fields: &[&str], provider: &str) -> Option<Une
     functions_only(request, provider)
 }
 
+/// The first content part of `request` that is neither text nor an image given inline (a
+/// `data:` URL) of a media type `accepts`, refused for `provider` with `images` saying
+/// which images it takes.
+fn text_and_inline_images(
+    request: &Value,
+    provider: &str,
+    accepts: fn(&str) -> bool,
+    images: &str,
+) -> Option<Unexpressed> {
+    for (i, m) in array(request, "messages").iter().enumerate() {
+        for (j, part) in array(m, "content").iter().enumerate() {
+            match part.get("type").and_then(Value::as_str) {
+                Some("text") => {}
+                Some("image_url") => {
+                    let url = part.pointer("/image_url/url").and_then(Value::as_str);
+                    if !url.and_then(data_url).is_some_and(|(media, _)| accepts(media)) {
+                        return Unexpressed::at(
+                            format!("messages[{i}].content[{j}].image_url.url"),
+                            format!("{provider} takes images inline: {images}{ROUTE_ELSEWHERE}"),
+                        );
+                    }
+                }
+                _ => {
+                    return Unexpressed::at(
+                        format!("messages[{i}].content[{j}]"),
+                        format!("tollgate sends {provider} text and image parts only{ROUTE_ELSEWHERE}"),
+                    );
+                }
+            }
+        }
+    }
+    None
+}
+
 /// What a refusal suggests.
 const ROUTE_ELSEWHERE: &str = "; remove it or route to an OpenAI model";
 
