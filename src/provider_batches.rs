@@ -9,7 +9,12 @@
 //! - Else a job that is not interactive, whose route's first target has `flex.enabled`,
 //!   of an endpoint the flex tier serves, and whose deadline is at least
 //!   `flex.min_deadline_secs` away, is sent at the provider's flex tier ([`Lane::Flex`]) at
-//!   its price; when the tier has no capacity the dispatcher sends it online.
+//!   its price; when the tier has no capacity the dispatcher sends it online. Once the
+//!   tier has been observed ([`MIN_FLEX_OBSERVATIONS`] jobs served or refused in the last
+//!   [`FLEX_OBSERVATION_SECS`], [`FlexObservations`]), what it did decides instead: none
+//!   while it refuses most ([`FLEX_MAX_REFUSED_SHARE`]), else those whose deadline is at
+//!   least its p90 latency plus `flex.fallback_secs` away — sooner than
+//!   `min_deadline_secs` where it has been fast, later where it has been slow.
 //!
 //! Flow: the gate ([`decide_candidates`]) records the decision on each undecided queued
 //! `batch`-class job it reads (`dispatch_via`, `dispatch_reason`); the gate admits a
@@ -26,7 +31,7 @@ use crate::buckets;
 use crate::config::{BatchApiConfig, Config, FlexConfig, ProviderConfig};
 use crate::model::{Decision, JobClass, Lane, LaneReason};
 use crate::routing::{self, Target};
-use crate::store::{self, Candidate, StoreError, Turnarounds};
+use crate::store::{self, Candidate, FlexObservations, FlexObserved, StoreError, Turnarounds};
 use crate::vocab::{Dimension, Endpoint};
 
 /// `jobs.dispatch_via` of a job the provider's batch API carries.
@@ -49,6 +54,25 @@ pub fn any_enabled(config: &Config) -> bool {
 
 /// Packs a provider model must have ended before its observed turnaround counts.
 pub const MIN_TURNAROUND_PACKS: i64 = 3;
+
+/// Jobs a flex tier must have served or refused in the last [`FLEX_OBSERVATION_SECS`]
+/// before what it did decides its lane.
+pub const MIN_FLEX_OBSERVATIONS: i64 = 20;
+
+/// How far back a flex tier's jobs are observed: a tier's capacity changes by the minute,
+/// and a tier set aside for refusing is tried again once its refusals are this old.
+pub const FLEX_OBSERVATION_SECS: i64 = 900;
+
+/// A flex tier that refused more than this share of its observed jobs is sent none.
+pub const FLEX_MAX_REFUSED_SHARE: f64 = 0.5;
+
+/// What the lanes have done lately, by (provider, model): the batch APIs' turnarounds and
+/// the flex tiers' service.
+#[derive(Debug, Clone, Copy)]
+pub struct Observed<'a> {
+    pub turnarounds: &'a Turnarounds,
+    pub flex: &'a FlexObservations,
+}
 
 /// The decision for a `batch`-class job of `endpoint` asking for `model` with `deadline`,
 /// at `now`, given the batches' observed `turnarounds`.
@@ -106,50 +130,101 @@ pub fn flex<'a>(config: &'a Config, target: &Target, endpoint: Endpoint) -> Opti
 }
 
 /// The lane of a job of `class` and `endpoint` asking for `model` with `deadline`, at
-/// `now`: a `batch`-class job's is always decided (its provider batch, or online and why);
-/// another's only when its route's first target has a flex tier that may serve it (else
-/// `None`: online, nothing to record). Interactive jobs are always online.
+/// `now`, given what the lanes did lately: a `batch`-class job's is always decided (its
+/// provider batch, or online and why); another's only when its route's first target has a
+/// flex tier that may serve it (else `None`: online, nothing to record). Interactive jobs
+/// are always online.
 pub fn lane(
     config: &Config,
-    turnarounds: &Turnarounds,
+    observed: Observed<'_>,
     class: JobClass,
     endpoint: Endpoint,
     model: &str,
     deadline: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> Option<Decision> {
-    let batch =
-        (class == JobClass::Batch).then(|| decide(config, turnarounds, endpoint, model, deadline, now));
+    let batch = (class == JobClass::Batch)
+        .then(|| decide(config, observed.turnarounds, endpoint, model, deadline, now));
     if batch.as_ref().is_some_and(|d| d.via == Lane::ProviderBatch) || class == JobClass::Interactive {
         return batch;
     }
     let first = routing::resolve(config, model, endpoint)
         .ok()
         .and_then(|t| t.into_iter().next());
-    let flex = first.as_ref().and_then(|t| flex(config, t, endpoint));
-    match flex {
-        Some(p) if deadline - now >= chrono::Duration::seconds(p.flex.min_deadline_secs as i64) => {
-            Some(Decision {
-                via: Lane::Flex,
-                reason: LaneReason::DeadlineAllowsFlex,
-            })
-        }
-        _ => batch,
+    let Some((target, provider)) = first.as_ref().and_then(|t| Some((t, flex(config, t, endpoint)?))) else {
+        return batch;
+    };
+    let seen = observed
+        .flex
+        .get(&(target.provider.clone(), target.model.clone()));
+    flex_decision(provider, seen, deadline - now).or(batch)
+}
+
+/// Whether a job whose deadline is `left` away goes to `provider`'s flex tier, given what
+/// the tier did lately (`seen`): `None` where neither the configuration nor what was seen
+/// sends it there (online, nothing to say).
+fn flex_decision(
+    provider: &ProviderConfig,
+    seen: Option<&FlexObserved>,
+    left: chrono::Duration,
+) -> Option<Decision> {
+    let secs = |s: u64| chrono::Duration::seconds(i64::try_from(s).unwrap_or(i64::MAX / 1000));
+    let decision = |via, reason| Some(Decision { via, reason });
+    let configured = left >= secs(provider.flex.min_deadline_secs);
+    let Some(seen) = seen else {
+        return configured.then_some(Decision {
+            via: Lane::Flex,
+            reason: LaneReason::DeadlineAllowsFlex,
+        });
+    };
+    if seen.refused_share() > FLEX_MAX_REFUSED_SHARE {
+        return decision(Lane::Online, LaneReason::FlexMostlyUnavailable);
+    }
+    let needed = seen.p90_latency.unwrap_or_else(chrono::Duration::zero) + secs(provider.flex.fallback_secs);
+    match (left >= needed, configured) {
+        (true, true) => decision(Lane::Flex, LaneReason::DeadlineAllowsFlex),
+        (true, false) => decision(Lane::Flex, LaneReason::ObservedLatencyAllowsFlex),
+        (false, true) => decision(Lane::Online, LaneReason::FlexTooSlowForDeadline),
+        (false, false) => None,
     }
 }
 
 /// Whether any provider has a lane besides online: a batch API or a flex tier.
 fn any_lane(config: &Config) -> bool {
-    any_enabled(config) || config.providers.iter().any(|p| p.flex.enabled)
+    any_enabled(config) || any_flex(config)
+}
+
+/// Whether any provider has a flex tier enabled (else no flex observations are read).
+pub fn any_flex(config: &Config) -> bool {
+    config
+        .providers
+        .iter()
+        .any(|p| p.flex.enabled && FlexConfig::supported(p.kind))
+}
+
+/// What the flex tiers did lately ([`FLEX_OBSERVATION_SECS`], at least
+/// [`MIN_FLEX_OBSERVATIONS`] jobs); nothing to read unless some provider has one enabled.
+pub async fn flex_observations(
+    pool: &PgPool,
+    config: &Config,
+    now: DateTime<Utc>,
+) -> Result<FlexObservations, StoreError> {
+    if !any_flex(config) {
+        return Ok(FlexObservations::new());
+    }
+    let since = now - chrono::Duration::seconds(FLEX_OBSERVATION_SECS);
+    store::flex_observations(pool, since, MIN_FLEX_OBSERVATIONS).await
 }
 
 /// The gate's step before planning: decides the round's candidates not yet decided
-/// ([`lane`]), records the decisions (on jobs still queued) and marks the candidates, so no
-/// job is admitted before it is decided. Does nothing unless some provider has a batch API
-/// or a flex tier enabled.
+/// ([`lane`], given what the flex tiers did lately: `flex`, [`flex_observations`]),
+/// records the decisions (on jobs still queued) and marks the candidates, so no job is
+/// admitted before it is decided. Does nothing unless some provider has a batch API or a
+/// flex tier enabled.
 pub async fn decide_candidates(
     pool: &PgPool,
     config: &Config,
+    flex: &FlexObservations,
     candidates: &mut [Candidate],
     now: DateTime<Utc>,
 ) -> Result<usize, StoreError> {
@@ -165,15 +240,11 @@ pub async fn decide_candidates(
     };
     let mut decisions = Vec::new();
     for c in candidates.iter_mut().filter(|c| c.dispatch_via.is_none()) {
-        let Some(d) = lane(
-            config,
-            &turnarounds,
-            c.class,
-            c.endpoint,
-            &c.model,
-            c.deadline,
-            now,
-        ) else {
+        let observed = Observed {
+            turnarounds: &turnarounds,
+            flex,
+        };
+        let Some(d) = lane(config, observed, c.class, c.endpoint, &c.model, c.deadline, now) else {
             continue;
         };
         c.dispatch_via = Some(d.via.as_str().to_owned());
@@ -279,10 +350,15 @@ mod tests {
         )
         .unwrap();
         let now = Utc::now();
+        let (turnarounds, flex) = (Turnarounds::new(), FlexObservations::new());
+        let observed = Observed {
+            turnarounds: &turnarounds,
+            flex: &flex,
+        };
         let lane_of = |class, endpoint, minutes| {
             lane(
                 &config,
-                &Turnarounds::new(),
+                observed,
                 class,
                 endpoint,
                 "oai/gpt-4o-mini",
@@ -320,6 +396,78 @@ mod tests {
         assert_eq!(
             lane_of(JobClass::Batch, Endpoint::ChatCompletions, 10),
             Some((Lane::Online, LaneReason::DeadlineTooCloseForBatchApi))
+        );
+    }
+
+    /// Once the tier has been observed, what it did decides: a fast tier takes deadlines
+    /// sooner than `min_deadline_secs`, a slow one leaves out those it would make late, one
+    /// refusing most calls gets none.
+    #[test]
+    fn the_flex_lane_follows_what_the_tier_did() {
+        let example = include_str!("../tollgate.example.toml");
+        let config = Config::parse(
+            &example.replacen(
+                "# [providers.flex]\n# enabled = true\n",
+                "[providers.flex]\nenabled = true\nmin_deadline_secs = 1800\nfallback_secs = 300\n",
+                1,
+            ),
+            "t.toml",
+        )
+        .unwrap();
+        let now = Utc::now();
+        let turnarounds = Turnarounds::new();
+        let lane_with = |served, refused, p90_secs: i64, minutes| {
+            let mut flex = FlexObservations::new();
+            flex.insert(
+                ("oai".to_owned(), "gpt-4o-mini".to_owned()),
+                FlexObserved {
+                    served,
+                    refused,
+                    p90_latency: (served > 0).then(|| chrono::Duration::seconds(p90_secs)),
+                },
+            );
+            let observed = Observed {
+                turnarounds: &turnarounds,
+                flex: &flex,
+            };
+            lane(
+                &config,
+                observed,
+                JobClass::Standard,
+                Endpoint::ChatCompletions,
+                "oai/gpt-4o-mini",
+                now + chrono::Duration::minutes(minutes),
+                now,
+            )
+            .map(|d| (d.via, d.reason))
+        };
+        // Fast (p90 20 s): 10 minutes is enough (20 s + 5 min), though under 30.
+        assert_eq!(
+            lane_with(30, 2, 20, 10),
+            Some((Lane::Flex, LaneReason::ObservedLatencyAllowsFlex))
+        );
+        assert_eq!(
+            lane_with(30, 2, 20, 60),
+            Some((Lane::Flex, LaneReason::DeadlineAllowsFlex))
+        );
+        assert_eq!(lane_with(30, 2, 20, 4), None, "under the fallback time");
+        // Slow (p90 40 min): an hour's deadline would be late.
+        assert_eq!(
+            lane_with(30, 2, 2400, 40),
+            Some((Lane::Online, LaneReason::FlexTooSlowForDeadline))
+        );
+        assert_eq!(
+            lane_with(30, 2, 2400, 60),
+            Some((Lane::Flex, LaneReason::DeadlineAllowsFlex))
+        );
+        // Refusing most: none, whatever the deadline.
+        assert_eq!(
+            lane_with(5, 20, 20, 600),
+            Some((Lane::Online, LaneReason::FlexMostlyUnavailable))
+        );
+        assert_eq!(
+            lane_with(0, 25, 0, 600),
+            Some((Lane::Online, LaneReason::FlexMostlyUnavailable))
         );
     }
 }

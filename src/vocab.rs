@@ -390,9 +390,18 @@ pub enum LaneReason {
     /// A line of a provider batch that would not finish before its deadline: the batch
     /// was cancelled and the line sent online.
     PulledBackFromProviderBatch,
-    /// Its deadline leaves the flex tier's time (`flex.min_deadline_secs`): sent at the
+    /// Its deadline leaves the flex tier's time (`flex.min_deadline_secs`, and, once the
+    /// tier has been observed, its p90 latency plus `flex.fallback_secs`): sent at the
     /// flex price.
     DeadlineAllowsFlex,
+    /// Its deadline is closer than `flex.min_deadline_secs`, but the tier has lately
+    /// answered sooner (its observed p90 latency plus `flex.fallback_secs` fits).
+    ObservedLatencyAllowsFlex,
+    /// The tier has lately answered too slowly for its deadline (observed p90 latency plus
+    /// `flex.fallback_secs`): sent online.
+    FlexTooSlowForDeadline,
+    /// The tier has lately refused most calls for capacity: sent online.
+    FlexMostlyUnavailable,
     /// The flex tier had no capacity for it: sent online.
     FlexUnavailableRetryOnline,
 }

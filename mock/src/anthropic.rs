@@ -67,6 +67,9 @@ struct Reply<'a> {
     inner: &'a Inner,
     request_id: String,
     project: Option<usize>,
+    /// The model, when the call came through Vertex AI: its quota front answers 429s in
+    /// Google's shape, and no Anthropic rate-limit headers come back.
+    vertex_model: Option<&'a str>,
 }
 
 pub(super) async fn messages(State(p): State<MockProvider>, req: Request) -> Response {
@@ -76,6 +79,7 @@ pub(super) async fn messages(State(p): State<MockProvider>, req: Request) -> Res
         inner,
         request_id: format!("req_011C{}", hex_id(20)),
         project: None,
+        vertex_model: None,
     };
     let (parts, body) = req.into_parts();
 
@@ -118,6 +122,7 @@ pub(super) async fn vertex(
         inner,
         request_id: format!("req_vrtx_011C{}", hex_id(20)),
         project: Some(project),
+        vertex_model: Some(model),
     };
     let Ok(bytes) = to_bytes(body, MAX_BODY_BYTES).await else {
         return reply.bad_request("The request body could not be read.");
@@ -443,7 +448,8 @@ impl Respond for Reply<'_> {
         if let Some(org) = self.project.and_then(|p| self.inner.projects[p].org.clone()) {
             h.insert("anthropic-organization-id", org);
         }
-        if let Some(view) = view.filter(|_| self.inner.send_rate_limit_headers) {
+        if let Some(view) = view.filter(|_| self.inner.send_rate_limit_headers && self.vertex_model.is_none())
+        {
             rate_limit_headers(h, view);
         }
         resp
@@ -477,6 +483,9 @@ impl Reply<'_> {
     }
 
     fn rate_limited(&self, d: &Denial, view: &LimitsView) -> Response {
+        if let Some(model) = self.vertex_model {
+            return vertex_quota_exceeded(self.inner, model, d.kind);
+        }
         let org = self.project.map_or("", |p| self.inner.projects[p].name.as_str());
         let what = match d.kind {
             LimitKind::Rpm => "requests per minute",
@@ -509,6 +518,26 @@ impl Reply<'_> {
         }
         resp
     }
+}
+
+/// Vertex AI's 429 for a Claude model over its project's quota: a `google.rpc.Status`
+/// naming the quota metric and the base model (dialect `gemini` reads it).
+fn vertex_quota_exceeded(inner: &Inner, model: &str, kind: LimitKind) -> Response {
+    let metric = match kind {
+        LimitKind::Rpm | LimitKind::Rpd => "online_prediction_requests_per_base_model",
+        LimitKind::Tpm | LimitKind::Itpm => "online_prediction_input_tokens_per_minute_per_base_model",
+        LimitKind::Otpm => "online_prediction_output_tokens_per_minute_per_base_model",
+    };
+    let base = model.split('@').next().unwrap_or(model);
+    let message = format!(
+        "Quota exceeded for aiplatform.googleapis.com/{metric} with base model: anthropic-{base}. Please submit a quota increase request. https://cloud.google.com/vertex-ai/docs/generative-ai/quotas-genai."
+    );
+    super::gemini::error(
+        inner,
+        StatusCode::TOO_MANY_REQUESTS,
+        "RESOURCE_EXHAUSTED",
+        &message,
+    )
 }
 
 fn rate_limit_headers(h: &mut HeaderMap, view: &LimitsView) {

@@ -1,4 +1,4 @@
-//! What both batch APIs share: the files and batches held in memory, and how a batch's
+//! What the batch APIs share: the files and batches held in memory, and how a batch's
 //! lines are processed — `lines_per_sec` from its creation, every `fail_every_nth` line
 //! failing and every `expire_every_nth` line expiring — with the online endpoints' reply
 //! bodies (and usage) for the lines that succeed, and their 400s for the lines the
@@ -110,6 +110,9 @@ pub(super) struct Ended {
 pub(super) struct BatchState {
     pub files: HashMap<String, StoredFile>,
     pub batches: HashMap<String, MockBatch>,
+    /// Gemini's resumable uploads started and not yet finalized: (project, display name)
+    /// by session id.
+    pub uploads: HashMap<String, (usize, String)>,
 }
 
 impl MockBatch {
@@ -207,6 +210,20 @@ impl BatchState {
             })
             .collect();
         let (mut output_file_id, mut error_file_id) = (None, None);
+        if b.kind == ProviderKind::Gemini && b.input_file_id.is_some() {
+            let name = format!("files/{}", &uuid_v7(inner).simple().to_string()[20..]);
+            self.files.insert(
+                name.clone(),
+                StoredFile {
+                    project: b.project,
+                    purpose: "batch_output",
+                    filename: format!("{id}_responses.jsonl"),
+                    bytes: super::gemini_batch::responses_file(&b.lines, &fates),
+                    created_at: inner.unix_secs(),
+                },
+            );
+            output_file_id = Some(name);
+        }
         if matches!(b.kind, ProviderKind::Openai | ProviderKind::Azure) {
             let (out, err) = openai_files(inner, &b.lines, &fates);
             let created_at = inner.unix_secs();
@@ -237,12 +254,22 @@ impl BatchState {
     }
 }
 
-/// The online endpoint's reply to a line's body, with usage: a message (Anthropic), or
-/// the answer of the batch's `endpoint` (OpenAI, Azure); the message of its 400 when the
+/// The online endpoint's reply to a line's body, with usage: a message (Anthropic), a
+/// `GenerateContentResponse` (Gemini, whose `endpoint` is `models/{model}:generateContent`),
+/// or the answer of the batch's `endpoint` (OpenAI, Azure); the message of its 400 when the
 /// endpoint refuses the body.
 fn reply(inner: &Inner, kind: ProviderKind, endpoint: &str, body: &Value) -> Result<Value, String> {
-    if kind == ProviderKind::Anthropic {
-        return Ok(message_reply(inner, body));
+    match kind {
+        ProviderKind::Anthropic => return Ok(message_reply(inner, body)),
+        ProviderKind::Gemini => {
+            let model = endpoint
+                .trim_start_matches("models/")
+                .split(':')
+                .next()
+                .unwrap_or_default();
+            return super::gemini::batch_answer(inner, model, body);
+        }
+        _ => {}
     }
     // Azure names the endpoints without `/v1`.
     match endpoint.strip_prefix("/v1").unwrap_or(endpoint) {

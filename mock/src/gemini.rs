@@ -18,7 +18,7 @@ use std::collections::HashMap;
 
 use axum::body::{Body, to_bytes};
 use axum::extract::{Path as UrlPath, Query, Request, State};
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -67,43 +67,54 @@ pub(super) async fn generate_content(
 ) -> Response {
     let inner = &*p.inner;
     let in_flight = inner.totals.begin();
-    let reply = Reply { inner };
     let (parts, body) = req.into_parts();
-    let key = parts
-        .headers
+    let project = match authenticate(inner, &parts.headers, &query) {
+        Ok(project) => project,
+        Err(refused) => return *refused,
+    };
+    if let Some(model) = model_action.strip_suffix(":batchGenerateContent") {
+        return super::gemini_batch::create(inner, project, model, body).await;
+    }
+    answer(&p, in_flight, project, &model_action, &query, body).await
+}
+
+/// The project of the caller's API key (`x-goog-api-key`, or `?key=`), or the error
+/// Google answers (boxed: a response is large).
+pub(super) fn authenticate(
+    inner: &Inner,
+    headers: &HeaderMap,
+    query: &HashMap<String, String>,
+) -> Result<usize, Box<Response>> {
+    let reply = Reply { inner };
+    let key = headers
         .get("x-goog-api-key")
         .and_then(|v| v.to_str().ok())
         .or(query.get("key").map(String::as_str))
         .map(str::trim)
         .filter(|k| !k.is_empty());
     let Some(key) = key else {
-        return reply.unauthorized(
+        return Err(Box::new(reply.unauthorized(
             StatusCode::FORBIDDEN,
             "PERMISSION_DENIED",
             "Method doesn't allow unregistered callers (callers without established identity). Please use API Key or other form of API consumer identity to call this API.",
             None,
-        );
+        )));
     };
-    let project = match inner.lookup(ProviderKind::Gemini, key) {
-        KeyLookup::Valid(idx) => idx,
-        KeyLookup::Revoked => {
-            return reply.unauthorized(
-                StatusCode::FORBIDDEN,
-                "PERMISSION_DENIED",
-                "Permission denied: Consumer 'api_key' has been suspended.",
-                Some("CONSUMER_SUSPENDED"),
-            );
-        }
-        KeyLookup::Unknown => {
-            return reply.unauthorized(
-                StatusCode::BAD_REQUEST,
-                "INVALID_ARGUMENT",
-                "API key not valid. Please pass a valid API key.",
-                Some("API_KEY_INVALID"),
-            );
-        }
-    };
-    answer(&p, in_flight, project, &model_action, &query, body).await
+    match inner.lookup(ProviderKind::Gemini, key) {
+        KeyLookup::Valid(idx) => Ok(idx),
+        KeyLookup::Revoked => Err(Box::new(reply.unauthorized(
+            StatusCode::FORBIDDEN,
+            "PERMISSION_DENIED",
+            "Permission denied: Consumer 'api_key' has been suspended.",
+            Some("CONSUMER_SUSPENDED"),
+        ))),
+        KeyLookup::Unknown => Err(Box::new(reply.unauthorized(
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+            "API key not valid. Please pass a valid API key.",
+            Some("API_KEY_INVALID"),
+        ))),
+    }
 }
 
 /// A `google.rpc.Status` error answer (Vertex AI's too).
@@ -139,24 +150,13 @@ pub(super) async fn answer(
     let Ok(bytes) = to_bytes(body, MAX_BODY_BYTES).await else {
         return reply.bad_request("The request body could not be read.");
     };
-    let req: GenerateContentRequest = match serde_json::from_slice(&bytes) {
-        Ok(r) => r,
-        Err(e) => return reply.bad_request(&format!("Invalid JSON payload received. {e}")),
+    let Checked { input, max_out, call } = match serde_json::from_slice(&bytes)
+        .map_err(|e| format!("Invalid JSON payload received. {e}"))
+        .and_then(|raw| check(&raw))
+    {
+        Ok(checked) => checked,
+        Err(message) => return reply.bad_request(&message),
     };
-    let call = match serde_json::from_slice::<Value>(&bytes).map(|raw| function_call(&raw)) {
-        Ok(Ok(call)) => call,
-        Ok(Err(message)) => return reply.bad_request(&message),
-        Err(e) => return reply.bad_request(&format!("Invalid JSON payload received. {e}")),
-    };
-    let contents = req.contents.unwrap_or_default();
-    if contents.is_empty() {
-        return reply.bad_request("* GenerateContentRequest.contents: contents is not specified\n");
-    }
-    let max_out = req.generation_config.and_then(|c| c.max_output_tokens);
-    if max_out == Some(0) {
-        return reply
-            .bad_request("* GenerateContentRequest.generation_config.max_output_tokens: must be positive\n");
-    }
     if !inner.model_allowed(project, model) {
         super::stats::bump(&inner.totals.not_found);
         let msg = format!(
@@ -175,12 +175,6 @@ pub(super) async fn answer(
         return reply.error(status, name, msg, Vec::new());
     }
 
-    let messages = MessagesTokens {
-        count: contents.len() as u64,
-        tokens: contents.iter().map(|c| message_tokens(c.parts.0)).sum(),
-        ..MessagesTokens::default()
-    };
-    let input = input_tokens(&messages, req.system_instruction.as_ref().map(|s| &s.parts));
     let reserved = max_out.unwrap_or(inner.output_tokens);
     let output = inner.completion_tokens(max_out);
     let charge = Charge {
@@ -192,11 +186,7 @@ pub(super) async fn answer(
         Admission::Admitted(view) => view,
         Admission::Denied(denial, _) => return reply.rate_limited(model, &denial),
     };
-    let finish_reason = if output < inner.output_tokens {
-        "MAX_TOKENS"
-    } else {
-        "STOP"
-    };
+    let finish_reason = finish_reason(inner, output);
     if streamed {
         super::stats::bump(&inner.totals.succeeded);
         in_flight.hand_over();
@@ -212,14 +202,63 @@ pub(super) async fn answer(
         return reply.stream(stream::body(guard, shape), &view);
     }
     let refund = inner.generate(project, &view, reserved, output).await;
+    let body = response(inner, model, input, output, call);
+    super::stats::bump(&inner.totals.succeeded);
+    let response = reply.json(StatusCode::OK, &body, None);
+    drop(refund);
+    response
+}
+
+/// What the mock reads of a valid `GenerateContentRequest`.
+struct Checked {
+    input: u64,
+    max_out: Option<u64>,
+    call: Option<Value>,
+}
+
+/// A `GenerateContentRequest` checked as Google checks it: its input tokens, output cap
+/// and the function call the answer makes; else the message of its 400.
+fn check(raw: &Value) -> Result<Checked, String> {
+    let req = GenerateContentRequest::deserialize(raw)
+        .map_err(|e| format!("Invalid JSON payload received. {e}"))?;
+    let call = function_call(raw)?;
+    let contents = req.contents.unwrap_or_default();
+    if contents.is_empty() {
+        return Err("* GenerateContentRequest.contents: contents is not specified\n".to_owned());
+    }
+    let max_out = req.generation_config.and_then(|c| c.max_output_tokens);
+    if max_out == Some(0) {
+        return Err(
+            "* GenerateContentRequest.generation_config.max_output_tokens: must be positive\n".to_owned(),
+        );
+    }
+    let messages = MessagesTokens {
+        count: contents.len() as u64,
+        tokens: contents.iter().map(|c| message_tokens(c.parts.0)).sum(),
+        ..MessagesTokens::default()
+    };
+    let input = input_tokens(&messages, req.system_instruction.as_ref().map(|s| &s.parts));
+    Ok(Checked { input, max_out, call })
+}
+
+fn finish_reason(inner: &Inner, output: u64) -> &'static str {
+    if output < inner.output_tokens {
+        "MAX_TOKENS"
+    } else {
+        "STOP"
+    }
+}
+
+/// A `GenerateContentResponse` of `output` tokens (or the function call) to `input`.
+fn response(inner: &Inner, model: &str, input: u64, output: u64, call: Option<Value>) -> Value {
     let part = match call {
         Some(call) => json!({"functionCall": call}),
         None => json!({"text": inner.text.words(output)}),
     };
-    let body = json!({
+    json!({
         "candidates": [{
             "content": {"parts": [part], "role": "model"},
-            "finishReason": finish_reason,
+            "finishReason": finish_reason(inner, output),
             "index": 0,
         }],
         "usageMetadata": {
@@ -230,11 +269,15 @@ pub(super) async fn answer(
         },
         "modelVersion": model,
         "responseId": hex_id(22),
-    });
-    super::stats::bump(&inner.totals.succeeded);
-    let response = reply.json(StatusCode::OK, &body, None);
-    drop(refund);
-    response
+    })
+}
+
+/// The answer a batch line (`request` for `model`) gets: the online answer, without the
+/// online limits (Batch Mode has its own); else the message of its 400.
+pub(super) fn batch_answer(inner: &Inner, model: &str, request: &Value) -> Result<Value, String> {
+    let checked = check(request)?;
+    let output = inner.completion_tokens(checked.max_out);
+    Ok(response(inner, model, checked.input, output, checked.call))
 }
 
 /// The parts of a content holding `key` (`functionCall`, `functionResponse`).

@@ -15,8 +15,9 @@
 //!   ITPM, OTPM) and a UTC-day RPD window, admitting all-or-nothing.
 //! - `audit`: an independent check that what was admitted never exceeds the limits.
 //! - `faults`: the random fault mix — seeded draws, resets, hangs, spoiled bodies.
-//! - `batch_state` / `openai_batch` / `anthropic_batch`: the batch APIs (OpenAI Files +
-//!   Batch, also Azure's Global Batch; Anthropic Message Batches), in memory, processing lines at
+//! - `batch_state` / `openai_batch` / `anthropic_batch` / `gemini_batch`: the batch APIs
+//!   (OpenAI Files + Batch, also Azure's Global Batch; Anthropic Message Batches; Gemini
+//!   Batch Mode and its resumable uploads), in memory, processing lines at
 //!   [`BatchMockConfig::lines_per_sec`] with deterministic failures and expiries.
 //! - `stream`: the SSE bodies of `"stream": true` requests and their accounting.
 //! - `stats`: atomic counters and the [`MockStats`] snapshot.
@@ -42,6 +43,7 @@ mod clock;
 mod config;
 mod faults;
 mod gemini;
+mod gemini_batch;
 mod openai;
 mod openai_batch;
 mod openai_completions;
@@ -239,7 +241,8 @@ impl MockProvider {
     /// All routes: `POST /v1/chat/completions`, `POST /v1/messages`, the batch APIs
     /// (`/v1/files`, `/v1/batches`, `/v1/messages/batches`: see `openai_batch`,
     /// `anthropic_batch`),
-    /// `POST /v1beta/models/{model}:generateContent`,
+    /// `POST /v1beta/models/{model}:generateContent` and `:batchGenerateContent`, Gemini's
+    /// batches and files (`gemini_batch`),
     /// `POST /openai/deployments/{deployment}/chat/completions`, Bedrock's
     /// `POST /model/{model}/converse(-stream)` (`bedrock`), Vertex AI's `POST /token` and
     /// model routes (`vertex`), `GET /mock/stats`,
@@ -253,6 +256,13 @@ impl MockProvider {
             .route("/v1/completions", post(openai_completions::completions))
             .route("/v1/messages", post(anthropic::messages))
             .route("/v1beta/models/{model_action}", post(gemini::generate_content))
+            .route("/v1beta/batches", get(gemini_batch::list_batches))
+            .route(
+                "/v1beta/batches/{id}",
+                get(gemini_batch::get_batch).post(gemini_batch::cancel_batch),
+            )
+            .route("/upload/v1beta/files", post(gemini_batch::upload))
+            .route("/download/v1beta/files/{id_action}", get(gemini_batch::download))
             .route(
                 "/openai/deployments/{deployment}/chat/completions",
                 post(azure::chat_completions),

@@ -9,7 +9,8 @@
 //!   the token's own project (else 403 `PERMISSION_DENIED`); Gemini models
 //!   (`publishers/google`) answer as the Gemini API does (`gemini`), Claude models
 //!   (`publishers/anthropic`, `rawPredict` and `streamRawPredict`) as Anthropic's
-//!   Messages API does with Vertex's body (`anthropic`).
+//!   Messages API does with Vertex's body (`anthropic`), but for their quota: a 429 in
+//!   Google's shape (`RESOURCE_EXHAUSTED`) and no Anthropic rate-limit headers.
 
 use std::collections::HashMap;
 

@@ -19,8 +19,14 @@ pub struct FlexConfig {
     /// 1.0 for Groq's (the on-demand price). Default 0.5.
     pub discount: f64,
     /// A job goes flex only if its deadline is at least this far away: the tier is slow,
-    /// and a call it refuses must still find time online. Default 15 minutes.
+    /// and a call it refuses must still find time online. Default 15 minutes. Once the
+    /// tier has been observed (`tollgate::provider_batches::MIN_FLEX_OBSERVATIONS` jobs in
+    /// the last hour), its p90 latency plus `fallback_secs` is the time needed instead.
     pub min_deadline_secs: u64,
+    /// The time a job the tier refused or kept needs online afterwards: with the tier
+    /// observed, a job goes flex when its deadline is at least the tier's p90 latency plus
+    /// this away. Default 5 minutes.
+    pub fallback_secs: u64,
 }
 
 impl Default for FlexConfig {
@@ -29,6 +35,7 @@ impl Default for FlexConfig {
             enabled: false,
             discount: 0.5,
             min_deadline_secs: 900,
+            fallback_secs: 300,
         }
     }
 }

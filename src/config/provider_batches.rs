@@ -1,6 +1,6 @@
 //! `[providers.batch_api]`: whether and how a provider's own batch API (OpenAI Batch,
-//! Anthropic Message Batches, Azure's Global Batch, an OpenAI-compatible server's copy of
-//! OpenAI's) may carry `batch`-class jobs.
+//! Anthropic Message Batches, Gemini Batch Mode, Azure's Global Batch, an
+//! OpenAI-compatible server's copy of OpenAI's) may carry `batch`-class jobs.
 
 use serde::Deserialize;
 
@@ -26,6 +26,9 @@ pub struct BatchApiConfig {
     /// Most embedding inputs across the lines of one OpenAI batch of embeddings. Default
     /// 50,000, OpenAI's limit.
     pub max_embedding_inputs: Option<u64>,
+    /// Gemini: the largest batch sent inline in its create request (Google takes up to
+    /// 20 MB so); a larger one goes as an uploaded JSONL file. Default 19,000,000 bytes.
+    pub inline_max_bytes: u64,
     /// The provider's enqueued-token pool per model (prompt tokens of unfinished batches):
     /// becomes the gauge bucket `provider:<p>:<m>:batch_queue_tokens`. None = unlimited.
     pub enqueued_tokens: Option<u64>,
@@ -50,6 +53,7 @@ impl Default for BatchApiConfig {
             max_lines: None,
             max_bytes: None,
             max_embedding_inputs: None,
+            inline_max_bytes: 19_000_000,
             enqueued_tokens: None,
             poll_interval_ms: 60_000,
             pack_wait_ms: 60_000,
@@ -66,7 +70,8 @@ impl BatchApiConfig {
 
     /// Whether `kind`'s batch API takes jobs of `endpoint`: OpenAI's Batch API its five
     /// endpoints as they are; Azure's Global Batch chat and embeddings; Anthropic's Message
-    /// Batches Messages requests, and chat translated as online. A request translated per call (Messages to a non-Anthropic
+    /// Batches Messages requests, and chat translated as online; Gemini's Batch Mode chat
+    /// translated as online. A request translated per call (Messages to a non-Anthropic
     /// target, Responses to a non-OpenAI one) goes online.
     pub fn carries(kind: ProviderKind, endpoint: Endpoint) -> bool {
         match kind {
@@ -81,14 +86,17 @@ impl BatchApiConfig {
             ),
             // Global Batch, on a global-batch deployment.
             ProviderKind::Azure => matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Embeddings),
-            ProviderKind::Gemini | ProviderKind::Bedrock | ProviderKind::Vertex => false,
+            ProviderKind::Gemini => endpoint == Endpoint::ChatCompletions,
+            // Bedrock's batch inference reads S3 and Vertex's batch prediction GCS or
+            // BigQuery: object stores tollgate does not drive.
+            ProviderKind::Bedrock | ProviderKind::Vertex => false,
         }
     }
 
     pub(super) fn validate(&self, kind: ProviderKind) -> Result<(), String> {
         if self.enabled && !Self::supported(kind) {
             return Err(
-                "only `openai`, `openai-compatible`, `azure` and `anthropic` providers have a batch API tollgate drives".into(),
+                "only `openai`, `openai-compatible`, `azure`, `anthropic` and `gemini` providers have a batch API tollgate drives (Bedrock's and Vertex AI's read object stores)".into(),
             );
         }
         if !(self.discount > 0.0 && self.discount <= 1.0) {

@@ -360,7 +360,8 @@ pub async fn batch_turnarounds(
         r#"SELECT provider, model,
                   percentile_cont(0.9) WITHIN GROUP (ORDER BY extract(epoch FROM ended_at - submitted_at))::float8 AS "p90!"
            FROM provider_batches
-           WHERE status = 'ended' AND provider_status IN ('completed', 'ended') AND submitted_at IS NOT NULL
+           WHERE status = 'ended' AND submitted_at IS NOT NULL
+             AND provider_status IN ('completed', 'ended', 'BATCH_STATE_SUCCEEDED')
              AND COALESCE(requeued, 0) = 0 AND COALESCE(failed, 0) = 0
              AND ended_at > $1::timestamptz - interval '1 day'
            GROUP BY provider, model HAVING count(*) >= $2"#,
@@ -376,6 +377,66 @@ pub async fn batch_turnarounds(
                 (r.provider, r.model),
                 chrono::Duration::milliseconds((r.p90 * 1000.0) as i64),
             )
+        })
+        .collect())
+}
+
+/// What a provider model's flex tier did lately ([`flex_observations`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FlexObserved {
+    /// Jobs it served (finished while still on the flex lane).
+    pub served: i64,
+    /// Jobs it refused for capacity (then sent online).
+    pub refused: i64,
+    /// The p90 of the served jobs' time from start to finish, where it served any.
+    pub p90_latency: Option<chrono::Duration>,
+}
+
+impl FlexObserved {
+    /// The share of its recent calls the tier refused.
+    pub fn refused_share(&self) -> f64 {
+        self.refused as f64 / (self.served + self.refused).max(1) as f64
+    }
+}
+
+/// What each provider model's flex tier did lately, by (provider, model).
+pub type FlexObservations = std::collections::HashMap<(String, String), FlexObserved>;
+
+/// What each provider model's flex tier did with the jobs started there since `since`: those
+/// it served (state `succeeded` on the flex lane) and the p90 of their time from start to
+/// finish, and those it refused ([`LaneReason::FlexUnavailableRetryOnline`]), for the
+/// models with at least `min_jobs` of either. Read by index `jobs_flex_started`.
+pub async fn flex_observations(
+    ex: impl PgExecutor<'_>,
+    since: DateTime<Utc>,
+    min_jobs: i64,
+) -> Result<FlexObservations> {
+    let rows = sqlx::query!(
+        r#"SELECT provider AS "provider!", provider_model AS "model!",
+                  count(*) FILTER (WHERE dispatch_via = 'flex' AND state = 'succeeded') AS "served!",
+                  count(*) FILTER (WHERE dispatch_reason = 'flex_unavailable_retry_online') AS "refused!",
+                  percentile_cont(0.9) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - started_at))
+                      FILTER (WHERE dispatch_via = 'flex' AND state = 'succeeded')::float8 AS p90
+           FROM jobs
+           WHERE (dispatch_via = 'flex' OR dispatch_reason = 'flex_unavailable_retry_online')
+             AND started_at > $1 AND provider IS NOT NULL AND provider_model IS NOT NULL
+           GROUP BY provider, provider_model
+           HAVING count(*) FILTER (WHERE (dispatch_via = 'flex' AND state = 'succeeded')
+                                      OR dispatch_reason = 'flex_unavailable_retry_online') >= $2"#,
+        since,
+        min_jobs,
+    )
+    .fetch_all(ex)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let observed = FlexObserved {
+                served: r.served,
+                refused: r.refused,
+                p90_latency: r.p90.map(|s| chrono::Duration::milliseconds((s * 1000.0) as i64)),
+            };
+            ((r.provider, r.model), observed)
         })
         .collect())
 }

@@ -232,6 +232,12 @@ async fn bedrock_and_vertex_throttles_teach_the_rpm_limit() {
             "provider:vx:gemini-2.0-flash:rpm".to_owned(),
             "tollgate-test",
         ),
+        // Claude on Vertex: the quota's 429 in Google's shape, no Anthropic headers.
+        (
+            "vx/claude-sonnet-4@20250514".to_owned(),
+            "provider:vx:claude-sonnet-4@20250514:rpm".to_owned(),
+            "tollgate-test",
+        ),
     ];
     for (model, _, _) in &targets {
         for i in 0..8 {

@@ -1,7 +1,9 @@
 //! The flex lane end to end: jobs that are not interactive and have the time reach the
 //! mock at the flex tier (`service_tier: "flex"`) and are charged its price; a call the
 //! tier refuses for capacity goes online at once — charged online, counted against no
-//! limit and pausing nothing; interactive jobs and jobs without the time stay online.
+//! limit and pausing nothing; interactive jobs and jobs without the time stay online. Once
+//! the tier has been observed, what it did decides: a fast tier takes closer deadlines, one
+//! refusing most calls gets none.
 
 use chrono::Utc;
 use serde_json::{Value, json};
@@ -95,5 +97,84 @@ async fn flex_serves_jobs_with_time_and_goes_online_when_refused() {
             "{id}: saved {saved} of {online}"
         );
     }
+    app.shutdown().await;
+}
+
+/// A broker whose `oai` flex tier is enabled with `flex` settings, on a mock refusing every
+/// `refuse_every_nth` flex call (0: none).
+async fn flex_app(flex: &str, refuse_every_nth: u64) -> TestApp {
+    TestApp::spawn_with(TestOptions {
+        mock: MockConfig {
+            flex_unavailable_every_nth: refuse_every_nth,
+            ..mock_config()
+        },
+        extra_config: format!("[providers.flex]\nenabled = true\n{flex}"),
+        ..TestOptions::default()
+    })
+    .await
+}
+
+/// Runs `n` jobs one after the other, each with `deadline_secs` to go; their lanes.
+async fn run_jobs(app: &TestApp, n: usize, deadline_secs: i64) -> Vec<(String, String)> {
+    let mut lanes = Vec::new();
+    for i in 0..n {
+        let done = app.run_job(ACME, &job("background", deadline_secs, i), 30).await;
+        assert_eq!(done["state"], "succeeded", "{done}");
+        lanes.push((
+            done["dispatch"]["via"].as_str().unwrap_or("online").to_owned(),
+            done["dispatch"]["reason"].as_str().unwrap_or_default().to_owned(),
+        ));
+    }
+    lanes
+}
+
+/// A tier that has served twenty jobs quickly takes deadlines closer than
+/// `min_deadline_secs` (its p90 latency plus `fallback_secs` fits), which went online
+/// before it was observed.
+#[tokio::test]
+async fn a_flex_tier_seen_answering_fast_takes_closer_deadlines() {
+    let app = flex_app("min_deadline_secs = 3600\nfallback_secs = 60\n", 0).await;
+    assert_eq!(
+        run_jobs(&app, 1, 600).await,
+        [("online".to_owned(), String::new())],
+        "not observed yet: ten minutes is under min_deadline_secs"
+    );
+    let served = run_jobs(&app, 20, 7200).await;
+    assert!(served.iter().all(|(via, _)| via == "flex"), "{served:?}");
+    // The gate re-reads what the tiers did every few seconds.
+    let lane = crate::harness::eventually(60, "a closer deadline sent flex", || async {
+        let lane = run_jobs(&app, 1, 600).await.remove(0);
+        (lane.0 == "flex").then_some(lane)
+    })
+    .await;
+    assert_eq!(lane.1, "observed_latency_allows_flex");
+    assert_eq!(app.mock.stats().flex_unavailable, 0);
+    app.shutdown().await;
+}
+
+/// A tier that refused every one of twenty jobs is sent no more: the next jobs go online
+/// saying why, and the tier sees no further calls.
+#[tokio::test]
+async fn a_flex_tier_seen_refusing_most_calls_is_sent_none() {
+    let app = flex_app("min_deadline_secs = 600\n", 1).await;
+    let refused = run_jobs(&app, 20, 3600).await;
+    assert!(
+        refused.iter().all(|l| l.1 == "flex_unavailable_retry_online"),
+        "{refused:?}"
+    );
+    let lane = crate::harness::eventually(60, "the tier set aside", || async {
+        let lane = run_jobs(&app, 1, 3600).await.remove(0);
+        (lane.1 == "flex_mostly_unavailable").then_some(lane)
+    })
+    .await;
+    assert_eq!(lane.0, "online");
+    let before = app.mock.stats().flex_unavailable;
+    let next = run_jobs(&app, 3, 3600).await;
+    assert!(next.iter().all(|l| l.1 == "flex_mostly_unavailable"), "{next:?}");
+    assert_eq!(
+        app.mock.stats().flex_unavailable,
+        before,
+        "no call reached the tier"
+    );
     app.shutdown().await;
 }

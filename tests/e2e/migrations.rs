@@ -50,6 +50,14 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
         .unwrap();
     assert_eq!(job.state, tollgate::model::JobState::Succeeded);
     assert_eq!(job.dispatch_via.as_deref(), Some("flex"));
+    // The flex tier's recent jobs read back by provider model: one served, one refused.
+    let flex =
+        tollgate::store::flex_observations(&db.pool, chrono::Utc::now() - chrono::Duration::hours(1), 1)
+            .await
+            .unwrap();
+    let seen = flex[&("oai".to_owned(), "gpt-4o-mini".to_owned())];
+    assert_eq!((seen.served, seen.refused), (1, 1), "{seen:?}");
+    assert!(seen.p90_latency.is_some());
     let queued: JobId = "0190a000-0000-7000-8000-000000000002".parse().unwrap();
     let job = tollgate::store::get_job(&db.pool, Some("acme"), queued)
         .await

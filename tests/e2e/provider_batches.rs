@@ -389,6 +389,66 @@ async fn azure_global_batch_carries_a_batch_at_half_price() {
     app.shutdown().await;
 }
 
+/// Gemini Batch Mode carries chat batches two ways: a small batch inline in its create
+/// request (`gi`), a larger one — here anything over one byte — uploaded first as a JSONL
+/// file by Google's resumable upload (`gf`); both answered at half price, nothing online.
+#[tokio::test]
+async fn gemini_batch_mode_carries_a_batch_inline_or_as_a_file() {
+    let mut mock = mock(0, 0);
+    mock.projects.push(crate::harness::mock_project(
+        "gm-batch",
+        tollgate_mock::ProviderKind::Gemini,
+        &["gm-key"],
+        &["gemini-2.5-flash"],
+        100_000,
+    ));
+    let provider = |name: &str, extra: &str| {
+        format!(
+            "[[providers]]\nname = \"{name}\"\nkind = \"gemini\"\nbase_url = \"http://MOCK_ADDR\"\n\
+             keys = [{{ name = \"{name}1\", value = \"gm-key\" }}]\nmodels = [\"gemini-2.5-flash\"]\nlearn_limits = false\n{}{}",
+            batch_api(extra),
+            prices("gemini-2.5-flash")
+        )
+    };
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        extra_config: provider("gi", "") + &provider("gf", "inline_max_bytes = 1\n"),
+        ..TestOptions::default()
+    })
+    .await;
+    for (provider, n, uploaded) in [("gi", 7, false), ("gf", 5, true)] {
+        let done = run_batch(
+            &app,
+            &format!("{provider}/gemini-2.5-flash"),
+            &CHAT,
+            n,
+            "batches/",
+        )
+        .await;
+        let rows = jobs_of(&app, done["id"].as_str().unwrap()).await;
+        assert!(
+            rows.iter().all(|r| r.1.as_deref() == Some("provider_batch")),
+            "{provider}: {rows:?}"
+        );
+        let files: Vec<Option<String>> = sqlx::query_scalar(
+            "SELECT input_file_id FROM provider_batches
+             WHERE id IN (SELECT provider_batch_id FROM jobs WHERE batch_id = $1)",
+        )
+        .bind(done["id"].as_str().unwrap())
+        .fetch_all(&app.db.pool)
+        .await
+        .unwrap();
+        assert!(
+            files
+                .iter()
+                .all(|f| f.as_deref().is_some_and(|f| f.starts_with("files/")) == uploaded),
+            "{provider}: {files:?}"
+        );
+    }
+    assert_eq!(app.mock.stats().succeeded, 0, "nothing went online");
+    app.shutdown().await;
+}
+
 /// An OpenAI-compatible server whose config says it has OpenAI's Batch API carries
 /// batches through it; one that says nothing is never assumed to have one.
 #[tokio::test]

@@ -231,7 +231,7 @@ pub fn provider_batch_results(data: &[u8]) {
     };
     let endpoint = Endpoint::all()[usize::from(knob / 2) % Endpoint::all().len()];
     let mut out = HashMap::new();
-    api.parse_results(endpoint, &mut jsonl(file), &mut out);
+    api.parse_results(endpoint, file, &mut out);
     let ids: Vec<String> = jsonl(file)
         .filter_map(|line| line.get("custom_id")?.as_str().map(str::to_owned))
         .collect();
@@ -305,7 +305,7 @@ mod tests {
                 .batch()
                 .unwrap();
             let mut out = HashMap::new();
-            api.parse_results(Endpoint::ChatCompletions, &mut jsonl(&data[1..]), &mut out);
+            api.parse_results(Endpoint::ChatCompletions, &data[1..], &mut out);
             assert_eq!(out.len(), 4, "{name}");
             assert!(matches!(out["a"], LineResult::Succeeded { .. }), "{name}");
         }

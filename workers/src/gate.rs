@@ -51,7 +51,7 @@ use tollgate::notify::Notifications;
 use tollgate::provider_batches;
 use tollgate::scheduler::plan::{is_probe, probe_key};
 use tollgate::scheduler::{self, Decision, Failed, Known, Planner, Policy, Scheduler};
-use tollgate::store::{self, Admission, Calibration, Candidate, StoreError};
+use tollgate::store::{self, Admission, Calibration, Candidate, FlexObservations, StoreError};
 use tollgate::tenants::TenantDirectory;
 use tollgate::vocab::{Dimension, LearnedFrom, Rule};
 
@@ -110,6 +110,8 @@ pub struct Gate {
     key_turn: AtomicUsize,
     /// Learned estimates per model, re-read every [`CALIBRATION_REFRESH`].
     calibration: Mutex<(Option<tokio::time::Instant>, HashMap<String, Calibration>)>,
+    /// What the flex tiers did lately, re-read every [`CALIBRATION_REFRESH`].
+    flex_observed: Mutex<(Option<tokio::time::Instant>, FlexObservations)>,
     /// This process's dispatcher, when it has one: jobs it has room for start in the
     /// admission's own write.
     handoff: Option<Handoff>,
@@ -157,6 +159,7 @@ impl Gate {
             last_admitted: AtomicUsize::new(batch_hint()),
             key_turn: AtomicUsize::new(0),
             calibration: Mutex::new((None, HashMap::new())),
+            flex_observed: Mutex::new((None, FlexObservations::new())),
             handoff: None,
             clock: Clock::system(),
             tenants: Directory::fixed(
@@ -349,6 +352,24 @@ impl Gate {
         Ok(started)
     }
 
+    /// What the flex tiers did lately (`provider_batches::flex_observations`), re-read when
+    /// older than [`CALIBRATION_REFRESH`].
+    async fn flex_observed(
+        &self,
+        config: &Config,
+        now: DateTime<Utc>,
+    ) -> Result<FlexObservations, StoreError> {
+        {
+            let cached = locked(&self.flex_observed);
+            if cached.0.is_some_and(|at| at.elapsed() < CALIBRATION_REFRESH) {
+                return Ok(cached.1.clone());
+            }
+        }
+        let fresh = provider_batches::flex_observations(&self.pool, config, now).await?;
+        *locked(&self.flex_observed) = (Some(tokio::time::Instant::now()), fresh.clone());
+        Ok(fresh)
+    }
+
     /// The learned estimates (calibration), re-read when older than [`CALIBRATION_REFRESH`].
     async fn calibration(&self, pool: &PgPool) -> Result<HashMap<String, Calibration>, StoreError> {
         {
@@ -497,13 +518,21 @@ impl Gate {
         };
         // The reads side by side, each on a connection of its own: a round's wait is one
         // read's, not three in a row.
-        let (mut candidates, calibration, mut learned) = tokio::try_join!(
+        let control = self.tenants.snapshot();
+        let (mut candidates, calibration, mut learned, flex_observed) = tokio::try_join!(
             read_candidates,
             self.calibration(&self.pool),
             store::learned_limits(&self.pool),
+            self.flex_observed(&control.config, now),
         )?;
-        let control = self.tenants.snapshot();
-        provider_batches::decide_candidates(&self.pool, &control.config, &mut candidates, now).await?;
+        provider_batches::decide_candidates(
+            &self.pool,
+            &control.config,
+            &flex_observed,
+            &mut candidates,
+            now,
+        )
+        .await?;
         let known = Known::new(&learned);
         let planner = self.planner(&calibration, &known, &control);
         let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();

@@ -15,7 +15,7 @@ use tollgate::model::Usage;
 use tollgate::retry::Failure;
 use tollgate::vocab::{Endpoint, ReasonCode};
 
-use super::batch_api::{BatchApi, LineResult, Status, Upload, failed};
+use super::batch_api::{BatchApi, LineResult, Status, Upload, by_custom_id, failed};
 use super::openai::{content_text, stop_sequences};
 use super::sse::SseEvent;
 use super::streaming::{self, ChunkHead, StreamEvents, StreamOut};
@@ -660,18 +660,8 @@ impl BatchApi for Anthropic {
         )]
     }
 
-    fn parse_results(
-        &self,
-        endpoint: Endpoint,
-        lines: &mut dyn Iterator<Item = Value>,
-        out: &mut HashMap<String, LineResult>,
-    ) {
-        for line in lines {
-            let Some(id) = line.get("custom_id").and_then(Value::as_str) else {
-                continue;
-            };
-            out.insert(id.to_owned(), line_result(&line["result"], endpoint));
-        }
+    fn parse_results(&self, endpoint: Endpoint, body: &[u8], out: &mut HashMap<String, LineResult>) {
+        by_custom_id(body, out, |line| line_result(&line["result"], endpoint));
     }
 }
 
@@ -708,7 +698,7 @@ mod tests {
     use tollgate::retry::FailureClass;
 
     use super::*;
-    use crate::providers::batch_api::failure_of;
+    use crate::providers::batch_api::{failure_of, jsonl_of};
     use crate::providers::streaming::ChatStream;
 
     fn adapter() -> Anthropic {
@@ -1160,7 +1150,7 @@ mod tests {
             json!({"custom_id": "gone", "result": {"type": "canceled"}}),
         ];
         let mut out = HashMap::new();
-        a.parse_results(chat, &mut lines.clone().into_iter(), &mut out);
+        a.parse_results(chat, &jsonl_of(&lines), &mut out);
         let Some(LineResult::Succeeded { success, .. }) = out.get("ok") else {
             panic!("{out:?}");
         };
@@ -1168,7 +1158,7 @@ mod tests {
         assert_eq!(success.usage.input_tokens, 4);
         // A batch of Messages requests: the message kept as Anthropic sent it.
         let mut messages = HashMap::new();
-        a.parse_results(Endpoint::Messages, &mut lines.clone().into_iter(), &mut messages);
+        a.parse_results(Endpoint::Messages, &jsonl_of(&lines), &mut messages);
         let Some(LineResult::Succeeded { success, .. }) = messages.get("ok") else {
             panic!("{messages:?}");
         };

@@ -3,7 +3,8 @@
 //! per provider, as online) and its result comes back as the online answer is read,
 //! keyed by `custom_id`. An adapter says what to send and how to read the
 //! answers (OpenAI Files + Batch in `openai.rs`, Anthropic Message Batches in
-//! `anthropic.rs`); [`BatchClient`] does the HTTP, the same for every provider.
+//! `anthropic.rs`, Gemini Batch Mode in `gemini_batch.rs`); [`BatchClient`] does the
+//! HTTP, the same for every provider.
 
 use std::collections::HashMap;
 
@@ -16,7 +17,7 @@ use tollgate::vocab::{Endpoint, ReasonCode};
 /// URLs and bodies and read answers; [`BatchClient`] sends.
 pub trait BatchApi: Send + Sync {
     /// The file to upload before the batch is created, where the API takes its lines as a
-    /// file (OpenAI); `None` where the lines go inline (Anthropic).
+    /// file (OpenAI; Gemini's larger batches); `None` where the lines go inline.
     fn upload(
         &self,
         model: &str,
@@ -39,6 +40,16 @@ pub trait BatchApi: Send + Sync {
 
     fn status_url(&self, batch_id: &str) -> String;
 
+    /// The id of the file an upload's answer names: OpenAI's `id`.
+    fn uploaded_id(&self, answer: &Value) -> Option<String> {
+        answer.get("id")?.as_str().map(str::to_owned)
+    }
+
+    /// The id of the batch a create's answer names: OpenAI's and Anthropic's `id`.
+    fn created_id(&self, answer: &Value) -> Option<String> {
+        answer.get("id")?.as_str().map(str::to_owned)
+    }
+
     /// The provider's batch object, read.
     fn parse_status(&self, batch: &Value) -> Status;
 
@@ -47,14 +58,9 @@ pub trait BatchApi: Send + Sync {
     /// Where the results of an ended batch are read from, each a JSONL body.
     fn result_urls(&self, batch_id: &str, status: &Status) -> Vec<String>;
 
-    /// Reads the lines of one results body of a batch of `endpoint` into `out`, by
-    /// `custom_id`.
-    fn parse_results(
-        &self,
-        endpoint: Endpoint,
-        lines: &mut dyn Iterator<Item = Value>,
-        out: &mut HashMap<String, LineResult>,
-    );
+    /// Reads one results body of a batch of `endpoint` (JSONL, or the batch object where
+    /// the results come inline) into `out`, by `custom_id`.
+    fn parse_results(&self, endpoint: Endpoint, body: &[u8], out: &mut HashMap<String, LineResult>);
 
     /// Where the key's newest batches are listed, where a batch can be found by its tag
     /// (its metadata); `None` where the API keeps no metadata (Anthropic).
@@ -68,12 +74,23 @@ pub trait BatchApi: Send + Sync {
     }
 }
 
-/// A file to upload: a ready multipart body.
+/// A file to upload.
 #[derive(Debug)]
 pub struct Upload {
     pub url: String,
-    pub content_type: String,
+    pub protocol: UploadProtocol,
     pub body: Vec<u8>,
+}
+
+/// How a file is uploaded.
+#[derive(Debug)]
+pub enum UploadProtocol {
+    /// One `POST` of a ready body of `content_type` (OpenAI's multipart form).
+    Form { content_type: String },
+    /// Google's resumable upload in one chunk: a `start` request carrying the file's
+    /// `metadata` answers with the session's URL (`x-goog-upload-url`), to which the
+    /// bytes go with `upload, finalize`.
+    GoogleResumable { content_type: String, metadata: Value },
 }
 
 /// A batch the provider accepted.
@@ -201,14 +218,9 @@ impl BatchClient<'_> {
     ) -> Result<Submitted, String> {
         let input_file_id = match self.api.upload(model, endpoint, lines, tag) {
             Some(upload) => {
-                let resp = self
-                    .post(upload.url)
-                    .header("content-type", upload.content_type)
-                    .body(upload.body)
-                    .send()
-                    .await
-                    .map_err(http_error)?;
-                Some(id_of(&body_of(resp).await?, "file")?)
+                let answer = json_of(&self.send_file(upload).await?)?;
+                let id = self.api.uploaded_id(&answer);
+                Some(id.ok_or("no file id in the upload's answer")?)
             }
             None => None,
         };
@@ -216,11 +228,50 @@ impl BatchClient<'_> {
             .api
             .create(model, endpoint, lines, tag, input_file_id.as_deref());
         let resp = self.post(url).json(&body).send().await.map_err(http_error)?;
+        let answer = json_of(&body_of(resp).await?)?;
         Ok(Submitted {
-            batch_id: id_of(&body_of(resp).await?, "batch")?,
+            batch_id: self
+                .api
+                .created_id(&answer)
+                .ok_or("no batch id in the create's answer")?,
             input_file_id,
             key_name: self.key.name.clone(),
         })
+    }
+
+    /// Uploads a file; the provider's answer.
+    async fn send_file(&self, upload: Upload) -> Result<Vec<u8>, String> {
+        let request = match upload.protocol {
+            UploadProtocol::Form { content_type } => {
+                self.post(upload.url).header("content-type", content_type)
+            }
+            UploadProtocol::GoogleResumable {
+                content_type,
+                metadata,
+            } => {
+                let start = self
+                    .post(upload.url)
+                    .header("x-goog-upload-protocol", "resumable")
+                    .header("x-goog-upload-command", "start")
+                    .header("x-goog-upload-header-content-length", upload.body.len())
+                    .header("x-goog-upload-header-content-type", content_type)
+                    .json(&metadata)
+                    .send()
+                    .await
+                    .map_err(http_error)?;
+                let session = start
+                    .headers()
+                    .get("x-goog-upload-url")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned);
+                body_of(start).await?;
+                let session = session.ok_or("the upload's start was answered without x-goog-upload-url")?;
+                self.post(session)
+                    .header("x-goog-upload-offset", "0")
+                    .header("x-goog-upload-command", "upload, finalize")
+            }
+        };
+        body_of(request.body(upload.body).send().await.map_err(http_error)?).await
     }
 
     pub async fn status(&self, batch_id: &str) -> Result<Status, String> {
@@ -229,8 +280,7 @@ impl BatchClient<'_> {
             .send()
             .await
             .map_err(http_error)?;
-        let b: Value = serde_json::from_slice(&body_of(resp).await?).map_err(|e| e.to_string())?;
-        Ok(self.api.parse_status(&b))
+        Ok(self.api.parse_status(&json_of(&body_of(resp).await?)?))
     }
 
     /// The name of the key this client uses.
@@ -251,7 +301,7 @@ impl BatchClient<'_> {
             return Ok(None);
         };
         let resp = self.get(url).send().await.map_err(http_error)?;
-        let listing: Value = serde_json::from_slice(&body_of(resp).await?).map_err(|e| e.to_string())?;
+        let listing = json_of(&body_of(resp).await?)?;
         Ok(self.api.tagged(&listing, tag).map(|batch_id| Submitted {
             batch_id,
             input_file_id: None,
@@ -282,24 +332,33 @@ impl BatchClient<'_> {
         let mut out = HashMap::new();
         for url in self.api.result_urls(batch_id, status) {
             let bytes = body_of(self.get(url).send().await.map_err(http_error)?).await?;
-            self.api.parse_results(endpoint, &mut jsonl(&bytes), &mut out);
+            self.api.parse_results(endpoint, &bytes, &mut out);
         }
         Ok(out)
     }
 }
 
-/// The `id` of the object a provider answered with.
-fn id_of(body: &[u8], what: &str) -> Result<String, String> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
-    v.get("id")
-        .and_then(Value::as_str)
-        .map(str::to_owned)
-        .ok_or_else(|| format!("no {what} id in the answer"))
+/// A provider's JSON answer.
+fn json_of(body: &[u8]) -> Result<Value, String> {
+    serde_json::from_slice(body).map_err(|e| format!("the provider's answer is not JSON: {e}"))
 }
 
 /// A line that did not succeed.
 pub(super) fn failed(code: ReasonCode, message: String) -> LineResult {
     LineResult::Failed { code, message }
+}
+
+/// Each line of a JSONL results body read by `read`, under its `custom_id`.
+pub(super) fn by_custom_id(
+    body: &[u8],
+    out: &mut HashMap<String, LineResult>,
+    read: impl Fn(&Value) -> LineResult,
+) {
+    for line in jsonl(body) {
+        if let Some(id) = line.get("custom_id").and_then(Value::as_str) {
+            out.insert(id.to_owned(), read(&line));
+        }
+    }
 }
 
 /// The JSON lines of a JSONL body; blank and unreadable lines skipped.
@@ -308,6 +367,12 @@ pub(crate) fn jsonl(bytes: &[u8]) -> impl Iterator<Item = Value> + '_ {
         .split(|b| *b == b'\n')
         .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
         .filter_map(|l| serde_json::from_slice(l).ok())
+}
+
+/// `lines` as a JSONL body.
+#[cfg(test)]
+pub(crate) fn jsonl_of(lines: &[Value]) -> Vec<u8> {
+    lines.iter().flat_map(|l| format!("{l}\n").into_bytes()).collect()
 }
 
 /// The code and message of a line that failed; panics on any other.

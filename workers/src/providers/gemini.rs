@@ -21,6 +21,8 @@ use tollgate::config::ProviderConfig;
 use tollgate::model::Usage;
 use tollgate::vocab::Endpoint;
 
+use super::batch_api::BatchApi;
+use super::gemini_batch::GeminiBatch;
 use super::openai::{content_text, stop_sequences};
 use super::sse::SseEvent;
 use super::streaming::{self, ChunkHead, StreamEvents, StreamOut};
@@ -30,12 +32,14 @@ use tollgate::retry::Failure;
 /// A Google Gemini API provider.
 pub struct Gemini {
     base_url: String,
+    batch: GeminiBatch,
 }
 
 impl Gemini {
     pub fn from_config(p: &ProviderConfig) -> Self {
         Self {
             base_url: super::base_url(p),
+            batch: GeminiBatch::from_config(p),
         }
     }
 }
@@ -63,6 +67,10 @@ impl ProviderApi for Gemini {
 
     fn unexpressed(&self, _model: &str, request: &Value) -> Option<Unexpressed> {
         unexpressed(request)
+    }
+
+    fn batch(&self) -> Option<&dyn BatchApi> {
+        Some(&self.batch)
     }
 }
 
@@ -456,9 +464,22 @@ mod tests {
     use super::*;
 
     fn adapter() -> Gemini {
-        Gemini {
-            base_url: "https://generativelanguage.googleapis.com".to_owned(),
-        }
+        let config = tollgate::config::Config::parse(
+            r#"
+            [[providers]]
+            name = "g"
+            kind = "gemini"
+            base_url = "https://generativelanguage.googleapis.com"
+            keys = [{ name = "k", value = "x" }]
+            models = ["gemini-2.5-flash"]
+            [[tenants]]
+            name = "t"
+            api_key = "tk-test"
+            "#,
+            "gemini test",
+        )
+        .unwrap();
+        Gemini::from_config(&config.providers[0])
     }
 
     #[test]
@@ -491,7 +512,7 @@ mod tests {
             adapter().url("gemini-2.0-flash", Endpoint::ChatCompletions, Mode::Stream),
             "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.0-flash:streamGenerateContent?alt=sse"
         );
-        assert!(adapter().batch().is_none());
+        assert!(adapter().batch().is_some(), "Gemini Batch Mode");
     }
 
     /// Google's events as `streamGenerateContent?alt=sse` sends them: text in pieces, a

@@ -40,6 +40,7 @@ pub mod azure;
 pub mod batch_api;
 pub mod bedrock;
 pub mod gemini;
+pub mod gemini_batch;
 pub mod messages_chat;
 pub mod openai;
 pub mod responses_chat;

@@ -19,7 +19,7 @@ use tollgate::model::Usage;
 use tollgate::retry::Failure;
 use tollgate::vocab::{Endpoint, ReasonCode};
 
-use super::batch_api::{BatchApi, LineResult, Status, Upload, failed};
+use super::batch_api::{BatchApi, LineResult, Status, Upload, UploadProtocol, by_custom_id, failed};
 use super::sse::SseEvent;
 use super::streaming::{self, StreamEvents, StreamOut};
 use super::{Mode, ProviderApi, Success, int};
@@ -365,7 +365,9 @@ impl BatchApi for FilesBatch {
         body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
         Some(Upload {
             url: format!("{}/files{}", self.root, self.query),
-            content_type: format!("multipart/form-data; boundary={boundary}"),
+            protocol: UploadProtocol::Form {
+                content_type: format!("multipart/form-data; boundary={boundary}"),
+            },
             body,
         })
     }
@@ -432,18 +434,8 @@ impl BatchApi for FilesBatch {
             .collect()
     }
 
-    fn parse_results(
-        &self,
-        endpoint: Endpoint,
-        lines: &mut dyn Iterator<Item = Value>,
-        out: &mut HashMap<String, LineResult>,
-    ) {
-        for line in lines {
-            let Some(id) = line.get("custom_id").and_then(Value::as_str) else {
-                continue;
-            };
-            out.insert(id.to_owned(), line_result(&line, endpoint));
-        }
+    fn parse_results(&self, endpoint: Endpoint, body: &[u8], out: &mut HashMap<String, LineResult>) {
+        by_custom_id(body, out, |line| line_result(line, endpoint));
     }
 }
 
@@ -490,7 +482,7 @@ mod tests {
     use tollgate::retry::FailureClass;
 
     use super::*;
-    use crate::providers::batch_api::failure_of;
+    use crate::providers::batch_api::{failure_of, jsonl_of};
     use crate::providers::streaming::ChatStream;
 
     fn adapter() -> OpenAi {
@@ -803,8 +795,10 @@ mod tests {
             .upload("gpt-4o-mini", Endpoint::ChatCompletions, &lines, "pack-1")
             .unwrap();
         assert_eq!(up.url, "https://api.openai.com/v1/files");
-        let boundary = up
-            .content_type
+        let UploadProtocol::Form { content_type } = &up.protocol else {
+            panic!("{up:?}");
+        };
+        let boundary = content_type
             .strip_prefix("multipart/form-data; boundary=")
             .unwrap();
         let text = String::from_utf8(up.body).unwrap();
@@ -891,7 +885,7 @@ mod tests {
             json!({"no_id": true}),
         ];
         let mut out = HashMap::new();
-        a.parse_results(Endpoint::ChatCompletions, &mut lines.into_iter(), &mut out);
+        a.parse_results(Endpoint::ChatCompletions, &jsonl_of(&lines), &mut out);
         assert_eq!(out.len(), 4);
         let Some(LineResult::Succeeded { success, request_id }) = out.get("ok") else {
             panic!("{out:?}");
