@@ -12,11 +12,12 @@
 //! account's JSON key; its token is had by the JWT-bearer grant (RFC 7523) at the key's
 //! `token_uri`: a JWT of the account, scope `cloud-platform`, signed RS256 with its
 //! private key (`jsonwebtoken`), exchanged for a token kept until five minutes before it
-//! expires, one exchange at a time per key. A key the token endpoint refuses is the
+//! expires (read without a lock held across calls), one exchange at a time. A key the token endpoint refuses is the
 //! call's `upstream_auth_failed` (the key is set aside like any rejected key). Vertex
 //! sends no rate-limit headers; its 429s are Google's `RESOURCE_EXHAUSTED` bodies.
 
 use std::collections::HashMap;
+use std::sync::{PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
@@ -47,9 +48,12 @@ pub struct Vertex {
     location: String,
     /// Claude's translation (its base URL unused).
     anthropic: Anthropic,
-    /// Access tokens by service account; the lock is held through an exchange, so
-    /// concurrent calls wait for one exchange rather than each making their own.
-    tokens: tokio::sync::Mutex<HashMap<String, Token>>,
+    /// Access tokens by service account key (its JSON), read by every call without
+    /// waiting on another.
+    tokens: RwLock<HashMap<String, Token>>,
+    /// Held through an exchange, so concurrent calls needing a token wait for one
+    /// exchange rather than each making their own.
+    exchanging: tokio::sync::Mutex<()>,
 }
 
 struct Token {
@@ -81,23 +85,39 @@ impl Vertex {
             project: p.project.clone().unwrap_or_default(),
             location: p.location.clone().unwrap_or_default(),
             anthropic: Anthropic::from_config(p),
-            tokens: tokio::sync::Mutex::default(),
+            tokens: RwLock::default(),
+            exchanging: tokio::sync::Mutex::default(),
         }
+    }
+
+    /// The cached access token of `key`, while it is not about to expire.
+    fn cached(&self, key: &SecretString) -> Option<SecretString> {
+        let tokens = self.tokens.read().unwrap_or_else(PoisonError::into_inner);
+        tokens
+            .get(key.expose_secret())
+            .filter(|t| t.renew_at > Instant::now())
+            .map(|t| t.access.clone())
     }
 
     /// A valid access token of the service account `key`, exchanged for when there is none
     /// or it is about to expire.
     async fn token(&self, http: &reqwest::Client, key: &SecretString) -> Result<SecretString, Failure> {
+        if let Some(access) = self.cached(key) {
+            return Ok(access);
+        }
+        let _one_at_a_time = self.exchanging.lock().await;
+        // Another call may have exchanged while this one waited.
+        if let Some(access) = self.cached(key) {
+            return Ok(access);
+        }
         let account: ServiceAccount = serde_json::from_str(key.expose_secret())
             .map_err(|_| refused("the key is not a service account's JSON key"))?;
-        let mut tokens = self.tokens.lock().await;
-        let id = format!("{}/{}", account.client_email, account.private_key_id);
-        if let Some(token) = tokens.get(&id).filter(|t| t.renew_at > Instant::now()) {
-            return Ok(token.access.clone());
-        }
         let token = exchange(http, &account).await?;
         let access = token.access.clone();
-        tokens.insert(id, token);
+        self.tokens
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key.expose_secret().to_owned(), token);
         Ok(access)
     }
 }
