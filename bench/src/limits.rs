@@ -219,11 +219,21 @@ async fn through_tollgate(
     )
     .fetch_one(&stack.pool)
     .await?;
+    // When the 429s came: before the first one taught anything, the calls in flight meet
+    // the provider's limit together.
+    let (first_10s, after_60s): (i64, i64) = sqlx::query_as(
+        "WITH start AS (SELECT min(started_at) AS at FROM job_attempts)
+         SELECT count(*) FILTER (WHERE a.started_at < s.at + interval '10 seconds'),
+                count(*) FILTER (WHERE a.started_at >= s.at + interval '60 seconds')
+         FROM job_attempts a, start s WHERE a.status = 429",
+    )
+    .fetch_one(&stack.pool)
+    .await?;
     let stats = stack.mock.stats();
     let admitted = stats.projects.values().map(|p| p.requests_admitted).sum();
     if note.is_empty() {
         note = format!(
-            "most attempts of a job {}; finished late {late}",
+            "most attempts of a job {}; finished late {late}; 429s in the first 10 s {first_10s}, after 60 s {after_60s}",
             max_attempt.unwrap_or(0)
         );
     }
