@@ -216,18 +216,25 @@ pub fn sse_stream(data: &[u8]) {
     }
 }
 
-/// A results file of a provider's batch API (JSONL). The first byte picks the adapter
-/// (`% 2`: OpenAI, Anthropic) and the endpoint of the batch (`/ 2`); the rest is the file, and each of its JSON lines is also
-/// read as the provider's batch object. Invariants: every result is keyed by a
-/// `custom_id` of the file; a success has a non-negative, bounded usage; a failure has
-/// a batch reason code; reading a batch object never panics, and an ended batch is one
-/// whose status says so.
+/// A results body of a provider's batch API. The first byte picks the adapter (`% 2`:
+/// OpenAI, Anthropic) and the endpoint of the batch (`/ 2`); the rest is the body, read by
+/// that adapter as a JSONL file and by Gemini's as a responses file or a batch object with
+/// inline answers; each of its JSON lines is also read as each one's batch object.
+/// Invariants: every result is keyed by an id of the body (OpenAI's and Anthropic's by a
+/// `custom_id` of a line); a success has a non-negative, bounded usage and choices; a
+/// failure has a batch reason code; reading a batch object never panics, and an ended
+/// batch is one whose status says so.
 pub fn provider_batch_results(data: &[u8]) {
     let Some((&knob, file)) = data.split_first() else {
         return;
     };
-    let Some(api) = adapters()[if knob % 2 == 0 { 0 } else { 2 }].0.batch() else {
-        panic!("the adapter has no batch API");
+    let gemini = adapters()[3].0.batch();
+    let Some((api, gemini)) = adapters()[if knob % 2 == 0 { 0 } else { 2 }]
+        .0
+        .batch()
+        .zip(gemini)
+    else {
+        panic!("the adapters have no batch API");
     };
     let endpoint = Endpoint::all()[usize::from(knob / 2) % Endpoint::all().len()];
     let mut out = HashMap::new();
@@ -237,30 +244,64 @@ pub fn provider_batch_results(data: &[u8]) {
         .collect();
     for (id, result) in &out {
         assert!(ids.contains(id), "{id:?} is not a custom_id of the file");
-        match result {
-            LineResult::Succeeded { success, .. } => {
-                assert_usage(&success.usage);
-                assert!(success.body.get("choices").is_some());
-            }
-            LineResult::Failed { code, message } => {
-                assert!(
-                    matches!(
-                        code,
-                        ReasonCode::ProviderBadResponse
-                            | ReasonCode::ProviderBatchErrored
-                            | ReasonCode::ProviderBatchExpired
-                            | ReasonCode::ProviderBatchCanceled
-                    ),
-                    "{code:?}"
-                );
-                assert!(!message.is_empty() || *code == ReasonCode::ProviderBatchExpired);
-            }
-        }
+        assert_line_result(result);
+    }
+    let mut gemini_out = HashMap::new();
+    gemini.parse_results(Endpoint::ChatCompletions, file, &mut gemini_out);
+    let mut keys = Vec::new();
+    for doc in jsonl(file).chain(serde_json::from_slice::<serde_json::Value>(file).ok()) {
+        keys_in(&doc, &mut keys);
+    }
+    for (key, result) in &gemini_out {
+        assert!(keys.contains(key), "{key:?} is not a key of the body");
+        assert_line_result(result);
     }
     for line in jsonl(file) {
-        let status = api.parse_status(&line);
-        assert!(!status.ended || !status.status.is_empty(), "{status:?}");
-        let _ = api.tagged(&line, "pack-1");
+        for api in [api, gemini] {
+            let status = api.parse_status(&line);
+            assert!(!status.ended || !status.status.is_empty(), "{status:?}");
+            let _ = api.tagged(&line, "pack-1");
+        }
+    }
+}
+
+/// Every string named `key` in `v`, at any depth.
+fn keys_in(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(map) => {
+            for (name, value) in map {
+                if let (Some(key), "key") = (value.as_str(), name.as_str()) {
+                    out.push(key.to_owned());
+                }
+                keys_in(value, out);
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|i| keys_in(i, out)),
+        _ => {}
+    }
+}
+
+/// What a batch line's result must be: a success with a bounded usage and choices, or a
+/// failure with a batch reason code and a message.
+fn assert_line_result(result: &LineResult) {
+    match result {
+        LineResult::Succeeded { success, .. } => {
+            assert_usage(&success.usage);
+            assert!(success.body.get("choices").is_some());
+        }
+        LineResult::Failed { code, message } => {
+            assert!(
+                matches!(
+                    code,
+                    ReasonCode::ProviderBadResponse
+                        | ReasonCode::ProviderBatchErrored
+                        | ReasonCode::ProviderBatchExpired
+                        | ReasonCode::ProviderBatchCanceled
+                ),
+                "{code:?}"
+            );
+            assert!(!message.is_empty() || *code == ReasonCode::ProviderBatchExpired);
+        }
     }
 }
 
@@ -307,6 +348,15 @@ mod tests {
             let mut out = HashMap::new();
             api.parse_results(Endpoint::ChatCompletions, &data[1..], &mut out);
             assert_eq!(out.len(), 4, "{name}");
+            assert!(matches!(out["a"], LineResult::Succeeded { .. }), "{name}");
+        }
+        // Gemini's responses file, and its batch object holding the answers inline.
+        let gemini = adapters()[3].0.batch().unwrap();
+        for name in ["gemini_file", "gemini_inline"] {
+            let data = seed("provider_batch_results", name);
+            let mut out = HashMap::new();
+            gemini.parse_results(Endpoint::ChatCompletions, &data[1..], &mut out);
+            assert_eq!(out.len(), 2, "{name}");
             assert!(matches!(out["a"], LineResult::Succeeded { .. }), "{name}");
         }
     }
