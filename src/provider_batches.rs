@@ -15,6 +15,9 @@
 //!   while it refuses most ([`FLEX_MAX_REFUSED_SHARE`]), else those whose deadline is at
 //!   least its p90 latency plus `flex.fallback_secs` away — sooner than
 //!   `min_deadline_secs` where it has been fast, later where it has been slow.
+//! - A provider batch running late is pulled back (cancelled at the provider by the
+//!   provider-batch worker); its unfinished lines go to the provider's flex tier where it
+//!   may serve them in time ([`pulled_back`]), else online.
 //!
 //! Flow: the gate ([`decide_candidates`]) records the decision on each undecided queued
 //! `batch`-class job it reads (`dispatch_via`, `dispatch_reason`); the gate admits a
@@ -122,11 +125,42 @@ pub fn decide(
     }
 }
 
-/// The provider config of `target` when its flex tier may serve jobs of `endpoint`.
-pub fn flex<'a>(config: &'a Config, target: &Target, endpoint: Endpoint) -> Option<&'a ProviderConfig> {
+/// The config of `provider` when its flex tier may serve jobs of `endpoint`.
+pub fn flex<'a>(config: &'a Config, provider: &str, endpoint: Endpoint) -> Option<&'a ProviderConfig> {
     config
-        .provider(&target.provider)
+        .provider(provider)
         .filter(|p| p.flex.enabled && FlexConfig::supported(p.kind) && FlexConfig::serves(endpoint))
+}
+
+/// The lane of a line of `endpoint` pulled back from `provider`'s batch for `model`, with
+/// `deadline`, at `now`: the provider's flex tier where it may serve the line in time (given
+/// what it did lately, `seen`) — `pulled_back_to_flex` —, else online
+/// (`pulled_back_from_provider_batch`).
+pub fn pulled_back(
+    config: &Config,
+    seen: &FlexObservations,
+    (provider, model): (&str, &str),
+    endpoint: Endpoint,
+    deadline: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Decision {
+    let flex = flex(config, provider, endpoint).and_then(|p| {
+        flex_decision(
+            p,
+            seen.get(&(provider.to_owned(), model.to_owned())),
+            deadline - now,
+        )
+    });
+    match flex {
+        Some(d) if d.via == Lane::Flex => Decision {
+            via: Lane::Flex,
+            reason: LaneReason::PulledBackToFlex,
+        },
+        _ => Decision {
+            via: Lane::Online,
+            reason: LaneReason::PulledBackFromProviderBatch,
+        },
+    }
 }
 
 /// The lane of a job of `class` and `endpoint` asking for `model` with `deadline`, at
@@ -151,7 +185,10 @@ pub fn lane(
     let first = routing::resolve(config, model, endpoint)
         .ok()
         .and_then(|t| t.into_iter().next());
-    let Some((target, provider)) = first.as_ref().and_then(|t| Some((t, flex(config, t, endpoint)?))) else {
+    let Some((target, provider)) = first
+        .as_ref()
+        .and_then(|t| Some((t, flex(config, &t.provider, endpoint)?)))
+    else {
         return batch;
     };
     let seen = observed
@@ -468,6 +505,51 @@ mod tests {
         assert_eq!(
             lane_with(0, 25, 0, 600),
             Some((Lane::Online, LaneReason::FlexMostlyUnavailable))
+        );
+    }
+
+    /// A line pulled back from a provider batch goes to the provider's flex tier when the
+    /// tier may serve it in time, else online.
+    #[test]
+    fn a_pulled_back_line_goes_flex_when_the_tier_has_the_time() {
+        let example = include_str!("../tollgate.example.toml");
+        let flexible = example.replacen(
+            "# [providers.flex]\n# enabled = true\n",
+            "[providers.flex]\nenabled = true\n",
+            1,
+        );
+        let now = Utc::now();
+        let lane_of = |text: &str, endpoint, minutes| {
+            let config = Config::parse(text, "t.toml").unwrap();
+            let d = pulled_back(
+                &config,
+                &FlexObservations::new(),
+                ("oai", "gpt-4o-mini"),
+                endpoint,
+                now + chrono::Duration::minutes(minutes),
+                now,
+            );
+            (d.via, d.reason)
+        };
+        let online = (Lane::Online, LaneReason::PulledBackFromProviderBatch);
+        assert_eq!(
+            lane_of(&flexible, Endpoint::ChatCompletions, 30),
+            (Lane::Flex, LaneReason::PulledBackToFlex)
+        );
+        assert_eq!(
+            lane_of(&flexible, Endpoint::ChatCompletions, 5),
+            online,
+            "under min_deadline_secs"
+        );
+        assert_eq!(
+            lane_of(&flexible, Endpoint::Embeddings, 30),
+            online,
+            "flex serves chat and Responses"
+        );
+        assert_eq!(
+            lane_of(example, Endpoint::ChatCompletions, 30),
+            online,
+            "no flex tier"
         );
     }
 }

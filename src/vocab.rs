@@ -355,7 +355,7 @@ pub enum LearnedFrom {
 }
 
 /// How a job is sent to its provider (`jobs.dispatch_via`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, IntoStaticStr, EnumString)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, IntoStaticStr, EnumString)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
 pub enum Lane {
@@ -369,7 +369,7 @@ pub enum Lane {
 }
 
 /// Why a job goes the lane it goes (`jobs.dispatch_reason`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, IntoStaticStr, EnumString)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, IntoStaticStr, EnumString)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
 pub enum LaneReason {
@@ -390,6 +390,8 @@ pub enum LaneReason {
     /// A line of a provider batch that would not finish before its deadline: the batch
     /// was cancelled and the line sent online.
     PulledBackFromProviderBatch,
+    /// The same, sent to the provider's flex tier instead: it may serve the line in time.
+    PulledBackToFlex,
     /// Its deadline leaves the flex tier's time (`flex.min_deadline_secs`, and, once the
     /// tier has been observed, its p90 latency plus `flex.fallback_secs`): sent at the
     /// flex price.

@@ -453,24 +453,25 @@ pub async fn pack_deadline(ex: impl PgExecutor<'_>, id: &str) -> Result<Option<D
     .await?)
 }
 
-/// Lines sent back online: the decision changes (with why) before their outcome is
-/// written, while the pack still holds them.
-pub async fn dispatch_online(
+/// Lines sent back from a pack to another lane (online, or the flex tier): the decision
+/// changes (with why) before their outcome is written, while the pack still holds them.
+pub async fn dispatch_again(
     ex: impl PgExecutor<'_>,
     pack_id: &str,
     ids: &[JobId],
-    reason: &str,
+    decision: Decision,
 ) -> Result<u64> {
     if ids.is_empty() {
         return Ok(0);
     }
     let ids: Vec<uuid::Uuid> = ids.iter().map(|i| i.0).collect();
     Ok(sqlx::query!(
-        "UPDATE jobs SET dispatch_via = 'online', dispatch_reason = $3
+        "UPDATE jobs SET dispatch_via = $3, dispatch_reason = $4
          WHERE id = ANY($1) AND state::text = 'running' AND lease_owner = $2",
         &ids,
         pack_owner(pack_id),
-        reason,
+        decision.via.as_str(),
+        decision.reason.as_str(),
     )
     .execute(ex)
     .await?

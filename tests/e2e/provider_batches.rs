@@ -712,6 +712,23 @@ async fn failed_and_expired_lines_go_back_online_and_finish() {
 /// billed online. Every line once in the output, none past its deadline.
 #[tokio::test]
 async fn a_provider_batch_running_late_is_pulled_back_and_finishes_in_time() {
+    pull_back("", ("online", "pulled_back_from_provider_batch", 1.0)).await;
+}
+
+/// The same with the provider's flex tier on: the lines pulled back have the time it needs,
+/// so they go there, billed at its price.
+#[tokio::test]
+async fn lines_pulled_back_go_to_the_flex_tier_when_it_has_the_time() {
+    pull_back(
+        "[providers.flex]\nenabled = true\nmin_deadline_secs = 5\n",
+        ("flex", "pulled_back_to_flex", 0.5),
+    )
+    .await;
+}
+
+/// A batch of 40 lines whose provider batch runs late is pulled back; the pulled-back lines
+/// go `(via, reason)` and are billed `price` × the online price.
+async fn pull_back(flex: &str, (via, reason, price): (&str, &str, f64)) {
     const LINES: usize = 40;
     let mut mock = mock(0, 0);
     mock.batch.lines_per_sec = 1.0;
@@ -720,6 +737,7 @@ async fn a_provider_batch_running_late_is_pulled_back_and_finishes_in_time() {
         extra_config: "[providers.batch_api]\nenabled = true\nmin_deadline_secs = 10\npull_back_secs = 20\n\
                        enqueued_tokens = 1000000\npoll_interval_ms = 50\npack_wait_ms = 0\n"
             .to_owned()
+            + flex
             + &prices("gpt-4o-mini"),
         ..TestOptions::default()
     })
@@ -759,12 +777,14 @@ async fn a_provider_batch_running_late_is_pulled_back_and_finishes_in_time() {
 
     let rows = jobs_of(&app, &id).await;
     let reasons = |r: &str| rows.iter().filter(|row| row.2.as_deref() == Some(r)).count();
-    let (kept, pulled) = (
-        reasons("deadline_allows_batch_api"),
-        reasons("pulled_back_from_provider_batch"),
-    );
+    let (kept, pulled) = (reasons("deadline_allows_batch_api"), reasons(reason));
     assert!(kept > 0 && pulled > 0, "{rows:?}");
     assert_eq!(kept + pulled, LINES, "{rows:?}");
+    assert!(
+        rows.iter()
+            .all(|r| r.2.as_deref() != Some(reason) || r.1.as_deref() == Some(via)),
+        "{rows:?}"
+    );
     assert!(rows.iter().all(|r| r.4 == "succeeded"), "{rows:?}");
     let (late,): (i64,) =
         sqlx::query_as("SELECT count(*) FROM jobs WHERE batch_id = $1 AND finished_at > deadline")
@@ -773,12 +793,13 @@ async fn a_provider_batch_running_late_is_pulled_back_and_finishes_in_time() {
             .await
             .unwrap();
     assert_eq!(late, 0, "no line finished past its deadline");
-    // The pulled-back lines were served online, once each.
+    // The pulled-back lines were served online (or at the flex tier), once each.
     assert_eq!(app.mock.stats().succeeded, pulled as u64);
-    // Billing: the kept lines at half the online price, the pulled-back ones at the online price.
-    let spend_ratio = |via: &'static str| {
+    // Billing: the kept lines at half the online price, the pulled-back ones at their lane's.
+    let spend_ratio = |via: &str| {
         let pool = app.db.pool.clone();
         let id = id.clone();
+        let via = via.to_owned();
         async move {
             let (charged, online): (f64, f64) = sqlx::query_as(
                 "SELECT sum(spend_micro_usd)::float8,
@@ -788,7 +809,7 @@ async fn a_provider_batch_running_late_is_pulled_back_and_finishes_in_time() {
             .bind(&id)
             .bind(INPUT_PRICE)
             .bind(OUTPUT_PRICE)
-            .bind(via)
+            .bind(&via)
             .fetch_one(&pool)
             .await
             .unwrap();
@@ -796,7 +817,7 @@ async fn a_provider_batch_running_late_is_pulled_back_and_finishes_in_time() {
         }
     };
     assert!((spend_ratio("provider_batch").await - 0.5).abs() < 1e-9);
-    assert!((spend_ratio("online").await - 1.0).abs() < 1e-9);
+    assert!((spend_ratio(via).await - price).abs() < 1e-9);
     let (provider_status,): (Option<String>,) = sqlx::query_as(
         "SELECT provider_status FROM provider_batches WHERE id IN (SELECT provider_batch_id FROM jobs WHERE batch_id = $1)",
     )

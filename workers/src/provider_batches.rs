@@ -36,8 +36,11 @@ use tollgate::attempt::{Call, End, Holder, Outcome, Served};
 use tollgate::buckets;
 use tollgate::clock::Clock;
 use tollgate::config::{Config, ProviderConfig};
-use tollgate::model::{Job, JobId};
-use tollgate::store::{self, NewPack, PackEnd, PackGroup, ProviderBatch, Settlement, StoreError};
+use tollgate::model::{Decision, Job, JobId};
+use tollgate::provider_batches;
+use tollgate::store::{
+    self, FlexObservations, NewPack, PackEnd, PackGroup, ProviderBatch, Settlement, StoreError,
+};
 use tollgate::vocab::{Lane, LaneReason, ReasonCode};
 
 use crate::providers::Providers;
@@ -201,7 +204,7 @@ impl ProviderBatcher {
                 )
             })
             .collect();
-        step.requeued += self.back_online(&pack.id, failed, now).await?;
+        step.requeued += self.back_online(&pack.id, failed, now, None).await?;
         Ok(())
     }
 
@@ -294,7 +297,7 @@ impl ProviderBatcher {
                     .into_iter()
                     .map(|j| (j, ReasonCode::ProviderBatchRefused, reason.clone()))
                     .collect();
-                step.requeued += self.back_online(id, failed, now).await?;
+                step.requeued += self.back_online(id, failed, now, None).await?;
             }
         }
         Ok(())
@@ -476,7 +479,7 @@ impl ProviderBatcher {
             });
         }
         end.failed = failed.len() as i32;
-        let requeued = self.back_online(&pack.id, failed, now).await?;
+        let requeued = self.back_online(&pack.id, failed, now, Some(pack)).await?;
         end.requeued = requeued as i32;
         end.failed -= end.requeued;
         // The pack ends last, so a crash before that polls it again and rewrites nothing
@@ -542,29 +545,50 @@ impl ProviderBatcher {
         }
     }
 
-    /// Lines the provider did not answer: back to the queue as online jobs when their
-    /// deadline has not passed, else failed with the provider's reason. Returns how many
-    /// were requeued.
+    /// Lines of pack `pack_id` the provider did not answer: back to the queue when their
+    /// deadline has not passed — online, or, pulled back from `pack` (the pack's provider
+    /// batch, once it ran), to its provider's flex tier where it may serve them in time
+    /// ([`provider_batches::pulled_back`]) — else failed with the provider's reason.
+    /// Returns how many were requeued.
     async fn back_online(
         &self,
         pack_id: &str,
         lines: Vec<(Job, ReasonCode, String)>,
         now: DateTime<Utc>,
+        pack: Option<&ProviderBatch>,
     ) -> Result<usize, StoreError> {
         if lines.is_empty() {
             return Ok(0);
         }
         let owner = store::pack_owner(pack_id);
-        for reason in [
-            LaneReason::ProviderBatchFailedRetryOnline,
-            LaneReason::PulledBackFromProviderBatch,
-        ] {
-            let online: Vec<JobId> = lines
-                .iter()
-                .filter(|l| l.0.deadline > now && online_reason(l.1) == reason)
-                .map(|l| l.0.id)
-                .collect();
-            store::dispatch_online(&self.pool, pack_id, &online, reason.as_str()).await?;
+        let pulled_back = lines.iter().any(|l| l.1 == ReasonCode::ProviderBatchCanceled);
+        let flex_seen = match pulled_back && pack.is_some() {
+            true => provider_batches::flex_observations(&self.pool, &self.config, now).await?,
+            false => FlexObservations::new(),
+        };
+        let mut lanes: HashMap<(Lane, LaneReason), Vec<JobId>> = HashMap::new();
+        for (job, code, _) in lines.iter().filter(|l| l.0.deadline > now) {
+            let decision = match (code, pack) {
+                (ReasonCode::ProviderBatchCanceled, Some(pack)) => provider_batches::pulled_back(
+                    &self.config,
+                    &flex_seen,
+                    (&pack.provider, &pack.model),
+                    pack.endpoint,
+                    job.deadline,
+                    now,
+                ),
+                _ => Decision {
+                    via: Lane::Online,
+                    reason: LaneReason::ProviderBatchFailedRetryOnline,
+                },
+            };
+            lanes
+                .entry((decision.via, decision.reason))
+                .or_default()
+                .push(job.id);
+        }
+        for ((via, reason), ids) in lanes {
+            store::dispatch_again(&self.pool, pack_id, &ids, Decision { via, reason }).await?;
         }
         let outcomes: Vec<Outcome> = lines
             .iter()
@@ -590,15 +614,6 @@ impl ProviderBatcher {
             .zip(&written)
             .filter(|((job, ..), w)| **w && job.deadline > now)
             .count())
-    }
-}
-
-/// Why a line of a provider batch goes online: a pulled-back batch cancelled it, or the
-/// provider failed, expired or lost it.
-fn online_reason(code: ReasonCode) -> LaneReason {
-    match code {
-        ReasonCode::ProviderBatchCanceled => LaneReason::PulledBackFromProviderBatch,
-        _ => LaneReason::ProviderBatchFailedRetryOnline,
     }
 }
 
