@@ -518,13 +518,16 @@ impl Gate {
         };
         // The reads side by side, each on a connection of its own: a round's wait is one
         // read's, not three in a row.
-        let control = self.tenants.snapshot();
+        let lanes = self.tenants.snapshot();
         let (mut candidates, calibration, mut learned, flex_observed) = tokio::try_join!(
             read_candidates,
             self.calibration(&self.pool),
             store::learned_limits(&self.pool),
-            self.flex_observed(&control.config, now),
+            self.flex_observed(&lanes.config, now),
         )?;
+        // Taken after the candidates are read, so they are planned with this process's
+        // newest view of the control plane (routes added as they were accepted).
+        let control = self.tenants.snapshot();
         provider_batches::decide_candidates(
             &self.pool,
             &control.config,
