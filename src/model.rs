@@ -265,7 +265,7 @@ impl<R> NewJob<R> {
 }
 
 /// How a job is sent, and why (`jobs.dispatch_via`, `jobs.dispatch_reason`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Decision {
     pub via: Lane,
     pub reason: LaneReason,

@@ -100,9 +100,8 @@ pub fn decide(
     if !BatchApiConfig::carries(provider.kind, endpoint) {
         return online(LaneReason::EndpointNotBatched);
     }
-    let window = chrono::Duration::seconds(provider.batch_api.min_deadline_secs as i64);
     let left = deadline - now;
-    if left >= window {
+    if left >= secs(provider.batch_api.min_deadline_secs) {
         return Decision {
             via: Lane::ProviderBatch,
             reason: LaneReason::DeadlineAllowsBatchApi,
@@ -113,11 +112,8 @@ pub fn decide(
     let observed = first
         .as_ref()
         .and_then(|t| turnarounds.get(&(t.provider.clone(), t.model.clone())));
-    let pull_back = chrono::Duration::seconds(
-        i64::try_from(provider.batch_api.pull_back_secs).unwrap_or(i64::MAX / 1000),
-    );
     match observed {
-        Some(turnaround) if left >= *turnaround + pull_back => Decision {
+        Some(turnaround) if left >= *turnaround + secs(provider.batch_api.pull_back_secs) => Decision {
             via: Lane::ProviderBatch,
             reason: LaneReason::ObservedTurnaroundAllowsBatchApi,
         },
@@ -205,7 +201,6 @@ fn flex_decision(
     seen: Option<&FlexObserved>,
     left: chrono::Duration,
 ) -> Option<Decision> {
-    let secs = |s: u64| chrono::Duration::seconds(i64::try_from(s).unwrap_or(i64::MAX / 1000));
     let decision = |via, reason| Some(Decision { via, reason });
     let configured = left >= secs(provider.flex.min_deadline_secs);
     let Some(seen) = seen else {
@@ -224,6 +219,12 @@ fn flex_decision(
         (false, true) => decision(Lane::Online, LaneReason::FlexTooSlowForDeadline),
         (false, false) => None,
     }
+}
+
+/// A configured number of seconds as a duration (one beyond any date: the longest chrono
+/// holds, where `Duration::seconds` would panic).
+pub fn secs(s: u64) -> chrono::Duration {
+    chrono::Duration::seconds(i64::try_from(s).unwrap_or(i64::MAX / 1000))
 }
 
 /// Whether any provider has a lane besides online: a batch API or a flex tier.

@@ -420,16 +420,14 @@ pub async fn flex_observations(
            FROM jobs
            WHERE (dispatch_via = 'flex' OR dispatch_reason = 'flex_unavailable_retry_online')
              AND started_at > $1 AND provider IS NOT NULL AND provider_model IS NOT NULL
-           GROUP BY provider, provider_model
-           HAVING count(*) FILTER (WHERE (dispatch_via = 'flex' AND state = 'succeeded')
-                                      OR dispatch_reason = 'flex_unavailable_retry_online') >= $2"#,
+           GROUP BY provider, provider_model"#,
         since,
-        min_jobs,
     )
     .fetch_all(ex)
     .await?;
     Ok(rows
         .into_iter()
+        .filter(|r| r.served + r.refused >= min_jobs)
         .map(|r| {
             let observed = FlexObserved {
                 served: r.served,

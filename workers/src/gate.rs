@@ -62,8 +62,34 @@ pub const GATE_LOCK: i64 = 0x746f_6c6c_6761_7465;
 /// Shortest pause between two rounds that did not fill a batch: arrivals and releases in
 /// that time are handled by one round instead of one round each.
 const MIN_PAUSE: Duration = Duration::from_millis(2);
-/// How often the gate re-reads the learned estimates.
-const CALIBRATION_REFRESH: Duration = Duration::from_secs(10);
+/// How often the gate re-reads what changes slowly: the learned estimates, what the flex
+/// tiers did.
+const REREAD_EVERY: Duration = Duration::from_secs(10);
+
+/// A value the gate reads from the database at most every [`REREAD_EVERY`].
+struct Reread<T>(Mutex<Option<(tokio::time::Instant, T)>>);
+
+impl<T: Clone> Reread<T> {
+    fn new() -> Self {
+        Self(Mutex::new(None))
+    }
+
+    /// The value, read by `read` when there is none or it is older than [`REREAD_EVERY`].
+    async fn get<F>(&self, read: F) -> Result<T, StoreError>
+    where
+        F: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        if let Some((_, value)) = locked(&self.0)
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() < REREAD_EVERY)
+        {
+            return Ok(value.clone());
+        }
+        let fresh = read.await?;
+        *locked(&self.0) = Some((tokio::time::Instant::now(), fresh.clone()));
+        Ok(fresh)
+    }
+}
 
 /// Connections [`Gate::admit_arrivals`] uses at once: its reads, side by side (its
 /// transaction comes after them).
@@ -108,10 +134,10 @@ pub struct Gate {
     last_admitted: AtomicUsize,
     /// Rotates the first key tried when keys have their own limits.
     key_turn: AtomicUsize,
-    /// Learned estimates per model, re-read every [`CALIBRATION_REFRESH`].
-    calibration: Mutex<(Option<tokio::time::Instant>, HashMap<String, Calibration>)>,
-    /// What the flex tiers did lately, re-read every [`CALIBRATION_REFRESH`].
-    flex_observed: Mutex<(Option<tokio::time::Instant>, FlexObservations)>,
+    /// Learned estimates per model.
+    calibration: Reread<HashMap<String, Calibration>>,
+    /// What the flex tiers did lately (`provider_batches::flex_observations`).
+    flex_observed: Reread<FlexObservations>,
     /// This process's dispatcher, when it has one: jobs it has room for start in the
     /// admission's own write.
     handoff: Option<Handoff>,
@@ -158,8 +184,8 @@ impl Gate {
             notifications,
             last_admitted: AtomicUsize::new(batch_hint()),
             key_turn: AtomicUsize::new(0),
-            calibration: Mutex::new((None, HashMap::new())),
-            flex_observed: Mutex::new((None, FlexObservations::new())),
+            calibration: Reread::new(),
+            flex_observed: Reread::new(),
             handoff: None,
             clock: Clock::system(),
             tenants: Directory::fixed(
@@ -352,40 +378,14 @@ impl Gate {
         Ok(started)
     }
 
-    /// What the flex tiers did lately (`provider_batches::flex_observations`), re-read when
-    /// older than [`CALIBRATION_REFRESH`].
-    async fn flex_observed(
-        &self,
-        config: &Config,
-        now: DateTime<Utc>,
-    ) -> Result<FlexObservations, StoreError> {
-        {
-            let cached = locked(&self.flex_observed);
-            if cached.0.is_some_and(|at| at.elapsed() < CALIBRATION_REFRESH) {
-                return Ok(cached.1.clone());
-            }
-        }
-        let fresh = provider_batches::flex_observations(&self.pool, config, now).await?;
-        *locked(&self.flex_observed) = (Some(tokio::time::Instant::now()), fresh.clone());
-        Ok(fresh)
-    }
-
-    /// The learned estimates (calibration), re-read when older than [`CALIBRATION_REFRESH`].
+    /// The learned estimates (calibration) by model.
     async fn calibration(&self, pool: &PgPool) -> Result<HashMap<String, Calibration>, StoreError> {
-        {
-            let cached = locked(&self.calibration);
-            if cached.0.is_some_and(|at| at.elapsed() < CALIBRATION_REFRESH) {
-                return Ok(cached.1.clone());
-            }
-        }
-        let fresh: HashMap<String, Calibration> = store::calibrations(pool)
-            .await?
-            .into_iter()
-            .map(|c| (c.model.clone(), c))
-            .collect();
-        let mut cached = locked(&self.calibration);
-        *cached = (Some(tokio::time::Instant::now()), fresh.clone());
-        Ok(fresh)
+        self.calibration
+            .get(async {
+                let rows = store::calibrations(pool).await?;
+                Ok(rows.into_iter().map(|c| (c.model.clone(), c)).collect())
+            })
+            .await
     }
 
     /// Brings learned limits into the locked `buckets`: creates the buckets that only
@@ -523,7 +523,11 @@ impl Gate {
             read_candidates,
             self.calibration(&self.pool),
             store::learned_limits(&self.pool),
-            self.flex_observed(&lanes.config, now),
+            self.flex_observed.get(provider_batches::flex_observations(
+                &self.pool,
+                &lanes.config,
+                now
+            )),
         )?;
         // Taken after the candidates are read, so they are planned with this process's
         // newest view of the control plane (routes added as they were accepted).

@@ -371,8 +371,7 @@ impl ProviderBatcher {
         let Some(deadline) = store::pack_deadline(&self.pool, &pack.id).await? else {
             return Ok(false);
         };
-        let margin =
-            chrono::Duration::seconds(i64::try_from(p.batch_api.pull_back_secs).unwrap_or(i64::MAX / 1000));
+        let margin = provider_batches::secs(p.batch_api.pull_back_secs);
         let started = pack.submitted_at.unwrap_or(pack.created_at);
         let Some(why) = pull_back_due(started, status.progress, deadline, margin, now) else {
             return Ok(false);
@@ -566,7 +565,7 @@ impl ProviderBatcher {
             true => provider_batches::flex_observations(&self.pool, &self.config, now).await?,
             false => FlexObservations::new(),
         };
-        let mut lanes: HashMap<(Lane, LaneReason), Vec<JobId>> = HashMap::new();
+        let mut lanes: HashMap<Decision, Vec<JobId>> = HashMap::new();
         for (job, code, _) in lines.iter().filter(|l| l.0.deadline > now) {
             let decision = match (code, pack) {
                 (ReasonCode::ProviderBatchCanceled, Some(pack)) => provider_batches::pulled_back(
@@ -582,13 +581,10 @@ impl ProviderBatcher {
                     reason: LaneReason::ProviderBatchFailedRetryOnline,
                 },
             };
-            lanes
-                .entry((decision.via, decision.reason))
-                .or_default()
-                .push(job.id);
+            lanes.entry(decision).or_default().push(job.id);
         }
-        for ((via, reason), ids) in lanes {
-            store::dispatch_again(&self.pool, pack_id, &ids, Decision { via, reason }).await?;
+        for (decision, ids) in lanes {
+            store::dispatch_again(&self.pool, pack_id, &ids, decision).await?;
         }
         let outcomes: Vec<Outcome> = lines
             .iter()
