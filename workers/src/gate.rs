@@ -544,10 +544,27 @@ impl Gate {
         let planner = self.planner(&calibration, &known, &control);
         let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
         let mut plans = Vec::new();
+        let mut unknown = Vec::new();
         for c in candidates {
             match planner.plan(c, now) {
                 Ok(p) => plans.push(p),
+                Err(f) if f.verdict == scheduler::Verdict::UnknownModel => unknown.push(f.job),
                 Err(f) => failures.push(failure(*f)),
+            }
+        }
+        // A job another process accepted with a route this one has not read yet: the
+        // control plane is read again before its model is called unknown.
+        if !unknown.is_empty() {
+            if let Err(e) = self.tenants.refresh(&self.pool).await {
+                tracing::warn!(error = %e, "could not reread the control plane");
+            }
+            let control = self.tenants.snapshot();
+            let planner = self.planner(&calibration, &known, &control);
+            for c in unknown {
+                match planner.plan(c, now) {
+                    Ok(p) => plans.push(p),
+                    Err(f) => failures.push(failure(*f)),
+                }
             }
         }
         // Every bucket a candidate needs, and those with learned news to apply.
