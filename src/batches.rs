@@ -98,6 +98,10 @@ pub struct BatchRow {
     /// The share of its finished lines that may fail (once [`ERROR_RATE_MIN_LINES`] have
     /// finished) before it is stopped.
     pub max_error_rate: Option<f64>,
+    /// When its last line was forecast to finish at creation, p50 and p90
+    /// (the `forecast` module).
+    pub eta_p50: Option<DateTime<Utc>>,
+    pub eta_p90: Option<DateTime<Utc>>,
 }
 
 /// Finished lines a batch's error rate is judged on, at least.
@@ -149,6 +153,8 @@ impl BatchRow {
             priority: 0,
             max_cost_usd: None,
             max_error_rate: None,
+            eta_p50: None,
+            eta_p90: None,
         }
     }
 

@@ -28,6 +28,9 @@
 //!   tenants, bucket fit, failure verdicts and wait notes (its [`scheduler::plan`] makes a
 //!   queued job into what it decides on).
 //! - [`provider_batches`]: provider batch APIs as a scheduling choice for `batch` jobs.
+//! - [`forecast`]: when work accepted now is expected to finish (its `eta`), from the
+//!   queue ahead of it and the buckets on its path.
+//! - [`reread`]: a value read from the database at most once a period.
 //! - [`retry`]: failure classification and the retry decision (retry, fall back, rotate the
 //!   key, pause, fail).
 //! - [`batches`]: files and batches (OpenAI's Files and Batch APIs): ids, statuses, rows,
@@ -58,6 +61,7 @@ pub mod control;
 pub mod db;
 pub mod embedded;
 pub mod estimate;
+pub mod forecast;
 #[doc(hidden)]
 pub mod fuzz_bodies;
 pub mod gather;
@@ -70,6 +74,7 @@ pub mod model;
 pub mod notify;
 pub mod provider_batches;
 pub mod ratelimit;
+pub mod reread;
 pub mod retry;
 pub mod routing;
 pub mod sanitize;

@@ -148,6 +148,10 @@ pub struct Job {
     pub held: bool,
     /// The batch it is a line of.
     pub batch_id: Option<String>,
+    /// When it was forecast to finish at submission, p50 and p90 (the `forecast` module);
+    /// `None` for jobs forecast with their batch, or not at all.
+    pub eta_p50: Option<DateTime<Utc>>,
+    pub eta_p90: Option<DateTime<Utc>>,
 }
 
 impl Job {
@@ -201,6 +205,8 @@ impl Job {
             traceparent: new.traceparent.clone(),
             held: false,
             batch_id: None,
+            eta_p50: new.eta_p50,
+            eta_p90: new.eta_p90,
         }
     }
 }
@@ -237,6 +243,9 @@ pub struct NewJob<R = serde_json::Value> {
     /// Its trace's W3C context (`job_trace`): its `job.submit` span, the parent of its
     /// later spans; `None` when jobs are not traced.
     pub traceparent: Option<String>,
+    /// When it is forecast to finish, p50 and p90 ([`Job::eta_p50`]).
+    pub eta_p50: Option<DateTime<Utc>>,
+    pub eta_p90: Option<DateTime<Utc>>,
 }
 
 impl<R> NewJob<R> {
@@ -260,6 +269,8 @@ impl<R> NewJob<R> {
             stream: self.stream,
             api_key: self.api_key,
             traceparent: self.traceparent,
+            eta_p50: self.eta_p50,
+            eta_p90: self.eta_p90,
         }
     }
 }

@@ -524,7 +524,8 @@ pub enum ApiErrorCode {
     QueueTimeout,
     /// 429: the synchronous job's deadline passed.
     DeadlineExceeded,
-    /// 429: capacity is not expected before the deadline.
+    /// Capacity is not expected before the deadline: 422 at submission (the work's
+    /// forecast, with `earliest_feasible_at`), 429 for a synchronous call the gate found so.
     DeadlineUnmeetable,
     /// 400: `metadata` is over 16 KiB serialized.
     MetadataTooLarge,

@@ -33,7 +33,7 @@ use tollgate::batches::{
     parse_line, parse_window,
 };
 use tollgate::config::{BatchesConfig, Config};
-use tollgate::model::{JobClass, JobId};
+use tollgate::model::{JobClass, JobId, NewJob};
 use tollgate::store::{self, BatchChange, BatchControl, BatchJobs, LineError};
 use tollgate::tenants::KeyScopes;
 use tollgate::vocab::Endpoint;
@@ -43,6 +43,7 @@ use crate::AppState;
 use crate::auth::{AuthTenant, Viewer};
 use crate::error::ApiError;
 use crate::files::{EXPIRES_AFTER_RANGE, db, unix};
+use crate::forecasts::{Check, Inputs, Of, OnDeadlineRisk};
 use crate::jobs::json_body;
 use crate::openapi as doc;
 use crate::paging;
@@ -82,6 +83,10 @@ pub(crate) struct CreateBatch {
     max_cost_usd: Option<f64>,
     /// The share of its finished lines that may fail before it is stopped.
     max_error_rate: Option<f64>,
+    /// When its forecast says it cannot finish within its window: refuse it (default), or
+    /// accept.
+    #[serde(default)]
+    pub(crate) on_deadline_risk: OnDeadlineRisk,
 }
 
 /// `POST /v1/batches`.
@@ -90,11 +95,12 @@ pub(crate) struct CreateBatch {
     path = "/v1/batches",
     operation_id = "create_batch",
     tag = "batches",
-    request_body(content = Object, description = "`input_file_id`, `endpoint`, `completion_window`, `metadata`; tollgate's `class`, `webhook`, `max_cost_usd`, `max_error_rate`"),
+    request_body(content = Object, description = "`input_file_id`, `endpoint`, `completion_window`, `metadata`; tollgate's `class`, `webhook`, `max_cost_usd`, `max_error_rate`, `on_deadline_risk` (`refuse` or `accept`)"),
     responses(
-        (status = 200, description = "OpenAI's batch object", body = Object),
+        (status = 200, description = "OpenAI's batch object, with tollgate's `eta` (`{p50, p90}`, RFC 3339)", body = Object),
         (status = 400, description = "`invalid_request`, `unsupported_endpoint`, `invalid_completion_window`, `invalid_file_purpose`, `invalid_webhook_secret`, `webhook_url_not_allowed`", body = doc::ErrorBody),
         (status = 404, description = "`not_found`: no such input file", body = doc::ErrorBody),
+        (status = 422, description = "`deadline_unmeetable`: the batch's forecast p90 is after its window's end; `earliest_feasible_at` says when it would end", body = doc::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -171,6 +177,7 @@ pub(crate) async fn create(
         req.webhook.as_ref(),
         Input::File(file.id),
         &tenant.scopes,
+        req.on_deadline_risk,
     )
     .await?;
     let counts = RequestCounts {
@@ -192,7 +199,9 @@ pub(crate) enum Input {
 
 /// Creates `batch` with its jobs, all in one transaction: room in the tenant's queue for
 /// its `lines`, the row, its webhook, a job per valid line (each bad one recorded for the
-/// error file) and the totals, which it sets on `batch` too.
+/// error file), its forecast and the totals, which it sets on `batch` too. A batch whose
+/// forecast p90 is after its window's end is refused `deadline_unmeetable` (nothing of it
+/// is written) unless `risk` accepts it.
 pub(crate) async fn start(
     state: &AppState,
     batch: &mut BatchRow,
@@ -200,12 +209,15 @@ pub(crate) async fn start(
     webhook: Option<&WebhookSpec>,
     input: Input,
     scopes: &Arc<KeyScopes>,
+    risk: OnDeadlineRisk,
 ) -> Result<(), ApiError> {
     // What the key may submit: the batch's endpoint and class here, each line's model as
     // it is read.
     if let Some((field, reason)) = scopes.refuses(None, batch.endpoint, batch.class, 0) {
         return Err(crate::jobs::scope_refusal(field, reason));
     }
+    // Read before the transaction takes its connection (`Forecaster::inputs`).
+    let inputs = state.forecasts.inputs(&state.pool, batch.created_at).await?;
     let mut tx = state.pool.begin().await.map_err(db)?;
     // Every line may become a job: the tenant's queue of the class must hold them all.
     // Checked under the queue's lock, held until the lines are in, as every submission
@@ -241,6 +253,15 @@ pub(crate) async fn start(
         Input::Inline(requests) => ingest_inline(state, &mut tx, batch, requests, scopes.clone()).await?,
     };
     store::set_batch_totals(&mut *tx, &batch.id, ingested.total, ingested.rejected).await?;
+    let check = match risk {
+        OnDeadlineRisk::Refuse => Check::FinishBy(batch.expires_at),
+        OnDeadlineRisk::Accept => Check::None,
+    };
+    if let Some(eta) = forecast(state, &inputs, &mut tx, batch, check).await? {
+        store::set_batch_eta(&mut *tx, &batch.id, eta.p50, eta.p90).await?;
+        batch.eta_p50 = Some(eta.p50);
+        batch.eta_p90 = Some(eta.p90);
+    }
     tx.commit().await.map_err(db)?;
     let secs = started.elapsed().as_secs_f64();
     tracing::info!(
@@ -254,6 +275,59 @@ pub(crate) async fn start(
     batch.total = ingested.total;
     batch.rejected = ingested.rejected;
     Ok(())
+}
+
+/// The forecast of `batch`'s queued lines (each model's lines together; the latest of
+/// them), judged by `check`, in the transaction that inserted them.
+async fn forecast(
+    state: &AppState,
+    inputs: &Inputs,
+    conn: &mut PgConnection,
+    batch: &BatchRow,
+    check: Check,
+) -> Result<Option<tollgate::forecast::Eta>, ApiError> {
+    let models = store::batch_lines_by_model(&mut *conn, &batch.id).await?;
+    let per_line = |tokens: f64, q: &store::Queued| (tokens / q.jobs.max(1.0)).round() as i32;
+    let ones: Vec<NewJob> = models
+        .iter()
+        .map(|q| NewJob {
+            id: JobId::new(),
+            tenant: batch.tenant.clone(),
+            class: batch.class,
+            priority: batch.priority,
+            endpoint: batch.endpoint,
+            request: Value::Null,
+            model: q.model.clone(),
+            idempotency_key: None,
+            metadata: None,
+            deadline: batch.expires_at,
+            max_attempts: 1,
+            estimated_input_tokens: per_line(q.input_tokens, q),
+            estimated_output_tokens: per_line(q.output_tokens, q),
+            created_at: batch.created_at,
+            stream: false,
+            api_key: batch.api_key,
+            traceparent: None,
+            eta_p50: None,
+            eta_p90: None,
+        })
+        .collect();
+    let work: Vec<Of<'_>> = ones
+        .iter()
+        .zip(&models)
+        .map(|(one, q)| Of {
+            one,
+            jobs: q.jobs,
+            input_tokens: q.input_tokens,
+            output_tokens: q.output_tokens,
+            batch_id: Some(&batch.id),
+        })
+        .collect();
+    let control = state.tenants.snapshot();
+    state
+        .forecasts
+        .forecast(inputs, conn, &control, &work, check, batch.created_at)
+        .await
 }
 
 /// A `POST /v1/batches` body, checked as far as it can be without the database and the
@@ -691,6 +765,8 @@ pub(crate) fn batch_view(b: &BatchRow, counts: RequestCounts) -> Value {
         "max_error_rate": b.max_error_rate,
         // Since when its queued lines are held (`POST /v1/batches/{id}/pause`); null: running.
         "paused_at": t(b.paused_at),
+        // When its last line was forecast at creation to finish, p50 and p90 (RFC 3339).
+        "eta": crate::forecasts::eta_view(b.eta_p50, b.eta_p90),
     })
 }
 

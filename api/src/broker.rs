@@ -194,6 +194,7 @@ impl Broker {
             queue_room: crate::jobs::QueueRoom::default(),
             clock: clock.clone(),
             tenant_rate: crate::guard::TenantRate::new(&config.server),
+            forecasts: Arc::default(),
         };
         let mut addr = None;
         if roles.api {

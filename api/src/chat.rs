@@ -199,6 +199,7 @@ pub(crate) async fn synchronous(
             priority: 0,
             idempotency_key: None,
             metadata: None,
+            check: crate::forecasts::Check::None,
         },
     )
     .map_err(trim_param)?;

@@ -17,6 +17,9 @@ pub struct ApiError {
     pub message: String,
     pub param: Option<String>,
     pub retry_after: Option<Duration>,
+    /// `deadline_unmeetable` at submission: the earliest deadline the work would be
+    /// accepted with (its forecast p90).
+    pub earliest_feasible_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl ApiError {
@@ -27,6 +30,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             retry_after: None,
+            earliest_feasible_at: None,
         }
     }
 
@@ -36,6 +40,11 @@ impl ApiError {
 
     pub fn with_param(mut self, param: impl Into<String>) -> Self {
         self.param = Some(param.into());
+        self
+    }
+
+    pub fn with_earliest_feasible_at(mut self, at: chrono::DateTime<chrono::Utc>) -> Self {
+        self.earliest_feasible_at = Some(at);
         self
     }
 
@@ -116,7 +125,7 @@ impl From<tollgate::store::StoreError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({
+        let mut body = json!({
             "error": {
                 "message": self.message,
                 "type": self.error_type(),
@@ -124,6 +133,9 @@ impl IntoResponse for ApiError {
                 "code": self.code,
             }
         });
+        if let Some(at) = self.earliest_feasible_at {
+            body["error"]["earliest_feasible_at"] = json!(at);
+        }
         let mut response = (self.status, axum::Json(body)).into_response();
         if let Some(after) = self.retry_after {
             let secs = after.as_secs_f64().ceil().max(1.0) as u64;

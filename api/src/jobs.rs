@@ -19,6 +19,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 use tollgate::config::Config;
+use tollgate::forecast::Eta;
 use tollgate::model::{Endpoint, Job, JobClass, JobId, JobState, NewJob};
 use tollgate::store::{self, Cancelled, Inserted};
 use tollgate::tenants::{Caller, Tenant};
@@ -26,6 +27,7 @@ use tollgate::tenants::{Caller, Tenant};
 use crate::AppState;
 use crate::auth::{AuthTenant, Viewer};
 use crate::error::ApiError;
+use crate::forecasts::{Check, Of, OnDeadlineRisk};
 use crate::openapi as doc;
 use crate::paging;
 use crate::requests;
@@ -94,6 +96,9 @@ pub(crate) struct SubmitJob {
     priority: Option<i32>,
     idempotency_key: Option<String>,
     metadata: Option<Value>,
+    /// When the forecast says its `deadline` cannot be met: refuse it (default), or accept.
+    #[serde(default)]
+    on_deadline_risk: OnDeadlineRisk,
 }
 
 impl SubmitJob {
@@ -151,6 +156,7 @@ impl SubmitJob {
             priority,
             idempotency_key,
             metadata: self.metadata,
+            check: Check::of(self.deadline, self.on_deadline_risk),
         })
     }
 }
@@ -166,6 +172,8 @@ pub(crate) struct Submission {
     pub priority: i32,
     pub idempotency_key: Option<String>,
     pub metadata: Option<Value>,
+    /// Whether its forecast is checked against its deadline ([`crate::forecasts`]).
+    pub check: Check,
 }
 
 /// The row a submission becomes: its request checked against the routes, its deadline
@@ -212,6 +220,8 @@ pub(crate) fn new_job(
         stream: s.stream,
         api_key: tenant.key,
         traceparent: None,
+        eta_p50: None,
+        eta_p90: None,
     };
     crate::observed::ClientTrace::start(&mut job);
     Ok(job)
@@ -358,9 +368,101 @@ pub(crate) fn idempotency_key_reused() -> ApiError {
     .with_param("idempotency_key")
 }
 
-/// Validates and inserts; the row is committed when this returns.
+/// Validates, forecasts and inserts; the row is committed when this returns. A job whose
+/// deadline is checked is forecast and inserted in one transaction, under the forecast
+/// locks ([`crate::forecasts`]).
 pub(crate) async fn enqueue(state: &AppState, tenant: &Caller, s: Submission) -> Result<Inserted, ApiError> {
-    insert(state, tenant, prepare(state, tenant, s)?).await
+    let check = s.check;
+    let job = prepare(state, tenant, s)?;
+    if let Some(existing) = already_submitted(state, &job).await? {
+        return Ok(existing);
+    }
+    match check {
+        Check::None => {
+            let job = forecast_unchecked(state, job).await;
+            insert(state, tenant, job).await
+        }
+        Check::StartBy(_) | Check::FinishBy(_) => insert_checked(state, tenant, job, check).await,
+    }
+}
+
+/// The job this one's idempotency key already made (checked before its forecast: the
+/// first job must not stand in the queue ahead of its own retry).
+async fn already_submitted(state: &AppState, job: &NewJob) -> Result<Option<Inserted>, ApiError> {
+    let Some(key) = job.idempotency_key.as_deref() else {
+        return Ok(None);
+    };
+    match store::job_by_idempotency_key(&state.pool, &job.tenant, key).await? {
+        Some(existing) if existing.request != job.request => Err(idempotency_key_reused()),
+        Some(existing) => Ok(Some(Inserted::Existing(existing))),
+        None => Ok(None),
+    }
+}
+
+/// `job` with its forecast, read without locks; as it was when there is none to read.
+async fn forecast_unchecked(state: &AppState, job: Arc<NewJob>) -> Arc<NewJob> {
+    let forecast = async {
+        let inputs = state.forecasts.inputs(&state.pool, job.created_at).await?;
+        let mut conn = state.pool.acquire().await.map_err(store::StoreError::from)?;
+        let control = state.tenants.snapshot();
+        state
+            .forecasts
+            .forecast(
+                &inputs,
+                &mut conn,
+                &control,
+                &[Of::job(&job)],
+                Check::None,
+                job.created_at,
+            )
+            .await
+    };
+    match forecast.await {
+        Ok(eta) => with_eta(job, eta),
+        Err(e) => {
+            tracing::warn!(code = %e.code.as_str(), "could not forecast a job; it is accepted without an eta");
+            job
+        }
+    }
+}
+
+fn with_eta(job: Arc<NewJob>, eta: Option<Eta>) -> Arc<NewJob> {
+    let Some(eta) = eta else { return job };
+    let mut job = Arc::unwrap_or_clone(job);
+    job.eta_p50 = Some(eta.p50);
+    job.eta_p90 = Some(eta.p90);
+    Arc::new(job)
+}
+
+/// Forecasts `job` under the forecast locks, refuses it by `check`, and inserts it in the
+/// same transaction.
+async fn insert_checked(
+    state: &AppState,
+    tenant: &Tenant,
+    job: Arc<NewJob>,
+    check: Check,
+) -> Result<Inserted, ApiError> {
+    let _turn = state.forecasts.turn(&job.model).await;
+    let inputs = state.forecasts.inputs(&state.pool, job.created_at).await?;
+    let mut tx = state.pool.begin().await.map_err(store::StoreError::from)?;
+    reserve_queue_room(state, &mut tx, &tenant.name, job.class, 1).await?;
+    let control = state.tenants.snapshot();
+    let eta = state
+        .forecasts
+        .forecast(
+            &inputs,
+            &mut tx,
+            &control,
+            &[Of::job(&job)],
+            check,
+            job.created_at,
+        )
+        .await?;
+    let job = with_eta(job, eta);
+    let inserted = store::insert_job(&mut tx, &job).await?;
+    tx.commit().await.map_err(store::StoreError::from)?;
+    queued(state, &job, &inserted)?;
+    Ok(inserted)
 }
 
 /// The job a submission makes, validated, not yet inserted ([`insert`]).
@@ -403,19 +505,22 @@ pub(crate) async fn insert(
     } else {
         state.inserts.insert(&job).await?
     };
-    if let Inserted::New(_) = inserted {
-        if job.class == JobClass::Interactive {
-            state.notifications.interactive_queued();
-        } else {
-            state.notifications.work_queued();
-        }
-    }
-    if let Inserted::Existing(existing) = &inserted
-        && existing.request != job.request
-    {
-        return Err(idempotency_key_reused());
-    }
+    queued(state, &job, &inserted)?;
     Ok(inserted)
+}
+
+/// After `job`'s insert: the gate is told of a new job; a job its idempotency key had
+/// already made for another request is refused.
+fn queued(state: &AppState, job: &NewJob, inserted: &Inserted) -> Result<(), ApiError> {
+    match inserted {
+        Inserted::New(_) if job.class == JobClass::Interactive => state.notifications.interactive_queued(),
+        Inserted::New(_) => state.notifications.work_queued(),
+        Inserted::Existing(existing) if existing.request != job.request => {
+            return Err(idempotency_key_reused());
+        }
+        Inserted::Existing(_) => {}
+    }
+    Ok(())
 }
 
 /// A `POST /v1/jobs` body (parsed) with its `Idempotency-Key` header, checked as far as
@@ -461,6 +566,7 @@ pub(crate) fn submission(
         (status = 400, description = "`invalid_json`, `invalid_request`, `missing_field`, `unknown_model`, `invalid_deadline`, `stream_not_supported`, `metadata_too_large`", body = doc::ErrorBody),
         (status = 409, description = "`idempotency_key_reused`", body = doc::ErrorBody),
         (status = 413, description = "`body_too_large`", body = doc::ErrorBody),
+        (status = 422, description = "`deadline_unmeetable`: the job's forecast p90 is after the deadline it set; `earliest_feasible_at` says the earliest it would be accepted with", body = doc::ErrorBody),
         (status = 429, description = "`queue_full`, `api_rate_limited` (+ `Retry-After`)", body = doc::ErrorBody),
     ),
     security(("bearer" = []))
@@ -703,6 +809,8 @@ pub(crate) fn job_view(job: &Job) -> Value {
         "attempts": job.attempt,
         "max_attempts": job.max_attempts,
         "deadline": job.deadline,
+        // When it was forecast at submission to finish, p50 and p90 (`null`: not forecast).
+        "eta": crate::forecasts::eta_view(job.eta_p50, job.eta_p90),
         "not_before": (job.state == JobState::Queued).then_some(job.not_before),
         "created_at": job.created_at,
         "admitted_at": job.admitted_at,

@@ -4,6 +4,9 @@
 //!   a socket; [`routes`] declares each endpoint once, with its OpenAPI description.
 //! - [`openapi`]: `GET /openapi.json`, the document's frame and hand-built bodies' schemas.
 //! - [`jobs`]: submit, read/long-poll, list, cancel; shared validation and enqueueing.
+//! - [`forecasts`]: every job's and batch's `eta` at submission, and the deadline check
+//!   that refuses what cannot finish in time (`deadline_unmeetable`), one step with the
+//!   insert across processes.
 //! - [`bulk`]: `POST /v1/jobs/bulk`, read item by item off the runtime, inserted at once.
 //! - [`chat`]: `POST /v1/chat/completions` and `POST /v1/embeddings`, queued as
 //!   interactive jobs and awaited.
@@ -50,6 +53,7 @@ pub mod cli;
 pub mod dashboard;
 pub mod error;
 pub mod files;
+pub mod forecasts;
 pub mod fuzz_bodies;
 pub mod guard;
 pub mod inserts;
@@ -112,6 +116,8 @@ pub struct AppState {
     pub clock: tollgate::clock::Clock,
     /// Each tenant's API rate, counted by the guard and charged by bulks per job.
     pub tenant_rate: guard::TenantRate,
+    /// Forecasts at submission: their slow inputs, read at most every few seconds.
+    pub forecasts: Arc<forecasts::Forecaster>,
 }
 
 /// The last database probe `/readyz` made and when: however many probes arrive, the

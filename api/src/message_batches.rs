@@ -96,6 +96,7 @@ pub(crate) async fn create(
         None,
         Input::Inline(requests),
         &tenant.scopes,
+        crate::forecasts::OnDeadlineRisk::Refuse,
     )
     .await?;
     Ok(Json(view(&batch, &headers)))

@@ -2,7 +2,8 @@
 //! gate and dispatchers record through `tollgate::metrics`, held by this process's
 //! recorder) and where things stand (read from the database at scrape time: queue depth
 //! and oldest age by tenant and class, every bucket's limit, level and use with its
-//! source, daily headroom, each tenant's share of the capacity in use). Scraping needs
+//! source, daily headroom, each tenant's share of the capacity in use, how the `eta`
+//! forecasts came out). Scraping needs
 //! `server.admin_key` (`Authorization: Bearer`); without one configured, nobody scrapes.
 
 use std::fmt::Write as _;
@@ -145,6 +146,17 @@ async fn levels(state: &AppState, out: &mut String) -> Result<(), ApiError> {
             esc(&q.tenant),
             class_label(q.class)
         );
+    }
+    let forecasts = crate::status::forecasts(&state.pool, None, now).await?;
+    family(
+        out,
+        "tollgate_forecast_error",
+        "Relative error of the eta p50 forecast at submission, of the jobs that finished in the last hour, at a quantile.",
+    );
+    for (q, error) in [("0.5", forecasts.p50_error), ("0.9", forecasts.p90_error)] {
+        if let Some(error) = error {
+            let _ = writeln!(out, "tollgate_forecast_error{{quantile=\"{q}\"}} {error}");
+        }
     }
     let buckets = bucket_uses(&state.pool, &Viewer::Admin, now).await?;
     family(

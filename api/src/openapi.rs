@@ -140,6 +140,9 @@ pub struct ErrorDetail {
     /// The field at fault, when one is (`request.messages[0].role`).
     pub param: Option<String>,
     pub code: ApiErrorCode,
+    /// `deadline_unmeetable` at submission only: the earliest deadline the work would be
+    /// accepted with now (its forecast p90).
+    pub earliest_feasible_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// `POST /v1/jobs` body.
@@ -158,7 +161,9 @@ pub struct SubmitJobSchema {
     /// `interactive` | `standard` (default) | `background` | `batch`.
     #[schema(value_type = Option<String>, example = "standard")]
     class: Option<String>,
-    /// RFC 3339; a job still queued at its deadline fails `deadline_exceeded`.
+    /// RFC 3339; a job still queued at its deadline fails `deadline_exceeded`. A deadline
+    /// set here is checked against the job's forecast: one forecast to finish after it
+    /// (p90) is refused `422 deadline_unmeetable` with `earliest_feasible_at`.
     deadline: Option<chrono::DateTime<chrono::Utc>>,
     /// −1000..1000, higher first within a class.
     priority: Option<i32>,
@@ -166,6 +171,10 @@ pub struct SubmitJobSchema {
     idempotency_key: Option<String>,
     #[schema(value_type = Option<Object>)]
     metadata: Option<Value>,
+    /// `refuse` (default): a deadline the forecast cannot meet is refused; `accept`: the job
+    /// is queued anyway (the gate still fails it if it cannot start in time).
+    #[schema(value_type = Option<String>, example = "refuse")]
+    on_deadline_risk: Option<String>,
 }
 
 /// `POST /v1/jobs/bulk`'s body.
@@ -238,6 +247,11 @@ pub struct JobSchema {
     /// `{input_tokens, output_tokens}` estimated at submission.
     #[schema(value_type = Object)]
     estimate: Value,
+    /// `{p50, p90}` (RFC 3339): when it was forecast at submission to finish, from the work
+    /// queued ahead of it, the limits on its path and its lane's observed latency; `null`
+    /// when it was not forecast (a batch's line: see the batch's `eta`).
+    #[schema(value_type = Option<Object>)]
+    eta: Option<Value>,
     /// `{input_tokens, output_tokens, cached_tokens}` as the provider reported them.
     #[schema(value_type = Option<Object>)]
     usage: Option<Value>,

@@ -126,6 +126,25 @@ pub struct Status {
     pub rates: Rates,
     pub recent_failures: Vec<Failure>,
     pub batches: Vec<BatchProgress>,
+    /// How the `eta` forecasts of the jobs that finished in the last hour came out.
+    pub forecasts: Forecasts,
+}
+
+/// Forecasts against what happened: the jobs that finished in the window and carried an
+/// `eta` from their submission.
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct Forecasts {
+    pub window_secs: i64,
+    pub jobs: i64,
+    /// The p50 and p90 of each job's relative error: |finished − eta p50| over the eta
+    /// p50's time from submission (at least a second); `null` before any finished.
+    pub p50_error: Option<f64>,
+    pub p90_error: Option<f64>,
+    /// Jobs that finished after their eta p90.
+    pub after_p90: i64,
+    /// Jobs that failed for their deadline (`deadline_exceeded`, `deadline_unmeetable`)
+    /// after a forecast that accepted them.
+    pub missed_deadline: i64,
 }
 
 /// The open batches `viewer` may see (the 20 newest), with their progress.
@@ -227,6 +246,26 @@ pub async fn status(state: &AppState, viewer: &Viewer) -> Result<Status, ApiErro
         rates,
         recent_failures,
         batches: batches_in_progress(state, viewer).await?,
+        forecasts: forecasts(&state.pool, tenant, now).await?,
+    })
+}
+
+/// How the forecasts of jobs that finished in the last [`HISTORY`] came out (of `tenant`'s,
+/// or every tenant's).
+pub async fn forecasts(
+    pool: &PgPool,
+    tenant: Option<&str>,
+    now: DateTime<Utc>,
+) -> Result<Forecasts, StoreError> {
+    let window = chrono::Duration::from_std(HISTORY).unwrap_or(chrono::Duration::hours(1));
+    let r = store::forecast_record(pool, tenant, now - window).await?;
+    Ok(Forecasts {
+        window_secs: window.num_seconds(),
+        jobs: r.jobs,
+        p50_error: r.p50_error,
+        p90_error: r.p90_error,
+        after_p90: r.late,
+        missed_deadline: r.missed_deadline,
     })
 }
 

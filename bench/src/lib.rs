@@ -29,9 +29,12 @@
 //!   an anonymous client attack the process, beside the same load alone.
 //! - `lanes` ([`lanes`]): a workload of mixed deadlines with every lane on (online, flex,
 //!   the provider's batch API), beside the same workload online only: spend per lane.
+//! - `eta` ([`eta`]): the `eta` forecast at submission against when each job finished on
+//!   a steady mixed workload, beside a queue-drain estimate.
 
 mod attack;
 pub mod demo;
+mod eta;
 mod ingest;
 mod lanes;
 mod limits;
@@ -69,6 +72,9 @@ pub enum Case {
     Sync,
     /// Mixed deadlines across every lane, beside online only: spend per lane (not in `all`).
     Lanes,
+    /// The `eta` forecasts against what happened, beside a queue-drain estimate (not in
+    /// `all`).
+    Eta,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -85,19 +91,19 @@ pub struct BenchArgs {
     /// Provider calls in flight in the broker (`dispatch.concurrency`).
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
-    /// Steady case: jobs per second.
+    /// Steady and eta cases: jobs per second.
     #[arg(long, default_value_t = 1000)]
     pub rate: u64,
-    /// Steady and attack cases: seconds of load.
+    /// Steady, attack and eta cases: seconds of load.
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
     /// Limits case: jobs per scenario; lanes case: jobs per run.
     #[arg(long, default_value_t = 1800)]
     pub limit_jobs: usize,
-    /// Limits case: the mock provider's requests per minute.
+    /// Limits and eta cases: the mock provider's requests per minute.
     #[arg(long, default_value_t = 1200)]
     pub rpm: u64,
-    /// Limits case: the mock provider's tokens per minute.
+    /// Limits and eta cases: the mock provider's tokens per minute.
     #[arg(long, default_value_t = 400_000)]
     pub tpm: u64,
     /// Limits case: only these scenarios, comma-separated (`headers`, `no-headers`,
@@ -235,6 +241,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if matches!(args.case, Case::Lanes) {
         lanes::run(&args).await?;
+    }
+    if matches!(args.case, Case::Eta) {
+        eta::run(&args).await?;
     }
     Ok(())
 }

@@ -44,7 +44,7 @@ macro_rules! query_batches {
                       output_file_id, error_file_id, metadata, errors, total, rejected, completed, failed, cancelled, expired, usage,
                       output_expires_secs, created_at, in_progress_at, expires_at, finalizing_at, completed_at,
                       failed_at, expired_at, cancelling_at, cancelled_at, api_key, paused_at, priority, max_cost_usd,
-                      max_error_rate "#
+                      max_error_rate, eta_p50, eta_p90 "#
                 + $tail
             $(, $arg)*
         )

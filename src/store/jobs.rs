@@ -26,15 +26,26 @@ pub async fn insert_job(conn: &mut PgConnection, job: &NewJob) -> Result<Inserte
     if insert_new_job(&mut *conn, job).await? {
         return Ok(Inserted::New(Job::queued(job)));
     }
-    let existing = query_jobs!(
+    let existing = job_by_idempotency_key(
+        conn,
+        &job.tenant,
+        job.idempotency_key.as_deref().unwrap_or_default(),
+    )
+    .await?
+    .ok_or(sqlx::Error::RowNotFound)?;
+    Ok(Inserted::Existing(existing))
+}
+
+/// The job `tenant` submitted with idempotency key `key`, if any.
+pub async fn job_by_idempotency_key(ex: impl PgExecutor<'_>, tenant: &str, key: &str) -> Result<Option<Job>> {
+    Ok(query_jobs!(
         "SELECT",
         "FROM jobs j WHERE j.tenant = $1 AND j.idempotency_key = $2",
-        &job.tenant,
-        job.idempotency_key.as_deref(),
+        tenant,
+        key,
     )
-    .fetch_one(conn)
-    .await?;
-    Ok(Inserted::Existing(existing))
+    .fetch_optional(ex)
+    .await?)
 }
 
 /// Inserts the job, queued, unless its tenant already used its idempotency key (`false`).
@@ -44,8 +55,9 @@ async fn insert_new_job(ex: impl PgExecutor<'_>, job: &NewJob) -> Result<bool> {
     Ok(sqlx::query_scalar!(
         "INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
                                      deadline, not_before, max_attempts, estimated_input_tokens,
-                                     estimated_output_tokens, created_at, stream, endpoint, api_key, traceparent"
-            + ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $10, $14, $15, $16, $17"
+                                     estimated_output_tokens, created_at, stream, endpoint, api_key, traceparent,
+                                     eta_p50, eta_p90"
+            + ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $10, $14, $15, $16, $17, $18, $19"
             + ") ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
                    RETURNING id AS \"id: JobId\"",
         job.id.0,
@@ -65,6 +77,8 @@ async fn insert_new_job(ex: impl PgExecutor<'_>, job: &NewJob) -> Result<bool> {
         job.endpoint as Endpoint,
         job.api_key,
         job.traceparent.as_deref(),
+        job.eta_p50,
+        job.eta_p90,
     )
     .fetch_optional(ex)
     .await?
@@ -89,6 +103,8 @@ struct JobColumns<'a> {
     endpoints: Vec<Endpoint>,
     api_keys: Vec<Option<uuid::Uuid>>,
     traceparents: Vec<Option<&'a str>>,
+    eta_p50: Vec<Option<DateTime<Utc>>>,
+    eta_p90: Vec<Option<DateTime<Utc>>>,
 }
 
 impl<'a> JobColumns<'a> {
@@ -109,6 +125,8 @@ impl<'a> JobColumns<'a> {
             endpoints: Vec::new(),
             api_keys: Vec::new(),
             traceparents: Vec::new(),
+            eta_p50: Vec::new(),
+            eta_p90: Vec::new(),
         };
         for j in jobs {
             c.ids.push(j.id.0);
@@ -126,6 +144,8 @@ impl<'a> JobColumns<'a> {
             c.endpoints.push(j.endpoint);
             c.api_keys.push(j.api_key);
             c.traceparents.push(j.traceparent.as_deref());
+            c.eta_p50.push(j.eta_p50);
+            c.eta_p90.push(j.eta_p90);
         }
         c
     }
@@ -160,20 +180,22 @@ pub async fn insert_started_jobs(
                               max_attempts, estimated_input_tokens, estimated_output_tokens, created_at,
                               stream, endpoint, state, attempt, lease_owner, lease_expires_at, started_at,
                               admitted_at, provider, provider_model, provider_key, reserved_buckets,
-                              reserved_amounts, api_key, reserved_micro_usd, price_source, traceparent)
+                              reserved_amounts, api_key, reserved_micro_usd, price_source, traceparent,
+                              eta_p50, eta_p90)
              SELECT id, tenant, class, priority, request, model, metadata, deadline, created_at, attempts,
                     ein, eout, created_at, stream, endpoint, 'running', 1, $21,
                     now() + make_interval(secs => $22), $23, $23, provider, provider_model, key,
                     held_buckets::bigint[], held_amounts::float8[], api_key, reserved_usd, price_source,
-                    traceparent
+                    traceparent, eta_p50, eta_p90
              FROM unnest($1::uuid[], $2::text[], $3::job_class[], $4::int[], $5::jsonb[], $6::text[],
                          $7::jsonb[], $8::timestamptz[], $9::timestamptz[], $10::int[], $11::int[],
                          $12::int[], $13::bool[], $14::text[], $15::text[], $16::text[], $17::text[],
-                         $18::text[], $19::text[], $20::uuid[], $24::float8[], $25::text[], $26::text[])
+                         $18::text[], $19::text[], $20::uuid[], $24::float8[], $25::text[], $26::text[],
+                         $27::timestamptz[], $28::timestamptz[])
                  AS t(id, tenant, class, priority, request, model, metadata, deadline, created_at, attempts,
                       ein, eout, stream, endpoint, provider, provider_model, key, held_buckets, held_amounts,
-                      api_key, reserved_usd, price_source, traceparent)"#,
-        ["$27", "$28", "$29", "$30", "$31", "$32"],
+                      api_key, reserved_usd, price_source, traceparent, eta_p50, eta_p90)"#,
+        ["$29", "$30", "$31", "$32", "$33", "$34"],
         &c.ids,
         &c.tenants as &[&str],
         &c.classes as &[JobClass],
@@ -199,7 +221,9 @@ pub async fn insert_started_jobs(
         now,
         &held.reserved_usd,
         &held.price_sources as &[crate::vocab::PriceSource],
-        &c.traceparents as &[Option<&str>];
+        &c.traceparents as &[Option<&str>],
+        &c.eta_p50 as &[Option<DateTime<Utc>>],
+        &c.eta_p90 as &[Option<DateTime<Utc>>];
         &saved
     ))
     .execute(&mut *conn)
@@ -267,14 +291,15 @@ pub async fn insert_jobs(
     let inserted = sqlx::query_scalar!(
         r#"INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
                            deadline, not_before, max_attempts, estimated_input_tokens,
-                           estimated_output_tokens, created_at, stream, endpoint, api_key, traceparent)
+                           estimated_output_tokens, created_at, stream, endpoint, api_key, traceparent,
+                           eta_p50, eta_p90)
          SELECT id, tenant, class, priority, request::jsonb, model, key, metadata, deadline, created_at, attempts,
-                ein, eout, created_at, stream, endpoint, api_key, traceparent
+                ein, eout, created_at, stream, endpoint, api_key, traceparent, eta_p50, eta_p90
          FROM unnest($1::uuid[], $2::text[], $3::job_class[], $4::int[], $5::text[], $6::text[], $7::text[],
                      $8::jsonb[], $9::timestamptz[], $10::timestamptz[], $11::int[], $12::int[], $13::int[],
-                     $14::bool[], $15::text[], $16::uuid[], $17::text[])
+                     $14::bool[], $15::text[], $16::uuid[], $17::text[], $18::timestamptz[], $19::timestamptz[])
              AS t(id, tenant, class, priority, request, model, key, metadata, deadline, created_at, attempts, ein,
-                  eout, stream, endpoint, api_key, traceparent)
+                  eout, stream, endpoint, api_key, traceparent, eta_p50, eta_p90)
          ORDER BY tenant, key
          ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
          RETURNING id AS "id: JobId""#,
@@ -295,6 +320,8 @@ pub async fn insert_jobs(
         &c.endpoints as &[Endpoint],
         &c.api_keys as &[Option<uuid::Uuid>],
         &c.traceparents as &[Option<&str>],
+        &c.eta_p50 as &[Option<DateTime<Utc>>],
+        &c.eta_p90 as &[Option<DateTime<Utc>>],
     )
     .fetch_all(&mut *conn)
     .await?;

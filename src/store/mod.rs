@@ -61,7 +61,7 @@ macro_rules! query_jobs {
                     j.result, j.error_code, j.error_message, j.created_at, j.started_at, j.finished_at,
                     j.admitted_at, j.reserved_buckets, j.reserved_amounts, j.admission, j.admission_log, j.stream,
                     j.provider_key, j.failed_targets, j.dispatch_via, j.dispatch_reason, j.provider_batch_id,
-                    j.spend_micro_usd, j.saved_micro_usd, j.api_key, j.reserved_micro_usd, j.price_source AS \"price_source: _\", j.traceparent, j.held, j.batch_id "
+                    j.spend_micro_usd, j.saved_micro_usd, j.api_key, j.reserved_micro_usd, j.price_source AS \"price_source: _\", j.traceparent, j.held, j.batch_id, j.eta_p50, j.eta_p90 "
                 + $tail
             $(, $arg)*
         )
@@ -80,6 +80,7 @@ pub mod batches;
 pub mod buckets;
 pub mod control;
 pub mod files;
+pub mod forecast;
 pub mod gate;
 pub mod jobs;
 pub mod learned;
@@ -94,6 +95,7 @@ pub use batches::*;
 pub use buckets::*;
 pub use control::*;
 pub use files::*;
+pub use forecast::*;
 pub use gate::*;
 pub use jobs::*;
 pub use learned::*;

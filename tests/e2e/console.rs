@@ -58,6 +58,8 @@ async fn operators_pause_cancel_retry_and_find_jobs() {
     held["deadline"] = (chrono::Utc::now() + chrono::Duration::seconds(20))
         .to_rfc3339()
         .into();
+    // Accepted whatever its forecast: the pause is what holds it.
+    held["on_deadline_risk"] = "accept".into();
     held["idempotency_key"] = "console-held".into();
     held["metadata"] = json!({"ticket": "T-42"});
     let (status, held) = app.submit(free, &held).await;
@@ -358,18 +360,15 @@ async fn the_console_acts_and_the_api_agrees() {
         (j["state"] == "queued" && j["admission"]["reason"].is_string()).then_some(())
     })
     .await;
-    // A batch of the spent tenant: it stays in progress.
+    // A batch of the spent tenant, accepted though its budget is not expected back in its
+    // window: it stays in progress.
     let content: String = (0..3)
         .map(|i| line(&format!("c{i}"), "fast", "batched") + "\n")
         .collect();
     let (_, file) = upload(&app.http, &app.api, spent, content.as_bytes()).await;
-    let (status, batch) = create_batch(
-        &app.http,
-        &app.api,
-        spent,
-        &batch_body(file["id"].as_str().unwrap()),
-    )
-    .await;
+    let mut body = batch_body(file["id"].as_str().unwrap());
+    body["on_deadline_risk"] = json!("accept");
+    let (status, batch) = create_batch(&app.http, &app.api, spent, &body).await;
     assert_eq!(status, 200, "{batch}");
     let batch_id = batch["id"].as_str().unwrap().to_owned();
 

@@ -487,6 +487,8 @@ async fn a_key_s_budget_and_its_tenant_s_parent_s_hold_across_processes() {
         for (k, secret) in secrets.iter().enumerate() {
             let mut body = job("oai/gpt-4o-mini", &format!("job {i}"));
             body["deadline"] = json!(deadline);
+            // More than the budgets hold, all accepted: the gate is what holds them.
+            body["on_deadline_risk"] = json!("accept");
             let api = &apis[(i + k) % 2];
             let (status, accepted) =
                 call(http, Method::POST, &format!("{api}/v1/jobs"), secret, Some(&body)).await;
@@ -1417,6 +1419,8 @@ async fn an_application_s_budget_holds_across_its_keys_and_jobs_show_what_they_r
             }
             let mut body = job("oai/gpt-4o-mini", &format!("job {i}"));
             body["deadline"] = json!(deadline);
+            // More than the budgets hold, all accepted: the gate is what holds them.
+            body["on_deadline_risk"] = json!("accept");
             let api = &apis[(i + k) % 2];
             let (status, accepted) =
                 call(http, Method::POST, &format!("{api}/v1/jobs"), secret, Some(&body)).await;

@@ -157,6 +157,7 @@ async fn every_provider_fault_is_classified_and_no_job_is_stuck() {
         // A quarter must finish within seconds: retries may not push them past it.
         if i % 4 == 0 {
             body["deadline"] = Value::String((Utc::now() + ChronoDuration::seconds(3)).to_rfc3339());
+            body["on_deadline_risk"] = Value::from("accept");
         }
         ([ACME, GLOBEX, "tk-capped"][i % 3], body)
     })

@@ -442,6 +442,8 @@ async fn a_budget_fails_a_job_only_for_what_is_spent_not_for_what_is_held() {
         let mut body = job("oai/gpt-4o-mini", &format!("q{i}"));
         body["request"]["max_tokens"] = json!(20);
         body["deadline"] = json!(deadline);
+        // More than the budget holds, all accepted: the gate is what fails them.
+        body["on_deadline_risk"] = json!("accept");
         let (status, j) = app.submit("tk-frugal", &body).await;
         assert_eq!(status, 202, "{j}");
         ids.push(j["id"].as_str().unwrap().to_owned());
@@ -1215,6 +1217,8 @@ fn interactive_arrival(tenant: &str, content: &str, now: DateTime<Utc>) -> tollg
         stream: false,
         api_key: None,
         traceparent: None,
+        eta_p50: None,
+        eta_p90: None,
     }
 }
 

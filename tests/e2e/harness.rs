@@ -434,15 +434,7 @@ impl TestApp {
 
     /// POSTs a job; returns status and body.
     pub async fn submit(&self, key: &str, body: &Value) -> (u16, Value) {
-        let r = self
-            .http
-            .post(self.url("/v1/jobs"))
-            .bearer_auth(key)
-            .json(body)
-            .send()
-            .await
-            .expect("POST /v1/jobs");
-        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+        submit_to(&self.http, &self.api, key, body).await
     }
 
     /// GET with the tenant key; returns status and body.
@@ -525,6 +517,18 @@ impl TestApp {
         }
         self.local_mock.shutdown().await;
     }
+}
+
+/// POSTs a job to the API at `api` (this broker's or a peer's); returns status and body.
+pub async fn submit_to(http: &reqwest::Client, api: &str, key: &str, body: &Value) -> (u16, Value) {
+    let r = http
+        .post(format!("{api}/v1/jobs"))
+        .bearer_auth(key)
+        .json(body)
+        .send()
+        .await
+        .expect("POST /v1/jobs");
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
 }
 
 /// Long-polls job `id` on the broker at `api` (a child process, say) until it is

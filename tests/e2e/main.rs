@@ -37,6 +37,9 @@
 //! - [`clock`]: processes whose clocks are off rescue no live job; a lost lease stops its
 //!   call (plain or streamed); a handed-over job cancelled while waiting is not sent; a gate
 //!   whose lock connection died admits nothing.
+//! - [`forecasts`]: each job's and batch's `eta`; a deadline out of reach refused with the
+//!   earliest feasible time, nothing written; three processes' submitters not over-booking
+//!   one limited route.
 //! - [`quotas`]: a tenant's queue caps and file quotas hold exactly under racing clients
 //!   on two processes.
 //! - [`control`]: tenants and keys made, used and revoked through different processes
@@ -64,6 +67,7 @@ mod durability;
 mod edge;
 mod endpoints;
 mod faults;
+mod forecasts;
 mod gate;
 mod harness;
 mod lanes;

@@ -58,6 +58,21 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
     let seen = flex[&("oai".to_owned(), "gpt-4o-mini".to_owned())];
     assert_eq!((seen.served, seen.refused), (1, 1), "{seen:?}");
     assert!(seen.p90_latency.is_some());
+    // A job forecast at submission reads back with its eta, and in the forecasts' record.
+    let forecast: JobId = "0190a000-0000-7000-8000-000000000017".parse().unwrap();
+    let job = tollgate::store::get_job(&db.pool, Some("acme"), forecast)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(job.eta_p50.is_some() && job.eta_p90.is_some(), "{job:?}");
+    let record = tollgate::store::forecast_record(
+        &db.pool,
+        Some("acme"),
+        chrono::Utc::now() - chrono::Duration::hours(1),
+    )
+    .await
+    .unwrap();
+    assert_eq!((record.jobs, record.late), (1, 0), "{record:?}");
     let queued: JobId = "0190a000-0000-7000-8000-000000000002".parse().unwrap();
     let job = tollgate::store::get_job(&db.pool, Some("acme"), queued)
         .await

@@ -49,6 +49,7 @@ use tollgate::metrics;
 use tollgate::model::{Job, JobClass, JobId, NewJob};
 use tollgate::notify::Notifications;
 use tollgate::provider_batches;
+use tollgate::reread::Reread;
 use tollgate::scheduler::plan::{is_probe, probe_key};
 use tollgate::scheduler::{self, Decision, Failed, Known, Planner, Policy, Scheduler};
 use tollgate::store::{self, Admission, Calibration, Candidate, FlexObservations, StoreError};
@@ -65,31 +66,6 @@ const MIN_PAUSE: Duration = Duration::from_millis(2);
 /// How often the gate re-reads what changes slowly: the learned estimates, what the flex
 /// tiers did.
 const REREAD_EVERY: Duration = Duration::from_secs(10);
-
-/// A value the gate reads from the database at most every [`REREAD_EVERY`].
-struct Reread<T>(Mutex<Option<(tokio::time::Instant, T)>>);
-
-impl<T: Clone> Reread<T> {
-    fn new() -> Self {
-        Self(Mutex::new(None))
-    }
-
-    /// The value, read by `read` when there is none or it is older than [`REREAD_EVERY`].
-    async fn get<F>(&self, read: F) -> Result<T, StoreError>
-    where
-        F: std::future::Future<Output = Result<T, StoreError>>,
-    {
-        if let Some((_, value)) = locked(&self.0)
-            .as_ref()
-            .filter(|(at, _)| at.elapsed() < REREAD_EVERY)
-        {
-            return Ok(value.clone());
-        }
-        let fresh = read.await?;
-        *locked(&self.0) = Some((tokio::time::Instant::now(), fresh.clone()));
-        Ok(fresh)
-    }
-}
 
 /// Connections [`Gate::admit_arrivals`] uses at once: its reads, side by side (its
 /// transaction comes after them).
@@ -184,8 +160,8 @@ impl Gate {
             notifications,
             last_admitted: AtomicUsize::new(batch_hint()),
             key_turn: AtomicUsize::new(0),
-            calibration: Reread::new(),
-            flex_observed: Reread::new(),
+            calibration: Reread::new(REREAD_EVERY),
+            flex_observed: Reread::new(REREAD_EVERY),
             handoff: None,
             clock: Clock::system(),
             tenants: Directory::fixed(

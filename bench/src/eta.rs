@@ -1,0 +1,239 @@
+//! `eta`: how the forecasts given at submission come out on a steady mixed workload. Two
+//! tenants (weights 3:1) send jobs at `rate` a second for `seconds` — three sizes of
+//! output cap, `standard` and `background`, a third of them with a deadline of their own
+//! two minutes out (checked: refused `deadline_unmeetable` when out of reach) — to a
+//! provider limited to `rpm` and `tpm` that answers in 2 s (a chat call's time), more
+//! than it can serve once its first minute's allowance is spent, so a queue builds and
+//! drains. Every job accepted carries its `eta`; once all
+//! have finished, each forecast p50 is set against when the job really finished, beside
+//! the estimate a client could make without it: the work in the system when it was
+//! submitted, drained at the rate jobs finished in the minute before (`/v1/status`'s
+//! queue `eta_secs`).
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tollgate::config::Config;
+use tollgate_api::broker::Roles;
+use tollgate_mock::MockConfig;
+
+use crate::BenchArgs;
+use crate::local::LocalStack;
+
+/// The deadline a third of the jobs set, from their submission.
+const DEADLINE_SECS: i64 = 120;
+/// Output caps: a short, a medium and a long answer.
+const SIZES: [u32; 3] = [16, 128, 512];
+
+fn mock_config(args: &BenchArgs) -> anyhow::Result<MockConfig> {
+    Ok(MockConfig::from_toml_str(&format!(
+        r#"
+output_tokens = 12
+latency_ms = 2000
+[[projects]]
+name = "bench"
+kind = "openai"
+keys = ["sk-bench"]
+rpm = {}
+tpm = {}
+"#,
+        args.rpm, args.tpm
+    ))?)
+}
+
+fn broker_config(mock: std::net::SocketAddr, args: &BenchArgs) -> anyhow::Result<Config> {
+    let text = format!(
+        r#"
+[server]
+api_rate_per_sec = 1000000000.0
+api_burst = 1000000000.0
+[database]
+max_connections = 16
+[dispatch]
+concurrency = 64
+[gate]
+interactive_reserve = 0.0
+[[providers]]
+name = "oai"
+kind = "openai"
+base_url = "http://{mock}/v1"
+keys = [{{ name = "k", value = "sk-bench" }}]
+models = ["gpt-4o-mini"]
+[providers.limits."gpt-4o-mini"]
+rpm = {}
+tpm = {}
+[[tenants]]
+name = "bench"
+api_key = "tk-bench"
+weight = 3
+[[tenants]]
+name = "other"
+api_key = "tk-other"
+weight = 1
+"#,
+        args.rpm, args.tpm
+    );
+    Ok(Config::parse(&text, "bench eta config")?)
+}
+
+fn body(i: usize) -> Value {
+    let mut body = json!({
+        "request": {"model": "oai/gpt-4o-mini", "max_tokens": SIZES[i % SIZES.len()],
+                    "messages": [{"role": "user", "content": format!("summarise ticket {i} of the support queue")}]},
+        "class": if i % 5 == 4 { "background" } else { "standard" },
+    });
+    if i.is_multiple_of(3) {
+        body["deadline"] = json!(chrono::Utc::now() + chrono::Duration::seconds(DEADLINE_SECS));
+    }
+    body
+}
+
+/// One forecast's record: jobs, p50 and p90 relative error, jobs after their p90, accepted
+/// jobs that missed their deadline.
+struct Record {
+    jobs: i64,
+    p50_error: Option<f64>,
+    p90_error: Option<f64>,
+    after_p90: Option<i64>,
+    missed: Option<i64>,
+}
+
+/// One (class, tenant) queue's forecasts: class, tenant, jobs, p50 and p90 relative
+/// error, jobs after their p90.
+type QueueRecord = (String, String, i64, Option<f64>, Option<f64>, i64);
+
+/// The naive estimate's record: each job's work in the system at its submission over the
+/// rate jobs finished in the minute before (jobs submitted before any finished have none).
+async fn drain_estimate(pool: &sqlx::PgPool) -> anyhow::Result<Record> {
+    let (jobs, p50, p90): (i64, Option<f64>, Option<f64>) = sqlx::query_as(
+        "WITH f AS (
+             SELECT extract(epoch FROM j.finished_at - j.created_at)::float8 AS actual,
+                    (SELECT count(*) FROM jobs o WHERE o.created_at < j.created_at
+                         AND (o.finished_at IS NULL OR o.finished_at > j.created_at))::float8 AS ahead,
+                    (SELECT count(*) FROM jobs o WHERE o.finished_at <= j.created_at
+                         AND o.finished_at > j.created_at - interval '60 seconds')::float8 / 60.0 AS rate
+             FROM jobs j WHERE j.eta_p50 IS NOT NULL AND j.finished_at IS NOT NULL),
+         e AS (SELECT actual, greatest((ahead + 1) / rate, 1.0) AS forecast FROM f WHERE rate > 0)
+         SELECT count(*),
+                percentile_cont(0.5) WITHIN GROUP (ORDER BY abs(actual - forecast) / forecast),
+                percentile_cont(0.9) WITHIN GROUP (ORDER BY abs(actual - forecast) / forecast)
+         FROM e",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(Record {
+        jobs,
+        p50_error: p50,
+        p90_error: p90,
+        after_p90: None,
+        missed: None,
+    })
+}
+
+#[allow(clippy::print_stdout)] // the report is the command's output
+pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let stack = LocalStack::start(
+        "bench_eta",
+        args.data_dir.clone(),
+        mock_config(args)?,
+        Roles::ALL,
+        |addr| broker_config(addr, args),
+    )
+    .await?;
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/jobs", stack.api);
+    let total = (args.rate * args.seconds) as usize;
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate.max(1) as f64));
+    let mut sent = tokio::task::JoinSet::new();
+    let begin = Instant::now();
+    for i in 0..total {
+        tick.tick().await;
+        let (http, url) = (http.clone(), url.clone());
+        let key = if i % 2 == 0 { "tk-bench" } else { "tk-other" };
+        sent.spawn(async move {
+            let r = http.post(url).bearer_auth(key).json(&body(i)).send().await?;
+            let status = r.status().as_u16();
+            let answer: Value = r.json().await.unwrap_or(Value::Null);
+            anyhow::Ok((status, answer))
+        });
+    }
+    let (mut accepted, mut refused) = (0, 0);
+    while let Some(answered) = sent.join_next().await {
+        let (status, answer) = answered??;
+        match status {
+            202 => accepted += 1,
+            422 if answer["error"]["code"] == "deadline_unmeetable" => refused += 1,
+            other => anyhow::bail!("a submission answered {other}: {answer}"),
+        }
+    }
+    let sending = begin.elapsed().as_secs_f64();
+    crate::wait_finished(&stack.pool, accepted).await?;
+    let drained = begin.elapsed().as_secs_f64();
+    let r = tollgate::store::forecast_record(&stack.pool, None, chrono::DateTime::UNIX_EPOCH).await?;
+    let tollgate = Record {
+        jobs: r.jobs,
+        p50_error: r.p50_error,
+        p90_error: r.p90_error,
+        after_p90: Some(r.late),
+        missed: Some(r.missed_deadline),
+    };
+    let naive = drain_estimate(&stack.pool).await?;
+    let by_queue: Vec<QueueRecord> = sqlx::query_as(
+        "WITH f AS (
+             SELECT class::text AS class, tenant, finished_at > eta_p90 AS late,
+                    abs(extract(epoch FROM finished_at - eta_p50))::float8
+                        / greatest(extract(epoch FROM eta_p50 - created_at)::float8, 1.0) AS error
+             FROM jobs WHERE eta_p50 IS NOT NULL AND finished_at IS NOT NULL)
+         SELECT class, tenant, count(*),
+                percentile_cont(0.5) WITHIN GROUP (ORDER BY error),
+                percentile_cont(0.9) WITHIN GROUP (ORDER BY error),
+                count(*) FILTER (WHERE late)
+         FROM f GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .fetch_all(&stack.pool)
+    .await?;
+    stack.stop().await?;
+    println!(
+        "\n### eta: {total} jobs at {}/s for {}s (2 tenants 3:1, output caps {SIZES:?}, a third due in {DEADLINE_SECS}s), provider rpm {} tpm {}, 2 s a call\n",
+        args.rate, args.seconds, args.rpm, args.tpm
+    );
+    println!(
+        "accepted {accepted}, refused deadline_unmeetable {refused}; sent in {sending:.1}s, all finished after {drained:.1}s\n"
+    );
+    println!(
+        "| forecast at submission | jobs | p50 error | p90 error | finished after its p90 | accepted, missed its deadline |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    let pct = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{:.1} %", 100.0 * v));
+    let count = |v: Option<i64>| v.map_or("-".to_owned(), |v| v.to_string());
+    for (name, rec) in [
+        ("tollgate `eta` p50 (p90 for the last two)", &tollgate),
+        ("work in the system ÷ last minute's finishing rate", &naive),
+    ] {
+        println!(
+            "| {name} | {} | {} | {} | {} | {} |",
+            rec.jobs,
+            pct(rec.p50_error),
+            pct(rec.p90_error),
+            count(rec.after_p90),
+            count(rec.missed)
+        );
+    }
+    println!("\n| class | tenant (weight) | jobs | p50 error | p90 error | after its p90 |");
+    println!("|---|---|---:|---:|---:|---:|");
+    for (class, tenant, jobs, p50, p90, late) in &by_queue {
+        let weight = if tenant == "bench" { 3 } else { 1 };
+        println!(
+            "| {class} | {tenant} ({weight}) | {jobs} | {} | {} | {late} |",
+            pct(*p50),
+            pct(*p90)
+        );
+    }
+    if let (Some(ours), Some(theirs)) = (tollgate.p90_error, naive.p90_error) {
+        println!(
+            "\np90 error ratio, tollgate ÷ drain estimate: {:.2}",
+            ours / theirs.max(1e-9)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,633 @@
+//! Forecasts: when work accepted now is expected to finish — its `eta`, a p50 and a p90 —
+//! so that a job or batch whose deadline cannot be met is refused at submission with the
+//! earliest time that can, instead of failing later.
+//!
+//! The model is the gate's own, run forward as a fluid: for each bucket on a route's path
+//! (its level now, its refill — configured or learned), the work the gate serves before
+//! the job is what is queued ahead of it on that route —
+//! - every queued job of a class that goes first (precedence),
+//! - its own tenant's jobs of its class that go first (priority, then earliest deadline),
+//! - of each other tenant of its class, what weighted fair queuing serves while the job's
+//!   tenant is served its own: `min(their queue, own × their weight / own weight)`
+//!   (generalised processor sharing; a tenant with little queued takes only that);
+//!
+//! and the job starts when the slowest bucket has refilled that much (a rolling bucket at
+//! its rate, a fixed window at its resets, a concurrency gauge as calls of the observed
+//! latency end). It finishes a call's latency later: the p50 from the route's observed
+//! p50 latency; the p90 from the observed p90 latency, and no sooner than the p50's time
+//! from now stretched by how far past their p50 recent jobs finished (the record of past
+//! forecasts, [`crate::store::ForecastRecord::p90_overrun`]) — and no sooner than the
+//! buckets have served every other tenant's work due by its deadline besides its own
+//! (work accepted after it may be due sooner, and fair sharing then serves it first: a
+//! p90 within the deadline means the whole of what is due by then fits). A job that goes through a
+//! provider's batch API takes that API's observed turnaround (or its window) instead of a
+//! call's latency. A route the job could take that would finish it sooner is taken.
+//!
+//! Work arriving meanwhile counts too, at the rate it arrived in the last minute: classes
+//! that go first take what arrives of theirs, other tenants of its class their weighted
+//! share. Past its class's starvation guard (`starve_after_secs`) a job competes as
+//! interactive, so it waits no longer than the guard, or than everything queued before it
+//! and the interactive work arriving meanwhile.
+//!
+//! Buckets that only the job's own tenant uses (its tenant's, its key's, its
+//! application's) count only that tenant's queue. Work admitted already holds its
+//! reservation: it is in the bucket's level, not in the queue.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Duration, Utc};
+
+use crate::buckets::{self, Bucket};
+use crate::model::JobClass;
+use crate::scheduler::Route;
+use crate::store::Queued;
+use crate::vocab::{Dimension, Rule};
+
+/// When work is expected to finish, and to have started (what a job's deadline is about:
+/// one still queued at its deadline fails).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Eta {
+    pub p50: DateTime<Utc>,
+    pub p90: DateTime<Utc>,
+    pub start_p90: DateTime<Utc>,
+}
+
+/// How long a call takes once started, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Latency {
+    pub p50: f64,
+    pub p90: f64,
+}
+
+/// Until calls to a model have been seen: a chat completion's typical time.
+pub const UNSEEN_LATENCY: Latency = Latency { p50: 2.0, p90: 10.0 };
+
+/// Until forecasts have a record ([`MIN_RECORD`] jobs): a job finishes within this many
+/// times its p50's time from submission, one time in ten.
+pub const UNRECORDED_OVERRUN: f64 = 1.5;
+/// Finished jobs with a forecast before their record sets the p90's stretch.
+pub const MIN_RECORD: i64 = 20;
+/// The stretch of the p90 over the p50, whatever the record says.
+pub const OVERRUN_RANGE: (f64, f64) = (1.1, 4.0);
+
+/// The work forecast: one job, or a batch's lines together.
+#[derive(Debug, Clone, Copy)]
+pub struct Work<'a> {
+    pub tenant: &'a str,
+    pub class: JobClass,
+    /// Its tenant's weight (at least 1).
+    pub weight: f64,
+    /// How many jobs, and their estimated tokens together.
+    pub jobs: f64,
+    pub input_tokens: f64,
+    pub output_tokens: f64,
+}
+
+/// What one route's forecast needs besides the work.
+pub struct Outlook<'a> {
+    /// The buckets on the route's path, by key, as they are now.
+    pub buckets: &'a HashMap<String, Bucket>,
+    /// The queued work ahead on the route (see [`crate::store::queued_ahead`]).
+    pub ahead: &'a [Queued],
+    /// The work arriving on the route, per second, by class and tenant (as lately seen:
+    /// [`crate::store::arrived_since`] over its window).
+    pub arriving: &'a [Queued],
+    /// Each tenant's weight.
+    pub weight_of: &'a dyn Fn(&str) -> f64,
+    pub latency: Latency,
+    /// How far past their p50's time recent jobs finished, one time in ten.
+    pub overrun: f64,
+    /// How long work of a class waits before it competes as interactive (the starvation
+    /// guard, `classes.*.starve_after_secs`); `None` for interactive work.
+    pub starve_after: &'a dyn Fn(JobClass) -> Option<f64>,
+    pub now: DateTime<Utc>,
+}
+
+/// The p90 stretch a forecast record sets: its `p90_overrun` once it counts [`MIN_RECORD`]
+/// jobs, within [`OVERRUN_RANGE`].
+pub fn overrun(jobs: i64, p90_overrun: Option<f64>) -> f64 {
+    match p90_overrun {
+        Some(o) if jobs >= MIN_RECORD && o.is_finite() => o.clamp(OVERRUN_RANGE.0, OVERRUN_RANGE.1),
+        _ => UNRECORDED_OVERRUN,
+    }
+}
+
+/// When `work`, planned on `route` (its path's amounts are one job's, `one` its raw
+/// estimate), finishes; `None` when a bucket on the path can never hold it.
+pub fn on_route(route: &Route, one: &Work<'_>, work: &Work<'_>, outlook: &Outlook<'_>) -> Option<Eta> {
+    let (mut wait, mut wait_due) = (0.0_f64, 0.0_f64);
+    for (key, amount) in &route.path {
+        let Some(bucket) = outlook.buckets.get(key) else {
+            continue;
+        };
+        if buckets::is_batch_cap(key) {
+            continue;
+        }
+        let mut bucket = bucket.clone();
+        bucket.refill(outlook.now);
+        if !bucket.can_ever_fit(*amount) {
+            return None;
+        }
+        // What one unit of this bucket's measure (a job, a token) of the work takes from it.
+        let per_unit = match measure(bucket.dimension, one) {
+            m if m > 0.0 => amount / m,
+            _ => 1.0,
+        };
+        let ahead = ahead_of(bucket.dimension, key, work, outlook);
+        wait = wait.max(fair_wait(&bucket, per_unit, &ahead, work, outlook)?);
+        wait_due = wait_due.max(refilled_in(&bucket, per_unit * ahead.due, outlook)?);
+    }
+    let latency = outlook.latency;
+    let p50 = wait + latency.p50;
+    // No sooner than the buckets have served everything due by its deadline (other
+    // tenants' work due as soon may be accepted after it, and fair sharing then serves it
+    // beside this), stretched by the record.
+    let start_p90 = wait.max(wait_due) * outlook.overrun;
+    let p90 = (start_p90 + latency.p90).max(p50 * outlook.overrun);
+    Some(Eta {
+        p50: outlook.now + secs(p50),
+        p90: outlook.now + secs(p90),
+        start_p90: outlook.now + secs(start_p90),
+    })
+}
+
+/// What stands before `work` at one bucket, in units of its dimension.
+#[derive(Debug, Default)]
+struct Ahead {
+    /// The work itself and its own tenant's queue ahead of it.
+    own: f64,
+    /// Queued work of classes that go first, and how fast more arrives (per second).
+    first: f64,
+    first_arriving: f64,
+    /// Each other tenant of its class: queued, arriving per second, weight.
+    others: Vec<(f64, f64, f64)>,
+    /// `own`, `first` and every other tenant's work due by the deadline.
+    due: f64,
+    /// Everything queued, of every class (it was all submitted before the work: once all
+    /// of it waits past its class's guard, it goes first), and the work.
+    everything: f64,
+    /// How fast interactive work arrives (it goes before starving work too).
+    interactive_arriving: f64,
+    /// Queued work of classes that go after it, which goes first once it has waited past
+    /// its class's guard: its amount, and in how many seconds the first and the last of it
+    /// get there.
+    starving: Vec<(f64, f64, f64)>,
+}
+
+/// What the bucket `key` must serve until `work` is through: the work itself, its own
+/// tenant's queue ahead, classes that go first, each other tenant of its class (its fair
+/// share beside it, and in [`Ahead::due`] all it has due by the deadline) — and how fast
+/// more of theirs arrives. A bucket only the work's tenant uses counts only its own.
+fn ahead_of(dimension: Dimension, key: &str, work: &Work<'_>, outlook: &Outlook<'_>) -> Ahead {
+    let own_only = buckets::is_tenant_held(key);
+    let mut ahead = Ahead {
+        own: measure(dimension, work),
+        ..Ahead::default()
+    };
+    let mut others: HashMap<&str, (f64, f64)> = HashMap::new();
+    let mut others_due = 0.0;
+    let queued = outlook.ahead.iter().map(|q| (q, false));
+    for (q, arriving) in queued.chain(outlook.arriving.iter().map(|q| (q, true))) {
+        let amount = units(dimension, q.jobs, q.input_tokens, q.output_tokens);
+        if q.tenant == work.tenant || !own_only {
+            match (arriving, q.class) {
+                (false, _) => ahead.everything += amount,
+                (true, JobClass::Interactive) => ahead.interactive_arriving += amount,
+                (true, _) => {}
+            }
+            if let (false, Some(guard)) = (arriving, (outlook.starve_after)(q.class))
+                && q.class > work.class
+            {
+                let starving_in = |at: DateTime<Utc>| seconds(at - outlook.now) + guard;
+                ahead
+                    .starving
+                    .push((amount, starving_in(q.oldest), starving_in(q.newest)));
+            }
+        }
+        match (q.tenant == work.tenant, q.class.cmp(&work.class)) {
+            (true, std::cmp::Ordering::Equal) if !arriving => ahead.own += amount,
+            (true, std::cmp::Ordering::Less) | (false, std::cmp::Ordering::Less)
+                if q.tenant == work.tenant || !own_only =>
+            {
+                match arriving {
+                    true => ahead.first_arriving += amount,
+                    false => ahead.first += amount,
+                }
+            }
+            (false, std::cmp::Ordering::Equal) if !own_only => {
+                let other = others.entry(q.tenant.as_str()).or_default();
+                match arriving {
+                    true => other.1 += amount,
+                    false => {
+                        other.0 += amount;
+                        others_due += units(dimension, q.due_jobs, q.due_input_tokens, q.due_output_tokens);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    ahead.due = ahead.own + ahead.first + others_due;
+    ahead.everything += measure(dimension, work);
+    ahead.others = others
+        .into_iter()
+        .map(|(tenant, (queued, arriving))| (queued, arriving, (outlook.weight_of)(tenant)))
+        .collect();
+    ahead
+}
+
+/// Seconds until `bucket` has served the work's fair turn (`ahead`, in units the work's
+/// `per_unit` scales to the bucket's): a rolling bucket or a gauge serves at its rate
+/// while classes that go first take what arrives of theirs, and each other tenant of its
+/// class takes up to its weight's share of what the work is served (generalised processor
+/// sharing, with what arrives meanwhile); a fixed window serves the queue as it is.
+/// `None` when time alone never serves it.
+fn fair_wait(
+    bucket: &Bucket,
+    per_unit: f64,
+    ahead: &Ahead,
+    work: &Work<'_>,
+    outlook: &Outlook<'_>,
+) -> Option<f64> {
+    let weight = work.weight;
+    let rate = match bucket.rule {
+        Rule::Rolling => bucket.rate(),
+        Rule::Gauge if bucket.capacity > 0.0 => bucket.capacity / outlook.latency.p50.max(1e-3),
+        _ => 0.0,
+    };
+    let share = |t: f64| -> f64 {
+        ahead
+            .others
+            .iter()
+            .map(|(queued, arriving, w)| (queued + arriving * t).min(ahead.own * w / weight.max(1.0)))
+            .sum()
+    };
+    if rate <= 0.0 {
+        return refilled_in(bucket, per_unit * (ahead.own + ahead.first + share(0.0)), outlook);
+    }
+    // What the work is left after the classes going first take what arrives of theirs:
+    // never less than a twentieth (their jobs cannot hold all of it for long: a job
+    // waiting past its class's `starve_after_secs` competes as interactive).
+    let left = (rate - per_unit * ahead.first_arriving).max(rate / 20.0);
+    // T = (needed by T − level) / what the work is left: `share` grows with T, so T is
+    // found by iterating from the queue as it is (each step only lengthens it).
+    // Lower classes' work waiting past its guard by `t`, spread evenly over when it came.
+    let starving = |t: f64| -> f64 {
+        ahead
+            .starving
+            .iter()
+            .map(|(amount, first, last)| match last - first {
+                span if span > 0.0 => amount * ((t - first) / span).clamp(0.0, 1.0),
+                _ if t >= *first => *amount,
+                _ => 0.0,
+            })
+            .sum()
+    };
+    let mut t = 0.0_f64;
+    for _ in 0..32 {
+        let needed = per_unit * (ahead.own + ahead.first + share(t) + starving(t));
+        let next = ((needed - bucket.level) / left).max(0.0);
+        let settled = (next - t).abs() < 1e-3;
+        t = next;
+        if settled {
+            break;
+        }
+    }
+    // Past its class's guard it competes as interactive: then no later than everything
+    // queued now (all submitted before it) and what arrives of interactive work.
+    let Some(starve_after) = (outlook.starve_after)(work.class).filter(|s| t > *s) else {
+        return Some(t);
+    };
+    let left = (rate - per_unit * ahead.interactive_arriving).max(rate / 20.0);
+    let in_turn = ((per_unit * ahead.everything - bucket.level) / left).max(0.0);
+    Some(t.min(starve_after.max(in_turn)))
+}
+
+/// Seconds until `bucket` (refilled to now) has served `needed`; `None` when time alone
+/// never does (a rolling bucket with no refill).
+fn refilled_in(bucket: &Bucket, needed: f64, outlook: &Outlook<'_>) -> Option<f64> {
+    let missing = needed - bucket.level;
+    if missing <= 0.0 {
+        return Some(0.0);
+    }
+    match bucket.rule {
+        Rule::Rolling => (bucket.rate() > 0.0).then(|| missing / bucket.rate()),
+        Rule::Fixed | Rule::Ramp => {
+            if bucket.capacity <= 0.0 {
+                return None;
+            }
+            let resets = bucket.resets_at.unwrap_or(outlook.now);
+            let first = (resets - outlook.now).num_milliseconds().max(0) as f64 / 1e3;
+            let windows = (missing / bucket.capacity).ceil() - 1.0;
+            Some(first + windows.max(0.0) * bucket.window_secs.max(1) as f64)
+        }
+        // Calls of the observed latency end, `capacity` at a time.
+        Rule::Gauge => (bucket.capacity > 0.0).then(|| missing * outlook.latency.p50 / bucket.capacity),
+    }
+}
+
+/// The work's size in a bucket's measure: jobs for requests and concurrency, tokens for
+/// token buckets and spend (scaled to spend by the job's own amount).
+fn measure(dimension: Dimension, work: &Work<'_>) -> f64 {
+    units(dimension, work.jobs, work.input_tokens, work.output_tokens)
+}
+
+fn units(dimension: Dimension, jobs: f64, input: f64, output: f64) -> f64 {
+    match dimension {
+        Dimension::Requests | Dimension::Concurrency => jobs,
+        Dimension::InputTokens => input,
+        Dimension::OutputTokens => output,
+        Dimension::TotalTokens | Dimension::SpendMicroUsd => input + output,
+    }
+}
+
+fn seconds(d: Duration) -> f64 {
+    d.num_milliseconds() as f64 / 1e3
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::milliseconds((s * 1e3).ceil().min(1e15) as i64)
+}
+
+/// The earliest of the routes' forecasts (by p50).
+pub fn earliest(etas: impl IntoIterator<Item = Eta>) -> Option<Eta> {
+    etas.into_iter().min_by_key(|e| e.p50)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ProviderKind;
+    use crate::routing::Target;
+
+    fn now() -> DateTime<Utc> {
+        "2026-12-04T12:00:00Z".parse().unwrap()
+    }
+
+    fn bucket(
+        key: &str,
+        dimension: Dimension,
+        rule: Rule,
+        capacity: f64,
+        window_secs: i64,
+        level: f64,
+    ) -> Bucket {
+        Bucket {
+            id: 1,
+            key: key.to_owned(),
+            dimension,
+            rule,
+            capacity,
+            window_secs,
+            level,
+            updated_at: now(),
+            resets_at: None,
+            ramp_step: None,
+            configured_capacity: Some(capacity),
+            learned_at: None,
+        }
+    }
+
+    fn route(path: &[(&str, f64)]) -> Route {
+        Route {
+            target: Target {
+                provider: "oai".to_owned(),
+                kind: ProviderKind::Openai,
+                model: "m".to_owned(),
+                key: None,
+            },
+            path: path.iter().map(|(k, a)| ((*k).to_owned(), *a)).collect(),
+            cost: buckets::EstimatedCost::default(),
+        }
+    }
+
+    fn work(tenant: &str, jobs: f64) -> Work<'_> {
+        Work {
+            tenant,
+            class: JobClass::Standard,
+            weight: 1.0,
+            jobs,
+            input_tokens: 100.0 * jobs,
+            output_tokens: 100.0 * jobs,
+        }
+    }
+
+    fn queued(tenant: &str, class: JobClass, jobs: f64) -> Queued {
+        Queued {
+            class,
+            tenant: tenant.to_owned(),
+            model: "m".to_owned(),
+            jobs,
+            input_tokens: 100.0 * jobs,
+            output_tokens: 100.0 * jobs,
+            due_jobs: jobs,
+            due_input_tokens: 100.0 * jobs,
+            due_output_tokens: 100.0 * jobs,
+            oldest: now(),
+            newest: now(),
+        }
+    }
+
+    const LATENCY: Latency = Latency { p50: 1.0, p90: 3.0 };
+
+    fn forecast(buckets: &[Bucket], ahead: &[Queued], weights: &[(&str, f64)], of: Work<'_>) -> Option<Eta> {
+        forecast_arriving(buckets, ahead, &[], weights, of)
+    }
+
+    fn forecast_arriving(
+        buckets: &[Bucket],
+        ahead: &[Queued],
+        arriving: &[Queued],
+        weights: &[(&str, f64)],
+        of: Work<'_>,
+    ) -> Option<Eta> {
+        let buckets: HashMap<String, Bucket> = buckets.iter().map(|b| (b.key.clone(), b.clone())).collect();
+        let weights: HashMap<String, f64> = weights.iter().map(|(t, w)| ((*t).to_owned(), *w)).collect();
+        let weight_of = |t: &str| weights.get(t).copied().unwrap_or(1.0);
+        let path: Vec<(&str, f64)> = buckets
+            .values()
+            .map(|b| (b.key.as_str(), units(b.dimension, 1.0, 100.0, 100.0)))
+            .collect();
+        let outlook = Outlook {
+            buckets: &buckets,
+            ahead,
+            arriving,
+            weight_of: &weight_of,
+            latency: LATENCY,
+            overrun: 1.5,
+            starve_after: &|class| (class != JobClass::Interactive).then_some(60.0),
+            now: now(),
+        };
+        on_route(&route(&path), &work(of.tenant, 1.0), &of, &outlook)
+    }
+
+    fn secs_from_now(at: DateTime<Utc>) -> f64 {
+        (at - now()).num_milliseconds() as f64 / 1e3
+    }
+
+    #[test]
+    fn work_that_fits_now_finishes_a_call_later() {
+        let rpm = bucket("oai:m:rpm", Dimension::Requests, Rule::Rolling, 60.0, 60, 60.0);
+        let eta = forecast(&[rpm], &[], &[], work("a", 1.0)).unwrap();
+        assert_eq!(secs_from_now(eta.p50), 1.0);
+        assert_eq!(secs_from_now(eta.p90), 3.0);
+        assert_eq!(eta.start_p90, now());
+    }
+
+    #[test]
+    fn the_queue_ahead_waits_for_the_bucket_to_refill() {
+        // 1 request/s, empty; 9 queued ahead of the tenant's own plus this one: 10 s.
+        let rpm = bucket("oai:m:rpm", Dimension::Requests, Rule::Rolling, 60.0, 60, 0.0);
+        let ahead = [queued("a", JobClass::Standard, 9.0)];
+        let eta = forecast(&[rpm], &ahead, &[], work("a", 1.0)).unwrap();
+        assert_eq!(secs_from_now(eta.p50), 11.0);
+        // The p90: the p50's 11 s stretched by the overrun (16.5 s), above 10 × 1.5 + 3 s.
+        assert_eq!(secs_from_now(eta.p90), 18.0);
+        assert_eq!(secs_from_now(eta.start_p90), 15.0);
+    }
+
+    #[test]
+    fn other_tenants_take_their_weighted_share_and_first_classes_all() {
+        let rpm = bucket("oai:m:rpm", Dimension::Requests, Rule::Rolling, 60.0, 60, 0.0);
+        let ahead = [
+            // Weight 3 beside weight 1: 3 of theirs per one of ours; they have 100.
+            queued("b", JobClass::Standard, 100.0),
+            // A tenant with 1 queued takes only that.
+            queued("c", JobClass::Standard, 1.0),
+            queued("d", JobClass::Interactive, 5.0),
+            queued("e", JobClass::Background, 50.0),
+        ];
+        let eta = forecast(&[rpm], &ahead, &[("b", 3.0)], work("a", 2.0)).unwrap();
+        // own 2 + b's 6 + c's 1 + d's 5 = 14 requests at 1/s, then a second's call.
+        assert_eq!(secs_from_now(eta.p50), 15.0);
+        // Its start, one time in ten: once all that is due by its deadline is served (all
+        // of b's 100 is due here: 108 s), stretched by the record.
+        assert_eq!(secs_from_now(eta.start_p90), 162.0);
+    }
+
+    #[test]
+    fn work_arriving_meanwhile_takes_its_share_and_first_classes_theirs() {
+        let rpm = bucket("oai:m:rpm", Dimension::Requests, Rule::Rolling, 60.0, 60, 0.0);
+        // Tenant b queues nothing but sends a job a second: beside one job of ours (equal
+        // weights) it takes one; interactive work arriving at half a request a second
+        // leaves ours the other half: 2 requests at 0.5/s.
+        let arriving = [
+            queued("b", JobClass::Standard, 1.0),
+            queued("c", JobClass::Interactive, 0.5),
+            // Lower classes and our own later jobs do not stand before it.
+            queued("d", JobClass::Background, 10.0),
+            queued("a", JobClass::Standard, 10.0),
+        ];
+        let eta = forecast_arriving(&[rpm], &[], &arriving, &[], work("a", 1.0)).unwrap();
+        assert_eq!(secs_from_now(eta.p50), 5.0);
+    }
+
+    #[test]
+    fn work_starved_by_classes_going_first_waits_for_its_guard() {
+        let rpm = bucket("oai:m:rpm", Dimension::Requests, Rule::Rolling, 60.0, 60, 0.0);
+        // Standard work arrives twice as fast as the bucket serves: background work would
+        // wait for ever, but after its 60 s it competes as interactive, behind the 10 jobs
+        // queued before it (all served by then).
+        let ahead = [queued("b", JobClass::Standard, 10.0)];
+        let arriving = [queued("b", JobClass::Standard, 2.0)];
+        let mut of = work("a", 1.0);
+        of.class = JobClass::Background;
+        let eta = forecast_arriving(&[rpm], &ahead, &arriving, &[], of).unwrap();
+        assert_eq!(secs_from_now(eta.p50), 61.0);
+    }
+
+    #[test]
+    fn older_work_of_later_classes_goes_first_once_it_starves() {
+        let rpm = bucket("oai:m:rpm", Dimension::Requests, Rule::Rolling, 60.0, 60, 0.0);
+        // 100 background jobs came over the last 100 s: from now on one a second waits
+        // past its 60 s guard and goes first (40 have already). 49 standard jobs are
+        // queued ahead of ours; served at one a second, the starving work keeps pace with
+        // the bucket, so ours waits for all of it: 49 + 1 + 100 requests.
+        let mut old = queued("b", JobClass::Background, 100.0);
+        old.oldest = now() - Duration::seconds(100);
+        let ahead = [queued("a", JobClass::Standard, 49.0), old];
+        let eta = forecast(std::slice::from_ref(&rpm), &ahead, &[], work("a", 1.0)).unwrap();
+        assert_eq!(secs_from_now(eta.p50), 151.0);
+        // With nothing that old, the standard work is served first.
+        let young = queued("b", JobClass::Background, 100.0);
+        let eta = forecast(
+            &[rpm],
+            &[queued("a", JobClass::Standard, 49.0), young],
+            &[],
+            work("a", 1.0),
+        );
+        assert_eq!(secs_from_now(eta.unwrap().p50), 51.0);
+    }
+
+    #[test]
+    fn a_tenant_bucket_counts_only_its_tenant() {
+        let own = bucket("tenant:a:rpm", Dimension::Requests, Rule::Rolling, 60.0, 60, 0.0);
+        let ahead = [queued("b", JobClass::Standard, 100.0)];
+        let eta = forecast(&[own], &ahead, &[], work("a", 1.0)).unwrap();
+        assert_eq!(secs_from_now(eta.p50), 2.0);
+    }
+
+    #[test]
+    fn a_spent_daily_window_waits_for_its_reset() {
+        let mut daily = bucket(
+            "tenant:a:budget:daily",
+            Dimension::Requests,
+            Rule::Fixed,
+            10.0,
+            86_400,
+            0.0,
+        );
+        daily.resets_at = Some(now() + Duration::hours(12));
+        // 25 requests need the next window and two more.
+        let eta = forecast(
+            &[daily],
+            &[queued("a", JobClass::Standard, 24.0)],
+            &[],
+            work("a", 1.0),
+        )
+        .unwrap();
+        assert_eq!(secs_from_now(eta.p50), 12.0 * 3600.0 + 2.0 * 86_400.0 + 1.0);
+    }
+
+    #[test]
+    fn a_concurrency_gauge_serves_as_calls_end() {
+        let gauge = bucket(
+            "oai:m:concurrency",
+            Dimension::Concurrency,
+            Rule::Gauge,
+            2.0,
+            0,
+            0.0,
+        );
+        // 4 ahead + this one, 2 at a time, 1 s each: 2.5 s before it starts.
+        let eta = forecast(
+            &[gauge],
+            &[queued("a", JobClass::Standard, 4.0)],
+            &[],
+            work("a", 1.0),
+        )
+        .unwrap();
+        assert_eq!(secs_from_now(eta.p50), 3.5);
+    }
+
+    #[test]
+    fn work_larger_than_a_bucket_never_finishes() {
+        let tpm = bucket(
+            "oai:m:tpm",
+            Dimension::TotalTokens,
+            Rule::Rolling,
+            100.0,
+            60,
+            100.0,
+        );
+        assert_eq!(forecast(&[tpm], &[], &[], work("a", 1.0)), None);
+    }
+
+    #[test]
+    fn the_record_sets_the_stretch_within_its_range() {
+        assert_eq!(overrun(5, Some(3.0)), UNRECORDED_OVERRUN);
+        assert_eq!(overrun(100, Some(1.3)), 1.3);
+        assert_eq!(overrun(100, Some(0.5)), OVERRUN_RANGE.0);
+        assert_eq!(overrun(100, Some(40.0)), OVERRUN_RANGE.1);
+    }
+}

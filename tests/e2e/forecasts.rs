@@ -1,0 +1,190 @@
+//! Forecasts at submission: every job and batch carries its `eta`; a deadline the
+//! forecast cannot meet is refused `deadline_unmeetable` with `earliest_feasible_at`
+//! (nothing written), unless the client accepts the risk; and concurrent submitters in
+//! three processes cannot over-book one limited route — every job accepted finishes by
+//! its deadline.
+
+use chrono::{DateTime, Duration, Utc};
+use futures::future::join_all;
+use serde_json::{Value, json};
+use tollgate_api::broker::Roles;
+
+use crate::batches::{create_batch, upload};
+use crate::harness::{ACME, GLOBEX, TestApp, TestOptions, job, submit_to};
+
+fn at(v: &Value) -> DateTime<Utc> {
+    v.as_str()
+        .unwrap_or_else(|| panic!("a time: {v}"))
+        .parse()
+        .unwrap_or_else(|e| panic!("{v}: {e}"))
+}
+
+/// A route of 30 requests a minute (half a request a second once its first 30 are spent).
+const RPM: u32 = 30;
+
+fn limited(peers: usize) -> TestOptions {
+    TestOptions {
+        extra_config: format!("[providers.limits.\"gpt-4o-mini\"]\nrpm = {RPM}\n"),
+        peers,
+        ..TestOptions::default()
+    }
+}
+
+#[tokio::test]
+async fn concurrent_submitters_in_three_processes_cannot_over_book_a_limited_route() {
+    let app = TestApp::spawn_with(limited(2)).await;
+    let b = app.spawn_peer(Roles::ALL).await;
+    let c = app.spawn_peer(Roles::API_ONLY).await;
+    let apis = [
+        app.api.clone(),
+        format!("http://{}", b.addr.unwrap()),
+        format!("http://{}", c.addr.unwrap()),
+    ];
+    // Everyone asks for the same deadline, 20 s away: the route starts 30 + 20 × 0.5 = 40
+    // requests by then, at most.
+    let deadline = Utc::now() + Duration::seconds(20);
+    let body = |i: usize| {
+        let mut body = job("fast", &format!("over-book {i}"));
+        body["deadline"] = json!(deadline);
+        body
+    };
+    let http = &app.http;
+    let submissions = (0..120).map(|i| {
+        let api = &apis[i % apis.len()];
+        let key = if i % 2 == 0 { ACME } else { GLOBEX };
+        let body = body(i);
+        async move { (key, submit_to(http, api, key, &body).await) }
+    });
+    let answers = join_all(submissions).await;
+    let mut accepted = Vec::new();
+    for (key, (status, answer)) in &answers {
+        match status {
+            202 => {
+                let (p50, p90) = (at(&answer["eta"]["p50"]), at(&answer["eta"]["p90"]));
+                assert!(p50 <= p90, "{answer}");
+                accepted.push((*key, answer["id"].as_str().unwrap().to_owned()));
+            }
+            422 => {
+                assert_eq!(answer["error"]["code"], "deadline_unmeetable", "{answer}");
+                assert_eq!(answer["error"]["param"], "deadline", "{answer}");
+                assert!(
+                    at(&answer["error"]["earliest_feasible_at"]) > deadline,
+                    "{answer}"
+                );
+            }
+            other => panic!("{other}: {answer}"),
+        }
+    }
+    let served_by_deadline = f64::from(RPM) + 20.0 * f64::from(RPM) / 60.0;
+    assert!(!accepted.is_empty(), "some of the first ones fit");
+    assert!(
+        accepted.len() as f64 <= served_by_deadline,
+        "{} accepted; the route starts {served_by_deadline} by the deadline",
+        accepted.len()
+    );
+    // Every job the forecast accepted is served: started by its deadline (one still
+    // queued then would fail), finished.
+    for (key, id) in &accepted {
+        let done = app.wait_job(key, id, 40).await;
+        assert_eq!(done["state"], "succeeded", "{done}");
+        assert!(at(&done["started_at"]) <= deadline, "{done}");
+    }
+    // The forecasts are measured against what happened.
+    let (_, status) = app.get(ACME, "/v1/status").await;
+    assert!(status["forecasts"]["jobs"].as_i64().unwrap() >= 1, "{status}");
+    assert_eq!(status["forecasts"]["missed_deadline"], 0, "{status}");
+    b.shutdown().await;
+    c.shutdown().await;
+    app.shutdown().await;
+}
+
+/// The broker without a gate: what is queued stays queued, and the forecasts read a
+/// queue that does not move under them.
+#[tokio::test]
+async fn jobs_and_batches_carry_their_eta_and_a_deadline_out_of_reach_is_refused() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        ..limited(0)
+    })
+    .await;
+    let http = &app.http;
+
+    // A job without a deadline of its own is forecast, not checked.
+    let (status, free) = app.submit(ACME, &job("fast", "no deadline")).await;
+    assert_eq!(status, 202, "{free}");
+    let (p50, p90) = (at(&free["eta"]["p50"]), at(&free["eta"]["p90"]));
+    assert!(at(&free["created_at"]) < p50 && p50 <= p90, "{free}");
+    let (_, read) = app
+        .get(ACME, &format!("/v1/jobs/{}", free["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(read["eta"], free["eta"], "the forecast is kept with the job");
+
+    // 60 interactive jobs queued go first: 30 fit the route's minute, the rest take a
+    // minute more. A job due in 10 s cannot make it.
+    for i in 0..60 {
+        let mut ahead = job("fast", &format!("ahead {i}"));
+        ahead["class"] = json!("interactive");
+        assert_eq!(app.submit(GLOBEX, &ahead).await.0, 202);
+    }
+    let soon = Utc::now() + Duration::seconds(10);
+    let mut tight = job("fast", "tight");
+    tight["deadline"] = json!(soon);
+    tight["idempotency_key"] = json!("tight-1");
+    let (status, refused) = app.submit(ACME, &tight).await;
+    assert_eq!(status, 422, "{refused}");
+    assert_eq!(refused["error"]["code"], "deadline_unmeetable");
+    assert_eq!(refused["error"]["param"], "deadline");
+    let earliest = at(&refused["error"]["earliest_feasible_at"]);
+    assert!(earliest > soon + Duration::seconds(30), "{refused}");
+
+    // Nothing was written: the same key again, accepting the risk, makes a new job.
+    tight["on_deadline_risk"] = json!("accept");
+    let (status, risky) = app.submit(ACME, &tight).await;
+    assert_eq!(status, 202, "{risky}");
+    assert!(at(&risky["eta"]["p50"]) > soon, "{risky}");
+    // Its retry finds that job, without a forecast standing it behind itself.
+    let (status, again) = app.submit(ACME, &tight).await;
+    assert_eq!((status, &again["id"]), (200, &risky["id"]), "{again}");
+
+    // The earliest feasible time is one the forecast accepts.
+    let mut later = job("fast", "later");
+    later["deadline"] = json!(earliest + Duration::seconds(10));
+    let (status, accepted) = app.submit(ACME, &later).await;
+    assert_eq!(status, 202, "{accepted}");
+
+    // Tenants share what is left by weight: globex's one standard job beside acme's
+    // three (acme weighs 3) comes sooner than acme's fourth.
+    let (_, theirs) = app.submit(GLOBEX, &job("fast", "globex")).await;
+    let (_, ours) = app.submit(ACME, &job("fast", "acme again")).await;
+    assert!(
+        at(&theirs["eta"]["p50"]) < at(&ours["eta"]["p50"]),
+        "{theirs} {ours}"
+    );
+
+    // A batch whose lines cannot all be served in its window is refused whole.
+    let lines: String = (0..200)
+        .map(|i| crate::batches::line(&format!("l{i}"), "fast", "hi") + "\n")
+        .collect();
+    let (_, file) = upload(http, &app.api, ACME, lines.as_bytes()).await;
+    let file_id = file["id"].as_str().unwrap();
+    let window = |w: &str| json!({"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": w});
+    let (status, refused) = create_batch(http, &app.api, ACME, &window("2m")).await;
+    assert_eq!(status, 422, "{refused}");
+    assert_eq!(refused["error"]["code"], "deadline_unmeetable");
+    assert!(at(&refused["error"]["earliest_feasible_at"]) > Utc::now() + Duration::minutes(5));
+    let (_, list) = app.get(ACME, "/v1/batches").await;
+    assert_eq!(
+        list["data"].as_array().unwrap().len(),
+        0,
+        "nothing of it was written: {list}"
+    );
+    // A day is enough; the batch's eta is its last line's: 265 requests at half a second.
+    let (status, batch) = create_batch(http, &app.api, ACME, &window("24h")).await;
+    assert_eq!(status, 200, "{batch}");
+    let (p50, p90) = (at(&batch["eta"]["p50"]), at(&batch["eta"]["p90"]));
+    assert!(p50 > Utc::now() + Duration::minutes(5) && p50 <= p90, "{batch}");
+    let id = batch["id"].as_str().unwrap();
+    let (_, read) = app.get(ACME, &format!("/v1/batches/{id}")).await;
+    assert_eq!(read["eta"], batch["eta"]);
+    app.shutdown().await;
+}
