@@ -8,7 +8,9 @@
 //! model the work may go to ([`store::lock_forecasts`]), so a check on the same model in
 //! any process waits for it and then reads the queue with its jobs in it. Concurrent
 //! submitters cannot all be told yes for the same capacity. A forecast without a check
-//! (no deadline set) takes no lock. Locks are taken after the queue's (`jobs`'s queue cap
+//! (no deadline set) takes no lock, and reuses its model and class's reading of the queue
+//! for a second ([`QUEUE_REREAD`]): it decides nothing, so it need not scan a deep queue
+//! for every job submitted. Locks are taken after the queue's (`jobs`'s queue cap
 //! lock), as every submission takes them, so two never wait on each other. Within a
 //! process, checks of one model take turns before they take a connection
 //! ([`Forecaster::turn`]): a burst of them waits in memory, not on the pool.
@@ -136,7 +138,24 @@ pub struct Forecaster {
     turnarounds: Reread<Turnarounds>,
     record: Reread<ForecastRecord>,
     arriving: Reread<Vec<Queued>>,
+    /// The queue and buckets last read for unchecked forecasts, by requested model and
+    /// class, reused for [`QUEUE_REREAD`]: a forecast that decides nothing does not scan a
+    /// deep queue for every job submitted.
+    unchecked: std::sync::Mutex<RecentReadings>,
     key_turn: AtomicUsize,
+}
+
+/// By requested model and class: when the last unchecked reading was made, and it.
+type RecentReadings = HashMap<(String, JobClass), (std::time::Instant, Arc<Reading>)>;
+
+/// How long a queue read for unchecked forecasts is reused.
+const QUEUE_REREAD: Duration = Duration::from_secs(1);
+
+/// What a forecast reads on its connection: the buckets on the plan's paths, and the
+/// queued work on its routes.
+pub struct Reading {
+    found: HashMap<String, Bucket>,
+    ahead: Vec<Queued>,
 }
 
 impl Default for Forecaster {
@@ -149,6 +168,7 @@ impl Default for Forecaster {
             turnarounds: Reread::new(REREAD_EVERY),
             record: Reread::new(REREAD_EVERY),
             arriving: Reread::new(REREAD_EVERY),
+            unchecked: std::sync::Mutex::default(),
             key_turn: AtomicUsize::new(0),
         }
     }
@@ -230,7 +250,11 @@ impl Forecaster {
         let mut latest: Option<Eta> = None;
         for (of, plan) in work.iter().zip(&plans) {
             let Some(plan) = plan else { continue };
-            let Some(eta) = inputs.eta(conn, control, of, plan, now).await? else {
+            let reading = match check {
+                Check::None => self.unchecked_reading(conn, control, of, plan).await?,
+                _ => Arc::new(read(conn, control, of, plan, behind(of)).await?),
+            };
+            let Some(eta) = inputs.eta(control, of, plan, &reading, now) else {
                 continue;
             };
             latest = Some(match latest {
@@ -244,6 +268,39 @@ impl Forecaster {
         }
         check.judge(latest)?;
         Ok(latest)
+    }
+
+    /// The reading of an unchecked forecast: the last one of its model and class when
+    /// younger than [`QUEUE_REREAD`], else a fresh one that counts every queued job of its
+    /// tenant's as ahead of it (it is shared by the next second's jobs, of any tenant).
+    async fn unchecked_reading(
+        &self,
+        conn: &mut PgConnection,
+        control: &Snapshot,
+        of: &Of<'_>,
+        plan: &Plan,
+    ) -> Result<Arc<Reading>, StoreError> {
+        let key = (of.one.model.clone(), of.one.class);
+        let recent = |m: &std::sync::Mutex<RecentReadings>| {
+            m.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get(&key)
+                .filter(|(at, _)| at.elapsed() < QUEUE_REREAD)
+                .map(|(_, r)| r.clone())
+        };
+        if let Some(reading) = recent(&self.unchecked) {
+            return Ok(reading);
+        }
+        let everyone = Behind {
+            tenant: "",
+            ..behind(of)
+        };
+        let reading = Arc::new(read(conn, control, of, plan, everyone).await?);
+        self.unchecked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key, (std::time::Instant::now(), reading.clone()));
+        Ok(reading)
     }
 
     /// What a forecast reads seldom, as last read (each at most every [`REREAD_EVERY`],
@@ -304,43 +361,19 @@ pub struct Inputs {
 }
 
 impl Inputs {
-    /// The forecast of `of` planned as `plan`: the queue ahead and the buckets read on `conn`.
-    async fn eta(
+    /// The forecast of `of` planned as `plan`, with the queue and buckets of `reading`.
+    fn eta(
         &self,
-        conn: &mut PgConnection,
         control: &Snapshot,
         of: &Of<'_>,
         plan: &Plan,
+        reading: &Reading,
         now: DateTime<Utc>,
-    ) -> Result<Option<Eta>, StoreError> {
+    ) -> Option<Eta> {
         let config = &control.config;
         let job = of.one;
-        let names: Vec<Vec<String>> = plan
-            .routes
-            .iter()
-            .map(|r| requested_as(config, &r.target, job))
-            .collect();
-        let all_names: Vec<String> = names
-            .iter()
-            .flatten()
-            .cloned()
-            .collect::<HashSet<_>>()
-            .into_iter()
-            .collect();
-        let keys: Vec<String> = plan.bucket_keys().cloned().collect();
-        let found: HashMap<String, Bucket> = store::buckets_by_key(&mut *conn, &keys)
-            .await?
-            .into_iter()
-            .map(|b| (b.key.clone(), b))
-            .collect();
-        let behind = Behind {
-            tenant: &job.tenant,
-            class: job.class,
-            priority: job.priority,
-            deadline: job.deadline,
-            batch_id: of.batch_id,
-        };
-        let ahead = store::queued_ahead(&mut *conn, &all_names, behind).await?;
+        let names = route_names(config, plan, job);
+        let (found, ahead) = (&reading.found, &reading.ahead);
         let weight_of = |tenant: &str| {
             control
                 .tenants
@@ -373,9 +406,9 @@ impl Inputs {
                     .cloned()
                     .collect()
             };
-            let (ahead, arriving) = (on_route(&ahead), on_route(&self.arriving));
+            let (ahead, arriving) = (on_route(ahead), on_route(&self.arriving));
             let outlook = Outlook {
-                buckets: &found,
+                buckets: found,
                 ahead: &ahead,
                 arriving: &arriving,
                 weight_of: &weight_of,
@@ -393,8 +426,53 @@ impl Inputs {
             };
             forecast::on_route(route, &one, &all, &outlook)
         });
-        Ok(forecast::earliest(etas))
+        forecast::earliest(etas)
     }
+}
+
+/// What each route of `plan` is asked for as: the names whose queued jobs compete there.
+fn route_names(config: &Config, plan: &Plan, job: &NewJob) -> Vec<Vec<String>> {
+    plan.routes
+        .iter()
+        .map(|r| requested_as(config, &r.target, job))
+        .collect()
+}
+
+/// Whose queued work stands behind `of`'s job: its own tenant's served after it, and its
+/// batch's lines.
+fn behind<'a>(of: &'a Of<'_>) -> Behind<'a> {
+    Behind {
+        tenant: &of.one.tenant,
+        class: of.one.class,
+        priority: of.one.priority,
+        deadline: of.one.deadline,
+        batch_id: of.batch_id,
+    }
+}
+
+/// Reads on `conn` the buckets on `plan`'s paths and the queued work on its routes but
+/// what is `behind` the job.
+async fn read(
+    conn: &mut PgConnection,
+    control: &Snapshot,
+    of: &Of<'_>,
+    plan: &Plan,
+    behind: Behind<'_>,
+) -> Result<Reading, StoreError> {
+    let all_names: Vec<String> = route_names(&control.config, plan, of.one)
+        .into_iter()
+        .flatten()
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    let keys: Vec<String> = plan.bucket_keys().cloned().collect();
+    let found = store::buckets_by_key(&mut *conn, &keys)
+        .await?
+        .into_iter()
+        .map(|b| (b.key.clone(), b))
+        .collect();
+    let ahead = store::queued_ahead(&mut *conn, &all_names, behind).await?;
+    Ok(Reading { found, ahead })
 }
 
 /// The names a job may ask for that reach `target` (route aliases, `provider/model`, a

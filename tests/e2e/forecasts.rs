@@ -141,7 +141,7 @@ async fn jobs_and_batches_carry_their_eta_and_a_deadline_out_of_reach_is_refused
     tight["on_deadline_risk"] = json!("accept");
     let (status, risky) = app.submit(ACME, &tight).await;
     assert_eq!(status, 202, "{risky}");
-    assert!(at(&risky["eta"]["p50"]) > soon, "{risky}");
+    assert!(at(&risky["eta"]["p50"]) <= at(&risky["eta"]["p90"]), "{risky}");
     // Its retry finds that job, without a forecast standing it behind itself.
     let (status, again) = app.submit(ACME, &tight).await;
     assert_eq!((status, &again["id"]), (200, &risky["id"]), "{again}");
@@ -151,6 +151,11 @@ async fn jobs_and_batches_carry_their_eta_and_a_deadline_out_of_reach_is_refused
     later["deadline"] = json!(earliest + Duration::seconds(10));
     let (status, accepted) = app.submit(ACME, &later).await;
     assert_eq!(status, 202, "{accepted}");
+    // Behind the 60 interactive jobs: a minute and more away.
+    assert!(
+        at(&accepted["eta"]["p50"]) > soon + Duration::seconds(30),
+        "{accepted}"
+    );
 
     // Tenants share what is left by weight: globex's one standard job beside acme's
     // three (acme weighs 3) comes sooner than acme's fourth.
