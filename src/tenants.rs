@@ -315,6 +315,11 @@ impl TenantDirectory {
         all.into_iter()
     }
 
+    /// The fair-sharing weight of tenant `name` (at least 1; 1 for a tenant not known).
+    pub fn weight(&self, name: &str) -> f64 {
+        self.tenants.get(name).map_or(1.0, |t| f64::from(t.weight.max(1)))
+    }
+
     /// `name` and the tenants above it (its parent, the parent's parent, …), nearest
     /// first. A loop (which the store refuses to write) ends the walk.
     pub fn lineage(&self, name: &str) -> Vec<&Tenant> {

@@ -90,12 +90,11 @@ impl Check {
     /// `422 deadline_unmeetable` when `eta` misses the deadline checked; its
     /// `earliest_feasible_at` is the earliest deadline the check would pass.
     pub fn judge(self, eta: Option<Eta>) -> Result<(), ApiError> {
-        let (deadline, earliest, what) = match (self, eta) {
-            (Check::StartBy(d), Some(eta)) if eta.start_p90 > d => (d, eta.start_p90, "start"),
-            (Check::FinishBy(d), Some(eta)) if eta.p90 > d => (d, eta.p90, "finish"),
+        let (deadline, earliest, what, eta) = match (self, eta) {
+            (Check::StartBy(d), Some(eta)) if eta.start_p90 > d => (d, eta.start_p90, "start", eta),
+            (Check::FinishBy(d), Some(eta)) if eta.p90 > d => (d, eta.p90, "finish", eta),
             _ => return Ok(()),
         };
-        let eta = eta.unwrap_or_else(|| unreachable!("matched Some above"));
         Err(ApiError::new(
             axum::http::StatusCode::UNPROCESSABLE_ENTITY,
             ApiErrorCode::DeadlineUnmeetable,
@@ -154,6 +153,8 @@ const QUEUE_REREAD: Duration = Duration::from_secs(1);
 /// What a forecast reads on its connection: the buckets on the plan's paths, and the
 /// queued work on its routes.
 pub struct Reading {
+    /// What each route is asked for as ([`route_names`]).
+    names: Vec<Vec<String>>,
     found: HashMap<String, Bucket>,
     ahead: Vec<Queued>,
 }
@@ -372,15 +373,8 @@ impl Inputs {
     ) -> Option<Eta> {
         let config = &control.config;
         let job = of.one;
-        let names = route_names(config, plan, job);
-        let (found, ahead) = (&reading.found, &reading.ahead);
-        let weight_of = |tenant: &str| {
-            control
-                .tenants
-                .lineage(tenant)
-                .first()
-                .map_or(1.0, |t| f64::from(t.weight.max(1)))
-        };
+        let (names, found, ahead) = (&reading.names, &reading.found, &reading.ahead);
+        let weight_of = |tenant: &str| control.tenants.weight(tenant);
         let work = |jobs, input_tokens, output_tokens| Work {
             tenant: &job.tenant,
             class: job.class,
@@ -399,7 +393,7 @@ impl Inputs {
         let starve_after = |class: JobClass| {
             (class != JobClass::Interactive).then(|| config.classes.get(class).starve_after_secs as f64)
         };
-        let etas = plan.routes.iter().zip(&names).filter_map(|(route, names)| {
+        let etas = plan.routes.iter().zip(names).filter_map(|(route, names)| {
             let on_route = |rows: &[Queued]| -> Vec<Queued> {
                 rows.iter()
                     .filter(|q| names.contains(&q.model))
@@ -459,9 +453,11 @@ async fn read(
     plan: &Plan,
     behind: Behind<'_>,
 ) -> Result<Reading, StoreError> {
-    let all_names: Vec<String> = route_names(&control.config, plan, of.one)
-        .into_iter()
+    let names = route_names(&control.config, plan, of.one);
+    let all_names: Vec<String> = names
+        .iter()
         .flatten()
+        .cloned()
         .collect::<HashSet<_>>()
         .into_iter()
         .collect();
@@ -472,7 +468,7 @@ async fn read(
         .map(|b| (b.key.clone(), b))
         .collect();
     let ahead = store::queued_ahead(&mut *conn, &all_names, behind).await?;
-    Ok(Reading { found, ahead })
+    Ok(Reading { names, found, ahead })
 }
 
 /// The names a job may ask for that reach `target` (route aliases, `provider/model`, a

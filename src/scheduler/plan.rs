@@ -134,7 +134,7 @@ impl Planner<'_> {
             .collect();
         let targets = if fresh.is_empty() { targets } else { fresh };
         let lineage = self.tenants.lineage(&job.tenant);
-        let weight = lineage.first().map_or(1.0, |t| f64::from(t.weight.max(1)));
+        let weight = self.tenants.weight(&job.tenant);
         let held = self.holders_path(&job, &lineage);
         let estimate = Demand {
             input_tokens: f64::from(job.estimated_input_tokens.max(0)),
