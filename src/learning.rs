@@ -193,14 +193,17 @@ pub fn spared(rows: &[Learned], buckets: &HashMap<String, Bucket>) -> HashSet<St
 }
 
 /// What a job that needs `amount` of `bucket` is asked of it at `now`: `amount`, or the
-/// whole capacity when that was learned more than [`TRUSTED_FOR`] ago, is smaller than
-/// `amount`, and no configured capacity refuses `amount` (see the module's re-probe).
-pub fn demand(bucket: &Bucket, amount: f64, now: DateTime<Utc>) -> f64 {
+/// whole capacity when that is smaller than `amount`, no configured capacity refuses
+/// `amount`, and the capacity is either learned more than [`TRUSTED_FOR`] ago (see the
+/// module's re-probe) or only `guessed` from 429s. A 429 says too much was sent in a
+/// window, never that one request is too large: the provider took each request before
+/// it, so a guessed capacity below a job's size lets the job go alone, never fails it.
+pub fn demand(bucket: &Bucket, amount: f64, guessed: bool, now: DateTime<Utc>) -> f64 {
     let stale = bucket
         .learned_at
         .is_some_and(|at| (now - at).to_std().unwrap_or_default() >= TRUSTED_FOR);
     let configured_holds = bucket.configured_capacity.is_none_or(|c| amount <= c + 1e-9);
-    if stale && configured_holds && bucket.rule != Rule::Ramp {
+    if (stale || guessed) && configured_holds && bucket.rule != Rule::Ramp {
         amount.min(bucket.capacity)
     } else {
         amount
@@ -212,6 +215,15 @@ pub fn demand(bucket: &Bucket, amount: f64, now: DateTime<Utc>) -> f64 {
 pub fn first_capacity(sent_last_window: f64) -> (f64, f64) {
     let ceiling = sent_last_window.max(1.0);
     ((ceiling * DECREASE).max(1.0), ceiling)
+}
+
+/// The buckets whose capacity only 429s taught (no provider ever reported it): see
+/// [`demand`].
+pub fn guessed(rows: &[Learned]) -> HashSet<String> {
+    rows.iter()
+        .filter(|r| r.source == LearnedFrom::Throttling && r.reported.is_none())
+        .map(Learned::bucket_key)
+        .collect()
 }
 
 /// What one provider response said about the limits of its scope.

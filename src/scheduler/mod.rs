@@ -28,8 +28,8 @@
 //! and the job is told why (its note: the bucket, its limit, what remains, when it should
 //! fit). A job that can never fit, or not before its deadline, fails now
 //! (`exceeds_limit`, `deadline_unmeetable`) instead of being dispatched late — unless
-//! what refuses it is a learned capacity gone stale, which it then probes
-//! ([`learning::demand`]); one whose
+//! what refuses it is a learned capacity gone stale or only guessed from 429s, which it
+//! then probes ([`learning::demand`]); one whose
 //! every key was rejected fails `upstream_credentials_exhausted`.
 //!
 //! An admission leaves the job `admitted`, or — when [`Admission::startable`] and its
@@ -353,12 +353,14 @@ impl Scheduler {
     }
 
     /// Decides the round: who is admitted where, who waits and why, who fails. Takes what
-    /// it admits from `buckets`. Admits at most `limit` jobs; the round is `full` when that
+    /// it admits from `buckets`; `guessed` are those whose capacity only 429s taught
+    /// ([`learning::guessed`]). Admits at most `limit` jobs; the round is `full` when that
     /// is the configured batch.
     pub fn schedule(
         &mut self,
         plans: Vec<Plan>,
         buckets: &mut HashMap<String, Bucket>,
+        guessed: &HashSet<String>,
         paused: &Pauses,
         limit: usize,
         now: DateTime<Utc>,
@@ -367,12 +369,12 @@ impl Scheduler {
         let mut queue_of: HashMap<(JobClass, String), usize> = HashMap::new();
         let mut queues: Vec<VecDeque<Plan>> = Vec::new();
         for mut p in plans {
-            // A job larger than a learned capacity nothing renewed lately asks for the whole
-            // bucket: it goes alone when the bucket is full, as a re-probe.
+            // A job larger than a learned capacity nothing renewed lately, or than one only
+            // guessed from 429s, asks for the whole bucket: it goes alone when it is full.
             for route in &mut p.routes {
                 for (key, amount) in &mut route.path {
                     if let Some(b) = buckets.get(key.as_str()) {
-                        *amount = learning::demand(b, *amount, now);
+                        *amount = learning::demand(b, *amount, guessed.contains(key), now);
                     }
                 }
             }

@@ -103,6 +103,10 @@ fn no_pauses() -> Pauses {
     Pauses::new()
 }
 
+fn no_guesses() -> HashSet<String> {
+    HashSet::new()
+}
+
 fn admitted_ids(d: &Decision) -> Vec<u128> {
     d.admitted.iter().map(|a| a.plan.job.id.0.as_u128()).collect()
 }
@@ -136,7 +140,7 @@ fn contend(tenants: &[(String, f64, Vec<f64>)], capacity: f64, rounds: usize) ->
             }
         }
         let mut buckets = map(vec![bucket(1, SHARED, Rule::Gauge, capacity, capacity)]);
-        let d = s.schedule(plans, &mut buckets, &no_pauses(), usize::MAX, t0());
+        let d = s.schedule(plans, &mut buckets, &no_guesses(), &no_pauses(), usize::MAX, t0());
         for a in &d.admitted {
             let t = tenants.iter().position(|x| x.0 == a.plan.job.tenant).unwrap();
             next[t] += 1;
@@ -170,7 +174,7 @@ fn class_precedence_goes_before_virtual_time() {
         plan(4, "initech", 1.0, JobClass::Background, 10.0, &[(SHARED, 10.0)]),
     ];
     let mut buckets = map(vec![bucket(1, SHARED, Rule::Gauge, 20.0, 20.0)]);
-    let d = s.schedule(plans, &mut buckets, &no_pauses(), usize::MAX, t0());
+    let d = s.schedule(plans, &mut buckets, &no_guesses(), &no_pauses(), usize::MAX, t0());
     assert_eq!(admitted_ids(&d), vec![3, 2]);
     // The next class in line waits for the bucket; the one after it meets it closed.
     assert_eq!(d.blocked, 2);
@@ -247,7 +251,14 @@ fn the_starvation_guard_promotes_a_job_that_waited_too_long() {
             })
             .collect();
         assert!(!buckets.is_empty());
-        let d = scheduler().schedule(vec![a, b], &mut buckets, &no_pauses(), usize::MAX, now);
+        let d = scheduler().schedule(
+            vec![a, b],
+            &mut buckets,
+            &no_guesses(),
+            &no_pauses(),
+            usize::MAX,
+            now,
+        );
         admitted_ids(&d)
     };
     assert_eq!(round(t0() + Duration::seconds(30)), vec![2]);
@@ -287,7 +298,7 @@ fn a_blocked_tenant_does_not_hold_back_others_on_other_buckets() {
         bucket(1, "route:x:tokens", Rule::Gauge, 10.0, 0.0),
         bucket(2, "route:y:tokens", Rule::Gauge, 100.0, 100.0),
     ]);
-    let d = s.schedule(plans, &mut buckets, &no_pauses(), usize::MAX, t0());
+    let d = s.schedule(plans, &mut buckets, &no_guesses(), &no_pauses(), usize::MAX, t0());
     // acme's first job waits on x; its next job and globex's go out on y.
     assert_eq!(admitted_ids(&d), vec![2, 3]);
     assert_eq!(d.closed, HashSet::from(["route:x:tokens".to_owned()]));
@@ -322,7 +333,7 @@ fn big_among_small(big: f64, small: f64, small_weight: f64, refill: f64, rounds:
             ));
         }
         let mut buckets = map(vec![b.clone()]);
-        let d = s.schedule(plans, &mut buckets, &no_pauses(), usize::MAX, now);
+        let d = s.schedule(plans, &mut buckets, &no_guesses(), &no_pauses(), usize::MAX, now);
         b = buckets[SHARED].clone();
         if admitted_ids(&d).contains(&1) {
             return Some(round);
@@ -347,7 +358,14 @@ fn deadline_unmeetable_when_capacity_comes_too_late() {
         let mut p = plan(1, "acme", 1.0, JobClass::Standard, 300.0, &[(SHARED, 300.0)]);
         p.job.deadline = deadline;
         let mut buckets = map(vec![bucket(1, SHARED, Rule::Rolling, 600.0, 0.0)]);
-        scheduler().schedule(vec![p], &mut buckets, &no_pauses(), usize::MAX, t0())
+        scheduler().schedule(
+            vec![p],
+            &mut buckets,
+            &no_guesses(),
+            &no_pauses(),
+            usize::MAX,
+            t0(),
+        )
     };
     let d = decide(t0() + Duration::seconds(10));
     assert_eq!(d.failed.len(), 1);
@@ -379,14 +397,14 @@ fn a_stale_learned_capacity_is_probed_by_a_job_larger_than_it() {
 
     // Fresh: trusted, the job can never fit.
     let mut b = learned(t0(), 2_000.0);
-    let d = scheduler().schedule(vec![job()], &mut b, &no_pauses(), usize::MAX, t0());
+    let d = scheduler().schedule(vec![job()], &mut b, &no_guesses(), &no_pauses(), usize::MAX, t0());
     assert_eq!(d.failed.len(), 1);
     assert_eq!(d.failed[0].verdict, Verdict::ExceedsLimit);
 
     // Stale and not full: it waits for the whole bucket, and says so.
     let stale = t0() - Duration::seconds(learning::TRUSTED_FOR.as_secs() as i64);
     let mut b = learned(stale, 1_500.0);
-    let d = scheduler().schedule(vec![job()], &mut b, &no_pauses(), usize::MAX, t0());
+    let d = scheduler().schedule(vec![job()], &mut b, &no_guesses(), &no_pauses(), usize::MAX, t0());
     assert!(d.failed.is_empty() && d.admitted.is_empty());
     assert_eq!(d.waiting[0].note["needs"], 2_000.0);
     assert_eq!(d.next_ready, Some(t0() + Duration::seconds(15)));
@@ -394,15 +412,30 @@ fn a_stale_learned_capacity_is_probed_by_a_job_larger_than_it() {
     // Stale and full: it goes, alone, taking the whole bucket (the probe).
     let mut b = learned(stale, 2_000.0);
     let second = plan(2, "acme", 1.0, JobClass::Standard, 10.0, &[(key, 10.0)]);
-    let d = scheduler().schedule(vec![job(), second], &mut b, &no_pauses(), usize::MAX, t0());
+    let d = scheduler().schedule(
+        vec![job(), second],
+        &mut b,
+        &no_guesses(),
+        &no_pauses(),
+        usize::MAX,
+        t0(),
+    );
     assert_eq!(admitted_ids(&d), vec![1]);
     assert_eq!(d.admitted[0].admission.amounts, vec![2_000.0]);
     assert_eq!(b[key].level, 0.0);
 
+    // Fresh but only guessed from 429s: a 429 never says one request is too large, so it
+    // goes alone once the bucket is full.
+    let mut b = learned(t0(), 2_000.0);
+    let guessed = HashSet::from([key.to_owned()]);
+    let d = scheduler().schedule(vec![job()], &mut b, &guessed, &no_pauses(), usize::MAX, t0());
+    assert_eq!(admitted_ids(&d), vec![1]);
+    assert_eq!(d.admitted[0].admission.amounts, vec![2_000.0]);
+
     // A configured capacity that cannot hold the job still refuses it, stale or not.
     let mut b = learned(stale, 2_000.0);
     b.get_mut(key).unwrap().configured_capacity = Some(3_000.0);
-    let d = scheduler().schedule(vec![job()], &mut b, &no_pauses(), usize::MAX, t0());
+    let d = scheduler().schedule(vec![job()], &mut b, &no_guesses(), &no_pauses(), usize::MAX, t0());
     assert_eq!(d.failed[0].verdict, Verdict::ExceedsLimit);
 }
 
@@ -418,7 +451,14 @@ fn exceeds_limit_only_when_no_route_can_ever_hold_it() {
     };
     let mut p = plan(1, "acme", 1.0, JobClass::Standard, 200.0, &[(small, 200.0)]);
     let mut b = buckets();
-    let d = scheduler().schedule(vec![p.clone()], &mut b, &no_pauses(), usize::MAX, t0());
+    let d = scheduler().schedule(
+        vec![p.clone()],
+        &mut b,
+        &no_guesses(),
+        &no_pauses(),
+        usize::MAX,
+        t0(),
+    );
     assert_eq!(d.failed.len(), 1);
     assert_eq!(
         (d.failed[0].verdict, d.failed[0].bucket.as_str()),
@@ -432,7 +472,7 @@ fn exceeds_limit_only_when_no_route_can_ever_hold_it() {
     // A second target that can hold it: admitted there (a fallback).
     p.routes.push(route("other", &[(big, 200.0)]));
     let mut b = buckets();
-    let d = scheduler().schedule(vec![p], &mut b, &no_pauses(), usize::MAX, t0());
+    let d = scheduler().schedule(vec![p], &mut b, &no_guesses(), &no_pauses(), usize::MAX, t0());
     assert!(d.failed.is_empty());
     assert_eq!(d.admitted[0].route, 1);
     assert_eq!(d.admitted[0].target().model, "other");
@@ -461,11 +501,25 @@ fn rejected_keys_are_skipped_and_all_rejected_fail() {
     };
     let mut paused = Pauses::new();
     paused.insert(buckets::key_scope("p", "k1"), t0() + Duration::days(365));
-    let d = scheduler().schedule(vec![p.clone()], &mut HashMap::new(), &paused, usize::MAX, t0());
+    let d = scheduler().schedule(
+        vec![p.clone()],
+        &mut HashMap::new(),
+        &no_guesses(),
+        &paused,
+        usize::MAX,
+        t0(),
+    );
     assert_eq!(d.admitted[0].admission.key.as_deref(), Some("k2"));
 
     paused.insert(buckets::key_scope("p", "k2"), t0() + Duration::days(365));
-    let d = scheduler().schedule(vec![p], &mut HashMap::new(), &paused, usize::MAX, t0());
+    let d = scheduler().schedule(
+        vec![p],
+        &mut HashMap::new(),
+        &no_guesses(),
+        &paused,
+        usize::MAX,
+        t0(),
+    );
     assert!(d.admitted.is_empty());
     assert_eq!(d.failed[0].verdict, Verdict::UpstreamCredentialsExhausted);
     assert!(!d.failed[0].verdict.by_bucket());
@@ -477,7 +531,14 @@ fn a_paused_model_waits_for_its_retry_after() {
     let mut paused = Pauses::new();
     paused.insert(buckets::target_scope("p", "m"), until);
     let p = plan(1, "acme", 1.0, JobClass::Standard, 1.0, &[]);
-    let d = scheduler().schedule(vec![p.clone()], &mut HashMap::new(), &paused, usize::MAX, t0());
+    let d = scheduler().schedule(
+        vec![p.clone()],
+        &mut HashMap::new(),
+        &no_guesses(),
+        &paused,
+        usize::MAX,
+        t0(),
+    );
     assert!(d.admitted.is_empty() && d.failed.is_empty());
     assert_eq!(d.next_ready, Some(until));
     assert_eq!(d.waiting[0].note["reason"], "provider_rate_limited");
@@ -487,12 +548,26 @@ fn a_paused_model_waits_for_its_retry_after() {
     // Another target of the route is not paused: the job goes there.
     let mut p = p;
     p.routes.push(route("other", &[]));
-    let d = scheduler().schedule(vec![p], &mut HashMap::new(), &paused, usize::MAX, t0());
+    let d = scheduler().schedule(
+        vec![p],
+        &mut HashMap::new(),
+        &no_guesses(),
+        &paused,
+        usize::MAX,
+        t0(),
+    );
     assert_eq!(d.admitted[0].target().model, "other");
 
     // Past the pause (the store reads only active pauses), it goes to its first target.
     let p = plan(1, "acme", 1.0, JobClass::Standard, 1.0, &[]);
-    let d = scheduler().schedule(vec![p], &mut HashMap::new(), &no_pauses(), usize::MAX, until);
+    let d = scheduler().schedule(
+        vec![p],
+        &mut HashMap::new(),
+        &no_guesses(),
+        &no_pauses(),
+        usize::MAX,
+        until,
+    );
     assert_eq!(d.admitted[0].target().model, "m");
 }
 
@@ -507,7 +582,14 @@ fn an_operator_s_pause_holds_jobs_whatever_their_deadline_and_others_go_on() {
     let mut held = plan(1, "acme", 1.0, JobClass::Standard, 1.0, &[]);
     held.job.deadline = t0() + Duration::minutes(1);
     let other = plan(2, "globex", 1.0, JobClass::Standard, 1.0, &[]);
-    let d = scheduler().schedule(vec![held, other], &mut HashMap::new(), &paused, usize::MAX, t0());
+    let d = scheduler().schedule(
+        vec![held, other],
+        &mut HashMap::new(),
+        &no_guesses(),
+        &paused,
+        usize::MAX,
+        t0(),
+    );
     assert_eq!(admitted_ids(&d), vec![2]);
     assert!(d.failed.is_empty());
     assert_eq!(d.waiting[0].note["reason"], "paused_by_operator");
@@ -519,12 +601,26 @@ fn an_operator_s_pause_holds_jobs_whatever_their_deadline_and_others_go_on() {
     paused.insert(buckets::target_scope("p", "m"), crate::holds::held_until());
     let mut p = plan(3, "acme", 1.0, JobClass::Standard, 1.0, &[]);
     p.job.deadline = t0() + Duration::minutes(1);
-    let d = scheduler().schedule(vec![p.clone()], &mut HashMap::new(), &paused, usize::MAX, t0());
+    let d = scheduler().schedule(
+        vec![p.clone()],
+        &mut HashMap::new(),
+        &no_guesses(),
+        &paused,
+        usize::MAX,
+        t0(),
+    );
     assert!(d.admitted.is_empty() && d.failed.is_empty());
     assert_eq!(d.waiting[0].note["reason"], "paused_by_operator");
     assert_eq!(d.waiting[0].note["scope"], "provider:p:m");
     p.routes.push(route("other", &[]));
-    let d = scheduler().schedule(vec![p], &mut HashMap::new(), &paused, usize::MAX, t0());
+    let d = scheduler().schedule(
+        vec![p],
+        &mut HashMap::new(),
+        &no_guesses(),
+        &paused,
+        usize::MAX,
+        t0(),
+    );
     assert_eq!(d.admitted[0].target().model, "other");
 }
 
@@ -538,7 +634,14 @@ fn the_interactive_reserve_is_kept_from_lower_classes() {
     let decide = |class| {
         let mut buckets = map(vec![bucket(1, key, Rule::Rolling, 100.0, 4.0)]);
         let p = plan(1, "acme", 1.0, class, 1.0, &[(key, 1.0)]);
-        Scheduler::new(policy.clone()).schedule(vec![p], &mut buckets, &no_pauses(), usize::MAX, t0())
+        Scheduler::new(policy.clone()).schedule(
+            vec![p],
+            &mut buckets,
+            &no_guesses(),
+            &no_pauses(),
+            usize::MAX,
+            t0(),
+        )
     };
     assert_eq!(decide(JobClass::Interactive).admitted.len(), 1);
     let d = decide(JobClass::Standard);
@@ -563,7 +666,14 @@ fn a_wait_is_explained_once_until_its_note_changes() {
     let round = |s: &mut Scheduler, level: f64| {
         let p = plan(1, "acme", 1.0, JobClass::Standard, 300.0, &[(SHARED, 300.0)]);
         let mut buckets = map(vec![bucket(1, SHARED, Rule::Rolling, 600.0, level)]);
-        s.schedule(vec![p], &mut buckets, &no_pauses(), usize::MAX, t0())
+        s.schedule(
+            vec![p],
+            &mut buckets,
+            &no_guesses(),
+            &no_pauses(),
+            usize::MAX,
+            t0(),
+        )
     };
     assert_eq!(round(&mut s, 0.0).waiting.len(), 1);
     let again = round(&mut s, 0.0);
@@ -584,13 +694,19 @@ fn the_limit_ends_the_round_and_the_batch_makes_it_full() {
     };
     let buckets = || map(vec![bucket(1, SHARED, Rule::Gauge, 100.0, 100.0)]);
     let mut b = buckets();
-    let d = scheduler().schedule(plans(), &mut b, &no_pauses(), 3, t0());
+    let d = scheduler().schedule(plans(), &mut b, &no_guesses(), &no_pauses(), 3, t0());
     assert_eq!(admitted_ids(&d), vec![0, 1, 2]);
     assert!(!d.full, "stopped by the dispatchers' room, not the batch");
     assert_eq!(b[SHARED].level, 97.0);
     let mut s = Scheduler::new(Policy::new(GateConfig { batch: 3, ..gate() }));
-    assert!(s.schedule(plans(), &mut buckets(), &no_pauses(), 3, t0()).full);
-    assert!(!s.schedule(plans(), &mut buckets(), &no_pauses(), 11, t0()).full);
+    assert!(
+        s.schedule(plans(), &mut buckets(), &no_guesses(), &no_pauses(), 3, t0())
+            .full
+    );
+    assert!(
+        !s.schedule(plans(), &mut buckets(), &no_guesses(), &no_pauses(), 11, t0())
+            .full
+    );
 }
 
 #[test]
@@ -609,7 +725,7 @@ fn a_returning_tenant_gets_at_most_its_burst_credit() {
     };
     let mut round = |plans: Vec<Plan>, capacity: f64| {
         let mut b = map(vec![bucket(1, SHARED, Rule::Gauge, capacity, capacity)]);
-        let d = s.schedule(plans, &mut b, &no_pauses(), usize::MAX, t0());
+        let d = s.schedule(plans, &mut b, &no_guesses(), &no_pauses(), usize::MAX, t0());
         d.admitted
             .iter()
             .filter(|a| a.plan.job.tenant == "globex")
@@ -730,7 +846,7 @@ proptest! {
             })
             .collect();
         let count = plans.len();
-        let d = scheduler().schedule(plans, &mut buckets, &no_pauses(), limit, t0());
+        let d = scheduler().schedule(plans, &mut buckets, &no_guesses(), &no_pauses(), limit, t0());
         prop_assert!(d.admitted.len() <= limit);
         for (key, b) in &buckets {
             prop_assert!(b.level >= -1e-6, "{key} overdrawn: {}", b.level);

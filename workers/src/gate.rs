@@ -601,7 +601,9 @@ impl Gate {
             .await?;
         let refilled = buckets.clone();
 
-        let mut decision = locked(&self.scheduler).schedule(plans, &mut buckets, &paused, limit, now);
+        let guessed = learning::guessed(&learned);
+        let mut decision =
+            locked(&self.scheduler).schedule(plans, &mut buckets, &guessed, &paused, limit, now);
         let failed = std::mem::take(&mut decision.failed);
         let waiting = std::mem::take(&mut decision.waiting);
         // What this round admits holds its buckets too, though it is not written yet.
