@@ -41,6 +41,7 @@ use crate::auth::AuthTenant;
 use crate::error::ApiError;
 use crate::jobs::{Submission, insert, json_body, prepare};
 use crate::openapi as doc;
+use crate::queue_updates::{self, QueueUpdates, Reporter};
 
 /// OpenAI-compatible, synchronous: queued as an `interactive` job and awaited. With
 /// `"stream": true`, the provider's SSE is relayed in OpenAI chunk format.
@@ -58,14 +59,23 @@ use crate::openapi as doc;
         (status = 429, description = "`queue_timeout`, `deadline_exceeded`, `deadline_unmeetable`, `rate_limited`, `spend_limit_reached`, `queue_full` (+ `Retry-After`)", body = doc::ErrorBody),
         (status = 502, description = "`upstream_failed`, `upstream_auth_failed`, `insufficient_quota`", body = doc::ErrorBody),
     ),
+    params(("x-tollgate-queue-updates" = Option<bool>, Header, description = "With `stream: true`: start the event stream at once and, while the job waits, send an SSE comment each second with its place, eta and the limit holding it (a refusal then comes as the stream's error event)")),
     security(("bearer" = []))
 )]
 pub(crate) async fn completions(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,
+    QueueUpdates(updates): QueueUpdates,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    synchronous(state, tenant, Endpoint::ChatCompletions, json_body(body)?).await
+    synchronous(
+        state,
+        tenant,
+        Endpoint::ChatCompletions,
+        json_body(body)?,
+        updates,
+    )
+    .await
 }
 
 /// OpenAI-compatible, synchronous: queued as an `interactive` job that reserves its input
@@ -91,7 +101,7 @@ pub(crate) async fn embeddings(
     AuthTenant(tenant): AuthTenant,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    synchronous(state, tenant, Endpoint::Embeddings, json_body(body)?).await
+    synchronous(state, tenant, Endpoint::Embeddings, json_body(body)?, false).await
 }
 
 /// OpenAI-compatible, synchronous: queued as an `interactive` job that reserves its input
@@ -111,14 +121,16 @@ pub(crate) async fn embeddings(
         (status = 429, description = "`queue_timeout`, `deadline_exceeded`, `deadline_unmeetable`, `rate_limited`, `spend_limit_reached`, `queue_full` (+ `Retry-After`)", body = doc::ErrorBody),
         (status = 502, description = "`upstream_failed`, `upstream_auth_failed`, `insufficient_quota`", body = doc::ErrorBody),
     ),
+    params(("x-tollgate-queue-updates" = Option<bool>, Header, description = "With `stream: true`: start the event stream at once and, while the job waits, send an SSE comment each second with its place, eta and the limit holding it (a refusal then comes as the stream's error event)")),
     security(("bearer" = []))
 )]
 pub(crate) async fn responses(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,
+    QueueUpdates(updates): QueueUpdates,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    synchronous(state, tenant, Endpoint::Responses, json_body(body)?).await
+    synchronous(state, tenant, Endpoint::Responses, json_body(body)?, updates).await
 }
 
 /// OpenAI's legacy Completions, synchronous: queued as an `interactive` job that reserves
@@ -138,14 +150,16 @@ pub(crate) async fn responses(
         (status = 429, description = "`queue_timeout`, `deadline_exceeded`, `deadline_unmeetable`, `rate_limited`, `spend_limit_reached`, `queue_full` (+ `Retry-After`)", body = doc::ErrorBody),
         (status = 502, description = "`upstream_failed`, `upstream_auth_failed`, `insufficient_quota`", body = doc::ErrorBody),
     ),
+    params(("x-tollgate-queue-updates" = Option<bool>, Header, description = "With `stream: true`: start the event stream at once and, while the job waits, send an SSE comment each second with its place, eta and the limit holding it (a refusal then comes as the stream's error event)")),
     security(("bearer" = []))
 )]
 pub(crate) async fn text_completions(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,
+    QueueUpdates(updates): QueueUpdates,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    synchronous(state, tenant, Endpoint::Completions, json_body(body)?).await
+    synchronous(state, tenant, Endpoint::Completions, json_body(body)?, updates).await
 }
 
 /// OpenAI-compatible, synchronous: queued as an `interactive` job that reserves a request
@@ -169,17 +183,19 @@ pub(crate) async fn moderations(
     AuthTenant(tenant): AuthTenant,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    synchronous(state, tenant, Endpoint::Moderations, json_body(body)?).await
+    synchronous(state, tenant, Endpoint::Moderations, json_body(body)?, false).await
 }
 
 /// One synchronous call of `endpoint`: the job queued, admitted and run like any other,
 /// the caller answered with its result (or relayed its stream, for a request of an
-/// endpoint that streams which asks for one).
+/// endpoint that streams which asks for one — with [`queue_updates`] while it waits when
+/// the caller asked for them).
 pub(crate) async fn synchronous(
     state: AppState,
     tenant: Caller,
     endpoint: Endpoint,
     request: Value,
+    updates: bool,
 ) -> Result<Response, ApiError> {
     let stream = endpoint.streams() && request.get("stream").and_then(Value::as_bool) == Some(true);
     let timeout = Duration::from_secs(state.config.server.sync_timeout_secs);
@@ -205,8 +221,21 @@ pub(crate) async fn synchronous(
     .map_err(trim_param)?;
     // Watched from before its insert, so its result is read once, when it has one.
     let watch = state.notifications.watch_job(job.id);
+    let reported = (stream && updates).then(|| job.clone());
     let inserted = insert(&state, &tenant, job).await.map_err(trim_param)?;
     let (Inserted::New(job) | Inserted::Existing(job)) = inserted;
+    if let Some(new) = reported
+        && job.state != JobState::Running
+    {
+        return Ok(queue_updates::respond(
+            state,
+            tenant.name.clone(),
+            job,
+            new,
+            endpoint,
+            timeout,
+        ));
+    }
     let mut abandoned = CancelIfAbandoned::new(&state, &tenant.name, job.id);
     if stream {
         drop(watch);
@@ -229,13 +258,30 @@ pub(crate) async fn synchronous(
             }
             Err(queue_timeout(admission.as_ref()))
         }
-        Finish::Failed { code, message } => Err(failure_response(&code, message)),
+        Finish::Failed {
+            code,
+            message,
+            admission,
+        } => Err(failure_response(&code, message, admission.as_ref())),
     };
     let mut response = response.unwrap_or_else(IntoResponse::into_response);
     if let Ok(v) = HeaderValue::from_str(&job.id.to_string()) {
         response.headers_mut().insert("x-tollgate-job-id", v);
     }
     Ok(response)
+}
+
+/// One relayed payload as the SSE event `endpoint`'s clients expect: Anthropic's and
+/// Responses' events are named (`event: message_start`, `event: response.created`, ...)
+/// by their data's `type`; chat and completion chunks are not.
+pub(crate) fn relayed_event(endpoint: Endpoint, data: String) -> Event {
+    let mut event = Event::default();
+    if matches!(endpoint, Endpoint::Messages | Endpoint::Responses)
+        && let Some(name) = event_type(&data)
+    {
+        event = event.event(name);
+    }
+    event.data(data)
 }
 
 /// The `type` of an event's JSON data.
@@ -247,9 +293,11 @@ fn event_type(data: &str) -> Option<String> {
 /// What a synchronous caller is answered with.
 enum Finish {
     Succeeded(Value),
+    /// `admission`: the gate's last note on it, when the row was read.
     Failed {
         code: String,
         message: String,
+        admission: Option<Value>,
     },
     /// Not finished in time; the gate's note on why, if it was waiting.
     Unfinished {
@@ -267,6 +315,7 @@ impl Finish {
             JobState::Failed | JobState::Cancelled => Self::Failed {
                 code: job.error_code.unwrap_or_else(|| "failed".to_owned()),
                 message: job.error_message.unwrap_or_default(),
+                admission: job.admission,
             },
         }
     }
@@ -278,6 +327,7 @@ impl Finish {
             End::Failed { code, message } => Some(Self::Failed {
                 code: code.as_str().to_owned(),
                 message: message.clone(),
+                admission: None,
             }),
             End::Retry { .. } => None,
         }
@@ -343,18 +393,32 @@ impl Drop for CancelIfAbandoned {
     }
 }
 
+/// When the gate's note on a job (`admission`) expected the limit holding it to allow it.
+fn expected_at(admission: Option<&Value>) -> Option<chrono::DateTime<Utc>> {
+    admission
+        .and_then(|a| a.get("expected_at"))
+        .and_then(Value::as_str)
+        .and_then(|t| t.parse::<chrono::DateTime<Utc>>().ok())
+}
+
+/// How long a refused caller should wait: until the limit that held its job was expected
+/// to allow it (the gate's note), else [`RETRY_AFTER_UNKNOWN`]; at least a second.
+fn retry_after(admission: Option<&Value>) -> Duration {
+    expected_at(admission)
+        .and_then(|at| (at - Utc::now()).to_std().ok())
+        .unwrap_or(RETRY_AFTER_UNKNOWN)
+        .max(Duration::from_secs(1))
+}
+
+/// The Retry-After of a refusal whose job carries no expectation from the gate.
+const RETRY_AFTER_UNKNOWN: Duration = Duration::from_secs(2);
+
 /// 429 for a job that could not be served in time: says which limit held it (its limit,
 /// what remained, when it was expected to fit — the gate's note, the tenant's own job)
 /// and sets Retry-After from that time.
 fn queue_timeout(admission: Option<&Value>) -> ApiError {
-    let expected = admission
-        .and_then(|a| a.get("expected_at"))
-        .and_then(Value::as_str)
-        .and_then(|t| t.parse::<chrono::DateTime<Utc>>().ok());
-    let retry_after = expected
-        .and_then(|at| (at - Utc::now()).to_std().ok())
-        .unwrap_or(Duration::from_secs(2))
-        .max(Duration::from_secs(1));
+    let expected = expected_at(admission);
+    let retry_after = retry_after(admission);
     let message = match admission.and_then(|a| a.get("bucket")).and_then(Value::as_str) {
         Some(bucket) => format!(
             "the request could not be served in time: limit {bucket} (capacity {}, remaining {}) was expected to allow it at {}; retry later",
@@ -368,8 +432,9 @@ fn queue_timeout(admission: Option<&Value>) -> ApiError {
         .with_retry_after(retry_after)
 }
 
-/// Maps a job's reason code to the HTTP answer an OpenAI client expects.
-fn failure_response(code: &str, message: String) -> ApiError {
+/// Maps a job's reason code to the HTTP answer an OpenAI client expects; a 429's
+/// Retry-After is when the gate's note on the job (`admission`) expected it to fit.
+pub(crate) fn failure_response(code: &str, message: String, admission: Option<&Value>) -> ApiError {
     let (status, code): (StatusCode, ApiErrorCode) = match code {
         "deadline_exceeded" => (StatusCode::TOO_MANY_REQUESTS, ApiErrorCode::DeadlineExceeded),
         "provider_rejected_request" => (StatusCode::BAD_REQUEST, ApiErrorCode::ProviderRejectedRequest),
@@ -387,7 +452,7 @@ fn failure_response(code: &str, message: String) -> ApiError {
     };
     let err = ApiError::new(status, code, message);
     if status == StatusCode::TOO_MANY_REQUESTS {
-        err.with_retry_after(Duration::from_secs(2))
+        err.with_retry_after(retry_after(admission))
     } else {
         err
     }
@@ -408,22 +473,15 @@ async fn stream_response(
     let job = if job.state == JobState::Running {
         job
     } else {
-        claimed_stream(state, tenant, id, give_up).await?
+        claimed_stream(state, tenant, id, give_up, None).await?
     };
     let chunks = match state.dispatcher.stream(job, &state.relays).await {
         Ok(rx) => rx,
-        Err(failure) => return Err(failure_response(failure.code.as_str(), failure.message)),
+        Err(failure) => return Err(failure_response(failure.code.as_str(), failure.message, None)),
     };
-    // Anthropic's and Responses' events are named (`event: message_start`,
-    // `event: response.created`, ...) by their data's `type`.
-    let named = matches!(endpoint, Endpoint::Messages | Endpoint::Responses);
     let events = futures::stream::unfold(chunks, move |mut rx| async move {
         let data = rx.recv().await?;
-        let mut event = Event::default();
-        if named && let Some(name) = event_type(&data) {
-            event = event.event(name);
-        }
-        Some((Ok::<_, Infallible>(event.data(data)), rx))
+        Some((Ok::<_, Infallible>(relayed_event(endpoint, data)), rx))
     });
     let mut response = Sse::new(events).into_response();
     if let Ok(v) = HeaderValue::from_str(&id.to_string()) {
@@ -433,12 +491,14 @@ async fn stream_response(
 }
 
 /// Claims the streaming job `id` for this process once the gate admits it, or answers why
-/// it cannot run: it failed, or `give_up` came first (then it is cancelled).
-async fn claimed_stream(
+/// it cannot run: it failed, or `give_up` came first (then it is cancelled). A `reporter`
+/// is told of the job each time it is found still waiting.
+pub(crate) async fn claimed_stream(
     state: &AppState,
     tenant: &str,
     id: JobId,
     give_up: tokio::time::Instant,
+    mut reporter: Option<&mut Reporter>,
 ) -> Result<Job, ApiError> {
     loop {
         let admitted = state.notifications.jobs_ready();
@@ -452,7 +512,14 @@ async fn claimed_stream(
             .ok_or_else(|| ApiError::internal("a streaming job vanished while its caller waited"))?;
         if current.state.is_terminal() {
             let code = current.error_code.unwrap_or_else(|| "failed".to_owned());
-            return Err(failure_response(&code, current.error_message.unwrap_or_default()));
+            return Err(failure_response(
+                &code,
+                current.error_message.unwrap_or_default(),
+                current.admission.as_ref(),
+            ));
+        }
+        if let Some(reporter) = reporter.as_deref_mut() {
+            reporter.report(state, &current).await;
         }
         tokio::select! {
             _ = &mut admitted => {}

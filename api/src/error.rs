@@ -123,8 +123,9 @@ impl From<tollgate::store::StoreError> for ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+impl ApiError {
+    /// The body: OpenAI's error shape, with `earliest_feasible_at` when there is one.
+    pub fn body(&self) -> serde_json::Value {
         let mut body = json!({
             "error": {
                 "message": self.message,
@@ -136,7 +137,13 @@ impl IntoResponse for ApiError {
         if let Some(at) = self.earliest_feasible_at {
             body["error"]["earliest_feasible_at"] = json!(at);
         }
-        let mut response = (self.status, axum::Json(body)).into_response();
+        body
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body())).into_response();
         if let Some(after) = self.retry_after {
             let secs = after.as_secs_f64().ceil().max(1.0) as u64;
             if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {

@@ -226,18 +226,9 @@ impl Forecaster {
         check: Check,
         now: DateTime<Utc>,
     ) -> Result<Option<Eta>, ApiError> {
-        let known = Known::new(&inputs.learned);
-        let planner = Planner {
-            config: &control.config,
-            tenants: &control.tenants,
-            keyring: &control.keyring,
-            calibration: &inputs.calibration,
-            known: &known,
-            key_turn: &self.key_turn,
-        };
         let plans: Vec<Option<Plan>> = work
             .iter()
-            .map(|of| planner.plan(Candidate::arriving(of.one), now).ok())
+            .map(|of| self.plan(inputs, control, of.one, now))
             .collect();
         if check.locks() {
             let scopes: Vec<String> = plans
@@ -269,6 +260,49 @@ impl Forecaster {
         }
         check.judge(latest)?;
         Ok(latest)
+    }
+
+    /// Where `job`, queued already, stands now: its forecast with the queue as it is (the
+    /// job counted once, where it waits), and the queued jobs on its routes of its class
+    /// or one served first that were submitted before it. `None`: no forecast (see
+    /// [`Self::forecast`]).
+    pub async fn waiting(
+        &self,
+        inputs: &Inputs,
+        conn: &mut PgConnection,
+        control: &Snapshot,
+        job: &NewJob,
+        now: DateTime<Utc>,
+    ) -> Result<Option<(Eta, i64)>, StoreError> {
+        let Some(plan) = self.plan(inputs, control, job, now) else {
+            return Ok(None);
+        };
+        let queued = Of {
+            jobs: 0.0,
+            input_tokens: 0.0,
+            output_tokens: 0.0,
+            ..Of::job(job)
+        };
+        let reading = read(conn, control, &queued, &plan, behind(&queued)).await?;
+        let models: Vec<String> = reading.names.iter().flatten().cloned().collect();
+        let before = store::queued_before(&mut *conn, &models, job.class, job.id).await?;
+        Ok(inputs
+            .eta(control, &queued, &plan, &reading, now)
+            .map(|eta| (eta, before)))
+    }
+
+    /// `job`'s plan with what `inputs` know (`None` if no route takes it).
+    fn plan(&self, inputs: &Inputs, control: &Snapshot, job: &NewJob, now: DateTime<Utc>) -> Option<Plan> {
+        let known = Known::new(&inputs.learned);
+        let planner = Planner {
+            config: &control.config,
+            tenants: &control.tenants,
+            keyring: &control.keyring,
+            calibration: &inputs.calibration,
+            known: &known,
+            key_turn: &self.key_turn,
+        };
+        planner.plan(Candidate::arriving(job), now).ok()
     }
 
     /// The reading of an unchecked forecast: the last one of its model and class when

@@ -67,6 +67,7 @@ pub mod observed;
 pub mod openapi;
 pub mod operate;
 pub(crate) mod paging;
+pub(crate) mod queue_updates;
 pub(crate) mod requests;
 pub mod serve;
 pub mod status;

@@ -27,6 +27,7 @@ use crate::chat::synchronous;
 use crate::error::ApiError;
 use crate::jobs::json_body;
 use crate::openapi as doc;
+use crate::queue_updates::QueueUpdates;
 use crate::requests;
 
 /// Largest error body rewritten into Anthropic's shape; ours are far smaller.
@@ -46,14 +47,16 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
         (status = 429, description = "`queue_timeout`, `deadline_exceeded`, `deadline_unmeetable`, `rate_limited`, `spend_limit_reached`, `queue_full` (+ `Retry-After`)", body = doc::ErrorBody),
         (status = 502, description = "`upstream_failed`, `upstream_auth_failed`, `insufficient_quota`", body = doc::ErrorBody),
     ),
+    params(("x-tollgate-queue-updates" = Option<bool>, Header, description = "With `stream: true`: start the event stream at once and, while the job waits, send an SSE comment each second with its place, eta and the limit holding it (a refusal then comes as the stream's error event)")),
     security(("bearer" = []))
 )]
 pub(crate) async fn create(
     State(state): State<AppState>,
     AuthTenant(tenant): AuthTenant,
+    QueueUpdates(updates): QueueUpdates,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    synchronous(state, tenant, Endpoint::Messages, json_body(body)?).await
+    synchronous(state, tenant, Endpoint::Messages, json_body(body)?, updates).await
 }
 
 /// The input tokens tollgate reserves for a Messages request (`max_tokens` may be left
@@ -83,6 +86,20 @@ pub(crate) async fn count_tokens(
     Ok(axum::Json(json!({"input_tokens": checked.estimated_input_tokens})).into_response())
 }
 
+/// An error's `type` as Anthropic names it for `status`.
+pub(crate) fn anthropic_error_type(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::UNAUTHORIZED => "authentication_error",
+        StatusCode::FORBIDDEN => "permission_error",
+        StatusCode::NOT_FOUND => "not_found_error",
+        StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+        StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+        StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
+        s if s.is_client_error() => "invalid_request_error",
+        _ => "api_error",
+    }
+}
+
 /// Rewrites an error answer of these routes into Anthropic's shape: its `type` by status
 /// as Anthropic names them, the message, and tollgate's `code` and `param`.
 pub(crate) async fn anthropic_errors(response: Response) -> Response {
@@ -100,17 +117,7 @@ pub(crate) async fn anthropic_errors(response: Response) -> Response {
     else {
         return Response::from_parts(parts, Body::from(bytes));
     };
-    let kind = match status {
-        StatusCode::UNAUTHORIZED => "authentication_error",
-        StatusCode::FORBIDDEN => "permission_error",
-        StatusCode::NOT_FOUND => "not_found_error",
-        StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
-        StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
-        StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
-        s if s.is_client_error() => "invalid_request_error",
-        _ => "api_error",
-    };
-    let body = json!({"type": "error", "error": {"type": kind, "message": error["message"],
+    let body = json!({"type": "error", "error": {"type": anthropic_error_type(status), "message": error["message"],
         "code": error["code"], "param": error["param"]}});
     parts.headers.remove(header::CONTENT_LENGTH);
     Response::from_parts(parts, Body::from(body.to_string()))

@@ -139,6 +139,9 @@ pub struct Failed {
     /// The bucket that decided it (empty when none did).
     pub bucket: String,
     pub message: String,
+    /// The gate's note on it, kept on the job: for a deadline out of reach, the limit
+    /// that held it and when it was expected to fit (a refused caller's Retry-After).
+    pub note: Option<serde_json::Value>,
 }
 
 /// What one round decided.
@@ -494,13 +497,12 @@ impl Scheduler {
         closed: &HashSet<String>,
         now: DateTime<Utc>,
     ) -> Unfit {
-        let fails = |job, verdict, bucket: &str, message| {
-            Unfit::Fails(Failed {
-                job,
-                verdict,
-                bucket: bucket.to_owned(),
-                message,
-            })
+        let fails = |job, verdict, bucket: &str, message| Failed {
+            job,
+            verdict,
+            bucket: bucket.to_owned(),
+            message,
+            note: None,
         };
         if let Some(scope) = holds::holding(paused, &plan.job.tenant, &plan.job.model) {
             return Unfit::Waits {
@@ -512,12 +514,12 @@ impl Scheduler {
         }
         if !plan.routes.is_empty() && plan.routes.iter().all(|r| key_rejected(paused, &r.target)) {
             let message = "every provider key that could serve the job was rejected by its provider";
-            return fails(
+            return Unfit::Fails(fails(
                 plan.job,
                 Verdict::UpstreamCredentialsExhausted,
                 "",
                 message.to_owned(),
-            );
+            ));
         }
         let never = plan.routes.iter().all(|r| {
             r.path
@@ -543,7 +545,7 @@ impl Scheduler {
                 dimension.show(amount),
                 dimension.show(capacity)
             );
-            return fails(plan.job, Verdict::ExceedsLimit, &key, message);
+            return Unfit::Fails(fails(plan.job, Verdict::ExceedsLimit, &key, message));
         }
         let headroom = |b: &Bucket| self.policy.headroom(b, plan.class);
         let Route {
@@ -580,13 +582,26 @@ impl Scheduler {
             if buckets::is_batch_cap(bucket) {
                 let message =
                     "its batch's spend reached the batch's max_cost_usd: the line no longer fits".to_owned();
-                return fails(plan.job, Verdict::BatchCostCapReached, bucket, message);
+                return Unfit::Fails(fails(plan.job, Verdict::BatchCostCapReached, bucket, message));
             }
             let message = format!(
                 "capacity for the job ({}) is not expected before {at}, after its deadline {deadline}",
                 blocking.map_or("its turn", |(b, _)| &b.key),
             );
-            return fails(plan.job, Verdict::DeadlineUnmeetable, bucket, message);
+            let note = blocking.map(|(b, amount)| {
+                json!({
+                    "reason": "deadline_unmeetable",
+                    "bucket": b.key,
+                    "limit": b.capacity,
+                    "remaining": b.level.max(0.0).floor(),
+                    "needs": amount,
+                    "expected_at": at,
+                })
+            });
+            return Unfit::Fails(Failed {
+                note,
+                ..fails(plan.job, Verdict::DeadlineUnmeetable, bucket, message)
+            });
         }
         let note = match blocking {
             Some((b, amount)) => json!({

@@ -123,6 +123,7 @@ impl Planner<'_> {
                 verdict: Verdict::UnknownModel,
                 bucket: String::new(),
                 message,
+                note: None,
             }));
         };
         // Fallback: targets that failed the job are left out while the route has others.

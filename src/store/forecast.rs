@@ -10,7 +10,7 @@ use sqlx::{PgConnection, PgExecutor};
 
 use super::Result;
 use crate::buckets::Bucket;
-use crate::model::JobClass;
+use crate::model::{JobClass, JobId};
 use crate::vocab::{Dimension, Rule};
 
 /// Namespace of the forecast locks (`pg_advisory_xact_lock(ns, hashtext(scope))`).
@@ -92,6 +92,25 @@ pub async fn queued_ahead(
         behind.batch_id,
     )
     .fetch_all(ex)
+    .await?)
+}
+
+/// How many queued jobs (not held) asking for any of `models`, of `class` or a class
+/// served before it, were submitted before job `id` (ids grow with time).
+pub async fn queued_before(
+    ex: impl PgExecutor<'_>,
+    models: &[String],
+    class: JobClass,
+    id: JobId,
+) -> Result<i64> {
+    Ok(sqlx::query_scalar!(
+        r#"SELECT count(*) AS "n!" FROM jobs
+           WHERE state = 'queued' AND NOT held AND class <= $2 AND model = ANY($1) AND id < $3"#,
+        models,
+        class as JobClass,
+        id.0,
+    )
+    .fetch_one(ex)
     .await?)
 }
 

@@ -364,22 +364,30 @@ pub async fn explain(
     Ok(())
 }
 
+/// A queued job the gate fails: its reason code and message, and the gate's note on it
+/// (kept as its `admission` when there is one).
+#[derive(Debug)]
+pub struct QueuedFailure {
+    pub id: JobId,
+    pub code: &'static str,
+    pub message: String,
+    pub note: Option<serde_json::Value>,
+}
+
 /// Fails queued jobs the gate can never admit in time, with a reason code each.
-pub async fn fail_queued(
-    pool: &sqlx::PgPool,
-    failures: &[(JobId, &str, String)],
-    now: DateTime<Utc>,
-) -> Result<u64> {
+pub async fn fail_queued(pool: &sqlx::PgPool, failures: &[QueuedFailure], now: DateTime<Utc>) -> Result<u64> {
     if failures.is_empty() {
         return Ok(0);
     }
     let mut tx = pool.begin().await?;
-    let ids: Vec<uuid::Uuid> = failures.iter().map(|f| f.0.0).collect();
-    let codes: Vec<&str> = failures.iter().map(|f| f.1).collect();
-    let messages: Vec<&str> = failures.iter().map(|f| f.2.as_str()).collect();
+    let ids: Vec<uuid::Uuid> = failures.iter().map(|f| f.id.0).collect();
+    let codes: Vec<&str> = failures.iter().map(|f| f.code).collect();
+    let messages: Vec<&str> = failures.iter().map(|f| f.message.as_str()).collect();
+    let notes: Vec<Option<serde_json::Value>> = failures.iter().map(|f| f.note.clone()).collect();
     let ids: Vec<JobId> = query_job_ids!(
-        "UPDATE jobs j SET state = 'failed', error_code = t.code, error_message = t.message, finished_at = $4
-         FROM unnest($1::uuid[], $2::text[], $3::text[]) AS t(id, code, message)
+        "UPDATE jobs j SET state = 'failed', error_code = t.code, error_message = t.message, finished_at = $4,
+                           admission = COALESCE(t.note, j.admission)
+         FROM unnest($1::uuid[], $2::text[], $3::text[], $5::jsonb[]) AS t(id, code, message, note)
          WHERE j.id = t.id AND j.state::text = 'queued'
          RETURNING",
         "",
@@ -387,6 +395,7 @@ pub async fn fail_queued(
         &codes as &[&str],
         &messages as &[&str],
         now,
+        &notes as &[Option<serde_json::Value>],
     )
     .fetch_all(&mut *tx)
     .await?;
@@ -394,8 +403,8 @@ pub async fn fail_queued(
     // it, held or not (cheaper ones would still fit, but the cap is what the batch may cost).
     let capped: Vec<uuid::Uuid> = failures
         .iter()
-        .filter(|f| f.1 == ReasonCode::BatchCostCapReached.as_str())
-        .map(|f| f.0.0)
+        .filter(|f| f.code == ReasonCode::BatchCostCapReached.as_str())
+        .map(|f| f.id.0)
         .collect();
     let mut ended = if capped.is_empty() {
         Vec::new()

@@ -1,11 +1,12 @@
 //! Streaming chat completions: queued and admitted like any job, relayed as SSE in OpenAI
 //! chunk format, settled from the final usage; a client that goes away cancels the
-//! upstream call.
+//! upstream call; a caller who asks is told where its job stands while it waits.
 
+use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use crate::harness::{ACME, TestApp, TestOptions, eventually, mock_config};
+use crate::harness::{ACME, TestApp, TestOptions, eventually, job, mock_config};
 
 /// Reads an SSE body into its `data:` payloads.
 fn data_lines(body: &str) -> Vec<String> {
@@ -158,5 +159,152 @@ async fn a_client_that_disconnects_cancels_the_upstream_call_and_is_settled() {
         (level == 2.0).then_some(())
     })
     .await;
+    app.shutdown().await;
+}
+
+/// The queue updates (`: tollgate {…}` comments) in an SSE body, in order.
+fn queue_updates(body: &str) -> Vec<Value> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix(": tollgate "))
+        .map(|c| serde_json::from_str(c).unwrap())
+        .collect()
+}
+
+/// A streaming call that asks for queue updates; the answer's headers are in.
+async fn stream_with_updates(app: &TestApp, path: &str, body: &Value) -> reqwest::Response {
+    app.http
+        .post(app.url(path))
+        .bearer_auth(ACME)
+        .header("x-tollgate-queue-updates", "true")
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_waiting_streaming_caller_is_told_its_place_and_eta_then_streams() {
+    // Six requests a minute: one more fits every ten seconds once six are spent.
+    let app = TestApp::spawn_with(TestOptions {
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\nrpm = 6\n".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let mut spent = Vec::new();
+    for i in 0..6 {
+        let (status, accepted) = app
+            .submit(ACME, &job("oai/gpt-4o-mini", &format!("spend {i}")))
+            .await;
+        assert_eq!(status, 202, "{accepted}");
+        spent.push(accepted["id"].as_str().unwrap().to_owned());
+    }
+    for id in &spent {
+        assert_eq!(app.wait_job(ACME, id, 30).await["state"], "succeeded");
+    }
+    let body = |text: &str| {
+        json!({"model": "oai/gpt-4o-mini", "messages": [{"role": "user", "content": text}],
+               "max_tokens": 5, "stream": true})
+    };
+    // Two callers one after the other: the second waits behind the first.
+    let first = stream_with_updates(&app, "/v1/chat/completions", &body("first")).await;
+    let second = stream_with_updates(&app, "/v1/chat/completions", &body("second")).await;
+    for r in [&first, &second] {
+        assert_eq!(r.status().as_u16(), 200);
+        assert!(
+            r.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/event-stream")
+        );
+    }
+    let (first, second) = tokio::join!(first.text(), second.text());
+    let (first, second) = (first.unwrap(), second.unwrap());
+    let (first_updates, second_updates) = (queue_updates(&first), queue_updates(&second));
+    for (body, updates) in [(&first, &first_updates), (&second, &second_updates)] {
+        assert!(!updates.is_empty(), "{body}");
+        // Every update comes before the stream, which is the one an SDK reads.
+        let last_update = body.rfind(": tollgate ").unwrap();
+        assert!(last_update < body.find("data:").unwrap(), "{body}");
+        let chunks = data_lines(body);
+        assert_eq!(chunks.last().map(String::as_str), Some("[DONE]"), "{body}");
+        assert!(!content_of(&chunks).is_empty(), "{body}");
+        assert!(updates.iter().all(|u| u["state"] == "queued"), "{updates:?}");
+        // The gate says which limit holds it, and when it expects it to fit.
+        assert!(
+            updates
+                .iter()
+                .any(|u| u["waiting_for"]["bucket"] == "provider:oai:gpt-4o-mini:rpm"
+                    && u["waiting_for"]["expected_at"].is_string()),
+            "{updates:?}"
+        );
+    }
+    let eta_p50 = |u: &Value| {
+        u["eta"]["p50"]
+            .as_str()
+            .unwrap()
+            .parse::<DateTime<Utc>>()
+            .unwrap()
+    };
+    assert_eq!(first_updates[0]["ahead"], 0, "{first_updates:?}");
+    assert_eq!(second_updates[0]["ahead"], 1, "{second_updates:?}");
+    // The second's forecast counts the first ahead of it: a request's worth later.
+    assert!(
+        eta_p50(&second_updates[0]) > eta_p50(&first_updates[0]) + chrono::Duration::seconds(5),
+        "{first_updates:?} {second_updates:?}"
+    );
+    assert!(
+        first_updates
+            .iter()
+            .all(|u| eta_p50(u) > Utc::now() - chrono::Duration::seconds(30))
+    );
+    assert_eq!(app.mock.stats().rate_limited_429, 0);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_streaming_caller_with_updates_is_refused_by_an_error_event_in_its_endpoint_s_shape() {
+    // One request a minute; the second call's 5 s cannot reach the next. Anthropic's
+    // Messages API, served by an OpenAI model.
+    let app = TestApp::spawn_with(TestOptions {
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\nrpm = 1\n".into(),
+        server_config: "sync_timeout_secs = 5".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let body = json!({"model": "oai/gpt-4o-mini", "max_tokens": 5,
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let r = app
+        .http
+        .post(app.url("/v1/messages"))
+        .bearer_auth(ACME)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let mut streaming = body.clone();
+    streaming["stream"] = json!(true);
+    let r = stream_with_updates(&app, "/v1/messages", &streaming).await;
+    assert_eq!(r.status().as_u16(), 200);
+    let job_id = r.headers()["x-tollgate-job-id"].to_str().unwrap().to_owned();
+    let text = r.text().await.unwrap();
+    // Anthropic's error event, as its SDK raises it: named `error`, typed by the refusal.
+    let error_at = text.find("event: error").expect(&text);
+    let data = data_lines(&text[error_at..]);
+    let error: Value = serde_json::from_str(&data[0]).unwrap();
+    assert_eq!(error["type"], "error", "{error}");
+    assert_eq!(error["error"]["type"], "rate_limit_error", "{error}");
+    assert_eq!(error["error"]["code"], "deadline_unmeetable", "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("provider:oai:gpt-4o-mini:rpm"),
+        "{error}"
+    );
+    assert_eq!(data.len(), 1, "nothing follows the error: {text}");
+    let job = app.wait_job(ACME, &job_id, 10).await;
+    assert_eq!(job["error"]["code"], "deadline_unmeetable", "{job}");
+    assert_eq!(app.mock.stats().rate_limited_429, 0);
     app.shutdown().await;
 }

@@ -134,8 +134,13 @@ fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// A failure as the store writes it: id, reason code, message.
-fn failure(f: Failed) -> (JobId, &'static str, String) {
-    (f.job.id, f.verdict.code().as_str(), f.message)
+fn failure(f: Failed) -> store::QueuedFailure {
+    store::QueuedFailure {
+        id: f.job.id,
+        code: f.verdict.code().as_str(),
+        message: f.message,
+        note: f.note,
+    }
 }
 
 /// Counts a round's decisions in the metrics.
@@ -518,7 +523,7 @@ impl Gate {
         .await?;
         let known = Known::new(&learned);
         let planner = self.planner(&calibration, &known, &control);
-        let mut failures: Vec<(JobId, &'static str, String)> = Vec::new();
+        let mut failures: Vec<store::QueuedFailure> = Vec::new();
         let mut plans = Vec::new();
         let mut unknown = Vec::new();
         for c in candidates {
