@@ -156,7 +156,8 @@ pub struct Decision {
     pub blocked: usize,
     /// When the earliest waiting job should fit (if time alone will make it fit).
     pub next_ready: Option<DateTime<Utc>>,
-    /// Stopped at the configured batch: more may be admissible right away.
+    /// Stopped at the configured batch, or at a tenant whose next jobs were not read
+    /// ([`Plan::unread_behind`]): more may be admissible right away.
     pub full: bool,
     /// Buckets that stopped a job this round.
     pub closed: HashSet<String>,
@@ -409,6 +410,7 @@ impl Scheduler {
             let Some(plan) = queues[turn.queue].pop_front() else {
                 continue;
             };
+            let unread_behind = plan.unread_behind;
             let mut vtime = turn.vtime;
             let held = holds::holding(paused, &plan.job.tenant, &plan.job.model).is_some();
             let fitting = (!held)
@@ -417,6 +419,7 @@ impl Scheduler {
                         .first_fitting(&plan.routes, plan.class, buckets, paused, &decision.closed)
                 })
                 .flatten();
+            let admitted = fitting.is_some();
             if let Some(r) = fitting {
                 let admission = take(&plan, r, buckets);
                 vtime =
@@ -434,6 +437,11 @@ impl Scheduler {
             // provider): it gets its turn; one that needs them meets them closed.
             if !queues[turn.queue].is_empty() {
                 heap.push(Turn { vtime, ..turn });
+            } else if admitted && unread_behind {
+                // Its next job was not read: serving the others past its turn would give
+                // them its share. The round ends here, and the next, at once, reads more.
+                decision.full = true;
+                break;
             }
         }
         decision

@@ -38,6 +38,9 @@ pub struct Plan {
     pub cost: f64,
     /// Targets in order of preference.
     pub routes: Vec<Route>,
+    /// Its tenant's queue holds jobs the round did not read: once the last one read is
+    /// admitted, its tenant's next turn cannot be served from what was read.
+    pub unread_behind: bool,
 }
 
 /// One target a job may go to, and what it takes there.
@@ -176,6 +179,7 @@ impl Planner<'_> {
             weight,
             routes,
             job,
+            unread_behind: false,
         })
     }
 

@@ -62,6 +62,7 @@ fn plan(n: u128, tenant: &str, weight: f64, class: JobClass, cost: f64, path: &[
         weight,
         cost,
         routes: vec![route("m", path)],
+        unread_behind: false,
     }
 }
 
@@ -867,4 +868,26 @@ proptest! {
             prop_assert!(decided <= count);
         }
     }
+}
+
+#[test]
+fn a_tenant_whose_next_jobs_were_not_read_is_not_passed_by_the_others() {
+    // Two of each tenant's queue read, more waiting unread; room for all four.
+    let key = "provider:p:m:tpm";
+    let mut b = map(vec![bucket(1, key, Rule::Rolling, 1_000.0, 1_000.0)]);
+    let read_in_part = |n, tenant, weight| Plan {
+        unread_behind: true,
+        ..plan(n, tenant, weight, JobClass::Standard, 10.0, &[(key, 10.0)])
+    };
+    let plans = vec![
+        read_in_part(1, "acme", 3.0),
+        read_in_part(2, "acme", 3.0),
+        read_in_part(3, "globex", 1.0),
+        read_in_part(4, "globex", 1.0),
+    ];
+    let d = scheduler().schedule(plans, &mut b, &no_guesses(), &no_pauses(), usize::MAX, t0());
+    // acme's second job goes at the virtual time globex's second would have passed it at:
+    // the round ends there, and the next reads on.
+    assert_eq!(admitted_ids(&d), vec![1, 3, 2]);
+    assert!(d.full);
 }

@@ -281,6 +281,155 @@ async fn interactive_jobs_admitted_as_they_arrive_at_three_processes_keep_the_li
     app.shutdown().await;
 }
 
+/// What the provider was sent for acme (weight 3) and for globex (weight 1), in the tokens
+/// its TPM counts (input and `max_tokens`), when three processes with every role drain more
+/// of their jobs than its TPM lets through: acme's jobs ask for `acme_max` output tokens,
+/// globex's for `globex_max`. With `late`, globex (known from a few early jobs, then idle)
+/// comes back once acme has been served alone past the provider's full minute, and the
+/// count starts when globex's burst credit is spent. acme's over globex's must be 3 ± 5 %.
+async fn assert_shared_by_weight(acme_max: u64, globex_max: u64, late: bool) {
+    const TPM: u64 = 60_000;
+    // The provider's full minute, then about 20 s of its refill (after a late tenant's
+    // credit, 30 s of it).
+    const MEASURED: f64 = 80_000.0;
+    const MEASURED_LATE: f64 = 30_000.0;
+    let mut mock = mock_config();
+    mock.projects[0].tpm = TPM;
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        extra_config: format!("[providers.limits.\"gpt-4o-mini\"]\ntpm = {TPM}\n"),
+        gate_config: "interactive_reserve = 0.0".into(),
+        roles: Roles::API_ONLY,
+        peers: 3,
+        ..TestOptions::default()
+    })
+    .await;
+    let body = |max_tokens: u64| {
+        move |i: usize| {
+            let mut b = job("oai/gpt-4o-mini", &format!("job {i}"));
+            b["request"]["max_tokens"] = json!(max_tokens);
+            b
+        }
+    };
+    // Twice what either is served while the count runs: both still wait at its end.
+    let jobs = |share: f64, max_tokens: u64| (2.0 * share * MEASURED / (max_tokens + 10) as f64) as usize + 1;
+    let apis = vec![app.api.clone()];
+    let (acme_jobs, globex_jobs) = (jobs(1.5, acme_max), jobs(0.5, globex_max));
+    assert_eq!(
+        flood(&app, &apis, ACME, acme_jobs, body(acme_max)).await,
+        acme_jobs
+    );
+    // Joining late, globex is known first (a few jobs beside acme's first), then idle.
+    let (early, early_jobs) = if late { (3, 3.0) } else { (globex_jobs, 0.0) };
+    assert_eq!(flood(&app, &apis, GLOBEX, early, body(globex_max)).await, early);
+    let peers = [
+        app.spawn_peer(Roles::ALL).await,
+        app.spawn_peer(Roles::ALL).await,
+        app.spawn_peer(Roles::ALL).await,
+    ];
+    let started = |tenant: &'static str| {
+        let pool = app.db.pool.clone();
+        async move {
+            let tokens: Option<f64> = sqlx::query_scalar(
+                "SELECT sum(estimated_input_tokens + estimated_output_tokens)::float8 FROM jobs
+                 WHERE started_at IS NOT NULL AND tenant = $1",
+            )
+            .bind(tenant)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            tokens.unwrap_or(0.0)
+        }
+    };
+    let credit = app.config.gate.burst_credit_tokens as f64;
+    let mut measured = MEASURED;
+    if late {
+        // Served alone past the provider's full minute, so what follows is its refill.
+        eventually(60, "acme to be served alone", || async {
+            (started("acme").await >= TPM as f64 + 5_000.0).then_some(())
+        })
+        .await;
+        assert_eq!(
+            flood(&app, &apis, GLOBEX, globex_jobs, body(globex_max)).await,
+            globex_jobs
+        );
+        measured = credit + MEASURED_LATE;
+    }
+    let before = started("acme").await;
+    eventually(120, "the provider's limit to be used", || async {
+        (started("acme").await + started("globex").await >= before + measured).then_some(())
+    })
+    .await;
+    let queued: i64 = sqlx::query_scalar("SELECT count(DISTINCT tenant) FROM jobs WHERE state = 'queued'")
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        queued, 2,
+        "both tenants still have work waiting: contended throughout"
+    );
+    let rows: Vec<(String, DateTime<Utc>, f64)> = sqlx::query_as(
+        "SELECT tenant, started_at, (estimated_input_tokens + estimated_output_tokens)::float8 FROM jobs
+         WHERE started_at IS NOT NULL ORDER BY started_at",
+    )
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap();
+    // The count starts at globex's first job, or once its jobs after the early ones were
+    // sent its burst credit.
+    let credit = if late {
+        credit + early_jobs * (globex_max + 10) as f64
+    } else {
+        0.0
+    };
+    let mut globex_so_far = 0.0;
+    let from = rows
+        .iter()
+        .find(|(tenant, _, tokens)| {
+            if tenant == "globex" {
+                globex_so_far += tokens;
+            }
+            tenant == "globex" && globex_so_far > credit
+        })
+        .map(|r| r.1)
+        .unwrap();
+    let mut tokens: HashMap<&str, f64> = HashMap::new();
+    for (tenant, at, t) in &rows {
+        if *at >= from {
+            *tokens.entry(tenant.as_str()).or_default() += t;
+        }
+    }
+    assert_eq!(app.mock.stats().rate_limited_429, 0);
+    for p in peers {
+        p.shutdown().await;
+    }
+    app.shutdown().await;
+    let ratio = tokens["acme"] / tokens["globex"];
+    eprintln!(
+        "three processes, weights 3:1, max_tokens {acme_max}:{globex_max}{}: acme:globex tokens {ratio:.3} ({tokens:?})",
+        if late { ", globex late" } else { "" }
+    );
+    assert!(
+        (2.85..=3.15).contains(&ratio),
+        "acme:globex {ratio:.3}, want 3 ± 5 %: {tokens:?}"
+    );
+}
+
+#[tokio::test]
+async fn three_processes_share_a_contended_limit_by_weight() {
+    assert_shared_by_weight(400, 400, false).await;
+}
+
+#[tokio::test]
+async fn three_processes_share_by_weight_in_tokens_with_jobs_of_different_sizes() {
+    assert_shared_by_weight(100, 600, false).await;
+}
+
+#[tokio::test]
+async fn a_tenant_that_joins_late_has_its_burst_then_its_weight_s_share() {
+    assert_shared_by_weight(100, 100, true).await;
+}
+
 #[tokio::test]
 async fn contended_capacity_is_shared_by_weight_in_tokens() {
     // acme (weight 3) sends small jobs, globex (weight 1) large ones; the provider's TPM binds.

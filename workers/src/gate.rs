@@ -134,6 +134,18 @@ fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// A failure as the store writes it: id, reason code, message.
+/// The queues (class, tenant) read to `per_queue`, the limit: they may hold more, unread.
+fn queues_read_in_part(candidates: &[Candidate], per_queue: usize) -> HashSet<(JobClass, String)> {
+    let mut read: HashMap<(JobClass, &str), usize> = HashMap::new();
+    for c in candidates {
+        *read.entry((c.class, c.tenant.as_str())).or_default() += 1;
+    }
+    read.into_iter()
+        .filter(|(_, n)| *n >= per_queue)
+        .map(|((class, tenant), _)| (class, tenant.to_owned()))
+        .collect()
+}
+
 fn failure(f: Failed) -> store::QueuedFailure {
     store::QueuedFailure {
         id: f.job.id,
@@ -488,14 +500,18 @@ impl Gate {
     ) -> Result<Round, StoreError> {
         let batch = self.config.gate.batch;
         let queues = store::active_queues(&self.pool).await?;
+        let per_queue = if queues.is_empty() {
+            0
+        } else {
+            let last = self.last_admitted.load(Ordering::Relaxed);
+            let wanted = (2 * last.max(MIN_READ)).min(2 * batch);
+            (wanted / queues.len()).clamp(4, batch)
+        };
         let read_candidates = async {
             if queues.is_empty() {
                 return Ok(Vec::new());
             }
-            let last = self.last_admitted.load(Ordering::Relaxed);
-            let wanted = (2 * last.max(MIN_READ)).min(2 * batch);
-            let per_queue = (wanted / queues.len()).clamp(4, batch) as i64;
-            store::candidates(&self.pool, &queues, per_queue, now).await
+            store::candidates(&self.pool, &queues, per_queue as i64, now).await
         };
         // The reads side by side, each on a connection of its own: a round's wait is one
         // read's, not three in a row.
@@ -513,6 +529,7 @@ impl Gate {
         // Taken after the candidates are read, so they are planned with this process's
         // newest view of the control plane (routes added as they were accepted).
         let control = self.tenants.snapshot();
+        let read_in_part = queues_read_in_part(&candidates, per_queue);
         provider_batches::decide_candidates(
             &self.pool,
             &control.config,
@@ -547,6 +564,9 @@ impl Gate {
                     Err(f) => failures.push(failure(*f)),
                 }
             }
+        }
+        for p in &mut plans {
+            p.unread_behind = read_in_part.contains(&(p.job.class, p.job.tenant.clone()));
         }
         // Every bucket a candidate needs, and those with learned news to apply.
         let needed: HashSet<String> = plans
