@@ -116,6 +116,8 @@ pub fn overrun(jobs: i64, p90_overrun: Option<f64>) -> f64 {
 /// estimate), finishes; `None` when a bucket on the path can never hold it.
 pub fn on_route(route: &Route, one: &Work<'_>, work: &Work<'_>, outlook: &Outlook<'_>) -> Option<Eta> {
     let (mut wait, mut wait_due) = (0.0_f64, 0.0_f64);
+    // Waits for fixed windows to reset: set by the calendar, not stretched by the record.
+    let (mut calendar, mut calendar_due) = (0.0_f64, 0.0_f64);
     for (key, amount) in &route.path {
         let Some(bucket) = outlook.buckets.get(key) else {
             continue;
@@ -134,16 +136,25 @@ pub fn on_route(route: &Route, one: &Work<'_>, work: &Work<'_>, outlook: &Outloo
             _ => 1.0,
         };
         let ahead = ahead_of(bucket.dimension, key, work, outlook);
-        wait = wait.max(fair_wait(&bucket, per_unit, &ahead, work, outlook)?);
-        wait_due = wait_due.max(refilled_in(&bucket, per_unit * ahead.due, outlook)?);
+        let (fair, due) = (
+            fair_wait(&bucket, per_unit, &ahead, work, outlook)?,
+            refilled_in(&bucket, per_unit * ahead.due, outlook)?,
+        );
+        let (w, d) = match bucket.rule {
+            Rule::Fixed | Rule::Ramp => (&mut calendar, &mut calendar_due),
+            Rule::Rolling | Rule::Gauge => (&mut wait, &mut wait_due),
+        };
+        (*w, *d) = (w.max(fair), d.max(due));
     }
     let latency = outlook.latency;
-    let p50 = wait + latency.p50;
+    let p50 = wait.max(calendar) + latency.p50;
     // No sooner than the buckets have served everything due by its deadline (other
     // tenants' work due as soon may be accepted after it, and fair sharing then serves it
-    // beside this), stretched by the record.
-    let start_p90 = wait.max(wait_due) * outlook.overrun;
-    let p90 = (start_p90 + latency.p90).max(p50 * outlook.overrun);
+    // beside this), the flowing buckets' wait stretched by the record.
+    let start_p90 = (wait.max(wait_due) * outlook.overrun).max(calendar.max(calendar_due));
+    let p90 = (start_p90 + latency.p90)
+        .max((wait + latency.p50) * outlook.overrun)
+        .max(calendar + latency.p50 * outlook.overrun);
     Some(Eta {
         p50: outlook.now + secs(p50),
         p90: outlook.now + secs(p90),
@@ -587,6 +598,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(secs_from_now(eta.p50), 12.0 * 3600.0 + 2.0 * 86_400.0 + 1.0);
+        // The resets are the calendar's: the record does not stretch them (only the call).
+        assert_eq!(
+            secs_from_now(eta.p90),
+            12.0 * 3600.0 + 2.0 * 86_400.0 + LATENCY.p90
+        );
     }
 
     #[test]

@@ -182,25 +182,28 @@ async fn stream_with_updates(app: &TestApp, path: &str, body: &Value) -> reqwest
         .unwrap()
 }
 
-#[tokio::test]
-async fn a_waiting_streaming_caller_is_told_its_place_and_eta_then_streams() {
-    // Six requests a minute: one more fits every ten seconds once six are spent.
+/// An app whose model allows six requests a minute, all six spent: one more fits every
+/// ten seconds.
+async fn six_a_minute_spent() -> TestApp {
     let app = TestApp::spawn_with(TestOptions {
         extra_config: "[providers.limits.\"gpt-4o-mini\"]\nrpm = 6\n".into(),
         ..TestOptions::default()
     })
     .await;
-    let mut spent = Vec::new();
     for i in 0..6 {
         let (status, accepted) = app
             .submit(ACME, &job("oai/gpt-4o-mini", &format!("spend {i}")))
             .await;
         assert_eq!(status, 202, "{accepted}");
-        spent.push(accepted["id"].as_str().unwrap().to_owned());
+        let done = app.wait_job(ACME, accepted["id"].as_str().unwrap(), 30).await;
+        assert_eq!(done["state"], "succeeded", "{done}");
     }
-    for id in &spent {
-        assert_eq!(app.wait_job(ACME, id, 30).await["state"], "succeeded");
-    }
+    app
+}
+
+#[tokio::test]
+async fn a_waiting_streaming_caller_is_told_its_place_and_eta_then_streams() {
+    let app = six_a_minute_spent().await;
     let body = |text: &str| {
         json!({"model": "oai/gpt-4o-mini", "messages": [{"role": "user", "content": text}],
                "max_tokens": 5, "stream": true})
@@ -305,6 +308,71 @@ async fn a_streaming_caller_with_updates_is_refused_by_an_error_event_in_its_end
     assert_eq!(data.len(), 1, "nothing follows the error: {text}");
     let job = app.wait_job(ACME, &job_id, 10).await;
     assert_eq!(job["error"]["code"], "deadline_unmeetable", "{job}");
+    // Responses' error event, and chat's error chunk (no event name, OpenAI's error shape).
+    let responses =
+        json!({"model": "oai/gpt-4o-mini", "input": "hi", "max_output_tokens": 16, "stream": true});
+    let text = stream_with_updates(&app, "/v1/responses", &responses)
+        .await
+        .text()
+        .await
+        .unwrap();
+    let error_at = text.find("event: error").expect(&text);
+    let error: Value = serde_json::from_str(&data_lines(&text[error_at..])[0]).unwrap();
+    assert_eq!(
+        (&error["type"], &error["code"]),
+        (&json!("error"), &json!("deadline_unmeetable")),
+        "{error}"
+    );
+    let chat = json!({"model": "oai/gpt-4o-mini", "max_tokens": 5, "stream": true,
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let text = stream_with_updates(&app, "/v1/chat/completions", &chat)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(!text.contains("event:"), "{text}");
+    let data = data_lines(&text);
+    let error: Value = serde_json::from_str(&data[0]).unwrap();
+    assert_eq!(
+        (&error["error"]["type"], &error["error"]["code"]),
+        (&json!("rate_limit_error"), &json!("deadline_unmeetable")),
+        "{error}"
+    );
+    assert_eq!(data.len(), 1, "nothing follows the error: {text}");
+    assert_eq!(app.mock.stats().rate_limited_429, 0);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn sdks_stream_as_usual_while_queue_updates_arrive() {
+    // Each SDK call waits about ten seconds for its turn.
+    let app = six_a_minute_spent().await;
+    let out = crate::python::run_script(
+        "queue_updates.py",
+        &[],
+        &[("TOLLGATE_BASE_URL", &app.api), ("TOLLGATE_API_KEY", ACME)],
+    )
+    .await;
+    let summary: Value = serde_json::from_str(out.trim()).expect("the script's JSON summary");
+    // Both calls waited (so updates were sent while they did) and then streamed.
+    let waited: Vec<(String, f64)> = sqlx::query_as(
+        "SELECT endpoint, extract(epoch FROM started_at - created_at)::float8 FROM jobs
+         WHERE stream ORDER BY created_at",
+    )
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(waited.len(), 2, "{waited:?}");
+    assert_eq!(waited[0].0, "/v1/chat/completions");
+    assert_eq!(waited[1].0, "/v1/messages");
+    assert!(waited.iter().all(|(_, secs)| *secs > 3.0), "{waited:?}");
+    let (_, chat) = app
+        .get(
+            ACME,
+            &format!("/v1/jobs/{}", summary["chat_job"].as_str().unwrap()),
+        )
+        .await;
+    assert_eq!(chat["state"], "succeeded", "{chat}");
     assert_eq!(app.mock.stats().rate_limited_429, 0);
     app.shutdown().await;
 }
