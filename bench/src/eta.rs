@@ -88,6 +88,21 @@ fn body(i: usize) -> Value {
     body
 }
 
+/// One of the forecasts that missed most: class, tenant, output cap, whether it set its own
+/// deadline, then seconds — submitted after the first job, its eta p50, admitted, finished
+/// (from its submission) — and its relative error.
+type Miss = (
+    String,
+    String,
+    i32,
+    bool,
+    f64,
+    Option<f64>,
+    Option<f64>,
+    Option<f64>,
+    Option<f64>,
+);
+
 /// One forecast's record: jobs, p50 and p90 relative error, jobs after their p90, accepted
 /// jobs that missed their deadline.
 struct Record {
@@ -192,6 +207,19 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     )
     .fetch_all(&stack.pool)
     .await?;
+    let misses: Vec<Miss> = sqlx::query_as(
+        "SELECT class::text, tenant, estimated_output_tokens, deadline < created_at + interval '1 hour',
+                extract(epoch FROM created_at - min(created_at) OVER ())::float8,
+                extract(epoch FROM eta_p50 - created_at)::float8,
+                extract(epoch FROM admitted_at - created_at)::float8,
+                extract(epoch FROM finished_at - created_at)::float8,
+                abs(extract(epoch FROM finished_at - eta_p50))::float8
+                    / greatest(extract(epoch FROM eta_p50 - created_at)::float8, 1.0) AS error
+         FROM jobs WHERE eta_p50 IS NOT NULL AND finished_at IS NOT NULL
+         ORDER BY error DESC LIMIT 12",
+    )
+    .fetch_all(&stack.pool)
+    .await?;
     stack.stop().await?;
     println!(
         "\n### eta: {total} jobs at {}/s for {}s (2 tenants 3:1, output caps {SIZES:?}, a third due in {DEADLINE_SECS}s), provider rpm {} tpm {}, 2 s a call\n",
@@ -227,6 +255,21 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             "| {class} | {tenant} ({weight}) | {jobs} | {} | {} | {late} |",
             pct(*p50),
             pct(*p90)
+        );
+    }
+    println!("\nThe forecasts that missed most (seconds from submission):\n");
+    println!(
+        "| class | tenant | output cap | own deadline | submitted at | eta p50 | admitted | finished | error |"
+    );
+    println!("|---|---|---:|---|---:|---:|---:|---:|---:|");
+    let secs = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
+    for (class, tenant, cap, own_deadline, at, eta, admitted, finished, error) in &misses {
+        println!(
+            "| {class} | {tenant} | {cap} | {own_deadline} | {at:.1} | {} | {} | {} | {} |",
+            secs(*eta),
+            secs(*admitted),
+            secs(*finished),
+            pct(*error)
         );
     }
     if let (Some(ours), Some(theirs)) = (tollgate.p90_error, naive.p90_error) {
