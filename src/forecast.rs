@@ -9,7 +9,9 @@
 //! - its own tenant's jobs of its class that go first (priority, then earliest deadline),
 //! - of each other tenant of its class, what weighted fair queuing serves while the job's
 //!   tenant is served its own: `min(their queue, own × their weight / own weight)`
-//!   (generalised processor sharing; a tenant with little queued takes only that);
+//!   (generalised processor sharing; a tenant with little queued takes only that), more
+//!   by as much as the gate's virtual time has them behind the job's tenant, less by as
+//!   much as it has them ahead (the leading gate's lags, `store::fairness_lags`);
 //!
 //! and the job starts when the slowest bucket has refilled that much (a rolling bucket at
 //! its rate, a fixed window at its resets, a concurrency gauge as calls of the observed
@@ -94,6 +96,10 @@ pub struct Outlook<'a> {
     pub arriving: &'a [Queued],
     /// Each tenant's weight.
     pub weight_of: &'a dyn Fn(&str) -> f64,
+    /// How far each tenant's queue of the work's class is behind the class's clock in the
+    /// gate's fair queuing (estimated tokens per unit of weight; negative: ahead): a queue
+    /// behind is served before the others until it catches up.
+    pub lag_of: &'a dyn Fn(&str) -> f64,
     pub latency: Latency,
     /// How far past their p50's time recent jobs finished, one time in ten.
     pub overrun: f64,
@@ -170,8 +176,11 @@ struct Ahead {
     /// Queued work of classes that go first, and how fast more arrives (per second).
     first: f64,
     first_arriving: f64,
-    /// Each other tenant of its class: queued, arriving per second, weight.
-    others: Vec<(f64, f64, f64)>,
+    /// Each other tenant of its class: queued, arriving per second, weight, and its lag
+    /// behind the class's clock in units of the bucket per unit of weight.
+    others: Vec<(f64, f64, f64, f64)>,
+    /// The work's tenant's lag, in the same units.
+    lag: f64,
     /// `own`, `first` and every other tenant's work due by the deadline.
     due: f64,
     /// Everything queued, of every class (it was all submitted before the work: once all
@@ -240,9 +249,15 @@ fn ahead_of(dimension: Dimension, key: &str, work: &Work<'_>, outlook: &Outlook<
     }
     ahead.due = ahead.own + ahead.first + others_due;
     ahead.everything += measure(dimension, work);
+    // The gate's virtual time counts estimated tokens: a lag in the bucket's units.
+    let per_cost = measure(dimension, work) / (work.input_tokens + work.output_tokens).max(1.0);
+    ahead.lag = (outlook.lag_of)(work.tenant) * per_cost;
     ahead.others = others
         .into_iter()
-        .map(|(tenant, (queued, arriving))| (queued, arriving, (outlook.weight_of)(tenant)))
+        .map(|(tenant, (queued, arriving))| {
+            let lag = (outlook.lag_of)(tenant) * per_cost;
+            (queued, arriving, (outlook.weight_of)(tenant), lag)
+        })
         .collect();
     ahead
 }
@@ -266,11 +281,16 @@ fn fair_wait(
         Rule::Gauge if bucket.capacity > 0.0 => bucket.capacity / outlook.latency.p50.max(1e-3),
         _ => 0.0,
     };
+    // Another tenant is served until its virtual time passes the work's: its weight's
+    // share of the work, plus what it is behind the work's tenant (less what it is ahead).
     let share = |t: f64| -> f64 {
         ahead
             .others
             .iter()
-            .map(|(queued, arriving, w)| (queued + arriving * t).min(ahead.own * w / weight.max(1.0)))
+            .map(|(queued, arriving, w, lag)| {
+                let turn = (ahead.own / weight.max(1.0) + lag - ahead.lag) * w;
+                (queued + arriving * t).min(turn.max(0.0))
+            })
             .sum()
     };
     if rate <= 0.0 {
@@ -452,9 +472,23 @@ mod tests {
         weights: &[(&str, f64)],
         of: Work<'_>,
     ) -> Option<Eta> {
+        forecast_lagging(buckets, ahead, arriving, weights, &[], of)
+    }
+
+    /// With the gate's `lags` (tenant, lag) of the work's class.
+    fn forecast_lagging(
+        buckets: &[Bucket],
+        ahead: &[Queued],
+        arriving: &[Queued],
+        weights: &[(&str, f64)],
+        lags: &[(&str, f64)],
+        of: Work<'_>,
+    ) -> Option<Eta> {
         let buckets: HashMap<String, Bucket> = buckets.iter().map(|b| (b.key.clone(), b.clone())).collect();
         let weights: HashMap<String, f64> = weights.iter().map(|(t, w)| ((*t).to_owned(), *w)).collect();
         let weight_of = |t: &str| weights.get(t).copied().unwrap_or(1.0);
+        let lags: HashMap<String, f64> = lags.iter().map(|(t, l)| ((*t).to_owned(), *l)).collect();
+        let lag_of = |t: &str| lags.get(t).copied().unwrap_or(0.0);
         let path: Vec<(&str, f64)> = buckets
             .values()
             .map(|b| (b.key.as_str(), units(b.dimension, 1.0, 100.0, 100.0)))
@@ -464,6 +498,7 @@ mod tests {
             ahead,
             arriving,
             weight_of: &weight_of,
+            lag_of: &lag_of,
             latency: LATENCY,
             overrun: 1.5,
             starve_after: &|class| (class != JobClass::Interactive).then_some(60.0),
@@ -514,6 +549,25 @@ mod tests {
         // Its start, one time in ten: once all that is due by its deadline is served (all
         // of b's 100 is due here: 108 s), stretched by the record.
         assert_eq!(secs_from_now(eta.start_p90), 162.0);
+    }
+
+    #[test]
+    fn a_tenant_behind_the_fair_queuing_clock_is_served_first_until_it_catches_up() {
+        // 1 request/s, empty; b has 100 queued. The work is 2 jobs of 400 estimated tokens
+        // together (2 requests), so 1,000 tokens of lag are 5 requests.
+        let rpm = bucket("oai:m:rpm", Dimension::Requests, Rule::Rolling, 60.0, 60, 0.0);
+        let ahead = [queued("b", JobClass::Standard, 100.0)];
+        let eta = |lags: &[(&str, f64)]| {
+            let eta =
+                forecast_lagging(std::slice::from_ref(&rpm), &ahead, &[], &[], lags, work("a", 2.0)).unwrap();
+            secs_from_now(eta.p50)
+        };
+        // Level: b takes its share beside a's 2; then the call.
+        assert_eq!(eta(&[]), 5.0);
+        // b behind by 5 requests' worth: it catches up first.
+        assert_eq!(eta(&[("b", 1000.0)]), 10.0);
+        // a behind by as much: b waits for a.
+        assert_eq!(eta(&[("a", 1000.0)]), 3.0);
     }
 
     #[test]

@@ -18,7 +18,8 @@
 //! What changes slowly is read at most every [`REREAD_EVERY`] per process: the learned
 //! estimates and limits the plan needs, how long calls took lately, provider batches'
 //! turnarounds, how past forecasts came out, and what arrived in the last minute (the rate
-//! at which more work will compete).
+//! at which more work will compete); the leading gate's fairness lags (who it serves
+//! first) every second.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -137,6 +138,7 @@ pub struct Forecaster {
     turnarounds: Reread<Turnarounds>,
     record: Reread<ForecastRecord>,
     arriving: Reread<Vec<Queued>>,
+    lags: Reread<HashMap<(JobClass, String), f64>>,
     /// The queue and buckets last read for unchecked forecasts, by requested model and
     /// class, reused for [`QUEUE_REREAD`]: a forecast that decides nothing does not scan a
     /// deep queue for every job submitted.
@@ -169,6 +171,7 @@ impl Default for Forecaster {
             turnarounds: Reread::new(REREAD_EVERY),
             record: Reread::new(REREAD_EVERY),
             arriving: Reread::new(REREAD_EVERY),
+            lags: Reread::new(QUEUE_REREAD),
             unchecked: std::sync::Mutex::default(),
             key_turn: AtomicUsize::new(0),
         }
@@ -380,6 +383,7 @@ impl Forecaster {
                     Ok(rows)
                 })
                 .await?,
+            lags: self.lags.get(store::fairness_lags(pool)).await?,
         })
     }
 }
@@ -393,6 +397,9 @@ pub struct Inputs {
     record: ForecastRecord,
     /// What arrives per second, by class, tenant and requested model.
     arriving: Vec<Queued>,
+    /// The leading gate's lags of each queue behind its class's clock, by class and tenant
+    /// (read every [`QUEUE_REREAD`]: they move with every round).
+    lags: HashMap<(JobClass, String), f64>,
 }
 
 impl Inputs {
@@ -409,6 +416,12 @@ impl Inputs {
         let job = of.one;
         let (names, found, ahead) = (&reading.names, &reading.found, &reading.ahead);
         let weight_of = |tenant: &str| control.tenants.weight(tenant);
+        let lag_of = |tenant: &str| {
+            self.lags
+                .get(&(plan.class, tenant.to_owned()))
+                .copied()
+                .unwrap_or(0.0)
+        };
         let work = |jobs, input_tokens, output_tokens| Work {
             tenant: &job.tenant,
             class: job.class,
@@ -440,6 +453,7 @@ impl Inputs {
                 ahead: &ahead,
                 arriving: &arriving,
                 weight_of: &weight_of,
+                lag_of: &lag_of,
                 latency: latency(
                     config,
                     &self.latencies,

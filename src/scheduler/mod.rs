@@ -650,6 +650,23 @@ impl Scheduler {
         }
     }
 
+    /// How far each (class, tenant) queue is behind its class's clock, in estimated tokens
+    /// per unit of weight (negative: ahead), as its next turn would start: a queue behind
+    /// is served before the others until it catches up, at most its burst credit behind.
+    /// `weight_of` gives a tenant's weight.
+    pub fn lags(&self, weight_of: impl Fn(&str) -> f64) -> Vec<(JobClass, String, f64)> {
+        let burst = self.policy.gate.burst_credit_tokens as f64;
+        self.fairness
+            .vtime
+            .iter()
+            .map(|((class, tenant), vt)| {
+                let clock = self.fairness.clock.get(class).copied().unwrap_or(0.0);
+                let lag = (clock - vt).min(burst / weight_of(tenant).max(1.0));
+                (*class, tenant.clone(), lag)
+            })
+            .collect()
+    }
+
     /// Records a job admitted outside a round (on arrival): its tenant's virtual time
     /// advances as if a round had admitted it.
     pub fn served_on_arrival(&mut self, plan: &Plan) {

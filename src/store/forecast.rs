@@ -95,6 +95,43 @@ pub async fn queued_ahead(
     .await?)
 }
 
+/// Replaces the leading gate's fairness lags with `lags`: (class, tenant, lag) each.
+pub async fn save_fairness_lags(
+    pool: &sqlx::PgPool,
+    lags: &[(JobClass, String, f64)],
+    now: DateTime<Utc>,
+) -> Result<()> {
+    let classes: Vec<JobClass> = lags.iter().map(|l| l.0).collect();
+    let tenants: Vec<&str> = lags.iter().map(|l| l.1.as_str()).collect();
+    let values: Vec<f64> = lags.iter().map(|l| l.2).collect();
+    let mut tx = pool.begin().await?;
+    sqlx::query!(
+        "INSERT INTO fairness_lags (class, tenant, lag, updated_at)
+         SELECT c, t, l, $4 FROM unnest($1::job_class[], $2::text[], $3::float8[]) AS u(c, t, l)
+         ON CONFLICT ON CONSTRAINT fairness_lags_pkey DO UPDATE SET lag = excluded.lag, updated_at = $4",
+        &classes as &[JobClass],
+        &tenants as &[&str],
+        &values,
+        now,
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query!("DELETE FROM fairness_lags WHERE updated_at < $1", now)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The leading gate's fairness lags, by class and tenant: how far (estimated tokens per
+/// unit of weight) each queue is behind its class's clock.
+pub async fn fairness_lags(ex: impl PgExecutor<'_>) -> Result<HashMap<(JobClass, String), f64>> {
+    let rows = sqlx::query!(r#"SELECT class AS "class: JobClass", tenant, lag FROM fairness_lags"#)
+        .fetch_all(ex)
+        .await?;
+    Ok(rows.into_iter().map(|r| ((r.class, r.tenant), r.lag)).collect())
+}
+
 /// How many queued jobs (not held) asking for any of `models`, of `class` or a class
 /// served before it, were submitted before job `id` (ids grow with time).
 pub async fn queued_before(

@@ -400,6 +400,12 @@ async fn assert_shared_by_weight(acme_max: u64, globex_max: u64, late: bool) {
         }
     }
     assert_eq!(app.mock.stats().rate_limited_429, 0);
+    // The leading gate tells the forecasts where each queue stands in its fair queuing.
+    let lags = store::fairness_lags(&app.db.pool).await.unwrap();
+    for tenant in ["acme", "globex"] {
+        let lag = lags.get(&(tollgate::model::JobClass::Standard, tenant.to_owned()));
+        assert!(lag.is_some_and(|l| l.is_finite()), "{lags:?}");
+    }
     for p in peers {
         p.shutdown().await;
     }

@@ -73,6 +73,12 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
     .await
     .unwrap();
     assert_eq!((record.jobs, record.late), (1, 0), "{record:?}");
+    // The leading gate's fairness lags read back by class and tenant.
+    let lags = tollgate::store::fairness_lags(&db.pool).await.unwrap();
+    assert_eq!(
+        lags.get(&(tollgate::model::JobClass::Standard, "acme".to_owned())),
+        Some(&2730.5)
+    );
     let queued: JobId = "0190a000-0000-7000-8000-000000000002".parse().unwrap();
     let job = tollgate::store::get_job(&db.pool, Some("acme"), queued)
         .await

@@ -81,6 +81,8 @@ fn batch_hint() -> usize {
 
 /// Most finished jobs whose settlements one round applies.
 const REFUNDS_PER_ROUND: i64 = 50_000;
+/// How often the active gate writes its fairness lags for the forecasts.
+const PUBLISH_LAGS_EVERY: Duration = Duration::from_secs(1);
 /// How often the active gate checks that it still holds its lock.
 const LEADER_CHECK: Duration = Duration::from_secs(1);
 
@@ -133,7 +135,6 @@ fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// A failure as the store writes it: id, reason code, message.
 /// The queues (class, tenant) read to `per_queue`, the limit: they may hold more, unread.
 fn queues_read_in_part(candidates: &[Candidate], per_queue: usize) -> HashSet<(JobClass, String)> {
     let mut read: HashMap<(JobClass, &str), usize> = HashMap::new();
@@ -146,6 +147,7 @@ fn queues_read_in_part(candidates: &[Candidate], per_queue: usize) -> HashSet<(J
         .collect()
 }
 
+/// A failure as the store writes it: id, reason code, message, the gate's note.
 fn failure(f: Failed) -> store::QueuedFailure {
     store::QueuedFailure {
         id: f.job.id,
@@ -796,12 +798,24 @@ impl Gate {
         }
     }
 
+    /// Writes how far each queue is behind its class's clock ([`Scheduler::lags`]) for the
+    /// forecasts at submission, which any process makes. A failure is logged: the
+    /// forecasts then read the last lags written.
+    async fn publish_lags(&self) {
+        let control = self.tenants.snapshot();
+        let lags = locked(&self.scheduler).lags(|t| control.tenants.weight(t));
+        if let Err(e) = store::save_fairness_lags(&self.pool, &lags, self.clock.now()).await {
+            tracing::warn!(error = %e, "could not write the fairness lags");
+        }
+    }
+
     /// The loop: become the active gate, then run rounds whenever work or capacity may
     /// have appeared (NOTIFY), when a blocked job should fit, or at the fallback poll.
     pub async fn run(&self, cancel: CancellationToken) {
         let poll = Duration::from_millis(self.config.gate.poll_interval_ms);
         'lead: while let Some(mut leader) = self.lead(&cancel).await {
             let mut checked = tokio::time::Instant::now();
+            let mut published = checked - PUBLISH_LAGS_EVERY;
             loop {
                 if cancel.is_cancelled() {
                     break 'lead;
@@ -821,6 +835,10 @@ impl Gate {
                         Round::default()
                     }
                 };
+                if published.elapsed() >= PUBLISH_LAGS_EVERY {
+                    published = tokio::time::Instant::now();
+                    self.publish_lags().await;
+                }
                 if round.full {
                     continue;
                 }
