@@ -17,8 +17,8 @@ use tollgate::config::Config;
 use tollgate_api::broker::Roles;
 use tollgate_mock::MockConfig;
 
-use crate::BenchArgs;
 use crate::local::LocalStack;
+use crate::{BenchArgs, limited_provider};
 
 /// The deadline a third of the jobs set, from their submission.
 const DEADLINE_SECS: i64 = 120;
@@ -53,15 +53,6 @@ max_connections = 16
 concurrency = 64
 [gate]
 interactive_reserve = 0.0
-[[providers]]
-name = "oai"
-kind = "openai"
-base_url = "http://{mock}/v1"
-keys = [{{ name = "k", value = "sk-bench" }}]
-models = ["gpt-4o-mini"]
-[providers.limits."gpt-4o-mini"]
-rpm = {}
-tpm = {}
 [[tenants]]
 name = "bench"
 api_key = "tk-bench"
@@ -70,8 +61,8 @@ weight = 3
 name = "other"
 api_key = "tk-other"
 weight = 1
-"#,
-        args.rpm, args.tpm
+{}"#,
+        limited_provider(mock, args.rpm, args.tpm)
     );
     Ok(Config::parse(&text, "bench eta config")?)
 }

@@ -151,6 +151,12 @@ keys = ["sk-bench"]
 /// The mock's OpenAI account as a provider with limits far above what the machine can
 /// reach, so every job goes through real provider buckets without any of them binding.
 pub(crate) fn unbound_provider(mock: std::net::SocketAddr) -> String {
+    limited_provider(mock, 100_000_000, 100_000_000_000)
+}
+
+/// The mock's OpenAI account as a provider whose `gpt-4o-mini` tollgate limits to `rpm`
+/// and `tpm`.
+pub(crate) fn limited_provider(mock: std::net::SocketAddr, rpm: u64, tpm: u64) -> String {
     format!(
         r#"
 [[providers]]
@@ -160,8 +166,8 @@ base_url = "http://{mock}/v1"
 keys = [{{ name = "k", value = "sk-bench" }}]
 models = ["gpt-4o-mini"]
 [providers.limits."gpt-4o-mini"]
-rpm = 100000000
-tpm = 100000000000
+rpm = {rpm}
+tpm = {tpm}
 "#
     )
 }

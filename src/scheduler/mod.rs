@@ -340,6 +340,24 @@ impl Policy {
     }
 }
 
+/// The note on a job that bucket `b` holds back (`reason`): its limit, what remains, what
+/// the job needs and when it was expected to fit.
+fn capacity_note(
+    reason: &str,
+    b: &Bucket,
+    amount: f64,
+    expected_at: Option<DateTime<Utc>>,
+) -> serde_json::Value {
+    json!({
+        "reason": reason,
+        "bucket": b.key,
+        "limit": b.capacity,
+        "remaining": b.level.max(0.0).floor(),
+        "needs": amount,
+        "expected_at": expected_at,
+    })
+}
+
 /// Admission policy with the fairness state it carries from round to round.
 #[derive(Debug)]
 pub struct Scheduler {
@@ -596,30 +614,13 @@ impl Scheduler {
                 "capacity for the job ({}) is not expected before {at}, after its deadline {deadline}",
                 blocking.map_or("its turn", |(b, _)| &b.key),
             );
-            let note = blocking.map(|(b, amount)| {
-                json!({
-                    "reason": "deadline_unmeetable",
-                    "bucket": b.key,
-                    "limit": b.capacity,
-                    "remaining": b.level.max(0.0).floor(),
-                    "needs": amount,
-                    "expected_at": at,
-                })
-            });
             return Unfit::Fails(Failed {
-                note,
+                note: blocking.map(|(b, amount)| capacity_note("deadline_unmeetable", b, amount, Some(at))),
                 ..fails(plan.job, Verdict::DeadlineUnmeetable, bucket, message)
             });
         }
         let note = match blocking {
-            Some((b, amount)) => json!({
-                "reason": "waiting_for_capacity",
-                "bucket": b.key,
-                "limit": b.capacity,
-                "remaining": b.level.max(0.0).floor(),
-                "needs": amount,
-                "expected_at": ready,
-            }),
+            Some((b, amount)) => capacity_note("waiting_for_capacity", b, amount, ready),
             None => match pause {
                 Some(_) if operator_held => json!({
                     "reason": holds::PAUSED_BY_OPERATOR,
