@@ -281,6 +281,9 @@ async fn a_gate_whose_lock_connection_died_admits_nothing_more() {
             maintenance: false,
         },
         gate_config: "batch = 4".into(),
+        // Paced by a limit, so the queue is still being admitted when the lock is lost:
+        // 600 at once, then ten a second.
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\nrpm = 600\n".into(),
         ..TestOptions::default()
     })
     .await;
