@@ -70,8 +70,30 @@ pub fn target_scope(provider: &str, model: &str) -> String {
     format!("provider:{provider}:{model}")
 }
 
-/// The provider and model of a target scope (`provider:oai:gpt-4o` → `("oai", "gpt-4o")`).
+/// The scope of the limits one provider account (a quota pool) has for `model`: the
+/// learned limits of the keys of `account` when a model's keys are in several pools
+/// (`crate::keyring::Keyring::pool_account`). A `:` in the account is not kept, so the
+/// model (which may hold `:`) is still the rest of the scope.
+pub fn pool_scope(provider: &str, account: &str, model: &str) -> String {
+    format!("pool:{provider}:{}:{model}", account.replace(':', "_"))
+}
+
+/// The scope a target's learned limits live under: its pool's, when its key's account is
+/// one of several serving the model, else the model's (every key in one pool).
+pub fn learned_scope(provider: &str, model: &str, pool: Option<&str>) -> String {
+    match pool {
+        Some(account) => pool_scope(provider, account, model),
+        None => target_scope(provider, model),
+    }
+}
+
+/// The provider and model of a target or pool scope (`provider:oai:gpt-4o` and
+/// `pool:oai:org-a:gpt-4o` → `("oai", "gpt-4o")`).
 pub fn scope_target(scope: &str) -> (&str, &str) {
+    if let Some(rest) = scope.strip_prefix("pool:") {
+        let (provider, rest) = rest.split_once(':').unwrap_or((rest, ""));
+        return (provider, rest.split_once(':').map_or("", |(_, model)| model));
+    }
     let rest = scope.strip_prefix("provider:").unwrap_or(scope);
     rest.split_once(':').unwrap_or((rest, ""))
 }
@@ -158,10 +180,10 @@ pub fn key_specs(provider: &str, name: &str, limits: &ModelLimits) -> Vec<Bucket
     target_specs(&key_scope(provider, name), limits)
 }
 
-/// Buckets of the provider's side (its model limits, its keys' limits): they keep
+/// Buckets of the provider's side (its models' and pools' limits, its keys'): they keep
 /// headroom for requests in transit and the interactive reserve.
 pub fn is_provider_side(key: &str) -> bool {
-    key.starts_with("provider:") || key.starts_with("key:")
+    ["provider:", "pool:", "key:"].iter().any(|p| key.starts_with(p))
 }
 
 /// The buckets of one provider model, from its configured limits.

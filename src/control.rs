@@ -13,7 +13,9 @@
 //! - Provider keys ([`add_provider_key`], [`change_provider_key`],
 //!   [`remove_provider_key`]): added at runtime (sealed with the server's secret key,
 //!   `webhook_secrets`), rotated, disabled and enabled (the file's too); each process's
-//!   [`Keyring`] is swapped with its directory.
+//!   [`Keyring`] is swapped with its directory. The account each key's responses named
+//!   (its quota pool, `store::record_key_accounts`) is part of it: a key seen under a new
+//!   account is a change like the others.
 //! - Routes ([`put_route`], [`remove_route`]): aliases added at runtime,
 //!   in force through [`Directory::config`], the file's configuration with them.
 //! - The config file seeds the control plane ([`apply_seed`]) at start and on `SIGHUP`:
@@ -235,6 +237,7 @@ async fn read(pool: &PgPool, config: &Config) -> Result<Snapshot, ControlError> 
     let tenants = store::list_tenants(&mut *tx).await?;
     let keys = store::directory_keys(&mut *tx).await?;
     let provider_keys = store::list_provider_keys(&mut *tx).await?;
+    let accounts = store::key_accounts(&mut *tx).await?;
     let routes = store::list_routes(&mut *tx).await?;
     tx.commit().await?;
     let admin = tenants::admin_digest(config).unwrap_or(None);
@@ -266,7 +269,10 @@ async fn read(pool: &PgPool, config: &Config) -> Result<Snapshot, ControlError> 
     let tenants = TenantDirectory::with_key_limits(tenants, live, key_limits, admin, version);
     Ok(Snapshot {
         tenants: Arc::new(tenants),
-        keyring: Arc::new(keyring(config, provider_keys)),
+        keyring: Arc::new(
+            keyring(config, provider_keys)
+                .with_accounts(accounts.into_iter().map(|a| (a.provider, a.key, a.account))),
+        ),
         config: Arc::new(with_routes(config, routes)),
     })
 }

@@ -2,6 +2,12 @@
 //! disabled at runtime, and the keys added through the admin API (their secrets opened
 //! from what the database holds sealed). The planner chooses among [`Keyring::serving`];
 //! a dispatcher sends with [`Keyring::runtime_secret`] for a key the file does not hold.
+//!
+//! It also knows which account (quota pool) each key's responses named: keys of one account
+//! share its limits, and a model whose keys name several accounts learns each one's limits
+//! apart ([`Keyring::pool_account`], [`Keyring::pools`]).
+
+use std::collections::HashMap;
 
 use secrecy::SecretString;
 
@@ -42,15 +48,105 @@ pub struct KeyChoice<'a> {
     pub weight: u32,
 }
 
+/// The account (quota pool) a provider key's response named (`provider_key_accounts`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyAccount {
+    pub provider: String,
+    pub key: String,
+    pub account: String,
+    pub observed_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// The keys of one provider model that share its limits: one provider account (a quota
+/// pool), or — while not every key's account is known, or all name the same — all of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pool<'a> {
+    /// The account its keys' responses named; `None`: not every key has named one.
+    pub account: Option<&'a str>,
+    /// Whether the model's keys are in several pools, so this one's limits are learned
+    /// under its own scope ([`Keyring::pool_account`]).
+    pub apart: bool,
+    pub keys: Vec<&'a str>,
+}
+
 /// The provider keys of one moment.
 #[derive(Debug, Clone, Default)]
 pub struct Keyring {
     entries: Vec<KeyringEntry>,
+    /// The account each key's responses named, by (provider, key).
+    accounts: HashMap<(String, String), String>,
 }
 
 impl Keyring {
     pub fn new(entries: Vec<KeyringEntry>) -> Self {
-        Self { entries }
+        Self {
+            entries,
+            accounts: HashMap::new(),
+        }
+    }
+
+    /// The keyring with the accounts keys' responses named, as `(provider, key, account)`.
+    pub fn with_accounts(mut self, accounts: impl IntoIterator<Item = (String, String, String)>) -> Self {
+        self.accounts = accounts
+            .into_iter()
+            .map(|(provider, key, account)| ((provider, key), account))
+            .collect();
+        self
+    }
+
+    /// The account key `name` of `provider` was last seen serving under.
+    pub fn account(&self, provider: &str, name: &str) -> Option<&str> {
+        self.accounts
+            .get(&(provider.to_owned(), name.to_owned()))
+            .map(String::as_str)
+    }
+
+    /// The pool whose limits a call to `model` with key `name` counts against, when the
+    /// model's keys are in several: its account. `None` while they share one (every
+    /// serving key in one account, or some key's account not yet known — sharing is the
+    /// safe guess: two pools taken for one would let twice its limit through).
+    pub fn pool_account(&self, p: &ProviderConfig, model: &str, name: &str) -> Option<&str> {
+        let account = self.account(&p.name, name)?;
+        apart(&self.serving_accounts(p, model)).then_some(account)
+    }
+
+    /// The account of each key that serves `model` of `p`, in [`Keyring::serving`] order.
+    fn serving_accounts(&self, p: &ProviderConfig, model: &str) -> Vec<Option<&str>> {
+        self.serving(p, model)
+            .iter()
+            .map(|k| self.account(&p.name, k.name))
+            .collect()
+    }
+
+    /// The pools of the keys that serve `model` of `p`, in the order of their first key.
+    pub fn pools<'a>(&'a self, p: &'a ProviderConfig, model: &str) -> Vec<Pool<'a>> {
+        let serving = self.serving(p, model);
+        let accounts = self.serving_accounts(p, model);
+        let apart = apart(&accounts);
+        if !apart {
+            let account = accounts
+                .first()
+                .copied()
+                .flatten()
+                .filter(|a| accounts.iter().all(|b| *b == Some(*a)));
+            return vec![Pool {
+                account,
+                apart,
+                keys: serving.iter().map(|k| k.name).collect(),
+            }];
+        }
+        let mut pools: Vec<Pool<'a>> = Vec::new();
+        for (k, account) in serving.iter().zip(accounts) {
+            match pools.iter_mut().find(|pool| pool.account == account) {
+                Some(pool) => pool.keys.push(k.name),
+                None => pools.push(Pool {
+                    account,
+                    apart,
+                    keys: vec![k.name],
+                }),
+            }
+        }
+        pools
     }
 
     fn entry(&self, provider: &str, name: &str) -> Option<&KeyringEntry> {
@@ -117,6 +213,11 @@ impl Keyring {
     }
 }
 
+/// Whether keys of these accounts are in several pools: every account known, not all one.
+fn apart(accounts: &[Option<&str>]) -> bool {
+    accounts.iter().all(Option::is_some) && accounts.windows(2).any(|w| w[0] != w[1])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,5 +275,55 @@ mod tests {
         );
         let empty = Keyring::default();
         assert_eq!(empty.serving(p, "m").len(), 2, "without rows, the file's keys");
+    }
+
+    #[test]
+    fn keys_share_one_pool_until_every_one_names_its_account_and_they_differ() {
+        let config = config();
+        let p = &config.providers[0];
+        let seen = |pairs: &[(&str, &str)]| {
+            Keyring::new(Vec::new()).with_accounts(
+                pairs
+                    .iter()
+                    .map(|(k, a)| ("oai".to_owned(), (*k).to_owned(), (*a).to_owned())),
+            )
+        };
+        fn listed<'a>(
+            ring: &'a Keyring,
+            p: &'a ProviderConfig,
+        ) -> Vec<(Option<&'a str>, bool, Vec<&'a str>)> {
+            ring.pools(p, "m")
+                .into_iter()
+                .map(|pool| (pool.account, pool.apart, pool.keys))
+                .collect()
+        }
+        let one = |ring| listed(ring, p);
+
+        let unknown = seen(&[("k1", "org-a")]);
+        assert_eq!(
+            unknown.pool_account(p, "m", "k1"),
+            None,
+            "k2's account is not known yet"
+        );
+        assert_eq!(one(&unknown), [(None, false, vec!["k1", "k2"])]);
+
+        let same = seen(&[("k1", "org-a"), ("k2", "org-a")]);
+        assert_eq!(
+            same.pool_account(p, "m", "k2"),
+            None,
+            "one account: the model's own scope"
+        );
+        assert_eq!(one(&same), [(Some("org-a"), false, vec!["k1", "k2"])]);
+
+        let split = seen(&[("k1", "org-a"), ("k2", "org-b")]);
+        assert_eq!(split.pool_account(p, "m", "k1"), Some("org-a"));
+        assert_eq!(split.pool_account(p, "m", "k2"), Some("org-b"));
+        assert_eq!(
+            one(&split),
+            [
+                (Some("org-a"), true, vec!["k1"]),
+                (Some("org-b"), true, vec!["k2"])
+            ]
+        );
     }
 }

@@ -30,6 +30,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::buckets::Bucket;
+use crate::keyring::KeyAccount;
 use crate::ratelimit::Reading;
 use crate::vocab::{Authority, LearnedFrom, LimitName, Rule};
 
@@ -229,12 +230,15 @@ pub fn guessed(rows: &[Learned]) -> HashSet<String> {
 /// What one provider response said about the limits of its scope.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Observation {
-    /// The provider model scope (`provider:oai:gpt-4o-mini`).
+    /// The provider model's scope (`provider:oai:gpt-4o-mini`), or its key's pool's
+    /// (`crate::buckets::learned_scope`).
     pub scope: String,
     pub readings: Vec<Reading>,
     /// A 429 that said nothing about capacities: learn from the 429 itself.
     pub throttled: bool,
     pub at: DateTime<Utc>,
+    /// The account the response named for its key, when the keyring did not know it yet.
+    pub account: Option<KeyAccount>,
 }
 
 #[cfg(test)]

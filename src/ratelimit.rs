@@ -9,6 +9,8 @@
 //!   `RetryInfo.retryDelay`; OpenAI-style messages that name the limit
 //!   (`... (TPM): Limit 30000, Used ...`) and say when to come back (`try again in 644ms`).
 //! - When to come back: `retry-after-ms`, `retry-after` as seconds or an HTTP date.
+//! - Which account (quota pool) served the call: `openai-organization`,
+//!   `anthropic-organization-id`.
 //!
 //! The result, [`Signals`], names limits as tollgate's buckets do ([`LimitName`]); the gate
 //! turns readings into learned bucket capacities and levels (`store::learned`).
@@ -56,6 +58,10 @@ pub struct Signals {
     pub readings: Vec<Reading>,
     /// When to come back (429s, some 503s).
     pub retry_after: Option<Duration>,
+    /// The provider account the response was served under (OpenAI's
+    /// `openai-organization`, Anthropic's `anthropic-organization-id`): keys of one
+    /// account share its limits, a quota pool.
+    pub account: Option<String>,
 }
 
 impl Signals {
@@ -201,7 +207,21 @@ pub fn read(dialect: Dialect, headers: &HeaderMap, body: &[u8], now: DateTime<Ut
     Signals {
         readings,
         retry_after,
+        account: account(headers),
     }
+}
+
+/// The longest account id kept: real ones are tens of characters.
+const MAX_ACCOUNT_LEN: usize = 128;
+
+/// The account a response names, if it names one plausibly (printable, not too long).
+fn account(headers: &HeaderMap) -> Option<String> {
+    ["openai-organization", "anthropic-organization-id"]
+        .iter()
+        .filter_map(|name| headers.get(*name)?.to_str().ok())
+        .map(str::trim)
+        .find(|v| !v.is_empty() && v.len() <= MAX_ACCOUNT_LEN && v.chars().all(|c| c.is_ascii_graphic()))
+        .map(str::to_owned)
 }
 
 /// `retry-after-ms` (float ms), then `retry-after` as seconds or as an HTTP date.
@@ -585,5 +605,25 @@ mod tests {
                 .readings
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn a_response_names_the_account_its_key_serves_under() {
+        let now = Utc::now();
+        let openai = headers(&[("openai-organization", "org-abc")]);
+        assert_eq!(
+            read(Dialect::Openai, &openai, b"", now).account.as_deref(),
+            Some("org-abc")
+        );
+        let anthropic = headers(&[("anthropic-organization-id", " 7d3c-11ee ")]);
+        assert_eq!(
+            read(Dialect::Anthropic, &anthropic, b"", now).account.as_deref(),
+            Some("7d3c-11ee")
+        );
+        let long = "o".repeat(MAX_ACCOUNT_LEN + 1);
+        for bogus in ["", "org a", long.as_str()] {
+            let h = headers(&[("openai-organization", bogus)]);
+            assert_eq!(read(Dialect::Openai, &h, b"", now).account, None, "{bogus:?}");
+        }
     }
 }

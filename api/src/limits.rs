@@ -5,12 +5,17 @@
 //! `configured`, `learned` (a provider's reading or its 429s set it; `learned_at` says
 //! when, `configured_capacity` what the config says) or `probe` (a cold-start limit on
 //! calls in flight while nothing is known of a model's limits).
+//!
+//! Beside them, `pools`: for each provider model, the keys that share one quota (keys of
+//! one provider account, as their responses named it) and the scope of its learned buckets.
 
 use axum::Json;
 use axum::extract::State;
 use chrono::Utc;
 use serde_json::{Value, json};
 use tollgate::buckets::{self, Bucket};
+use tollgate::config::Config;
+use tollgate::keyring::Keyring;
 use tollgate::store;
 
 use crate::AppState;
@@ -67,11 +72,42 @@ pub(crate) async fn list(
         .collect();
     own.extend(buckets::tenant_prefixes(&tenant.name));
     own.extend(tenant.key.map(|id| format!("{}:", buckets::api_key_scope(id))));
-    let data: Vec<Value> = store::all_buckets(&state.pool)
-        .await?
+    let all = store::all_buckets(&state.pool).await?;
+    let pools = pools(&state.tenants.config(), &state.tenants.keyring());
+    let data: Vec<Value> = all
         .into_iter()
         .filter(|b| own.iter().any(|o| b.key.starts_with(o)) || !buckets::is_tenant_held(&b.key))
         .map(view)
         .collect();
-    Ok(Json(json!({"object": "list", "data": data})))
+    Ok(Json(json!({"object": "list", "data": data, "pools": pools})))
+}
+
+/// The quota pools of every provider model: which keys share limits (one account, or all
+/// of a model's keys while their accounts are not known apart) and the scope their learned
+/// buckets have. A provider's models are those its config or its keys name.
+fn pools(config: &Config, keyring: &Keyring) -> Vec<Value> {
+    let mut out = Vec::new();
+    for p in &config.providers {
+        let mut models: Vec<&str> = p
+            .models
+            .iter()
+            .chain(p.keys.iter().flat_map(|k| &k.models))
+            .map(String::as_str)
+            .collect();
+        models.sort_unstable();
+        models.dedup();
+        for model in models {
+            for pool in keyring.pools(p, model) {
+                let scope = buckets::learned_scope(&p.name, model, pool.account.filter(|_| pool.apart));
+                out.push(json!({
+                    "provider": p.name,
+                    "model": model,
+                    "account": pool.account,
+                    "keys": pool.keys,
+                    "scope": scope,
+                }));
+            }
+        }
+    }
+    out
 }

@@ -341,6 +341,24 @@ pub struct LimitSchema {
 pub struct LimitListSchema {
     object: String,
     data: Vec<LimitSchema>,
+    pools: Vec<PoolSchema>,
+}
+
+/// Keys of one provider model that share one quota: keys of one provider account (as
+/// their responses named it: `openai-organization`, `anthropic-organization-id`), or all
+/// of the model's keys while their accounts are not known apart.
+#[derive(ToSchema)]
+#[schema(as = Pool)]
+#[allow(dead_code)] // a description, read by utoipa only
+pub struct PoolSchema {
+    provider: String,
+    model: String,
+    /// The account its keys serve under; null while not every key has named one.
+    account: Option<String>,
+    keys: Vec<String>,
+    /// The scope of the pool's learned buckets (`provider:oai:gpt-4o-mini` for a model
+    /// whose keys share one pool, `pool:oai:org-a:gpt-4o-mini` for one of several).
+    scope: String,
 }
 
 #[cfg(test)]

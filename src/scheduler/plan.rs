@@ -247,21 +247,20 @@ impl Planner<'_> {
     }
 
     /// The buckets a job sent to `target` must fit: its configured path (with `held`, its
-    /// holders' buckets), the target's learned buckets, and — while nothing is known of
-    /// the target's limits — its cold-start probe.
+    /// holders' buckets), the learned buckets of the target's model (of its key's pool,
+    /// when the model's keys are in several), and — while nothing is known of those
+    /// limits — their cold-start probe.
     fn full_path(
         &self,
         held: &[(String, Dimension)],
         requested: &str,
         target: &Target,
     ) -> Vec<(String, Dimension)> {
-        let key_limits = self
-            .config
-            .provider(&target.provider)
-            .zip(target.key.as_deref())
-            .and_then(|(p, name)| self.keyring.limits(p, name));
+        let provider_key = self.config.provider(&target.provider).zip(target.key.as_deref());
+        let key_limits = provider_key.and_then(|(p, name)| self.keyring.limits(p, name));
         let mut path = buckets::path(self.config, held, requested, target, key_limits);
-        let scope = buckets::target_scope(&target.provider, &target.model);
+        let pool = provider_key.and_then(|(p, name)| self.keyring.pool_account(p, &target.model, name));
+        let scope = buckets::learned_scope(&target.provider, &target.model, pool);
         for (key, dim) in self.known.buckets.get(&scope).into_iter().flatten() {
             if !path.iter().any(|(k, _)| k == key) {
                 path.push((key.clone(), *dim));

@@ -1,5 +1,5 @@
 //! The control plane's rows: tenants, their API keys, provider keys added or disabled at
-//! runtime, and the version every change bumps.
+//! runtime and the accounts their responses named, and the version every change bumps.
 //!
 //! Every change runs in a transaction that first takes the control plane's lock
 //! ([`lock_control`]) and ends with [`changed`], which bumps `control_version` and sends
@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use super::Result;
 use crate::config::ModelLimits;
+pub use crate::keyring::KeyAccount;
 use std::collections::BTreeMap;
 
 use crate::tenants::{Allowance, Budget, KeyScopes, Source, TenantLimits, TenantSettings, TenantSpec};
@@ -598,8 +599,16 @@ pub async fn put_provider_key(
     Ok(row.into())
 }
 
-/// Deletes provider key row `provider/name`; whether there was one.
+/// Deletes provider key row `provider/name`, and the account it was seen serving under (a
+/// key added again by that name may be another account's); whether there was one.
 pub async fn delete_provider_key(conn: &mut PgConnection, provider: &str, name: &str) -> Result<bool> {
+    sqlx::query!(
+        "DELETE FROM provider_key_accounts WHERE provider = $1 AND key = $2",
+        provider,
+        name
+    )
+    .execute(&mut *conn)
+    .await?;
     let deleted = sqlx::query!(
         "DELETE FROM provider_keys WHERE provider = $1 AND name = $2",
         provider,
@@ -608,6 +617,52 @@ pub async fn delete_provider_key(conn: &mut PgConnection, provider: &str, name: 
     .execute(&mut *conn)
     .await?;
     Ok(deleted.rows_affected() > 0)
+}
+
+/// Every key's account as last seen.
+pub async fn key_accounts(ex: impl PgExecutor<'_>) -> Result<Vec<KeyAccount>> {
+    Ok(sqlx::query_as!(
+        KeyAccount,
+        "SELECT provider, key, account, observed_at FROM provider_key_accounts ORDER BY provider, key"
+    )
+    .fetch_all(ex)
+    .await?)
+}
+
+/// Records the accounts keys' responses named. A key whose account changed (or is new)
+/// changes the pools the gate plans with, so that is a control-plane change: every process
+/// reloads its keyring. Sightings that change nothing write nothing.
+pub async fn record_key_accounts(pool: &sqlx::PgPool, seen: &[KeyAccount]) -> Result<()> {
+    if seen.is_empty() {
+        return Ok(());
+    }
+    let mut tx = pool.begin().await?;
+    lock_control(&mut tx).await?;
+    let providers: Vec<&str> = seen.iter().map(|s| s.provider.as_str()).collect();
+    let keys: Vec<&str> = seen.iter().map(|s| s.key.as_str()).collect();
+    let accounts: Vec<&str> = seen.iter().map(|s| s.account.as_str()).collect();
+    let at: Vec<DateTime<Utc>> = seen.iter().map(|s| s.observed_at).collect();
+    let changed_rows = sqlx::query!(
+        "INSERT INTO provider_key_accounts AS a (provider, key, account, observed_at)
+         SELECT DISTINCT ON (p, k) p, k, acc, at
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[]) AS t(p, k, acc, at)
+         ORDER BY p, k, at DESC
+         ON CONFLICT ON CONSTRAINT provider_key_accounts_pkey DO UPDATE SET
+             account = excluded.account, observed_at = excluded.observed_at
+         WHERE a.account IS DISTINCT FROM excluded.account AND excluded.observed_at >= a.observed_at",
+        &providers as &[&str],
+        &keys as &[&str],
+        &accounts as &[&str],
+        &at,
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if changed_rows > 0 {
+        changed(&mut tx).await?;
+    }
+    tx.commit().await?;
+    Ok(())
 }
 
 /// A route alias added at runtime.

@@ -1,6 +1,7 @@
 //! Learned limits and key rotation against the mock provider: limits taught by headers
 //! where the config has none, by 429s where the provider sends nothing, followed when the
-//! provider halves them, kept across a restart; a revoked key rotated out after its first
+//! provider halves them, kept across a restart; keys of one provider account sharing its
+//! limits and two accounts' limits learned apart; a revoked key rotated out after its first
 //! 401; provider outages ridden out within the retry budget.
 
 use serde_json::{Value, json};
@@ -438,5 +439,113 @@ tpm = 3000
     let stats = app.mock.stats();
     assert!(stats.rate_limited_429 <= 1, "{stats:?}");
     assert_eq!(stats.limit_violations, 0, "{stats:?}");
+    app.shutdown().await;
+}
+
+/// Keys of two provider accounts: `pa` (keys p1 and p2) and `pb` (key p3), each allowed
+/// `rpm` requests a minute; the harness's own projects beside them.
+fn two_accounts(rpm: u64) -> MockConfig {
+    let mut mock = crate::harness::mock_config();
+    for (name, keys) in [("pa", &["sk-pa-1", "sk-pa-2"][..]), ("pb", &["sk-pb-1"][..])] {
+        mock.projects.push(crate::harness::mock_project(
+            name,
+            tollgate_mock::ProviderKind::Openai,
+            keys,
+            &[],
+            rpm,
+        ));
+    }
+    mock
+}
+
+#[tokio::test]
+async fn keys_of_one_account_share_its_limits_and_two_accounts_are_learned_apart() {
+    const RPM: u64 = 240;
+    const JOBS: usize = 3 * RPM as usize;
+    let app = TestApp::spawn_with(TestOptions {
+        mock: two_accounts(RPM),
+        extra_config: r#"
+[[providers]]
+name = "pooled"
+kind = "openai"
+base_url = "http://MOCK_ADDR/v1"
+keys = [
+  { name = "p1", value = "sk-pa-1" },
+  { name = "p2", value = "sk-pa-2" },
+  { name = "p3", value = "sk-pb-1" },
+]
+models = ["gpt-4o-mini"]
+"#
+        .into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..JOBS {
+        let mut job = mixed_job(i);
+        job["request"]["model"] = json!("pooled/gpt-4o-mini");
+        let (status, body) = app.submit(ACME, &job).await;
+        assert_eq!(status, 202, "{body}");
+        ids.push(body["id"].as_str().expect("job id").to_owned());
+    }
+    assert_eq!(drain(&app, ids.len(), 180).await, JOBS as i64);
+
+    // p1 and p2 share account pa's limit: had they been taken for two pools, twice its
+    // limit would have been sent there and answered 429.
+    let stats = app.mock.stats();
+    assert_eq!(stats.limit_violations, 0, "{stats:?}");
+    assert!(
+        stats.rate_limited_429 * 50 <= stats.requests,
+        "more than 2% of provider calls were 429s: {stats:?}"
+    );
+    let (status, limits) = app.get(ACME, "/v1/limits").await;
+    assert_eq!(status, 200, "{limits}");
+    let pools: Vec<(Value, Value, Value)> = limits["pools"]
+        .as_array()
+        .expect("pools")
+        .iter()
+        .filter(|p| p["provider"] == "pooled")
+        .map(|p| (p["account"].clone(), p["keys"].clone(), p["scope"].clone()))
+        .collect();
+    assert_eq!(
+        pools,
+        [
+            (
+                json!("org-pa"),
+                json!(["p1", "p2"]),
+                json!("pool:pooled:org-pa:gpt-4o-mini")
+            ),
+            (
+                json!("org-pb"),
+                json!(["p3"]),
+                json!("pool:pooled:org-pb:gpt-4o-mini")
+            ),
+        ],
+        "{limits}"
+    );
+    for account in ["org-pa", "org-pb"] {
+        let key = format!("pool:pooled:{account}:gpt-4o-mini:rpm");
+        let rpm = bucket(&app, &key)
+            .await
+            .unwrap_or_else(|| panic!("{key} in {limits}"));
+        assert_eq!(rpm["capacity"], RPM as f64, "{rpm}");
+        assert_eq!(rpm["source"], "learned", "{rpm}");
+    }
+
+    // Both accounts' limits were used at once: the jobs started within the first minute
+    // outnumber what one account's limit allows in it (its full bucket, then a minute's
+    // refill: 2 × RPM), which is all one pool for the three keys would have let through.
+    let (first_minute,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM jobs WHERE started_at < (SELECT min(started_at) FROM jobs) + interval '60 seconds'",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("count");
+    assert!(
+        first_minute > 2 * RPM as i64,
+        "{first_minute} calls in the first minute: no more than one account's limit"
+    );
+    let served = |p: &str| stats.projects.get(p).map_or(0, |s| s.requests_admitted);
+    assert!(served("pa") > 0 && served("pb") > 0, "{stats:?}");
     app.shutdown().await;
 }

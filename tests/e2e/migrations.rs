@@ -79,6 +79,14 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
         lags.get(&(tollgate::model::JobClass::Standard, "acme".to_owned())),
         Some(&2730.5)
     );
+    // The accounts provider keys were seen serving under read back by provider and key.
+    let accounts = tollgate::store::key_accounts(&db.pool).await.unwrap();
+    assert!(
+        accounts
+            .iter()
+            .any(|a| (a.provider.as_str(), a.key.as_str(), a.account.as_str()) == ("oai", "main", "org-acme")),
+        "{accounts:?}"
+    );
     let queued: JobId = "0190a000-0000-7000-8000-000000000002".parse().unwrap();
     let job = tollgate::store::get_job(&db.pool, Some("acme"), queued)
         .await

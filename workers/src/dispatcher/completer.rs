@@ -167,7 +167,8 @@ impl Dispatcher {
         }
     }
 
-    /// Records what providers said about their limits, every [`OBSERVATION_GATHER`] while
+    /// Records what providers said about their limits (and the accounts keys serve under),
+    /// every [`OBSERVATION_GATHER`] while
     /// they come, many per statement, until the completers (its only senders) are gone.
     async fn observe(self, mut observations: mpsc::Receiver<Observation>) {
         while let Some(first) = observations.recv().await {
@@ -181,6 +182,10 @@ impl Dispatcher {
             let refs: Vec<&Observation> = batch.iter().collect();
             if let Err(e) = store::record_observations(&self.inner.pool, &refs).await {
                 tracing::warn!(error = %e, "could not record what providers said about their limits");
+            }
+            let accounts: Vec<_> = batch.iter().filter_map(|o| o.account.clone()).collect();
+            if let Err(e) = store::record_key_accounts(&self.inner.pool, &accounts).await {
+                tracing::warn!(error = %e, "could not record the accounts provider keys serve under");
             }
         }
     }

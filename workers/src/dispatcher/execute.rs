@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tollgate::attempt::{Call, End, Holder, Outcome, Served};
 use tollgate::buckets::{self, Settlement};
+use tollgate::keyring::KeyAccount;
 use tollgate::learning::Observation;
 use tollgate::model::{Job, Usage};
 use tollgate::retry::{self, FailedCall, Failure, FailureClass, Next};
@@ -314,13 +315,31 @@ impl Dispatcher {
         at: chrono::DateTime<Utc>,
     ) -> Option<Observation> {
         called.status?;
-        let learns = self.inner.config.provider(&target.provider)?.learn_limits;
+        let provider = self.inner.config.provider(&target.provider)?;
+        if !provider.learn_limits {
+            return None;
+        }
         let throttled = matches!(&called.result, Err(f) if f.class == FailureClass::Capacity);
-        learns.then(|| Observation {
-            scope: buckets::target_scope(&target.provider, &target.model),
+        let ring = self.inner.providers.keyring();
+        let key = called.key_name.as_str();
+        let pool = ring.pool_account(provider, &target.model, key);
+        let account = called
+            .signals
+            .account
+            .as_ref()
+            .filter(|a| !key.is_empty() && ring.account(&provider.name, key) != Some(a.as_str()))
+            .map(|a| KeyAccount {
+                provider: provider.name.clone(),
+                key: key.to_owned(),
+                account: a.clone(),
+                observed_at: at,
+            });
+        Some(Observation {
+            scope: buckets::learned_scope(&target.provider, &target.model, pool),
             readings: called.signals.readings.clone(),
             throttled: throttled && !called.signals.has_limits(),
             at,
+            account,
         })
     }
 

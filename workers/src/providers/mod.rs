@@ -457,6 +457,11 @@ impl Providers {
         self
     }
 
+    /// The provider keys of the control plane now (empty until [`Providers::with_control`]).
+    pub fn keyring(&self) -> Arc<tollgate::keyring::Keyring> {
+        self.control.get().map(|d| d.keyring()).unwrap_or_default()
+    }
+
     pub fn get(&self, name: &str) -> Option<&ProviderClient> {
         self.by_name.get(name)
     }
