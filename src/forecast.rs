@@ -54,6 +54,28 @@ pub struct Eta {
     pub start_p90: DateTime<Utc>,
 }
 
+impl Eta {
+    /// The forecast of a job `share` (0 to 1) of the way from the first of a run of work
+    /// submitted together (`self`) to its last (`last`): the run drains in order, at the
+    /// pace its limits allow, so each of its times moves along in proportion.
+    pub fn towards(&self, last: &Eta, share: f64) -> Eta {
+        let share = if share.is_finite() {
+            share.clamp(0.0, 1.0)
+        } else {
+            1.0
+        };
+        let along = |from: DateTime<Utc>, to: DateTime<Utc>| {
+            let span = (to - from).num_milliseconds().max(0) as f64;
+            from + chrono::Duration::milliseconds((span * share).round() as i64)
+        };
+        Eta {
+            p50: along(self.p50, last.p50),
+            p90: along(self.p90, last.p90),
+            start_p90: along(self.start_p90, last.start_p90),
+        }
+    }
+}
+
 /// How long a call takes once started, in seconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Latency {
@@ -388,6 +410,27 @@ pub fn earliest(etas: impl IntoIterator<Item = Eta>) -> Option<Eta> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_s_share_of_a_run_places_it_between_the_run_s_first_and_last() {
+        let t = |s: i64| DateTime::<Utc>::from_timestamp(1_800_000_000 + s, 0).unwrap();
+        let first = Eta {
+            p50: t(2),
+            p90: t(4),
+            start_p90: t(3),
+        };
+        let last = Eta {
+            p50: t(102),
+            p90: t(204),
+            start_p90: t(203),
+        };
+        assert_eq!(first.towards(&last, 0.0), first);
+        assert_eq!(first.towards(&last, 1.0), last);
+        let half = first.towards(&last, 0.5);
+        assert_eq!((half.p50, half.p90, half.start_p90), (t(52), t(104), t(103)));
+        assert_eq!(first.towards(&last, f64::NAN), last, "a run of one job");
+        assert_eq!(first.towards(&last, 7.0), last);
+    }
     use crate::config::ProviderKind;
     use crate::routing::Target;
 

@@ -113,7 +113,7 @@ impl Check {
         .with_earliest_feasible_at(earliest))
     }
 
-    fn locks(self) -> bool {
+    pub fn locks(self) -> bool {
         !matches!(self, Check::None)
     }
 }
@@ -218,8 +218,9 @@ impl Forecaster {
     /// The forecast of `work` (one job, or a batch's lines grouped by model: the latest of
     /// their forecasts) with `inputs`, the queue and buckets read on `conn` — under the
     /// forecast locks of every provider model it may go to when `check` is a deadline (run
-    /// it in the transaction that then inserts the work) — and judged by `check`. `None`: no forecast (no model resolves
-    /// any more, or a bucket can never hold the work: the gate fails it with the reason).
+    /// it in the transaction that then inserts the work) — and judged by `check`. `None`:
+    /// no forecast (no model resolves any more, or a bucket can never hold the work: the
+    /// gate fails it with the reason).
     pub async fn forecast(
         &self,
         inputs: &Inputs,
@@ -229,11 +230,35 @@ impl Forecaster {
         check: Check,
         now: DateTime<Utc>,
     ) -> Result<Option<Eta>, ApiError> {
+        let etas = self
+            .forecast_each(inputs, conn, control, work, check.locks(), now)
+            .await?;
+        let latest = etas.into_iter().flatten().reduce(|l, eta| Eta {
+            p50: l.p50.max(eta.p50),
+            p90: l.p90.max(eta.p90),
+            start_p90: l.start_p90.max(eta.start_p90),
+        });
+        check.judge(latest)?;
+        Ok(latest)
+    }
+
+    /// The forecast of each of `work`, as [`Self::forecast`] makes them: `locked`, under
+    /// the forecast locks of every provider model they may go to, each with the queue
+    /// read afresh; else with readings up to [`QUEUE_REREAD`] old.
+    pub async fn forecast_each(
+        &self,
+        inputs: &Inputs,
+        conn: &mut PgConnection,
+        control: &Snapshot,
+        work: &[Of<'_>],
+        locked: bool,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Option<Eta>>, ApiError> {
         let plans: Vec<Option<Plan>> = work
             .iter()
             .map(|of| self.plan(inputs, control, of.one, now))
             .collect();
-        if check.locks() {
+        if locked {
             let scopes: Vec<String> = plans
                 .iter()
                 .flatten()
@@ -242,27 +267,20 @@ impl Forecaster {
                 .collect();
             store::lock_forecasts(conn, &scopes).await?;
         }
-        let mut latest: Option<Eta> = None;
+        let mut etas = Vec::with_capacity(work.len());
         for (of, plan) in work.iter().zip(&plans) {
-            let Some(plan) = plan else { continue };
-            let reading = match check {
-                Check::None => self.unchecked_reading(conn, control, of, plan).await?,
-                _ => Arc::new(read(conn, control, of, plan, behind(of)).await?),
-            };
-            let Some(eta) = inputs.eta(control, of, plan, &reading, now) else {
+            let Some(plan) = plan else {
+                etas.push(None);
                 continue;
             };
-            latest = Some(match latest {
-                Some(l) => Eta {
-                    p50: l.p50.max(eta.p50),
-                    p90: l.p90.max(eta.p90),
-                    start_p90: l.start_p90.max(eta.start_p90),
-                },
-                None => eta,
-            });
+            let reading = if locked {
+                Arc::new(read(conn, control, of, plan, behind(of)).await?)
+            } else {
+                self.unchecked_reading(conn, control, of, plan).await?
+            };
+            etas.push(inputs.eta(control, of, plan, &reading, now));
         }
-        check.judge(latest)?;
-        Ok(latest)
+        Ok(etas)
     }
 
     /// Where `job`, queued already, stands now: its forecast with the queue as it is (the

@@ -193,7 +193,7 @@ fn single_job(body: &[u8], header: Option<&HeaderValue>) {
 
 fn bulk(body: &[u8]) {
     let jobs = match crate::bulk::prepare(config(), &tenant(), body, now()) {
-        Ok(jobs) => jobs,
+        Ok(prepared) => prepared.jobs,
         Err(e) => {
             assert_refusal(&e);
             return;
@@ -444,6 +444,7 @@ mod tests {
         assert_eq!(
             crate::bulk::prepare(config(), &tenant(), &body("job_bodies", "bulk"), now())
                 .unwrap()
+                .jobs
                 .len(),
             3
         );

@@ -195,6 +195,10 @@ pub struct BulkAcceptedJobSchema {
     id: String,
     /// An earlier job with the same idempotency key and request.
     existing: bool,
+    /// `{"p50", "p90"}` (RFC 3339): when the job is forecast to finish; null without a
+    /// forecast and for a replay.
+    #[schema(value_type = Option<Object>)]
+    eta: Option<Value>,
 }
 
 /// `POST /v1/jobs/bulk`'s answer.

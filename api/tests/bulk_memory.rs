@@ -62,7 +62,7 @@ fn reading_a_bulk_keeps_requests_as_text_and_never_the_body_as_values() {
     };
     let prepared = {
         let _profiler = dhat::Profiler::builder().testing().build();
-        let jobs = prepare(&config, &tenant, &body, now).unwrap();
+        let jobs = prepare(&config, &tenant, &body, now).unwrap().jobs;
         assert_eq!(jobs.len(), 500);
         assert!(jobs[7].request.get().contains("turn 3 of 7"));
         dhat::HeapStats::get().max_bytes

@@ -193,3 +193,59 @@ async fn jobs_and_batches_carry_their_eta_and_a_deadline_out_of_reach_is_refused
     assert_eq!(read["eta"], batch["eta"]);
     app.shutdown().await;
 }
+
+/// A bulk's jobs drain in the order sent: each carries its own eta, later ones later; one
+/// whose deadline is out of reach refuses the whole bulk, naming it.
+#[tokio::test]
+async fn a_bulk_carries_each_job_s_eta_and_one_deadline_out_of_reach_refuses_it_whole() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        ..limited(0)
+    })
+    .await;
+    // 90 jobs at 30 a minute: the first 30 at once, the rest at one every 2 s.
+    let jobs: Vec<Value> = (0..90).map(|i| job("fast", &format!("bulk {i}"))).collect();
+    let (status, bulk) = app.post(ACME, "/v1/jobs/bulk", &json!({ "jobs": jobs })).await;
+    assert_eq!(status, 202, "{bulk}");
+    let data = bulk["data"].as_array().expect("data");
+    let p50s: Vec<DateTime<Utc>> = data.iter().map(|j| at(&j["eta"]["p50"])).collect();
+    assert!(p50s.windows(2).all(|w| w[0] <= w[1]), "in the order sent: {bulk}");
+    assert!(
+        p50s[89] > p50s[0] + Duration::seconds(90),
+        "the last waits for 60 jobs at one every 2 s: {bulk}"
+    );
+    for j in data {
+        assert!(at(&j["eta"]["p50"]) <= at(&j["eta"]["p90"]), "{j}");
+    }
+    let last = data[89]["id"].as_str().unwrap();
+    let (_, read) = app.get(ACME, &format!("/v1/jobs/{last}")).await;
+    assert_eq!(read["eta"], data[89]["eta"], "the forecast is kept with the job");
+
+    // Behind those 90, a job due in 10 s cannot make it: the bulk holding it is refused
+    // whole, the item named; accepting the risk lets it in.
+    let count = || async {
+        let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM jobs")
+            .fetch_one(&app.db.pool)
+            .await
+            .expect("count");
+        n
+    };
+    let mut tight = job("fast", "tight");
+    tight["deadline"] = json!(Utc::now() + Duration::seconds(10));
+    let body = json!({ "jobs": [job("fast", "free"), tight.clone()] });
+    let (status, refused) = app.post(ACME, "/v1/jobs/bulk", &body).await;
+    assert_eq!(status, 422, "{refused}");
+    assert_eq!(refused["error"]["code"], "deadline_unmeetable", "{refused}");
+    assert_eq!(refused["error"]["param"], "jobs[1].deadline", "{refused}");
+    assert!(
+        at(&refused["error"]["earliest_feasible_at"]) > Utc::now() + Duration::seconds(60),
+        "{refused}"
+    );
+    assert_eq!(count().await, 90, "nothing of the refused bulk was written");
+    tight["on_deadline_risk"] = json!("accept");
+    let body = json!({ "jobs": [job("fast", "free"), tight] });
+    let (status, accepted) = app.post(ACME, "/v1/jobs/bulk", &body).await;
+    assert_eq!(status, 202, "{accepted}");
+    assert_eq!(count().await, 92);
+    app.shutdown().await;
+}
