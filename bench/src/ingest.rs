@@ -2,13 +2,16 @@
 //! jobs (`POST /v1/batches` over an uploaded file: read, split, validate, estimate, insert),
 //! beside its floor — PostgreSQL inserting the same rows with nothing else to do, in the
 //! same chunks and one transaction — and beside `POST /v1/jobs/bulk` for the same jobs.
+//! Then the whole OpenAI flow end to end (upload the file, create the batch, poll until it
+//! is `completed`), timed from the upload's first byte, beside the same jobs submitted in
+//! bulk and run until all finished, each on a fresh broker that also dispatches.
 
 use std::time::Instant;
 
 use anyhow::Context;
 use serde_json::{Value, json};
 
-use super::{BULK_CHUNK, BenchArgs, rate, request, stack_for, submit_bulk};
+use super::{BULK_CHUNK, BenchArgs, rate, request, stack_for, submit_bulk, wait_finished};
 use tollgate_api::broker::Roles;
 
 #[allow(clippy::print_stdout)]
@@ -102,6 +105,94 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             d.as_secs_f64(),
             rate(args.jobs, d),
             rate(args.jobs, d) / floor_rate
+        );
+    }
+    flow(args, &text).await
+}
+
+/// The Files + Batches flow end to end beside the bulk path's, each on a fresh broker.
+#[allow(clippy::print_stdout)]
+async fn flow(args: &BenchArgs, text: &str) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    let stack = stack_for(args, Roles::ALL).await?;
+    let bulk_url = format!("{}/v1/jobs/bulk", stack.api);
+    let chunks: Vec<std::ops::Range<usize>> = (0..args.jobs)
+        .step_by(BULK_CHUNK)
+        .map(|from| from..(from + BULK_CHUNK).min(args.jobs))
+        .collect();
+    let begin = Instant::now();
+    let failed = super::send_all(chunks.len(), 4, |c| {
+        let (http, url, range) = (http.clone(), bulk_url.clone(), chunks[c].clone());
+        async move { submit_bulk(&http, &url, range).await }
+    })
+    .await;
+    anyhow::ensure!(failed == 0, "{failed} bulk submissions failed");
+    let (succeeded, _) = wait_finished(&stack.pool, args.jobs as i64).await?;
+    let bulk = begin.elapsed();
+    anyhow::ensure!(
+        succeeded == args.jobs as i64,
+        "bulk: {succeeded} of {} succeeded",
+        args.jobs
+    );
+    stack.stop().await?;
+
+    let stack = stack_for(args, Roles::ALL).await?;
+    let begin = Instant::now();
+    let file_id = upload(&http, &stack.api, text.as_bytes()).await?;
+    let uploaded = begin.elapsed();
+    let created: Value = http
+        .post(format!("{}/v1/batches", stack.api))
+        .bearer_auth("tk-bench")
+        .json(&json!({"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let batch_id = created["id"]
+        .as_str()
+        .with_context(|| format!("creating the batch: {created}"))?
+        .to_owned();
+    let created_after = begin.elapsed();
+    let status_url = format!("{}/v1/batches/{batch_id}", stack.api);
+    let batch = loop {
+        let batch: Value = http
+            .get(&status_url)
+            .bearer_auth("tk-bench")
+            .send()
+            .await?
+            .json()
+            .await?;
+        match batch["status"].as_str() {
+            Some("completed") => break batch,
+            Some("failed" | "expired" | "cancelled") => anyhow::bail!("the batch ended {batch}"),
+            _ => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+        }
+    };
+    let completed = begin.elapsed();
+    stack.stop().await?;
+    anyhow::ensure!(
+        batch["request_counts"]["completed"] == json!(args.jobs),
+        "not every line completed: {batch}"
+    );
+
+    println!(
+        "\n### the Files + Batches flow end to end: {} lines, upload to `completed`\n",
+        args.jobs
+    );
+    println!("| case | s | lines/s | ratio to the bulk path |");
+    println!("|---|---:|---:|---:|");
+    let bulk_rate = rate(args.jobs, bulk);
+    for (name, d) in [
+        ("bulk path: `POST /v1/jobs/bulk` until every job finished", bulk),
+        ("flow: upload (`POST /v1/files`)", uploaded),
+        ("flow: … + create (`POST /v1/batches`, the ingest)", created_after),
+        ("flow: … + run until `completed` (polled every 20 ms)", completed),
+    ] {
+        println!(
+            "| {name} | {:.2} | {:.0} | {:.2} |",
+            d.as_secs_f64(),
+            rate(args.jobs, d),
+            rate(args.jobs, d) / bulk_rate
         );
     }
     Ok(())
