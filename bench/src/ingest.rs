@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::Context;
 use serde_json::{Value, json};
 
-use super::{BULK_CHUNK, BenchArgs, rate, request, stack_for, submit_bulk, wait_finished};
+use super::{BenchArgs, rate, request, stack_for, submit_in_bulks, wait_finished};
 use tollgate_api::broker::Roles;
 
 #[allow(clippy::print_stdout)]
@@ -69,17 +69,8 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let floor = begin.elapsed();
 
     // The same jobs through `POST /v1/jobs/bulk`, 4 requests in flight.
-    let bulk_url = format!("{}/v1/jobs/bulk", stack.api);
-    let chunks: Vec<std::ops::Range<usize>> = (0..args.jobs)
-        .step_by(BULK_CHUNK)
-        .map(|from| from..(from + BULK_CHUNK).min(args.jobs))
-        .collect();
     let begin = Instant::now();
-    let failed = super::send_all(chunks.len(), 4, |c| {
-        let (http, url, range) = (http.clone(), bulk_url.clone(), chunks[c].clone());
-        async move { submit_bulk(&http, &url, range).await }
-    })
-    .await;
+    let failed = submit_in_bulks(&http, &stack.api, args.jobs).await;
     let bulk = begin.elapsed();
     anyhow::ensure!(failed == 0, "{failed} bulk submissions failed");
     stack.stop().await?;
@@ -115,17 +106,8 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
 async fn flow(args: &BenchArgs, text: &str) -> anyhow::Result<()> {
     let http = reqwest::Client::new();
     let stack = stack_for(args, Roles::ALL).await?;
-    let bulk_url = format!("{}/v1/jobs/bulk", stack.api);
-    let chunks: Vec<std::ops::Range<usize>> = (0..args.jobs)
-        .step_by(BULK_CHUNK)
-        .map(|from| from..(from + BULK_CHUNK).min(args.jobs))
-        .collect();
     let begin = Instant::now();
-    let failed = super::send_all(chunks.len(), 4, |c| {
-        let (http, url, range) = (http.clone(), bulk_url.clone(), chunks[c].clone());
-        async move { submit_bulk(&http, &url, range).await }
-    })
-    .await;
+    let failed = submit_in_bulks(&http, &stack.api, args.jobs).await;
     anyhow::ensure!(failed == 0, "{failed} bulk submissions failed");
     let (succeeded, _) = wait_finished(&stack.pool, args.jobs as i64).await?;
     let bulk = begin.elapsed();

@@ -289,6 +289,21 @@ async fn submit_bulk(http: &reqwest::Client, url: &str, range: std::ops::Range<u
     matches!(r, Ok(resp) if resp.status().as_u16() == 202)
 }
 
+/// Submits jobs `0..jobs` in `POST /v1/jobs/bulk` requests of [`BULK_CHUNK`], 4 in flight;
+/// how many requests failed.
+async fn submit_in_bulks(http: &reqwest::Client, api: &str, jobs: usize) -> usize {
+    let url = format!("{api}/v1/jobs/bulk");
+    let chunks: Vec<std::ops::Range<usize>> = (0..jobs)
+        .step_by(BULK_CHUNK)
+        .map(|from| from..(from + BULK_CHUNK).min(jobs))
+        .collect();
+    send_all(chunks.len(), 4, |c| {
+        let (http, url, range) = (http.clone(), url.clone(), chunks[c].clone());
+        async move { submit_bulk(&http, &url, range).await }
+    })
+    .await
+}
+
 /// Jobs per `POST /v1/jobs/bulk` in the benchmarks.
 const BULK_CHUNK: usize = 2_000;
 
@@ -514,18 +529,9 @@ async fn throughput(args: &BenchArgs) -> anyhow::Result<()> {
     // Bulk: the same jobs in `POST /v1/jobs/bulk` requests of BULK_CHUNK, 4 in flight, on a
     // fresh database.
     let stack = stack_for(args, Roles::ALL).await?;
-    let bulk_url = format!("{}/v1/jobs/bulk", stack.api);
-    let chunks: Vec<std::ops::Range<usize>> = (0..args.jobs)
-        .step_by(BULK_CHUNK)
-        .map(|from| from..(from + BULK_CHUNK).min(args.jobs))
-        .collect();
     let postmaster = postmaster_pid(&stack.pool).await;
     let (begin, cpu_begin) = (Instant::now(), CpuUse::now(postmaster));
-    let bulk_failures = send_all(chunks.len(), 4, |c| {
-        let (http, url, range) = (http.clone(), bulk_url.clone(), chunks[c].clone());
-        async move { submit_bulk(&http, &url, range).await }
-    })
-    .await;
+    let bulk_failures = submit_in_bulks(&http, &stack.api, args.jobs).await;
     anyhow::ensure!(bulk_failures == 0, "{bulk_failures} bulk submissions failed");
     let bulk_submitted = begin.elapsed();
     let (succeeded, failed) = wait_finished(&stack.pool, args.jobs as i64).await?;
