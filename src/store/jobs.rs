@@ -707,8 +707,10 @@ pub async fn finish_attempt(pool: &PgPool, outcome: &Outcome, now: DateTime<Utc>
         .unwrap_or(false))
 }
 
-/// [`finish_attempt`] for many outcomes in one transaction: a handful of statements
-/// whatever their number. Returns, per outcome, whether it was written.
+/// [`finish_attempt`] for many outcomes in one transaction, whatever their number: one
+/// statement writes the calls' records and the job rows and announces the finished, the
+/// settlement two more (a pause, a cancelled job's settlement, a requeue's notice to the
+/// gate only when there are some). Returns, per outcome, whether it was written.
 pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<Utc>) -> Result<Vec<bool>> {
     if outcomes.is_empty() {
         return Ok(Vec::new());
@@ -723,7 +725,7 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
         .iter()
         .filter_map(|o| Some((o, o.served.as_ref()?, o.call.as_ref()?)))
         .collect();
-    record_attempts(&mut tx, &calls).await?;
+    let calls = CallColumns::of(&calls);
     let pauses: Vec<&Pause> = outcomes.iter().filter_map(|o| o.pause.as_ref()).collect();
     if !pauses.is_empty() {
         let scopes: Vec<&str> = pauses.iter().map(|p| p.scope.as_str()).collect();
@@ -774,6 +776,8 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
         .iter()
         .map(|o| o.call.as_ref().map(|_| o.settlement.saved).filter(|s| *s != 0.0))
         .collect();
+    // One statement: the calls' records, the job rows, and the notice of those finished
+    // (up to IDS_PER_NOTIFY ids per notification, as `notify_done`).
     let written = sqlx::query_as!(
         Previous,
         r#"WITH t AS (
@@ -781,7 +785,18 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
                                   $7::text[], $8::text[], $9::text[], $10::timestamptz[], $11::text[], $12::text[],
                                   $14::text[], $15::float8[], $16::float8[])
                  AS t(id, attempt, owner, state, result, usage, request_id, code, message, not_before, provider, model,
-                      failed, spend, saved))
+                      failed, spend, saved)),
+         calls AS (
+             INSERT INTO job_attempts (job_id, attempt, provider, provider_model, key_name, status, outcome,
+                                       error_code, provider_request_id, input_tokens, output_tokens,
+                                       cached_tokens, estimated_input_tokens, estimated_output_tokens,
+                                       rate_limit, started_at, finished_at, tenant)
+             SELECT * FROM unnest($17::uuid[], $18::int[], $19::text[], $20::text[], $21::text[], $22::int[],
+                                  $23::text[], $24::text[], $25::text[], $26::int[], $27::int[], $28::int[],
+                                  $29::int[], $30::int[], $31::jsonb[], $32::timestamptz[], $33::timestamptz[],
+                                  $34::text[])
+             ON CONFLICT ON CONSTRAINT job_attempts_pkey DO NOTHING),
+         upd AS (
          -- `old` is the row as this statement's snapshot saw it, read without a lock (a lock
          -- per row is a WAL record per row): a running job's reservation changes only by its
          -- holder, and a concurrent cancel or rescue changes its state, which fails the guard
@@ -808,8 +823,14 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
          FROM t, jobs old
          WHERE j.id = t.id AND old.id = t.id AND j.state::text = 'running'
            AND j.attempt = t.attempt AND j.lease_owner = t.owner
-         RETURNING j.id AS "id: JobId", old.state AS "old_state: JobState", old.reserved_buckets AS old_buckets,
-                   old.reserved_amounts AS old_amounts"#,
+         RETURNING j.id, t.state AS new_state, old.state AS old_state, old.reserved_buckets, old.reserved_amounts),
+         announced AS (
+             SELECT pg_notify($35, string_agg(id::text, ',')) FROM (
+                 SELECT id, (row_number() OVER () - 1) / $36 AS chunk FROM upd WHERE new_state::text <> 'queued') c
+             GROUP BY chunk)
+         SELECT upd.id AS "id!: JobId", upd.old_state AS "old_state!: JobState", upd.reserved_buckets AS old_buckets,
+                upd.reserved_amounts AS old_amounts
+         FROM upd, (SELECT count(*) FROM announced) a"#,
         &ids,
         &attempts,
         &owners as &[&str],
@@ -826,6 +847,26 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
         &failed as &[Option<&str>],
         &spend as &[Option<f64>],
         &saved as &[Option<f64>],
+        &calls.ids,
+        &calls.attempts,
+        &calls.providers as &[&str],
+        &calls.models as &[&str],
+        &calls.keys as &[&str],
+        &calls.statuses as &[Option<i32>],
+        &calls.outcomes as &[&str],
+        &calls.codes as &[Option<ReasonCode>],
+        &calls.request_ids as &[Option<&str>],
+        &calls.input_tokens as &[Option<i32>],
+        &calls.output_tokens as &[Option<i32>],
+        &calls.cached_tokens as &[Option<i32>],
+        &calls.estimated_input,
+        &calls.estimated_output,
+        &calls.rate_limits as &[Option<&serde_json::Value>],
+        &calls.started,
+        &calls.finished,
+        &calls.tenants as &[&str],
+        CHANNEL_JOB_DONE,
+        IDS_PER_NOTIFY,
     )
     .fetch_all(&mut *tx)
     .await?;
@@ -874,13 +915,11 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
         })
         .collect();
     settle(&mut tx, &ended).await?;
-    let done: Vec<JobId> = outcomes
+    let done = outcomes
         .iter()
         .filter(|o| written_ids.contains(&o.holder.id) && o.end.state().is_terminal())
-        .map(|o| o.holder.id)
-        .collect();
-    notify_done(&mut tx, &done).await?;
-    if done.len() < outcomes.len() {
+        .count();
+    if done < outcomes.len() {
         notify_gate(&mut *tx).await?;
     }
     tx.commit().await?;
@@ -940,74 +979,68 @@ impl<'a> Row<'a> {
     }
 }
 
-/// The records of the provider calls, one `job_attempts` row each.
-async fn record_attempts(conn: &mut PgConnection, calls: &[(&Outcome, &Served, &Call)]) -> Result<()> {
-    if calls.is_empty() {
-        return Ok(());
+/// The records of the provider calls, one `job_attempts` row each, as the columns
+/// [`finish_attempts`] writes them with.
+struct CallColumns<'a> {
+    ids: Vec<uuid::Uuid>,
+    attempts: Vec<i32>,
+    providers: Vec<&'a str>,
+    models: Vec<&'a str>,
+    keys: Vec<&'a str>,
+    statuses: Vec<Option<i32>>,
+    outcomes: Vec<&'static str>,
+    codes: Vec<Option<ReasonCode>>,
+    request_ids: Vec<Option<&'a str>>,
+    input_tokens: Vec<Option<i32>>,
+    output_tokens: Vec<Option<i32>>,
+    cached_tokens: Vec<Option<i32>>,
+    estimated_input: Vec<i32>,
+    estimated_output: Vec<i32>,
+    rate_limits: Vec<Option<&'a serde_json::Value>>,
+    started: Vec<DateTime<Utc>>,
+    finished: Vec<DateTime<Utc>>,
+    tenants: Vec<&'a str>,
+}
+
+impl<'a> CallColumns<'a> {
+    fn of(calls: &[(&'a Outcome, &'a Served, &'a Call)]) -> Self {
+        let records: Vec<&Call> = calls.iter().map(|c| c.2).collect();
+        let usage = |f: fn(&Usage) -> i64| {
+            records
+                .iter()
+                .map(|r| r.usage.as_ref().map(|u| clamp_i32(f(u))))
+                .collect::<Vec<_>>()
+        };
+        Self {
+            ids: calls.iter().map(|c| c.0.holder.id.0).collect(),
+            attempts: calls.iter().map(|c| c.0.holder.attempt).collect(),
+            providers: calls.iter().map(|c| c.1.provider.as_str()).collect(),
+            models: calls.iter().map(|c| c.1.model.as_str()).collect(),
+            keys: records.iter().map(|r| r.key_name.as_str()).collect(),
+            statuses: records.iter().map(|r| r.status).collect(),
+            outcomes: records
+                .iter()
+                .map(|r| {
+                    if r.error_code.is_some() {
+                        "failed"
+                    } else {
+                        "succeeded"
+                    }
+                })
+                .collect(),
+            codes: records.iter().map(|r| r.error_code).collect(),
+            request_ids: records.iter().map(|r| r.provider_request_id.as_deref()).collect(),
+            input_tokens: usage(|u| u.input_tokens),
+            output_tokens: usage(|u| u.output_tokens),
+            cached_tokens: usage(|u| u.cached_tokens),
+            estimated_input: records.iter().map(|r| r.estimated_input_tokens).collect(),
+            estimated_output: records.iter().map(|r| r.estimated_output_tokens).collect(),
+            rate_limits: records.iter().map(|r| r.rate_limit.as_ref()).collect(),
+            started: records.iter().map(|r| r.started_at).collect(),
+            finished: records.iter().map(|r| r.finished_at).collect(),
+            tenants: records.iter().map(|r| r.tenant.as_str()).collect(),
+        }
     }
-    let records: Vec<&Call> = calls.iter().map(|c| c.2).collect();
-    let usage = |f: fn(&Usage) -> i64| {
-        records
-            .iter()
-            .map(|r| r.usage.as_ref().map(|u| clamp_i32(f(u))))
-            .collect::<Vec<_>>()
-    };
-    let ids: Vec<uuid::Uuid> = calls.iter().map(|c| c.0.holder.id.0).collect();
-    let attempts: Vec<i32> = calls.iter().map(|c| c.0.holder.attempt).collect();
-    let providers: Vec<&str> = calls.iter().map(|c| c.1.provider.as_str()).collect();
-    let models: Vec<&str> = calls.iter().map(|c| c.1.model.as_str()).collect();
-    let keys: Vec<&str> = records.iter().map(|r| r.key_name.as_str()).collect();
-    let statuses: Vec<Option<i32>> = records.iter().map(|r| r.status).collect();
-    let outcomes: Vec<&str> = records
-        .iter()
-        .map(|r| {
-            if r.error_code.is_some() {
-                "failed"
-            } else {
-                "succeeded"
-            }
-        })
-        .collect();
-    let codes: Vec<Option<ReasonCode>> = records.iter().map(|r| r.error_code).collect();
-    let request_ids: Vec<Option<&str>> = records.iter().map(|r| r.provider_request_id.as_deref()).collect();
-    let estimated_input: Vec<i32> = records.iter().map(|r| r.estimated_input_tokens).collect();
-    let estimated_output: Vec<i32> = records.iter().map(|r| r.estimated_output_tokens).collect();
-    let rate_limits: Vec<Option<&serde_json::Value>> =
-        records.iter().map(|r| r.rate_limit.as_ref()).collect();
-    let started: Vec<DateTime<Utc>> = records.iter().map(|r| r.started_at).collect();
-    let finished: Vec<DateTime<Utc>> = records.iter().map(|r| r.finished_at).collect();
-    let tenants: Vec<&str> = records.iter().map(|r| r.tenant.as_str()).collect();
-    sqlx::query!(
-        "INSERT INTO job_attempts (job_id, attempt, provider, provider_model, key_name, status, outcome,
-                                   error_code, provider_request_id, input_tokens, output_tokens,
-                                   cached_tokens, estimated_input_tokens, estimated_output_tokens,
-                                   rate_limit, started_at, finished_at, tenant)
-         SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[],
-                              $8::text[], $9::text[], $10::int[], $11::int[], $12::int[], $13::int[], $14::int[],
-                              $15::jsonb[], $16::timestamptz[], $17::timestamptz[], $18::text[])
-         ON CONFLICT ON CONSTRAINT job_attempts_pkey DO NOTHING",
-        &ids,
-        &attempts,
-        &providers as &[&str],
-        &models as &[&str],
-        &keys as &[&str],
-        &statuses as &[Option<i32>],
-        &outcomes as &[&str],
-        &codes as &[Option<ReasonCode>],
-        &request_ids as &[Option<&str>],
-        &usage(|u| u.input_tokens) as &[Option<i32>],
-        &usage(|u| u.output_tokens) as &[Option<i32>],
-        &usage(|u| u.cached_tokens) as &[Option<i32>],
-        &estimated_input,
-        &estimated_output,
-        &rate_limits as &[Option<&serde_json::Value>],
-        &started,
-        &finished,
-        &tenants as &[&str],
-    )
-    .execute(conn)
-    .await?;
-    Ok(())
 }
 
 fn clamp_i32(v: i64) -> i32 {

@@ -26,10 +26,6 @@ pub(super) type Pending = (Outcome, oneshot::Sender<Result<bool, StoreError>>);
 const COMPLETION_BATCH: usize = 256;
 /// Completer tasks writing batches of outcomes side by side.
 const COMPLETERS: usize = 2;
-/// How long a completer waits for more outcomes after the first while the other's batch
-/// is still being written ([`Writers::next_batch`]): at a moderate rate each batch is then
-/// a few jobs larger (every batch is a transaction of half a dozen statements).
-const COMPLETION_GATHER: Duration = Duration::from_millis(2);
 /// How long provider observations gather before they are written: they are advice for
 /// the gate, written apart from the outcomes so the completers never wait on them.
 const OBSERVATION_GATHER: Duration = Duration::from_millis(100);
@@ -113,7 +109,10 @@ impl Dispatcher {
         observer: mpsc::Sender<Observation>,
     ) {
         while let Some(batch) = writers
-            .next_batch(&outcomes, COMPLETION_BATCH, COMPLETION_GATHER)
+            // What waits, at once: a completer that waited for more while the other wrote
+            // held a synchronous caller's answer that long at every moderate rate; under
+            // load both are writing and the queue fills batches by itself.
+            .next_batch(&outcomes, COMPLETION_BATCH, Duration::ZERO)
             .await
         {
             let writing = writers.writing();
