@@ -116,6 +116,7 @@ async fn flow(args: &BenchArgs, text: &str) -> anyhow::Result<()> {
         "bulk: {succeeded} of {} succeeded",
         args.jobs
     );
+    let bulk_stages = Stages::read(&stack.pool, None).await?;
     stack.stop().await?;
 
     let stack = stack_for(args, Roles::ALL).await?;
@@ -151,6 +152,7 @@ async fn flow(args: &BenchArgs, text: &str) -> anyhow::Result<()> {
         }
     };
     let completed = begin.elapsed();
+    let flow_stages = Stages::read(&stack.pool, Some(&batch_id)).await?;
     stack.stop().await?;
     anyhow::ensure!(
         batch["request_counts"]["completed"] == json!(args.jobs),
@@ -177,7 +179,50 @@ async fn flow(args: &BenchArgs, text: &str) -> anyhow::Result<()> {
             rate(args.jobs, d) / bulk_rate
         );
     }
+    println!(
+        "\nWhere the time went, from the job rows (s after the first job's row was written): \
+         the last admitted, started and finished, and the batch's `completed`.\n"
+    );
+    println!("| path | last admitted | last started | last finished | completed |");
+    println!("|---|---:|---:|---:|---:|");
+    for (name, st) in [("bulk path", bulk_stages), ("flow", flow_stages)] {
+        let completed = st.completed.map_or("–".to_owned(), |c| format!("{c:.2}"));
+        println!(
+            "| {name} | {:.2} | {:.2} | {:.2} | {completed} |",
+            st.admitted, st.started, st.finished
+        );
+    }
     Ok(())
+}
+
+/// When a run's last job was admitted, started and finished, and its batch completed, in
+/// seconds after its first job's row was written.
+struct Stages {
+    admitted: f64,
+    started: f64,
+    finished: f64,
+    completed: Option<f64>,
+}
+
+impl Stages {
+    async fn read(pool: &sqlx::PgPool, batch: Option<&str>) -> anyhow::Result<Self> {
+        let (admitted, started, finished, completed): (f64, f64, f64, Option<f64>) = sqlx::query_as(
+            "SELECT extract(epoch FROM max(admitted_at) - min(created_at))::float8,
+                    extract(epoch FROM max(started_at) - min(created_at))::float8,
+                    extract(epoch FROM max(finished_at) - min(created_at))::float8,
+                    extract(epoch FROM (SELECT completed_at FROM batches WHERE id = $1) - min(created_at))::float8
+             FROM jobs",
+        )
+        .bind(batch)
+        .fetch_one(pool)
+        .await?;
+        Ok(Self {
+            admitted,
+            started,
+            finished,
+            completed,
+        })
+    }
 }
 
 /// Uploads `content` as a batch input file; its id.

@@ -1044,3 +1044,36 @@ async fn a_batch_stops_at_its_cost_cap_and_at_its_error_rate() {
     );
     app.shutdown().await;
 }
+
+/// A batch ends soon after its last line, not at the next maintenance pass: with passes an
+/// hour apart (the first ran at start, before the batch existed), the batch steps between
+/// them publish its lines and complete it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_completes_between_maintenance_passes() {
+    let app = TestApp::spawn_with(TestOptions {
+        dispatch_config: "maintenance_interval_ms = 3600000".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let http = &app.http;
+    let text = [line("a", "fast", "one"), line("b", "fast", "two")].join("\n");
+    let (status, file) = upload(http, &app.api, ACME, text.as_bytes()).await;
+    assert_eq!(status, 200, "{file}");
+    let (status, batch) = create_batch(http, &app.api, ACME, &batch_body(file["id"].as_str().unwrap())).await;
+    assert_eq!(status, 200, "{batch}");
+    let id = batch["id"].as_str().unwrap();
+    let done = wait_batch(http, &app.api, ACME, id, 30).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        done["request_counts"],
+        json!({"total": 2, "completed": 2, "failed": 0})
+    );
+    let output = content(http, &app.api, ACME, done["output_file_id"].as_str().unwrap()).await;
+    let ids: HashSet<String> = jsonl(&output)
+        .iter()
+        .map(|l| l["custom_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids, HashSet::from(["a".to_owned(), "b".to_owned()]));
+    let (lines, _) = read_results(&app, id, "0").await;
+    assert_eq!(lines.len(), 2, "both lines published: {lines:?}");
+}

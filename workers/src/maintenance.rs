@@ -1,6 +1,7 @@
 //! Maintenance: rescues jobs whose lease expired (their dispatcher died or lost the
 //! database), settling the reservations they held, and fails queued or admitted jobs
-//! whose deadline passed; then ends due batches (`batches`), announces spend budgets that
+//! whose deadline passed; then ends due batches (`batches`; also between passes, every
+//! [`BATCH_STEPS_EVERY`]), announces spend budgets that
 //! reached 80 % or all of their window (`budget.threshold` webhooks), and, when configured, prunes
 //! what retention no longer keeps (`retention`), and analyzes the queue table when its
 //! planner statistics went stale (`store::statistics`). Safe to run in every process at
@@ -36,6 +37,11 @@ pub struct Pass {
 
 /// The thresholds a spend budget is announced at (`budget.threshold`): 80 % and all of it.
 pub const BUDGET_THRESHOLDS: [f64; 2] = [0.8, 1.0];
+
+/// How often the batch steps ([`Maintenance::finish_batches`]) run between passes: a batch
+/// completes about this soon after its last line, and its finished lines are readable as
+/// results about this soon after they end.
+pub const BATCH_STEPS_EVERY: Duration = Duration::from_millis(200);
 
 /// How often estimates are recalibrated from recent attempts.
 pub const CALIBRATE_EVERY: Duration = Duration::from_secs(30);
@@ -115,18 +121,11 @@ impl Maintenance {
     pub async fn run_once(&self, now: DateTime<Utc>) -> Result<Pass, StoreError> {
         let rescued = store::rescue_expired_leases(&self.pool, now).await?;
         store::hold_paused_lines(&self.pool).await?;
-        self.publish_results().await?;
-        // Judged on what was just published, before a batch could be finalized whole.
-        store::stop_failing_batches(&mut *self.pool.acquire().await?, now).await?;
         let deadlines_expired = store::expire_deadlines(&self.pool, now).await?;
         let calibrated = self.calibrate(now).await?;
         store::prune_pauses(&self.pool, now).await?;
         store::refresh_job_statistics(&self.pool, &self.analyzed_at).await?;
-        let batches_finished = self.batches.run_once(now).await?;
-        if batches_finished > 0 {
-            // Their last lines ended with them: published now, not a pass later.
-            self.publish_results().await?;
-        }
+        let batches_finished = self.finish_batches(now).await?;
         let budgets_announced = self.announce_budgets(now).await?;
         let pruned = match &self.retention {
             Some(r) => r.run_once(now).await?,
@@ -150,6 +149,20 @@ impl Maintenance {
         })
     }
 
+    /// The batch steps of a pass, which also run between passes (every [`BATCH_STEPS_EVERY`]):
+    /// publishes the lines finished since, stops batches over their error cap (judged on what
+    /// was just published, before a batch could be finalized whole), ends the batches that
+    /// are due and publishes their last lines with them. Returns how many batches ended.
+    pub async fn finish_batches(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
+        self.publish_results().await?;
+        store::stop_failing_batches(&mut *self.pool.acquire().await?, now).await?;
+        let finished = self.batches.run_once(now).await?;
+        if finished > 0 {
+            self.publish_results().await?;
+        }
+        Ok(finished)
+    }
+
     /// Publishes every batch line finished since the last pass to its batch's results
     /// (`GET /v1/batches/{id}/results`).
     async fn publish_results(&self) -> Result<u64, StoreError> {
@@ -171,14 +184,25 @@ impl Maintenance {
         Ok(crossed.len() as u64)
     }
 
+    /// Passes every `interval` until `cancel`; between them, the batch steps every
+    /// [`BATCH_STEPS_EVERY`], so a batch whose last line ended completes then, not at the
+    /// next pass.
     pub async fn run(self, cancel: CancellationToken) {
+        let mut next_pass = tokio::time::Instant::now();
         loop {
-            if let Err(e) = self.run_once(self.clock.now()).await {
-                tracing::warn!(error = %e, "maintenance pass failed");
+            let now = tokio::time::Instant::now();
+            if now >= next_pass {
+                next_pass = now + self.interval;
+                if let Err(e) = self.run_once(self.clock.now()).await {
+                    tracing::warn!(error = %e, "maintenance pass failed");
+                }
+            } else if let Err(e) = self.finish_batches(self.clock.now()).await {
+                tracing::warn!(error = %e, "finishing batches failed");
             }
+            let wake = next_pass.min(tokio::time::Instant::now() + BATCH_STEPS_EVERY);
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(self.interval) => {}
+                _ = tokio::time::sleep_until(wake) => {}
             }
         }
     }
