@@ -22,6 +22,7 @@ use crate::model::Usage;
 use crate::routing::Target;
 use crate::tenants::{Budget, BudgetWindow, TenantLimits};
 use crate::vocab::{Dimension, PriceSource, Rule};
+use strum::VariantArray;
 
 /// A bucket as configured: what `buckets` rows are synced from.
 #[derive(Debug, Clone, PartialEq)]
@@ -395,13 +396,9 @@ pub fn path(
 }
 
 /// What to give back to a bucket when a job's use is known: the estimate minus the
-/// actual (negative when it used more). `usage` is `None` when the provider reported
-/// none; `sent` says whether the request reached the provider (failed requests still
-/// count against provider limits, so nothing is given back for them).
-///
-/// `charged_output` is the output a provider counts against its token limit whatever was
-/// generated (OpenAI counts `max_tokens` against TPM when the request starts and never
-/// gives it back), so a total-token bucket keeps it.
+/// actual (negative when it used more), the actual being [`Settlement::used`] (the whole
+/// reservation where that says nothing). The settling statement (`store::settle`) gives
+/// back the same; a gauge's holding goes back whole whatever the job used.
 pub fn refund(
     dimension: Dimension,
     reserved: f64,
@@ -410,21 +407,14 @@ pub fn refund(
     sent: bool,
     charged_output: Option<f64>,
 ) -> f64 {
-    if dimension == Dimension::Concurrency || !sent {
-        return reserved;
-    }
-    let Some(u) = usage else { return 0.0 };
-    let actual = match dimension {
-        Dimension::Requests => return 0.0,
-        Dimension::InputTokens => u.input_tokens as f64,
-        Dimension::OutputTokens => u.output_tokens as f64,
-        Dimension::TotalTokens => {
-            u.input_tokens as f64 + (u.output_tokens as f64).max(charged_output.unwrap_or(0.0))
-        }
-        Dimension::SpendMicroUsd => actual_spend,
-        Dimension::Concurrency => return reserved,
+    let settlement = Settlement {
+        usage: usage.copied(),
+        actual_spend,
+        sent,
+        charged_output,
+        saved: 0.0,
     };
-    reserved - actual
+    reserved - settlement.used(dimension).unwrap_or(reserved)
 }
 
 /// A bucket row with its level brought up to date.
@@ -606,6 +596,41 @@ pub struct Settlement {
 }
 
 impl Settlement {
+    /// What the job counts as having used of `dimension`; `None`: what it reserved (the
+    /// provider reported no usage to replace the estimate, or a request is a request).
+    /// A request that never reached the provider used nothing (failed requests that did
+    /// still count against provider limits); a concurrency slot is always given back.
+    ///
+    /// `charged_output` is the output a provider counts against its token limit whatever
+    /// was generated (OpenAI counts `max_tokens` against TPM when the request starts and
+    /// never gives it back), so a total-token bucket keeps it.
+    pub fn used(&self, dimension: Dimension) -> Option<f64> {
+        if dimension == Dimension::Concurrency || !self.sent {
+            return Some(0.0);
+        }
+        let u = self.usage?;
+        match dimension {
+            Dimension::Requests => None,
+            Dimension::InputTokens => Some(u.input_tokens as f64),
+            Dimension::OutputTokens => Some(u.output_tokens as f64),
+            Dimension::TotalTokens => {
+                Some(u.input_tokens as f64 + (u.output_tokens as f64).max(self.charged_output.unwrap_or(0.0)))
+            }
+            Dimension::SpendMicroUsd => Some(self.actual_spend),
+            Dimension::Concurrency => Some(0.0),
+        }
+    }
+
+    /// [`Self::used`] of each dimension it says something of, keyed by the dimension's
+    /// name: what the settling statement reads (`store::settle`).
+    pub fn used_by_dimension(&self) -> serde_json::Value {
+        Dimension::VARIANTS
+            .iter()
+            .filter_map(|&d| Some((<&str>::from(d).to_owned(), serde_json::Value::from(self.used(d)?))))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    }
+
     /// The job never left: everything goes back.
     pub const UNSENT: Settlement = Settlement {
         usage: None,

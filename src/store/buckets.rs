@@ -10,7 +10,7 @@ use sqlx::{PgConnection, PgExecutor};
 
 use super::Result;
 pub use crate::buckets::Settlement;
-use crate::buckets::{Bucket, BucketSpec, refund};
+use crate::buckets::{Bucket, BucketSpec};
 use crate::model::JobId;
 use crate::vocab::{Dimension, Rule};
 
@@ -185,65 +185,61 @@ macro_rules! save_buckets_query {
 }
 pub(crate) use save_buckets_query;
 
-/// Records what the ended reservations give back (or take, when a job used more than
-/// estimated), summed per bucket. Call inside the transaction that cleared the
-/// reservations from their jobs, so each is settled exactly once; the gate applies pending
-/// refunds to the buckets ([`take_pending_refunds`]). Reads bucket dimensions without
-/// locking them.
-pub async fn settle(conn: &mut PgConnection, ended: &[(JobId, Reservation, Settlement)]) -> Result<()> {
-    let ids: Vec<i64> = {
-        let mut ids: Vec<i64> = ended
-            .iter()
-            .flat_map(|(_, r, _)| r.bucket_ids.iter().copied())
-            .collect();
-        ids.sort_unstable();
-        ids.dedup();
-        ids
+/// A statement that ends in recording refunds: `$before`, then an `INSERT` into
+/// `pending_refunds` of what the rows of `$held` (a source of `(bucket, amount, used)`: a
+/// bucket a job held, the amount it took, and its [`Settlement::used_by_dimension`]) give
+/// back, summed per bucket, then `$after`. A gauge's holding goes back whole; any other
+/// bucket gets back what was taken less what the job used of its dimension (what it took,
+/// where its settlement says nothing of it), as [`crate::buckets::refund`] says. A bucket
+/// gone meanwhile (a probe replaced) is skipped. Reads buckets without locking them.
+macro_rules! settle_query {
+    ($query:ident, $before:expr, $held:expr, $after:expr $(, $arg:expr)* $(,)?) => {
+        sqlx::$query!(
+            $before
+                + "INSERT INTO pending_refunds (bucket, amount)
+                   SELECT bucket, amount FROM (
+                       SELECT h.bucket, sum(CASE WHEN b.rule = 'gauge' THEN h.amount
+                                                 ELSE h.amount - COALESCE((h.used ->> b.dimension)::float8, h.amount)
+                                            END) AS amount
+                       FROM "
+                + $held
+                + " AS h(bucket, amount, used) JOIN buckets b ON b.id = h.bucket
+                       GROUP BY h.bucket) s
+                   WHERE amount <> 0"
+                + $after
+            $(, $arg)*
+        )
     };
-    if ids.is_empty() {
-        return Ok(());
-    }
-    let dims = sqlx::query!(
-        r#"SELECT id, dimension AS "dimension: Dimension", rule = 'gauge' AS "gauge!"
-           FROM buckets WHERE id = ANY($1)"#,
-        &ids,
-    )
-    .fetch_all(&mut *conn)
-    .await?;
-    // A gauge is acquire/release: whatever it held goes back whole when the holder ends
-    // (a concurrency slot; a provider's enqueued-token pool).
-    let gauges: std::collections::BTreeSet<i64> = dims.iter().filter(|d| d.gauge).map(|d| d.id).collect();
-    let dims: BTreeMap<i64, Dimension> = dims.into_iter().map(|d| (d.id, d.dimension)).collect();
-    let mut sums: BTreeMap<i64, f64> = BTreeMap::new();
-    for (_, reservation, s) in ended {
-        for (id, amount) in reservation.bucket_ids.iter().zip(&reservation.amounts) {
-            let Some(dim) = dims.get(id) else { continue };
-            *sums.entry(*id).or_default() += if gauges.contains(id) {
-                *amount
-            } else {
-                refund(
-                    *dim,
-                    *amount,
-                    s.usage.as_ref(),
-                    s.actual_spend,
-                    s.sent,
-                    s.charged_output,
-                )
-            };
+}
+pub(crate) use settle_query;
+
+/// Records what the ended reservations give back (or take, when a job used more than
+/// estimated), summed per bucket, in one statement ([`settle_query!`]). Call inside the
+/// transaction that cleared the reservations from their jobs, so each is settled exactly
+/// once; the gate applies pending refunds to the buckets ([`take_pending_refunds`]).
+pub async fn settle(ex: impl PgExecutor<'_>, ended: &[(JobId, Reservation, Settlement)]) -> Result<()> {
+    let (mut buckets, mut amounts, mut used) = (Vec::new(), Vec::new(), Vec::new());
+    for (_, reservation, settlement) in ended {
+        let by_dimension = settlement.used_by_dimension();
+        for (bucket, amount) in reservation.bucket_ids.iter().zip(&reservation.amounts) {
+            buckets.push(*bucket);
+            amounts.push(*amount);
+            used.push(by_dimension.clone());
         }
     }
-    sums.retain(|_, r| *r != 0.0);
-    if sums.is_empty() {
+    if buckets.is_empty() {
         return Ok(());
     }
-    let buckets: Vec<i64> = sums.keys().copied().collect();
-    let amounts: Vec<f64> = sums.values().copied().collect();
-    sqlx::query!(
-        "INSERT INTO pending_refunds (bucket, amount) SELECT * FROM unnest($1::bigint[], $2::float8[])",
+    settle_query!(
+        query,
+        "",
+        "unnest($1::bigint[], $2::float8[], $3::jsonb[])",
+        "",
         &buckets,
         &amounts,
+        &used,
     )
-    .execute(conn)
+    .execute(ex)
     .await?;
     Ok(())
 }

@@ -4,9 +4,11 @@ use chrono::{DateTime, Utc};
 use serde_json::value::RawValue;
 use sqlx::{PgConnection, PgExecutor, PgPool};
 
-use super::buckets::{BucketArrays, Reservation, Settlement, reservation, save_buckets_query, settle};
+use super::buckets::{
+    BucketArrays, Reservation, Settlement, reservation, save_buckets_query, settle, settle_query,
+};
 use super::{CHANNEL_GATE, CHANNEL_JOB_DONE, Result};
-use crate::attempt::{Call, End, Holder, Outcome, Pause, Served};
+use crate::attempt::{Call, End, Outcome, Pause, Served};
 use crate::model::{Job, JobClass, JobId, JobState, NewJob, Usage};
 use crate::vocab::{Endpoint, Lane, ReasonCode};
 
@@ -602,7 +604,7 @@ pub async fn cancel_job(
     if prev.old_state == JobState::Admitted
         && let Some(r) = reservation(prev.old_buckets, prev.old_amounts)
     {
-        settle(&mut tx, &[(prev.id, r, Settlement::UNSENT)]).await?;
+        settle(&mut *tx, &[(prev.id, r, Settlement::UNSENT)]).await?;
     }
     notify_done(&mut tx, &[prev.id]).await?;
     tx.commit().await?;
@@ -707,10 +709,12 @@ pub async fn finish_attempt(pool: &PgPool, outcome: &Outcome, now: DateTime<Utc>
         .unwrap_or(false))
 }
 
-/// [`finish_attempt`] for many outcomes in one transaction, whatever their number: one
-/// statement writes the calls' records and the job rows and announces the finished, the
-/// settlement two more (a pause, a cancelled job's settlement, a requeue's notice to the
-/// gate only when there are some). Returns, per outcome, whether it was written.
+/// [`finish_attempt`] for many outcomes at once, whatever their number: one statement,
+/// its own transaction, writes the pauses, the calls' records and the job rows, settles
+/// their reservations ([`settle_query!`]), announces the finished and wakes the gate for
+/// the requeued. Outcomes no longer ours (a job cancelled or rescued meanwhile) are
+/// discarded; a cancelled job's reservation is settled after, in a transaction of its own
+/// (only when there are some). Returns, per outcome, whether it was written.
 pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<Utc>) -> Result<Vec<bool>> {
     if outcomes.is_empty() {
         return Ok(Vec::new());
@@ -720,34 +724,19 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
         .iter()
         .map(|r| r.usage.map(serde_json::to_value).transpose())
         .collect::<std::result::Result<_, _>>()?;
-    let mut tx = pool.begin().await?;
     let calls: Vec<(&Outcome, &Served, &Call)> = outcomes
         .iter()
         .filter_map(|o| Some((o, o.served.as_ref()?, o.call.as_ref()?)))
         .collect();
     let calls = CallColumns::of(&calls);
     let pauses: Vec<&Pause> = outcomes.iter().filter_map(|o| o.pause.as_ref()).collect();
-    if !pauses.is_empty() {
-        let scopes: Vec<&str> = pauses.iter().map(|p| p.scope.as_str()).collect();
-        let until: Vec<DateTime<Utc>> = pauses.iter().map(|p| p.until).collect();
-        let reasons: Vec<&str> = pauses.iter().map(|p| p.reason).collect();
-        sqlx::query!(
-            "INSERT INTO pauses (scope, until, reason, created_at)
-             SELECT scope, max(until), min(reason), $4
-             FROM unnest($1::text[], $2::timestamptz[], $3::text[]) AS t(scope, until, reason)
-             GROUP BY scope
-             ON CONFLICT ON CONSTRAINT pauses_pkey DO UPDATE SET until = GREATEST(pauses.until, excluded.until),
-                                                                 reason = CASE WHEN pauses.reason = 'operator'
-                                                                               THEN pauses.reason ELSE excluded.reason END",
-            &scopes as &[&str],
-            &until,
-            &reasons as &[&str],
-            now,
-        )
-        .execute(&mut *tx)
-        .await?;
-    }
-
+    let pause_scopes: Vec<&str> = pauses.iter().map(|p| p.scope.as_str()).collect();
+    let pause_until: Vec<DateTime<Utc>> = pauses.iter().map(|p| p.until).collect();
+    let pause_reasons: Vec<&str> = pauses.iter().map(|p| p.reason).collect();
+    let used: Vec<serde_json::Value> = outcomes
+        .iter()
+        .map(|o| o.settlement.used_by_dimension())
+        .collect();
     let ids: Vec<uuid::Uuid> = outcomes.iter().map(|o| o.holder.id.0).collect();
     let attempts: Vec<i32> = outcomes.iter().map(|o| o.holder.attempt).collect();
     let owners: Vec<&str> = outcomes.iter().map(|o| o.holder.owner.as_str()).collect();
@@ -776,16 +765,25 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
         .iter()
         .map(|o| o.call.as_ref().map(|_| o.settlement.saved).filter(|s| *s != 0.0))
         .collect();
-    // One statement: the calls' records, the job rows, and the notice of those finished
-    // (up to IDS_PER_NOTIFY ids per notification, as `notify_done`).
-    let written = sqlx::query_as!(
-        Previous,
+    // One statement: the pauses, the calls' records, the job rows, their settlement, the
+    // notice of those finished (up to IDS_PER_NOTIFY ids per notification, as
+    // `notify_done`) and the gate's wake-up for those requeued.
+    let written: Vec<JobId> = settle_query!(
+        query_scalar,
         r#"WITH t AS (
              SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::job_state[], $5::jsonb[], $6::jsonb[],
                                   $7::text[], $8::text[], $9::text[], $10::timestamptz[], $11::text[], $12::text[],
-                                  $14::text[], $15::float8[], $16::float8[])
+                                  $14::text[], $15::float8[], $16::float8[], $37::jsonb[])
                  AS t(id, attempt, owner, state, result, usage, request_id, code, message, not_before, provider, model,
-                      failed, spend, saved)),
+                      failed, spend, saved, used)),
+         paused AS (
+             INSERT INTO pauses (scope, until, reason, created_at)
+             SELECT scope, max(until), min(reason), $13
+             FROM unnest($38::text[], $39::timestamptz[], $40::text[]) AS p(scope, until, reason)
+             GROUP BY scope
+             ON CONFLICT ON CONSTRAINT pauses_pkey DO UPDATE SET until = GREATEST(pauses.until, excluded.until),
+                                                                 reason = CASE WHEN pauses.reason = 'operator'
+                                                                               THEN pauses.reason ELSE excluded.reason END),
          calls AS (
              INSERT INTO job_attempts (job_id, attempt, provider, provider_model, key_name, status, outcome,
                                        error_code, provider_request_id, input_tokens, output_tokens,
@@ -823,14 +821,18 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
          FROM t, jobs old
          WHERE j.id = t.id AND old.id = t.id AND j.state::text = 'running'
            AND j.attempt = t.attempt AND j.lease_owner = t.owner
-         RETURNING j.id, t.state AS new_state, old.state AS old_state, old.reserved_buckets, old.reserved_amounts),
+         RETURNING j.id, t.state AS new_state, old.reserved_buckets, old.reserved_amounts, t.used),
          announced AS (
              SELECT pg_notify($35, string_agg(id::text, ',')) FROM (
                  SELECT id, (row_number() OVER () - 1) / $36 AS chunk FROM upd WHERE new_state::text <> 'queued') c
-             GROUP BY chunk)
-         SELECT upd.id AS "id!: JobId", upd.old_state AS "old_state!: JobState", upd.reserved_buckets AS old_buckets,
-                upd.reserved_amounts AS old_amounts
-         FROM upd, (SELECT count(*) FROM announced) a"#,
+             GROUP BY chunk),
+         woken AS (
+             SELECT pg_notify($41, '') FROM upd WHERE new_state::text = 'queued' LIMIT 1),
+         settled AS ("#,
+        "(SELECT h.bucket, h.amount, upd.used FROM upd, unnest(upd.reserved_buckets, upd.reserved_amounts) AS h(bucket, amount))",
+        r#")
+         SELECT upd.id AS "id!: JobId"
+         FROM upd, (SELECT count(*) FROM announced) a, (SELECT count(*) FROM woken) w"#,
         &ids,
         &attempts,
         &owners as &[&str],
@@ -867,66 +869,64 @@ pub async fn finish_attempts(pool: &PgPool, outcomes: &[Outcome], now: DateTime<
         &calls.tenants as &[&str],
         CHANNEL_JOB_DONE,
         IDS_PER_NOTIFY,
+        &used,
+        &pause_scopes as &[&str],
+        &pause_until,
+        &pause_reasons as &[&str],
+        CHANNEL_GATE,
+    )
+    .fetch_all(pool)
+    .await?;
+    let written: std::collections::HashSet<JobId> = written.into_iter().collect();
+    let discarded: Vec<&Outcome> = outcomes
+        .iter()
+        .filter(|o| !written.contains(&o.holder.id))
+        .collect();
+    if !discarded.is_empty() {
+        settle_cancelled(pool, &discarded).await?;
+    }
+    Ok(outcomes.iter().map(|o| written.contains(&o.holder.id)).collect())
+}
+
+/// Settles the reservations of the `discarded` outcomes' jobs that were cancelled while
+/// their holder ran (a rescued job's rescuer settled it), and wakes the gate.
+async fn settle_cancelled(pool: &PgPool, discarded: &[&Outcome]) -> Result<()> {
+    let ids: Vec<uuid::Uuid> = discarded.iter().map(|o| o.holder.id.0).collect();
+    let attempts: Vec<i32> = discarded.iter().map(|o| o.holder.attempt).collect();
+    let owners: Vec<&str> = discarded.iter().map(|o| o.holder.owner.as_str()).collect();
+    let mut tx = pool.begin().await?;
+    let cancelled = sqlx::query_as!(
+        Previous,
+        r#"WITH t AS (SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[]) AS t(id, attempt, owner)),
+         old AS (
+             SELECT j.id, j.state, j.reserved_buckets, j.reserved_amounts FROM jobs j
+             WHERE j.id = ANY($1) ORDER BY j.id FOR UPDATE)
+         UPDATE jobs j SET reserved_buckets = NULL, reserved_amounts = NULL,
+                           lease_owner = NULL, lease_expires_at = NULL
+         FROM t, old
+         WHERE j.id = t.id AND old.id = t.id AND j.state::text = 'cancelled' AND j.attempt = t.attempt
+           AND j.lease_owner = t.owner
+         RETURNING j.id AS "id: JobId", old.state AS "old_state: JobState", old.reserved_buckets AS old_buckets,
+                   old.reserved_amounts AS old_amounts"#,
+        &ids,
+        &attempts,
+        &owners as &[&str],
     )
     .fetch_all(&mut *tx)
     .await?;
-    let written_ids: std::collections::HashSet<JobId> = written.iter().map(|w| w.id).collect();
-    let discarded: Vec<&Holder> = outcomes
-        .iter()
-        .map(|o| &o.holder)
-        .filter(|h| !written_ids.contains(&h.id))
-        .collect();
-    // Not ours any more. If a job was cancelled while we ran, its reservation is still ours
-    // to settle; if it was rescued, the rescuer settled it.
-    let cancelled = if discarded.is_empty() {
-        Vec::new()
-    } else {
-        let ids: Vec<uuid::Uuid> = discarded.iter().map(|o| o.id.0).collect();
-        let attempts: Vec<i32> = discarded.iter().map(|o| o.attempt).collect();
-        let owners: Vec<&str> = discarded.iter().map(|o| o.owner.as_str()).collect();
-        sqlx::query_as!(
-            Previous,
-            r#"WITH t AS (SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[]) AS t(id, attempt, owner)),
-             old AS (
-                 SELECT j.id, j.state, j.reserved_buckets, j.reserved_amounts FROM jobs j
-                 WHERE j.id = ANY($1) ORDER BY j.id FOR UPDATE)
-             UPDATE jobs j SET reserved_buckets = NULL, reserved_amounts = NULL,
-                               lease_owner = NULL, lease_expires_at = NULL
-             FROM t, old
-             WHERE j.id = t.id AND old.id = t.id AND j.state::text = 'cancelled' AND j.attempt = t.attempt
-               AND j.lease_owner = t.owner
-             RETURNING j.id AS "id: JobId", old.state AS "old_state: JobState", old.reserved_buckets AS old_buckets,
-                       old.reserved_amounts AS old_amounts"#,
-            &ids,
-            &attempts,
-            &owners as &[&str],
-        )
-        .fetch_all(&mut *tx)
-        .await?
-    };
     let by_id: std::collections::HashMap<JobId, &Outcome> =
-        outcomes.iter().map(|o| (o.holder.id, o)).collect();
-    let ended: Vec<(JobId, Reservation, Settlement)> = written
+        discarded.iter().map(|o| (o.holder.id, *o)).collect();
+    let ended: Vec<(JobId, Reservation, Settlement)> = cancelled
         .into_iter()
-        .chain(cancelled)
         .filter_map(|p| {
             let settlement = by_id.get(&p.id)?.settlement;
             reservation(p.old_buckets, p.old_amounts).map(|r| (p.id, r, settlement))
         })
         .collect();
-    settle(&mut tx, &ended).await?;
-    let done = outcomes
-        .iter()
-        .filter(|o| written_ids.contains(&o.holder.id) && o.end.state().is_terminal())
-        .count();
-    if done < outcomes.len() {
-        notify_gate(&mut *tx).await?;
-    }
+    settle(&mut *tx, &ended).await?;
+    notify_gate(&mut *tx).await?;
     tx.commit().await?;
-    Ok(outcomes
-        .iter()
-        .map(|o| written_ids.contains(&o.holder.id))
-        .collect())
+    Ok(())
 }
 
 /// The columns of the job's row an outcome writes (`None`: left as it was, or cleared).
@@ -1186,7 +1186,7 @@ async fn release_running(pool: &PgPool, owner: Option<&str>, now: DateTime<Utc>)
             }
         }
     }
-    settle(&mut tx, &ended).await?;
+    settle(&mut *tx, &ended).await?;
     notify_done(&mut tx, &done).await?;
     if rescued.requeued > 0 {
         notify_gate(&mut *tx).await?;
@@ -1233,7 +1233,7 @@ pub async fn expire_deadlines(pool: &PgPool, now: DateTime<Utc>) -> Result<u64> 
         .into_iter()
         .filter_map(|r| reservation(r.old_buckets, r.old_amounts).map(|res| (r.id, res, Settlement::UNSENT)))
         .collect();
-    settle(&mut tx, &ended).await?;
+    settle(&mut *tx, &ended).await?;
     notify_done(&mut tx, &ids).await?;
     tx.commit().await?;
     Ok(ids.len() as u64)
