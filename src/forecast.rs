@@ -470,6 +470,7 @@ mod tests {
                 model: "m".to_owned(),
                 key: None,
             },
+            scope: buckets::target_scope("oai", "m"),
             path: path.iter().map(|(k, a)| ((*k).to_owned(), *a)).collect(),
             cost: buckets::EstimatedCost::default(),
         }

@@ -222,6 +222,9 @@ pub struct FailedCall<'a> {
     pub model: &'a str,
     /// The key the call used, if it got as far as choosing one.
     pub key: Option<&'a str>,
+    /// The scope the call's provider limits are learned under: its key's pool's, or its
+    /// model's (`buckets::learned_scope`). A 429 pauses it.
+    pub scope: &'a str,
     /// The attempt that failed (the first is 1).
     pub attempt: i32,
     /// Attempts the job may make on each target of its route.
@@ -237,7 +240,7 @@ pub struct FailedCall<'a> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
     pub next: Next,
-    /// A scope to pause for every process until then: the target after a 429 (a rate
+    /// A scope to pause for every process until then: the target (or its key's pool) after a 429 (a rate
     /// limit holds for everyone, so queued jobs wait instead of meeting 429s too), the key
     /// after the provider rejected it. Written whatever becomes of the job.
     pub pause: Option<Pause>,
@@ -287,7 +290,11 @@ pub fn decide(
     let budget = failed.max_attempts * (1 + failed_before.len() as i32 + i32::from(fall_back));
     let attempts_left = failed.attempt < budget;
     let rotate = failure.class == FailureClass::KeyUnusable && failed.key.is_some();
-    let delay = if rotate || fall_back {
+    // A 429 on one of the model's pools pauses that pool only: the job may go at once to
+    // another pool with room (the gate keeps it off the paused one).
+    let other_pools = failure.class == FailureClass::Capacity
+        && failed.scope != buckets::target_scope(failed.provider, failed.model);
+    let delay = if rotate || fall_back || other_pools {
         Duration::ZERO
     } else {
         policy.delay(failed.attempt as u32, failure.retry_after, jitter())
@@ -328,7 +335,7 @@ pub fn decide(
     };
     let pause = match (failure.class, failed.key) {
         (FailureClass::Capacity, _) => Some(Pause {
-            scope: buckets::target_scope(failed.provider, failed.model),
+            scope: failed.scope.to_owned(),
             until: now + spread(failure.retry_after.unwrap_or(policy.rate_limit_pause), jitter()),
             reason: "rate_limited",
         }),
@@ -631,6 +638,7 @@ mod tests {
                 provider: "oai",
                 model: "a",
                 key: row.key.then_some("k1"),
+                scope: "provider:oai:a",
                 attempt: row.attempt,
                 max_attempts: 3,
                 deadline,
@@ -674,6 +682,7 @@ mod tests {
             provider: "oai",
             model: "a",
             key: None,
+            scope: "provider:oai:a",
             attempt: 3,
             max_attempts: 3,
             deadline: now + chrono::Duration::hours(1),
@@ -696,22 +705,64 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_jitter_source_sets_backoff_and_pause_spread() {
-        let now = Utc::now();
-        let failure = Failure {
+    /// A provider's 429, with its Retry-After.
+    fn rate_limited(retry_after: Option<Duration>) -> Failure {
+        Failure {
             class: FailureClass::Capacity,
             code: ReasonCode::RateLimited,
             message: String::new(),
             status: Some(429),
-            retry_after: None,
+            retry_after,
+        }
+    }
+
+    #[test]
+    fn a_429_on_a_key_s_pool_pauses_the_pool_and_requeues_the_job_at_once() {
+        let now = Utc::now();
+        let failure = rate_limited(Some(Duration::from_secs(60)));
+        let route = [target("oai/a")];
+        let mut failed = FailedCall {
+            failure: &failure,
+            provider: "oai",
+            model: "a",
+            key: Some("k1"),
+            scope: "pool:oai:org-1:a",
+            attempt: 1,
+            max_attempts: 3,
+            deadline: now + chrono::Duration::hours(1),
+            failed_targets: &[],
+            route: &route,
         };
+        let decision = decide(&failed, &policy(), now, || 0.5);
+        assert_eq!(
+            decision.pause.map(|p| p.scope),
+            Some("pool:oai:org-1:a".to_owned())
+        );
+        assert_eq!(
+            decision.next,
+            Next::Retry {
+                at: now,
+                delay: Duration::ZERO
+            }
+        );
+        // One pool for the model: the pause is the model's, and the job waits it out.
+        failed.scope = "provider:oai:a";
+        let decision = decide(&failed, &policy(), now, || 0.5);
+        assert_eq!(decision.pause.map(|p| p.scope), Some("provider:oai:a".to_owned()));
+        assert!(matches!(decision.next, Next::Retry { delay, .. } if delay >= Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn the_jitter_source_sets_backoff_and_pause_spread() {
+        let now = Utc::now();
+        let failure = rate_limited(None);
         let route = [target("oai/a")];
         let failed = FailedCall {
             failure: &failure,
             provider: "oai",
             model: "a",
             key: Some("k1"),
+            scope: "provider:oai:a",
             attempt: 1,
             max_attempts: 3,
             deadline: now + chrono::Duration::hours(1),

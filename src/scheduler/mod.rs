@@ -242,11 +242,17 @@ enum Unfit {
     },
 }
 
-/// Whether a provider's 429 paused `target`'s model, until when.
-fn paused_until(paused: &Pauses, target: &Target) -> Option<DateTime<Utc>> {
+/// The pause on `route`'s provider model, if any, and until when: a 429's or an
+/// operator's on the whole model, or a 429's on its key's pool (the model's other pools
+/// go on).
+fn paused_until<'a>(paused: &Pauses, route: &'a Route) -> Option<(std::borrow::Cow<'a, str>, DateTime<Utc>)> {
+    let model = buckets::target_scope(&route.target.provider, &route.target.model);
+    if let Some(until) = paused.get(&model) {
+        return Some((model.into(), *until));
+    }
     paused
-        .get(&buckets::target_scope(&target.provider, &target.model))
-        .copied()
+        .get(&route.scope)
+        .map(|until| (route.scope.as_str().into(), *until))
 }
 
 /// Whether the provider rejected `target`'s key (it is paused under its own scope).
@@ -260,7 +266,9 @@ fn key_rejected(paused: &Pauses, target: &Target) -> bool {
 /// Admits `plan`'s job on its route `r`: takes its amounts from the route's buckets (a
 /// key with no bucket takes nothing).
 pub fn take(plan: &Plan, r: usize, buckets: &mut HashMap<String, Bucket>) -> Admission {
-    let Route { target, path, cost } = &plan.routes[r];
+    let Route {
+        target, path, cost, ..
+    } = &plan.routes[r];
     let mut bucket_ids = Vec::with_capacity(path.len());
     let mut amounts = Vec::with_capacity(path.len());
     for (key, amount) in path {
@@ -327,8 +335,9 @@ impl Policy {
         paused: &Pauses,
         closed: &HashSet<String>,
     ) -> Option<usize> {
-        routes.iter().position(|Route { target, path, .. }| {
-            paused_until(paused, target).is_none()
+        routes.iter().position(|route| {
+            let Route { target, path, .. } = route;
+            paused_until(paused, route).is_none()
                 && !key_rejected(paused, target)
                 && path.iter().all(|(key, amount)| {
                     !closed.contains(key)
@@ -574,13 +583,12 @@ impl Scheduler {
             return Unfit::Fails(fails(plan.job, Verdict::ExceedsLimit, &key, message));
         }
         let headroom = |b: &Bucket| self.policy.headroom(b, plan.class);
-        let Route {
-            target: first, path, ..
-        } = &plan.routes[0];
+        let Route { path, .. } = &plan.routes[0];
         let mut blocking: Option<(&Bucket, f64)> = None;
         // A provider's 429 paused this target: nothing goes before its Retry-After. An
         // operator's pause has no end to promise (and fails nothing as unmeetable).
-        let pause = paused_until(paused, first);
+        let paused_as = paused_until(paused, &plan.routes[0]);
+        let pause = paused_as.as_ref().map(|(_, until)| *until);
         let operator_held = pause.is_some_and(holds::is_operator);
         let mut ready: Option<DateTime<Utc>> = (!operator_held).then(|| pause.unwrap_or(now));
         for (key, amount) in path {
@@ -621,14 +629,14 @@ impl Scheduler {
         }
         let note = match blocking {
             Some((b, amount)) => capacity_note("waiting_for_capacity", b, amount, ready),
-            None => match pause {
-                Some(_) if operator_held => json!({
+            None => match paused_as {
+                Some((scope, _)) if operator_held => json!({
                     "reason": holds::PAUSED_BY_OPERATOR,
-                    "scope": buckets::target_scope(&first.provider, &first.model),
+                    "scope": scope,
                 }),
-                Some(until) => json!({
+                Some((scope, until)) => json!({
                     "reason": "provider_rate_limited",
-                    "scope": buckets::target_scope(&first.provider, &first.model),
+                    "scope": scope,
                     "expected_at": until,
                 }),
                 // Behind another job that holds the bucket it needs: no time to promise.

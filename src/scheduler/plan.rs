@@ -47,6 +47,10 @@ pub struct Plan {
 #[derive(Debug, Clone)]
 pub struct Route {
     pub target: Target,
+    /// The scope its provider's limits are learned under and a 429 pauses: its key's
+    /// pool's where the model's keys are in several pools, else the model's
+    /// (`buckets::learned_scope`).
+    pub scope: String,
     /// Every bucket on the way, by key, with the amount the job takes from it.
     pub path: Vec<(String, f64)>,
     /// What its estimate costs there.
@@ -170,7 +174,13 @@ impl Planner<'_> {
                     micro_usd: spend,
                     price_source,
                 };
-                Route { target, path, cost }
+                let scope = self.learned_scope(&target);
+                Route {
+                    target,
+                    scope,
+                    path,
+                    cost,
+                }
             })
             .collect();
         Ok(Plan {
@@ -259,8 +269,7 @@ impl Planner<'_> {
         let provider_key = self.config.provider(&target.provider).zip(target.key.as_deref());
         let key_limits = provider_key.and_then(|(p, name)| self.keyring.limits(p, name));
         let mut path = buckets::path(self.config, held, requested, target, key_limits);
-        let pool = provider_key.and_then(|(p, name)| self.keyring.pool_account(p, &target.model, name));
-        let scope = buckets::learned_scope(&target.provider, &target.model, pool);
+        let scope = self.learned_scope(target);
         for (key, dim) in self.known.buckets.get(&scope).into_iter().flatten() {
             if !path.iter().any(|(k, _)| k == key) {
                 path.push((key.clone(), *dim));
@@ -274,6 +283,17 @@ impl Planner<'_> {
             path.push((probe_key(&scope), Dimension::Concurrency));
         }
         path
+    }
+
+    /// The scope `target`'s provider limits are learned under: its key's pool's, or its
+    /// model's.
+    fn learned_scope(&self, target: &Target) -> String {
+        let pool = self
+            .config
+            .provider(&target.provider)
+            .zip(target.key.as_deref())
+            .and_then(|(p, name)| self.keyring.pool_account(p, &target.model, name));
+        buckets::learned_scope(&target.provider, &target.model, pool)
     }
 
     /// A target as the options admission may choose from: one per key that serves the

@@ -49,6 +49,7 @@ fn target(model: &str, key: Option<&str>) -> Target {
 fn route(model: &str, path: &[(&str, f64)]) -> Route {
     Route {
         target: target(model, None),
+        scope: buckets::target_scope("p", model),
         path: path.iter().map(|(k, a)| ((*k).to_owned(), *a)).collect(),
         cost: Default::default(),
     }
@@ -493,6 +494,7 @@ fn exceeds_limit_only_when_no_route_can_ever_hold_it() {
 fn rejected_keys_are_skipped_and_all_rejected_fail() {
     let keyed = |key| Route {
         target: target("m", Some(key)),
+        scope: buckets::target_scope("p", "m"),
         path: vec![],
         cost: Default::default(),
     };

@@ -442,6 +442,89 @@ tpm = 3000
     app.shutdown().await;
 }
 
+#[tokio::test]
+async fn a_429_pauses_only_the_pool_of_the_key_that_met_it() {
+    let app = TestApp::spawn_with(TestOptions {
+        mock: two_accounts(600),
+        extra_config: POOLED.into(),
+        ..TestOptions::default()
+    })
+    .await;
+    // Once every key has answered, the model's keys are known to be in two pools.
+    submit_pooled(&app, 0..12).await;
+    assert_eq!(drain(&app, 12, 60).await, 12);
+    eventually(30, "the model's keys to be in two pools", || async {
+        let (_, limits) = app.get(ACME, "/v1/limits").await;
+        let pools = limits["pools"]
+            .as_array()?
+            .iter()
+            .filter(|p| p["provider"] == "pooled")
+            .count();
+        (pools == 2).then_some(())
+    })
+    .await;
+    // Account pa's limit falls to one request a minute without notice: its next call meets
+    // a 429, whose pause holds pa's keys and not pb's.
+    assert!(app.mock.set_limits(
+        "pa",
+        ProjectLimits {
+            rpm: 1,
+            ..ProjectLimits::default()
+        }
+    ));
+    submit_pooled(&app, 12..60).await;
+    assert_eq!(drain(&app, 60, 60).await, 60);
+    let pauses: Vec<(String, chrono::DateTime<chrono::Utc>)> =
+        sqlx::query_as("SELECT scope, until FROM pauses WHERE reason = 'rate_limited' ORDER BY scope")
+            .fetch_all(&app.db.pool)
+            .await
+            .expect("pauses");
+    let scopes: Vec<&str> = pauses.iter().map(|(scope, _)| scope.as_str()).collect();
+    assert_eq!(scopes, ["pool:pooled:org-pa:gpt-4o-mini"], "{pauses:?}");
+    // pb served on while pa was paused, the job that met the 429 too: the last job ended
+    // before pa's pause did.
+    let (last_finished,): (chrono::DateTime<chrono::Utc>,) =
+        sqlx::query_as("SELECT max(finished_at) FROM jobs")
+            .fetch_one(&app.db.pool)
+            .await
+            .expect("last finished");
+    let stats = app.mock.stats();
+    assert!(
+        stats.projects.get("pa").is_some_and(|p| p.rate_limited_429 >= 1),
+        "{stats:?}"
+    );
+    assert_eq!(stats.limit_violations, 0, "{stats:?}");
+    assert!(
+        last_finished < pauses[0].1,
+        "{last_finished} after the pause {pauses:?}"
+    );
+    app.shutdown().await;
+}
+
+/// A provider whose keys are in two of the mock's accounts ([`two_accounts`]).
+const POOLED: &str = r#"
+[[providers]]
+name = "pooled"
+kind = "openai"
+base_url = "http://MOCK_ADDR/v1"
+keys = [
+  { name = "p1", value = "sk-pa-1" },
+  { name = "p2", value = "sk-pa-2" },
+  { name = "p3", value = "sk-pb-1" },
+]
+models = ["gpt-4o-mini"]
+"#;
+
+/// Submits jobs `range` to the [`POOLED`] provider.
+async fn submit_pooled(app: &TestApp, range: std::ops::Range<usize>) {
+    for i in range {
+        let mut job = mixed_job(i);
+        job["request"]["model"] = json!("pooled/gpt-4o-mini");
+        let (status, body) = app.submit(ACME, &job).await;
+        assert_eq!(status, 202, "{body}");
+    }
+}
+
 /// Keys of two provider accounts: `pa` (keys p1 and p2) and `pb` (key p3), each allowed
 /// `rpm` requests a minute; the harness's own projects beside them.
 fn two_accounts(rpm: u64) -> MockConfig {
@@ -464,31 +547,12 @@ async fn keys_of_one_account_share_its_limits_and_two_accounts_are_learned_apart
     const JOBS: usize = 3 * RPM as usize;
     let app = TestApp::spawn_with(TestOptions {
         mock: two_accounts(RPM),
-        extra_config: r#"
-[[providers]]
-name = "pooled"
-kind = "openai"
-base_url = "http://MOCK_ADDR/v1"
-keys = [
-  { name = "p1", value = "sk-pa-1" },
-  { name = "p2", value = "sk-pa-2" },
-  { name = "p3", value = "sk-pb-1" },
-]
-models = ["gpt-4o-mini"]
-"#
-        .into(),
+        extra_config: POOLED.into(),
         ..TestOptions::default()
     })
     .await;
-    let mut ids = Vec::new();
-    for i in 0..JOBS {
-        let mut job = mixed_job(i);
-        job["request"]["model"] = json!("pooled/gpt-4o-mini");
-        let (status, body) = app.submit(ACME, &job).await;
-        assert_eq!(status, 202, "{body}");
-        ids.push(body["id"].as_str().expect("job id").to_owned());
-    }
-    assert_eq!(drain(&app, ids.len(), 180).await, JOBS as i64);
+    submit_pooled(&app, 0..JOBS).await;
+    assert_eq!(drain(&app, JOBS, 180).await, JOBS as i64);
 
     // p1 and p2 share account pa's limit: had they been taken for two pools, twice its
     // limit would have been sent there and answered 429.

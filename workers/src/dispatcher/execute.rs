@@ -179,12 +179,28 @@ impl Dispatcher {
             log_write(self.write(outcome, inner.clock.now()).await);
             return;
         }
-        if let Some(wait) = self.paused_here(&buckets::target_scope(&target.provider, &target.model)) {
-            let end = End::retry(
-                inner.clock.now() + wait,
-                ReasonCode::TargetPaused,
+        // A 429's pause on the model holds the job until it ends; one on its key's pool only
+        // sends it back to the gate, which may start it on another pool now.
+        let model_scope = buckets::target_scope(&target.provider, &target.model);
+        let pool_scope = self.learned_scope(
+            &target.provider,
+            &target.model,
+            target.key.as_deref().unwrap_or_default(),
+        );
+        let paused = match self.paused_here(&model_scope) {
+            Some(wait) => Some((
+                wait,
                 "the provider answered 429 for this model: back to the queue until the pause ends",
-            );
+            )),
+            None => self.paused_here(&pool_scope).map(|_| {
+                (
+                    Duration::ZERO,
+                    "the provider answered 429 for this key's quota pool: back to the queue for another pool",
+                )
+            }),
+        };
+        if let Some((wait, message)) = paused {
+            let end = End::retry(inner.clock.now() + wait, ReasonCode::TargetPaused, message);
             let outcome = Outcome::new(holder, Some(served), end, Settlement::UNSENT);
             log_write(self.write(outcome, inner.clock.now()).await);
             return;
@@ -322,7 +338,6 @@ impl Dispatcher {
         let throttled = matches!(&called.result, Err(f) if f.class == FailureClass::Capacity);
         let ring = self.inner.providers.keyring();
         let key = called.key_name.as_str();
-        let pool = ring.pool_account(provider, &target.model, key);
         let account = called
             .signals
             .account
@@ -335,12 +350,24 @@ impl Dispatcher {
                 observed_at: at,
             });
         Some(Observation {
-            scope: buckets::learned_scope(&target.provider, &target.model, pool),
+            scope: self.learned_scope(&target.provider, &target.model, key),
             readings: called.signals.readings.clone(),
             throttled: throttled && !called.signals.has_limits(),
             at,
             account,
         })
+    }
+
+    /// The scope `provider`'s `model` has its limits learned under when called with `key`:
+    /// the key's pool's where the model's keys are in several pools, else the model's.
+    fn learned_scope(&self, provider: &str, model: &str, key: &str) -> String {
+        let ring = self.inner.providers.keyring();
+        let pool = self
+            .inner
+            .config
+            .provider(provider)
+            .and_then(|p| ring.pool_account(p, model, key));
+        buckets::learned_scope(provider, model, pool)
     }
 
     /// The outcome [`retry::decide`] says follows `failure` of the call to `served` with
@@ -356,11 +383,13 @@ impl Dispatcher {
         now: chrono::DateTime<Utc>,
     ) -> Outcome {
         let route = routing::resolve(&self.inner.config, &job.model, job.endpoint).unwrap_or_default();
+        let scope = self.learned_scope(&served.provider, &served.model, key.unwrap_or_default());
         let failed = FailedCall {
             failure,
             provider: &served.provider,
             model: &served.model,
             key,
+            scope: &scope,
             attempt: job.attempt,
             max_attempts: job.max_attempts,
             deadline: job.deadline,
