@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use tollgate::buckets;
 use tollgate::holds::{self, Held};
 use tollgate::store::{self, AttemptRecord, PauseRecord, Retried};
 use tollgate::vocab::ApiErrorCode;
@@ -177,9 +178,11 @@ pub(crate) struct NewPause {
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct PauseObject {
     object: &'static str,
-    /// `tenant:<name>`, `route:<alias>`, `provider:<provider>:<model>`, `key:<provider>:<key>`.
+    /// `tenant:<name>`, `route:<alias>`, `provider:<provider>:<model>`,
+    /// `pool:<provider>:<account>:<model>` (a quota pool's keys for the model),
+    /// `key:<provider>:<key>`.
     scope: String,
-    /// `tenant`, `route`, `model` or `key`.
+    /// `tenant`, `route`, `model`, `pool` or `key`.
     kind: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     tenant: Option<String>,
@@ -201,18 +204,25 @@ pub(crate) struct PauseObject {
 impl From<PauseRecord> for PauseObject {
     fn from(p: PauseRecord) -> Self {
         let held = Held::from_scope(&p.scope);
+        let pool = p.scope.starts_with("pool:");
         let (tenant, route, provider, model) = match &held {
             Some(Held::Tenant(t)) => (Some(t.clone()), None, None, None),
             Some(Held::Route(r)) => (None, Some(r.clone()), None, None),
             Some(Held::Model { provider, model }) => {
                 (None, None, Some(provider.clone()), Some(model.clone()))
             }
+            None if pool => {
+                let (provider, model) = buckets::scope_target(&p.scope);
+                (None, None, Some(provider.to_owned()), Some(model.to_owned()))
+            }
             None => (None, None, None, None),
         };
         let operator = p.reason == holds::OPERATOR;
         PauseObject {
             object: "pause",
-            kind: held.as_ref().map_or("key", Held::kind),
+            kind: held
+                .as_ref()
+                .map_or(if pool { "pool" } else { "key" }, Held::kind),
             scope: p.scope,
             tenant,
             route,

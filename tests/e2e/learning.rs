@@ -9,6 +9,7 @@ use tollgate_api::broker::Roles;
 use tollgate_mock::{MockConfig, ProjectLimits};
 
 use crate::harness::{ACME, TestApp, TestOptions, eventually};
+use crate::observe::ADMIN;
 
 /// A job of mixed size: prompt and output vary with `i`.
 fn mixed_job(i: usize) -> Value {
@@ -447,6 +448,7 @@ async fn a_429_pauses_only_the_pool_of_the_key_that_met_it() {
     let app = TestApp::spawn_with(TestOptions {
         mock: two_accounts(600),
         extra_config: POOLED.into(),
+        server_config: format!("admin_key = \"{ADMIN}\""),
         ..TestOptions::default()
     })
     .await;
@@ -488,6 +490,21 @@ async fn a_429_pauses_only_the_pool_of_the_key_that_met_it() {
             .fetch_one(&app.db.pool)
             .await
             .expect("last finished");
+    let (_, listed) = app.get(ADMIN, "/v1/admin/pauses").await;
+    let pool = listed["data"]
+        .as_array()
+        .and_then(|d| d.iter().find(|p| p["scope"] == scopes[0]))
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert_eq!(
+        (&pool["kind"], &pool["provider"], &pool["model"], &pool["by"]),
+        (
+            &json!("pool"),
+            &json!("pooled"),
+            &json!("gpt-4o-mini"),
+            &json!("provider")
+        ),
+        "{pool}"
+    );
     let stats = app.mock.stats();
     assert!(
         stats.projects.get("pa").is_some_and(|p| p.rate_limited_429 >= 1),
