@@ -179,32 +179,6 @@ impl Dispatcher {
             log_write(self.write(outcome, inner.clock.now()).await);
             return;
         }
-        // A 429's pause on the model holds the job until it ends; one on its key's pool only
-        // sends it back to the gate, which may start it on another pool now.
-        let model_scope = buckets::target_scope(&target.provider, &target.model);
-        let pool_scope = self.learned_scope(
-            &target.provider,
-            &target.model,
-            target.key.as_deref().unwrap_or_default(),
-        );
-        let paused = match self.paused_here(&model_scope) {
-            Some(wait) => Some((
-                wait,
-                "the provider answered 429 for this model: back to the queue until the pause ends",
-            )),
-            None => self.paused_here(&pool_scope).map(|_| {
-                (
-                    Duration::ZERO,
-                    "the provider answered 429 for this key's quota pool: back to the queue for another pool",
-                )
-            }),
-        };
-        if let Some((wait, message)) = paused {
-            let end = End::retry(inner.clock.now() + wait, ReasonCode::TargetPaused, message);
-            let outcome = Outcome::new(holder, Some(served), end, Settlement::UNSENT);
-            log_write(self.write(outcome, inner.clock.now()).await);
-            return;
-        }
         let started_at = inner.clock.now();
         // The claim checked the deadline, but a busy process may reach the call later.
         if started_at >= job.deadline {
@@ -232,6 +206,33 @@ impl Dispatcher {
                 Ok(false) => return self.abandon(&job, Some(served), Settlement::UNSENT).await,
                 Err(e) => tracing::warn!(error = %e, "could not check the job before its call; calling"),
             }
+        }
+        // Checked last before the call, so that a 429 met meanwhile by a call beside it
+        // stops this one: a 429's pause on the model holds the job until it ends; one on its
+        // key's pool only sends it back to the gate, which may start it on another pool now.
+        let model_scope = buckets::target_scope(&target.provider, &target.model);
+        let pool_scope = self.learned_scope(
+            &target.provider,
+            &target.model,
+            target.key.as_deref().unwrap_or_default(),
+        );
+        let paused = match self.paused_here(&model_scope) {
+            Some(wait) => Some((
+                wait,
+                "the provider answered 429 for this model: back to the queue until the pause ends",
+            )),
+            None => self.paused_here(&pool_scope).map(|_| {
+                (
+                    Duration::ZERO,
+                    "the provider answered 429 for this key's quota pool: back to the queue for another pool",
+                )
+            }),
+        };
+        if let Some((wait, message)) = paused {
+            let end = End::retry(inner.clock.now() + wait, ReasonCode::TargetPaused, message);
+            let outcome = Outcome::new(holder, Some(served), end, Settlement::UNSENT);
+            log_write(self.write(outcome, inner.clock.now()).await);
+            return;
         }
         let flex = is_flex(&job);
         let at_flex_tier;
