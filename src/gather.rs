@@ -37,13 +37,7 @@ impl Writers {
         gather: Duration,
     ) -> Option<Vec<T>> {
         let mut queue = queue.lock().await;
-        let mut batch = vec![queue.recv().await?];
-        while batch.len() < most {
-            match queue.try_recv() {
-                Ok(item) => batch.push(item),
-                Err(_) => break,
-            }
-        }
+        let mut batch = waiting_in(&mut queue, most).await?;
         let gathered = tokio::time::sleep(gather);
         tokio::pin!(gathered);
         while batch.len() < most && self.writing.load(Ordering::Acquire) > 0 {
@@ -64,6 +58,24 @@ impl Writers {
         self.writing.fetch_add(1, Ordering::AcqRel);
         Writing(self)
     }
+}
+
+/// The next batch from `queue` without gathering: at least one item (waited for), then
+/// whatever else waits, at most `most`; `None` once every sender is gone and the queue is
+/// empty. For writers whose batches fill by themselves while they write.
+pub async fn waiting<T>(queue: &Mutex<mpsc::Receiver<T>>, most: usize) -> Option<Vec<T>> {
+    waiting_in(&mut *queue.lock().await, most).await
+}
+
+async fn waiting_in<T>(queue: &mut mpsc::Receiver<T>, most: usize) -> Option<Vec<T>> {
+    let mut batch = vec![queue.recv().await?];
+    while batch.len() < most {
+        match queue.try_recv() {
+            Ok(item) => batch.push(item),
+            Err(_) => break,
+        }
+    }
+    Some(batch)
 }
 
 #[cfg(test)]
@@ -100,5 +112,23 @@ mod tests {
 
         drop(tx);
         assert_eq!(writers.next_batch(&rx, 8, Duration::ZERO).await, None);
+    }
+
+    #[tokio::test]
+    async fn what_waits_is_taken_without_gathering() {
+        let (tx, rx) = mpsc::channel(16);
+        let rx = Mutex::new(rx);
+        for i in 0..3 {
+            tx.send(i).await.unwrap();
+        }
+        assert_eq!(waiting(&rx, 2).await, Some(vec![0, 1]));
+        assert_eq!(waiting(&rx, 8).await, Some(vec![2]));
+        let late = tx.clone();
+        let (batch, ()) = tokio::join!(waiting(&rx, 8), async move {
+            late.send(3).await.unwrap();
+        });
+        assert_eq!(batch, Some(vec![3]));
+        drop(tx);
+        assert_eq!(waiting(&rx, 8).await, None);
     }
 }

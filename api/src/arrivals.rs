@@ -4,7 +4,7 @@
 //! as any handle to it.
 //!
 //! One admitter takes every arrival waiting and admits them together, in one transaction
-//! ([`tollgate::gather::Writers::next_batch`]): their buckets are locked once, and the
+//! ([`tollgate::gather::waiting`]): their buckets are locked once, and the
 //! arrivals do not queue on each other's bucket rows one commit at a time. It uses up to
 //! [`ARRIVAL_CONNECTIONS`] connections at once, never holding one while it waits for
 //! another, on a pool of exactly those ([`CONNECTIONS`]). An arrival finding
@@ -17,7 +17,7 @@ use anyhow::Context;
 use sqlx::PgPool;
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
-use tollgate::gather::Writers;
+use tollgate::gather;
 use tollgate::model::{Job, NewJob};
 use tollgate_workers::gate::{ARRIVAL_CONNECTIONS, Gate};
 
@@ -79,11 +79,8 @@ impl Arrivals {
 
 /// The admitter: admits the arrivals waiting, together, until every sender is gone.
 async fn admit_all(gate: Arc<Gate>, pool: PgPool, arriving: mpsc::Receiver<Arriving>) {
-    let (arriving, writers) = (Mutex::new(arriving), Writers::default());
-    while let Some(batch) = writers
-        .next_batch(&arriving, BATCH, std::time::Duration::ZERO)
-        .await
-    {
+    let arriving = Mutex::new(arriving);
+    while let Some(batch) = gather::waiting(&arriving, BATCH).await {
         let (jobs, replies): (Vec<NewJob>, Vec<_>) = batch.into_iter().unzip();
         let started = match gate.admit_arrivals(&pool, &jobs).await {
             Ok(started) => started,

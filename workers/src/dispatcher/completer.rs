@@ -12,7 +12,7 @@ use chrono::Utc;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::task::TaskTracker;
 use tollgate::attempt::Outcome;
-use tollgate::gather::Writers;
+use tollgate::gather;
 use tollgate::learning::Observation;
 use tollgate::store::{self, StoreError};
 
@@ -40,10 +40,8 @@ impl Dispatcher {
         let (observer, observations) = mpsc::channel(COMPLETION_BATCH * 4);
         completer.spawn(self.clone().observe(observations));
         let pending = Arc::new(tokio::sync::Mutex::new(pending));
-        let writers = Arc::new(Writers::default());
         for _ in 0..COMPLETERS {
-            let (pending, writers) = (pending.clone(), writers.clone());
-            completer.spawn(self.clone().complete(pending, writers, observer.clone()));
+            completer.spawn(self.clone().complete(pending.clone(), observer.clone()));
         }
         drop(observer);
         completer.close();
@@ -96,7 +94,7 @@ impl Dispatcher {
         Ok(written)
     }
 
-    /// A completer: takes the outcomes waiting ([`Writers::next_batch`], up to
+    /// A completer: takes the outcomes waiting ([`gather::waiting`], up to
     /// [`COMPLETION_BATCH`]) and writes them in one transaction, until every sender is gone.
     ///
     /// [`COMPLETERS`] of them share the queue: while one waits for its commit to reach
@@ -105,17 +103,12 @@ impl Dispatcher {
     async fn complete(
         self,
         outcomes: Arc<tokio::sync::Mutex<mpsc::Receiver<Pending>>>,
-        writers: Arc<Writers>,
         observer: mpsc::Sender<Observation>,
     ) {
-        while let Some(batch) = writers
-            // What waits, at once: a completer that waited for more while the other wrote
-            // held a synchronous caller's answer that long at every moderate rate; under
-            // load both are writing and the queue fills batches by itself.
-            .next_batch(&outcomes, COMPLETION_BATCH, Duration::ZERO)
-            .await
-        {
-            let writing = writers.writing();
+        // What waits, at once: a completer that waited for more while the other wrote
+        // held a synchronous caller's answer that long at every moderate rate; under load
+        // both are writing and the queue fills batches by itself.
+        while let Some(batch) = gather::waiting(&outcomes, COMPLETION_BATCH).await {
             let (items, replies): (Vec<Outcome>, Vec<_>) = batch.into_iter().unzip();
             let pool = &self.inner.pool;
             // A lost race (deadlock victim, serialization failure) succeeds when tried again;
@@ -134,7 +127,6 @@ impl Dispatcher {
                     written => break written,
                 }
             };
-            drop(writing);
             match written {
                 Ok(written) => {
                     // Committed: callers waiting here for these jobs answer from their ends.
