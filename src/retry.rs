@@ -240,9 +240,10 @@ pub struct FailedCall<'a> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
     pub next: Next,
-    /// A scope to pause for every process until then: the target (or its key's pool) after a 429 (a rate
-    /// limit holds for everyone, so queued jobs wait instead of meeting 429s too), the key
-    /// after the provider rejected it. Written whatever becomes of the job.
+    /// A scope to pause for every process until then: the target, or its key's quota pool,
+    /// after a 429 (a rate limit holds for everyone, so queued jobs wait instead of meeting
+    /// 429s too), the key after the provider rejected it. Written whatever becomes of the
+    /// job.
     pub pause: Option<Pause>,
     /// The target (`provider/model`) the job leaves for the route's others (fallback),
     /// recorded on the job even when it fails now.

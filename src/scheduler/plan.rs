@@ -161,10 +161,11 @@ impl Planner<'_> {
                     .provider(&target.provider)
                     .map_or((None, PriceSource::Unpriced), |p| p.priced(&target.model));
                 let spend = buckets::spend_micro_usd(price, demand.input_tokens, 0.0, demand.output_tokens);
+                let scope = self.learned_scope(&target);
                 let path = if batch_api {
                     provider_batches::path(config, &held, &target)
                 } else {
-                    self.full_path(&held, &job.model, &target)
+                    self.full_path(&held, &job.model, &target, &scope)
                 };
                 let path = path
                     .into_iter()
@@ -174,7 +175,6 @@ impl Planner<'_> {
                     micro_usd: spend,
                     price_source,
                 };
-                let scope = self.learned_scope(&target);
                 Route {
                     target,
                     scope,
@@ -257,20 +257,20 @@ impl Planner<'_> {
     }
 
     /// The buckets a job sent to `target` must fit: its configured path (with `held`, its
-    /// holders' buckets), the learned buckets of the target's model (of its key's pool,
-    /// when the model's keys are in several), and — while nothing is known of those
-    /// limits — their cold-start probe.
+    /// holders' buckets), the learned buckets of `scope` (the target's model's, or its key's
+    /// pool's when the model's keys are in several: [`Self::learned_scope`]), and — while
+    /// nothing is known of those limits — their cold-start probe.
     fn full_path(
         &self,
         held: &[(String, Dimension)],
         requested: &str,
         target: &Target,
+        scope: &str,
     ) -> Vec<(String, Dimension)> {
         let provider_key = self.config.provider(&target.provider).zip(target.key.as_deref());
         let key_limits = provider_key.and_then(|(p, name)| self.keyring.limits(p, name));
         let mut path = buckets::path(self.config, held, requested, target, key_limits);
-        let scope = self.learned_scope(target);
-        for (key, dim) in self.known.buckets.get(&scope).into_iter().flatten() {
+        for (key, dim) in self.known.buckets.get(scope).into_iter().flatten() {
             if !path.iter().any(|(k, _)| k == key) {
                 path.push((key.clone(), *dim));
             }
@@ -279,8 +279,8 @@ impl Planner<'_> {
             .config
             .provider(&target.provider)
             .is_some_and(|p| p.learn_limits && !p.configures_rates(&target.model));
-        if unknown && !self.known.seen.contains(&scope) {
-            path.push((probe_key(&scope), Dimension::Concurrency));
+        if unknown && !self.known.seen.contains(scope) {
+            path.push((probe_key(scope), Dimension::Concurrency));
         }
         path
     }
