@@ -79,6 +79,15 @@ pub fn pool_scope(provider: &str, account: &str, model: &str) -> String {
     format!("pool:{provider}:{}:{model}", account.replace(':', "_"))
 }
 
+/// A pool's bucket key (`pool:<p>:<account>:<model>:<limit>`, a learned limit or probe
+/// of [`pool_scope`]) as its provider and what follows the account: the buckets of one
+/// model's pools for one limit share both and differ in the account.
+pub fn pool_bucket_siblings(key: &str) -> Option<(&str, &str)> {
+    let (provider, rest) = key.strip_prefix("pool:")?.split_once(':')?;
+    let (_account, model_limit) = rest.split_once(':')?;
+    Some((provider, model_limit))
+}
+
 /// The scope a target's learned limits live under: its pool's, when its key's account is
 /// one of several serving the model, else the model's (every key in one pool).
 pub fn learned_scope(provider: &str, model: &str, pool: Option<&str>) -> String {

@@ -158,11 +158,12 @@ pub fn on_route(route: &Route, one: &Work<'_>, work: &Work<'_>, outlook: &Outloo
         if !bucket.can_ever_fit(*amount) {
             return None;
         }
-        // What one unit of this bucket's measure (a job, a token) of the work takes from it.
+        // What one unit of this bucket's measure (a job, a token) of the work takes from it,
+        // for its share of the work when it is one of the model's quota pools.
         let per_unit = match measure(bucket.dimension, one) {
             m if m > 0.0 => amount / m,
             _ => 1.0,
-        };
+        } * pool_share(key, &bucket, outlook.buckets);
         let ahead = ahead_of(bucket.dimension, key, work, outlook);
         let (fair, due) = (
             fair_wait(&bucket, per_unit, &ahead, work, outlook)?,
@@ -188,6 +189,23 @@ pub fn on_route(route: &Route, one: &Work<'_>, work: &Work<'_>, outlook: &Outloo
         p90: outlook.now + secs(p90),
         start_p90: outlook.now + secs(start_p90),
     })
+}
+
+/// The share of its model's work a quota pool's bucket `key` serves: the gate admits each
+/// job to whichever of the model's pools has room, so the work spreads over them by their
+/// capacities (the pools' buckets of the same limit among `buckets`, which hold every
+/// route's). 1 for any other bucket. The work itself goes to one pool whole; for a lone
+/// job the wait is its refill, near nothing either way.
+fn pool_share(key: &str, bucket: &Bucket, buckets: &HashMap<String, Bucket>) -> f64 {
+    let Some(of) = buckets::pool_bucket_siblings(key) else {
+        return 1.0;
+    };
+    let all: f64 = buckets
+        .values()
+        .filter(|b| buckets::pool_bucket_siblings(&b.key) == Some(of))
+        .map(|b| b.capacity)
+        .sum();
+    if all > 0.0 { bucket.capacity / all } else { 1.0 }
 }
 
 /// What stands before `work` at one bucket, in units of its dimension.
@@ -574,6 +592,48 @@ mod tests {
         // The p90: the p50's 11 s stretched by the overrun (16.5 s), above 10 × 1.5 + 3 s.
         assert_eq!(secs_from_now(eta.p90), 18.0);
         assert_eq!(secs_from_now(eta.start_p90), 15.0);
+    }
+
+    #[test]
+    fn a_model_s_quota_pools_share_the_queue_ahead_by_their_capacities() {
+        // Two pools of 1 request/s each, empty; 9 queued ahead plus this one, on the route
+        // through pool A: the gate sends half of them to B, so 5 s, not 10.
+        let a = bucket(
+            "pool:oai:org-a:m:rpm",
+            Dimension::Requests,
+            Rule::Rolling,
+            60.0,
+            60,
+            0.0,
+        );
+        let b = bucket(
+            "pool:oai:org-b:m:rpm",
+            Dimension::Requests,
+            Rule::Rolling,
+            60.0,
+            60,
+            0.0,
+        );
+        let buckets: HashMap<String, Bucket> = [a, b].into_iter().map(|b| (b.key.clone(), b)).collect();
+        let ahead = [queued("a", JobClass::Standard, 9.0)];
+        let outlook = Outlook {
+            buckets: &buckets,
+            ahead: &ahead,
+            arriving: &[],
+            weight_of: &|_| 1.0,
+            lag_of: &|_| 0.0,
+            latency: LATENCY,
+            overrun: 1.5,
+            starve_after: &|_| None,
+            now: now(),
+        };
+        let through_a = route(&[("pool:oai:org-a:m:rpm", 1.0)]);
+        let eta = on_route(&through_a, &work("a", 1.0), &work("a", 1.0), &outlook).unwrap();
+        assert_eq!(secs_from_now(eta.p50), 6.0);
+        assert_eq!(
+            pool_share("oai:m:rpm", &buckets["pool:oai:org-a:m:rpm"], &buckets),
+            1.0
+        );
     }
 
     #[test]
