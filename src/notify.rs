@@ -7,9 +7,15 @@
 //! reconnecting) costs latency, never correctness — and after a reconnect everyone is
 //! woken to re-check. A job that ends in this process's completer also hands its end to
 //! the watches of it here ([`Notifications::jobs_ended_here`]): a synchronous caller
-//! answers from it without reading the row back.
+//! answers from it without reading the row back. While the completer writes an outcome,
+//! the notification that write commits is held back from the job's watches until the
+//! completer has handed them the end ([`Notifications::writing_outcomes`]): otherwise it
+//! often came first and sent the caller to read the row it was about to be given.
+//! A finished job wakes the gate only through [`Notifications::capacity_freed`], which the
+//! gate heeds at once only while work is queued.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -34,6 +40,23 @@ type ByJob = HashMap<JobId, Vec<(u64, Arc<Watched>)>>;
 struct Watched {
     notify: Notify,
     ended: OnceLock<Arc<End>>,
+    /// This process's completer is writing the job's outcome: wake-ups wait for its end.
+    /// Read and written under [`JobWaiters::lock`].
+    writing: AtomicBool,
+    /// A wake-up came while the outcome was being written.
+    held_back: AtomicBool,
+}
+
+impl Watched {
+    /// Wakes the watch, or — while its outcome is being written here — marks the wake-up
+    /// for the write's end. Call under [`JobWaiters::lock`].
+    fn wake(&self) {
+        if self.writing.load(Ordering::Relaxed) {
+            self.held_back.store(true, Ordering::Relaxed);
+        } else {
+            self.notify.notify_one();
+        }
+    }
 }
 
 /// The long-polls of this process, by the job each waits for.
@@ -54,14 +77,34 @@ impl JobWaiters {
     fn wake(&self, id: &JobId) {
         if let Some(waiters) = self.lock().get(id) {
             for (_, watched) in waiters {
-                watched.notify.notify_one();
+                watched.wake();
             }
         }
     }
 
     fn wake_all(&self) {
         for (_, watched) in self.lock().values().flatten() {
-            watched.notify.notify_one();
+            watched.wake();
+        }
+    }
+}
+
+/// Outcomes this process's completer is writing, from [`Notifications::writing_outcomes`]
+/// until dropped: their watches' wake-ups are held back meanwhile, and given when dropped.
+pub struct OutcomesWriting {
+    waiters: Arc<JobWaiters>,
+    /// The jobs among them that had watches.
+    watched: Vec<JobId>,
+}
+
+impl Drop for OutcomesWriting {
+    fn drop(&mut self) {
+        let by_job = self.waiters.lock();
+        for (_, watched) in self.watched.iter().filter_map(|id| by_job.get(id)).flatten() {
+            watched.writing.store(false, Ordering::Relaxed);
+            if watched.held_back.swap(false, Ordering::Relaxed) {
+                watched.notify.notify_one();
+            }
         }
     }
 }
@@ -106,8 +149,10 @@ pub struct Notifications {
     job_waiters: Arc<JobWaiters>,
     /// Admitted work for dispatchers.
     jobs_ready: Arc<Notify>,
-    /// Queued work or freed capacity for the gate.
+    /// Queued work for the gate.
     gate: Arc<Notify>,
+    /// Capacity a finished job may have freed, for the gate.
+    freed: Arc<Notify>,
     /// The control plane changed (tenants, keys).
     control: Arc<Notify>,
     /// Local inserts not yet announced to other processes.
@@ -123,6 +168,7 @@ impl Default for Notifications {
             job_waiters: Arc::default(),
             jobs_ready: Arc::new(Notify::new()),
             gate: Arc::new(Notify::new()),
+            freed: Arc::new(Notify::new()),
             control: Arc::new(Notify::new()),
             gate_notify_pending: Arc::new(Notify::new()),
             interactive_pending: Arc::new(std::sync::atomic::AtomicBool::new(false)),
@@ -169,13 +215,47 @@ impl Notifications {
         }
     }
 
+    /// Outcomes of `ids` this process's completer is about to write: until the guard is
+    /// dropped — after the write, and after [`Notifications::jobs_ended_here`] for those it
+    /// ended — their watches' wake-ups are held back, then given. The notice of a job's end,
+    /// committed by that very write, would otherwise often wake its caller before the
+    /// completer hands it the end, and send it to read the row. Unwatched jobs cost a lookup.
+    pub fn writing_outcomes(&self, ids: impl IntoIterator<Item = JobId>) -> OutcomesWriting {
+        let by_job = self.job_waiters.lock();
+        let watched: Vec<JobId> = if by_job.is_empty() {
+            Vec::new()
+        } else {
+            ids.into_iter().filter(|id| by_job.contains_key(id)).collect()
+        };
+        for (_, w) in watched.iter().filter_map(|id| by_job.get(id)).flatten() {
+            w.writing.store(true, Ordering::Relaxed);
+        }
+        drop(by_job);
+        OutcomesWriting {
+            waiters: self.job_waiters.clone(),
+            watched,
+        }
+    }
+
     /// A `tollgate_job_done` payload (job ids, comma-separated): wakes the watches of
-    /// those jobs, and the gate (a finished job may have freed capacity).
+    /// those jobs, and tells the gate capacity may be free.
     fn jobs_done(&self, payload: &str) {
         for id in payload.split(',').filter_map(|id| id.parse::<JobId>().ok()) {
             self.job_waiters.wake(&id);
         }
-        self.wake_gate();
+        self.capacity_freed();
+    }
+
+    /// A finished job may have freed capacity (its reservation's refund, waiting for the
+    /// gate to apply it).
+    fn capacity_freed(&self) {
+        self.freed.notify_waiters();
+        self.freed.notify_one();
+    }
+
+    /// Resolves when a finished job may have freed capacity; `enable()` it first.
+    pub fn capacity_ready(&self) -> tokio::sync::futures::Notified<'_> {
+        self.freed.notified()
     }
 
     /// Resolves when new work may be claimable (or at once if a wake-up is pending).
@@ -190,7 +270,7 @@ impl Notifications {
         self.jobs_ready.notify_one();
     }
 
-    /// Resolves when queued work or capacity may have appeared; `enable()` it first.
+    /// Resolves when work may have been queued; `enable()` it first.
     pub fn gate_ready(&self) -> tokio::sync::futures::Notified<'_> {
         self.gate.notified()
     }
@@ -237,6 +317,7 @@ impl Notifications {
         self.job_waiters.wake_all();
         self.wake_dispatchers();
         self.wake_gate();
+        self.capacity_freed();
     }
 
     /// Starts the announcer: sends the gate's NOTIFY for local inserts, debounced.
@@ -370,6 +451,48 @@ mod tests {
         assert!(watched.changed().now_or_never().is_some());
         assert_eq!(other.ended(), None);
         assert!(other.changed().now_or_never().is_none());
+    }
+
+    #[test]
+    fn the_notice_of_an_outcome_written_here_waits_for_its_end() {
+        let hub = Notifications::default();
+        let (ended, retried, other) = (
+            hub.watch_job(job(1)),
+            hub.watch_job(job(2)),
+            hub.watch_job(job(3)),
+        );
+        let writing = hub.writing_outcomes([job(1), job(2), job(4)]);
+        // The write commits; its notice comes before the completer hands over the end.
+        hub.jobs_done(&payload([1, 2, 3].into_iter()));
+        assert!(ended.changed().now_or_never().is_none());
+        assert!(retried.changed().now_or_never().is_none());
+        assert!(
+            other.changed().now_or_never().is_some(),
+            "a job not written here wakes at once"
+        );
+        let end = End::failed(
+            crate::vocab::ReasonCode::ProviderError,
+            "the provider answered 500",
+        );
+        hub.jobs_ended_here([(job(1), &end)]);
+        assert_eq!(ended.ended().as_deref(), Some(&end));
+        assert!(ended.changed().now_or_never().is_some());
+        // A job the write did not end (cancelled meanwhile, say) still gets its notice.
+        assert!(retried.changed().now_or_never().is_none());
+        drop(writing);
+        assert!(retried.changed().now_or_never().is_some());
+        assert_eq!(retried.ended(), None);
+        // Once written, notices wake at once again.
+        hub.jobs_done(&payload([2].into_iter()));
+        assert!(retried.changed().now_or_never().is_some());
+    }
+
+    #[test]
+    fn a_write_without_notices_leaves_its_watches_asleep() {
+        let hub = Notifications::default();
+        let watch = hub.watch_job(job(1));
+        drop(hub.writing_outcomes([job(1)]));
+        assert!(watch.changed().now_or_never().is_none());
     }
 
     #[test]

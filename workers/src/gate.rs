@@ -63,6 +63,11 @@ pub const GATE_LOCK: i64 = 0x746f_6c6c_6761_7465;
 /// Shortest pause between two rounds that did not fill a batch: arrivals and releases in
 /// that time are handled by one round instead of one round each.
 const MIN_PAUSE: Duration = Duration::from_millis(2);
+/// With nothing queued, how often at most a round runs for capacity freed by finished
+/// jobs: only an arrival needs their refunds then, and one that finds its buckets short is
+/// queued and wakes the gate at once. (A round per finished job had the gate run hundreds
+/// of rounds a second beside a busy synchronous path, each several statements.)
+const SETTLE_IDLE_EVERY: Duration = Duration::from_millis(25);
 /// How often the gate re-reads what changes slowly: the learned estimates, what the flex
 /// tiers did.
 const REREAD_EVERY: Duration = Duration::from_secs(10);
@@ -97,6 +102,8 @@ pub struct Round {
     pub next_ready: Option<DateTime<Utc>>,
     /// The round stopped at the batch limit: more may be admissible right away.
     pub full: bool,
+    /// The queues held work when the round read them.
+    pub queued: bool,
 }
 
 pub struct Gate {
@@ -599,6 +606,7 @@ impl Gate {
             let failed = store::fail_queued(&self.pool, &failures, now).await? as usize;
             return Ok(Round {
                 failed,
+                queued: !queues.is_empty(),
                 ..Round::default()
             });
         }
@@ -710,6 +718,7 @@ impl Gate {
             failed: failed as usize,
             next_ready,
             full,
+            queued: !queues.is_empty(),
         };
         self.last_admitted
             .store(if round.full { batch } else { round.admitted }, Ordering::Relaxed);
@@ -821,8 +830,10 @@ impl Gate {
                     break 'lead;
                 }
                 let wake = self.notifications.gate_ready();
-                tokio::pin!(wake);
+                let freed = self.notifications.capacity_ready();
+                tokio::pin!(wake, freed);
                 wake.as_mut().enable();
+                freed.as_mut().enable();
                 let round = match self.round(Some(&mut leader), self.clock.now()).await {
                     Ok(r) => r,
                     Err(e) => {
@@ -854,6 +865,14 @@ impl Gate {
                     _ = &mut wake => if !self.notifications.take_interactive() {
                         tokio::time::sleep(MIN_PAUSE).await
                     },
+                    _ = &mut freed => {
+                        let pause = if round.queued { MIN_PAUSE } else { SETTLE_IDLE_EVERY };
+                        tokio::select! {
+                            _ = cancel.cancelled() => break 'lead,
+                            _ = &mut wake => {}
+                            _ = tokio::time::sleep(pause) => {}
+                        }
+                    }
                     _ = tokio::time::sleep(until_ready) => {}
                 }
                 // Still the leader? A broken lock connection means another gate may run.

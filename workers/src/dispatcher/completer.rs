@@ -110,6 +110,12 @@ impl Dispatcher {
         // both are writing and the queue fills batches by itself.
         while let Some(batch) = gather::waiting(&outcomes, COMPLETION_BATCH).await {
             let (items, replies): (Vec<Outcome>, Vec<_>) = batch.into_iter().unzip();
+            // Their callers here are woken by the ends handed to them below, not by the
+            // notices this write commits.
+            let writing = self
+                .inner
+                .notifications
+                .writing_outcomes(items.iter().map(|o| o.holder.id));
             let pool = &self.inner.pool;
             // A lost race (deadlock victim, serialization failure) succeeds when tried again;
             // so does a write while the database restarts. Retried with backoff while the
@@ -155,6 +161,7 @@ impl Dispatcher {
                     }
                 }
             }
+            drop(writing);
         }
     }
 
