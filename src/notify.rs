@@ -11,7 +11,7 @@
 //! the notification that write commits is held back from the job's watches until the
 //! completer has handed them the end ([`Notifications::writing_outcomes`]): otherwise it
 //! often came first and sent the caller to read the row it was about to be given.
-//! A finished job wakes the gate only through [`Notifications::capacity_freed`], which the
+//! A finished job wakes the gate only through [`Notifications::capacity_ready`], which the
 //! gate heeds at once only while work is queued.
 
 use std::collections::HashMap;
