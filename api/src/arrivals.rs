@@ -29,7 +29,7 @@ const WAITING: usize = 256;
 const BATCH: usize = 64;
 
 /// An arrival for the admitter, and where it answers (`None`: queue it).
-type Arriving = (NewJob, oneshot::Sender<Option<Job>>);
+type Arriving = (Arc<NewJob>, oneshot::Sender<Option<Job>>);
 
 #[derive(Clone)]
 pub struct Arrivals {
@@ -70,7 +70,7 @@ impl Arrivals {
 
     /// Admits `job` on arrival, with whatever other arrivals are waiting; `None` (queue it
     /// as usual) when it does not start now.
-    pub async fn admit(&self, job: &NewJob) -> Option<Job> {
+    pub async fn admit(&self, job: &Arc<NewJob>) -> Option<Job> {
         let (reply, answer) = oneshot::channel();
         self.queue.try_send((job.clone(), reply)).ok()?;
         answer.await.ok().flatten()
@@ -81,8 +81,9 @@ impl Arrivals {
 async fn admit_all(gate: Arc<Gate>, pool: PgPool, arriving: mpsc::Receiver<Arriving>) {
     let arriving = Mutex::new(arriving);
     while let Some(batch) = gather::waiting(&arriving, BATCH).await {
-        let (jobs, replies): (Vec<NewJob>, Vec<_>) = batch.into_iter().unzip();
-        let started = match gate.admit_arrivals(&pool, &jobs).await {
+        let (jobs, replies): (Vec<Arc<NewJob>>, Vec<_>) = batch.into_iter().unzip();
+        let arriving: Vec<&NewJob> = jobs.iter().map(|j| &**j).collect();
+        let started = match gate.admit_arrivals(&pool, &arriving).await {
             Ok(started) => started,
             Err(e) => {
                 tracing::warn!(error = %e, arrivals = jobs.len(), "could not admit arrivals; they are queued");

@@ -175,7 +175,7 @@ impl Broker {
                 gate
             })
         });
-        let state = AppState {
+        let state = AppState::new(crate::Shared {
             arrivals: match &gate {
                 Some(gate) if roles.dispatch && roles.api => Some(crate::arrivals::Arrivals::start(
                     gate.clone(),
@@ -195,7 +195,7 @@ impl Broker {
             clock: clock.clone(),
             tenant_rate: crate::guard::TenantRate::new(&config.server),
             forecasts: Arc::default(),
-        };
+        });
         let mut addr = None;
         if roles.api {
             let listener = listener.context("the API role needs a listener")?;

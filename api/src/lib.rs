@@ -92,9 +92,27 @@ use utoipa_axum::routes;
 
 use crate::error::ApiError;
 
-/// What every handler shares.
+/// What every handler shares, behind one reference count: the router clones it for every
+/// request.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl AppState {
+    pub fn new(shared: Shared) -> Self {
+        Self(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// The parts of [`AppState`].
+pub struct Shared {
     pub pool: PgPool,
     pub config: Arc<Config>,
     /// The tenants and keys, kept current with the control plane.

@@ -1423,6 +1423,7 @@ async fn arrivals_admitted_together_start_only_what_the_buckets_hold() {
     let arriving: Vec<tollgate::model::NewJob> = (0..5)
         .map(|i| interactive_arrival("tiny", &format!("hi {i}"), now))
         .collect();
+    let arriving: Vec<&tollgate::model::NewJob> = arriving.iter().collect();
     let started = gate.admit_arrivals(&app.db.pool, &arriving).await.unwrap();
     let ids: Vec<Option<tollgate::model::JobId>> = started.iter().map(|s| s.as_ref().map(|j| j.id)).collect();
     let expected: Vec<Option<tollgate::model::JobId>> = arriving

@@ -236,11 +236,7 @@ impl Gate {
     /// Admits an interactive job as it arrives, without waiting for a round
     /// ([`Gate::admit_arrivals`] for one job).
     pub async fn admit_arrival(&self, pool: &PgPool, job: &NewJob) -> Result<Option<Job>, StoreError> {
-        Ok(self
-            .admit_arrivals(pool, std::slice::from_ref(job))
-            .await?
-            .pop()
-            .flatten())
+        Ok(self.admit_arrivals(pool, &[job]).await?.pop().flatten())
     }
 
     /// Admits interactive jobs as they arrive, without waiting for a round: in one
@@ -261,7 +257,7 @@ impl Gate {
     pub async fn admit_arrivals(
         &self,
         pool: &PgPool,
-        jobs: &[NewJob],
+        jobs: &[&NewJob],
     ) -> Result<Vec<Option<Job>>, StoreError> {
         let mut started: Vec<Option<Job>> = vec![None; jobs.len()];
         let Some(handoff) = &self.handoff else {
@@ -269,7 +265,7 @@ impl Gate {
         };
         let arriving: Vec<usize> = (0..jobs.len())
             .filter(|&i| {
-                let job = &jobs[i];
+                let job = jobs[i];
                 job.class == JobClass::Interactive && job.idempotency_key.is_none()
             })
             .collect();
@@ -311,7 +307,7 @@ impl Gate {
         // What a round would fail is the round's to fail, with its reason.
         let plans: Vec<(usize, scheduler::Plan)> = arriving
             .into_iter()
-            .filter_map(|i| Some((i, planner.plan(Candidate::arriving(&jobs[i]), now).ok()?)))
+            .filter_map(|i| Some((i, planner.plan(Candidate::arriving(jobs[i]), now).ok()?)))
             .collect();
         let mut keys: Vec<String> = plans.iter().flat_map(|(_, p)| p.bucket_keys().cloned()).collect();
         keys.sort();
@@ -362,7 +358,7 @@ impl Gate {
             return Ok(started);
         }
         let taken: Vec<Bucket> = buckets.into_values().filter(|b| took.contains(&b.id)).collect();
-        let arrived: Vec<&NewJob> = served.iter().map(|(i, _)| &jobs[*i]).collect();
+        let arrived: Vec<&NewJob> = served.iter().map(|(i, _)| jobs[*i]).collect();
         let rows = store::insert_started_jobs(&mut tx, &arrived, &admitted, starter, &taken, now).await?;
         tx.commit().await?;
         for ((i, _), job) in served.iter().zip(rows) {
