@@ -18,6 +18,7 @@
 use chrono::{DateTime, Datelike, TimeZone, Utc};
 
 use crate::config::{Config, ModelLimits, ModelPrice};
+use crate::keyring::Keyring;
 use crate::model::Usage;
 use crate::routing::Target;
 use crate::tenants::{Budget, BudgetWindow, TenantLimits};
@@ -95,6 +96,22 @@ pub fn learned_scope(provider: &str, model: &str, pool: Option<&str>) -> String 
         Some(account) => pool_scope(provider, account, model),
         None => target_scope(provider, model),
     }
+}
+
+/// [`learned_scope`] of a call to `provider`'s `model` with key `name`: the key's pool is
+/// its account where the model's keys are in several ([`Keyring::pool_account`]).
+pub fn key_learned_scope(
+    config: &Config,
+    keyring: &Keyring,
+    provider: &str,
+    model: &str,
+    name: Option<&str>,
+) -> String {
+    let pool = config
+        .provider(provider)
+        .zip(name)
+        .and_then(|(p, name)| keyring.pool_account(p, model, name));
+    learned_scope(provider, model, pool)
 }
 
 /// The provider and model of a target or pool scope (`provider:oai:gpt-4o` and

@@ -161,7 +161,13 @@ impl Planner<'_> {
                     .provider(&target.provider)
                     .map_or((None, PriceSource::Unpriced), |p| p.priced(&target.model));
                 let spend = buckets::spend_micro_usd(price, demand.input_tokens, 0.0, demand.output_tokens);
-                let scope = self.learned_scope(&target);
+                let scope = buckets::key_learned_scope(
+                    self.config,
+                    self.keyring,
+                    &target.provider,
+                    &target.model,
+                    target.key.as_deref(),
+                );
                 let path = if batch_api {
                     provider_batches::path(config, &held, &target)
                 } else {
@@ -258,7 +264,7 @@ impl Planner<'_> {
 
     /// The buckets a job sent to `target` must fit: its configured path (with `held`, its
     /// holders' buckets), the learned buckets of `scope` (the target's model's, or its key's
-    /// pool's when the model's keys are in several: [`Self::learned_scope`]), and — while
+    /// pool's when the model's keys are in several: [`buckets::key_learned_scope`]), and — while
     /// nothing is known of those limits — their cold-start probe.
     fn full_path(
         &self,
@@ -283,17 +289,6 @@ impl Planner<'_> {
             path.push((probe_key(scope), Dimension::Concurrency));
         }
         path
-    }
-
-    /// The scope `target`'s provider limits are learned under: its key's pool's, or its
-    /// model's.
-    fn learned_scope(&self, target: &Target) -> String {
-        let pool = self
-            .config
-            .provider(&target.provider)
-            .zip(target.key.as_deref())
-            .and_then(|(p, name)| self.keyring.pool_account(p, &target.model, name));
-        buckets::learned_scope(&target.provider, &target.model, pool)
     }
 
     /// A target as the options admission may choose from: one per key that serves the

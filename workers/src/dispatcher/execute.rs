@@ -211,11 +211,7 @@ impl Dispatcher {
         // stops this one: a 429's pause on the model holds the job until it ends; one on its
         // key's pool only sends it back to the gate, which may start it on another pool now.
         let model_scope = buckets::target_scope(&target.provider, &target.model);
-        let pool_scope = self.learned_scope(
-            &target.provider,
-            &target.model,
-            target.key.as_deref().unwrap_or_default(),
-        );
+        let pool_scope = self.learned_scope(&target.provider, &target.model, target.key.as_deref());
         let paused = match self.paused_here(&model_scope) {
             Some(wait) => Some((
                 wait,
@@ -351,7 +347,7 @@ impl Dispatcher {
                 observed_at: at,
             });
         Some(Observation {
-            scope: self.learned_scope(&target.provider, &target.model, key),
+            scope: self.learned_scope(&target.provider, &target.model, Some(key)),
             readings: called.signals.readings.clone(),
             throttled: throttled && !called.signals.has_limits(),
             at,
@@ -359,16 +355,11 @@ impl Dispatcher {
         })
     }
 
-    /// The scope `provider`'s `model` has its limits learned under when called with `key`:
-    /// the key's pool's where the model's keys are in several pools, else the model's.
-    fn learned_scope(&self, provider: &str, model: &str, key: &str) -> String {
+    /// The scope `provider`'s `model` has its limits learned under when called with `key`
+    /// ([`buckets::key_learned_scope`]).
+    fn learned_scope(&self, provider: &str, model: &str, key: Option<&str>) -> String {
         let ring = self.inner.providers.keyring();
-        let pool = self
-            .inner
-            .config
-            .provider(provider)
-            .and_then(|p| ring.pool_account(p, model, key));
-        buckets::learned_scope(provider, model, pool)
+        buckets::key_learned_scope(&self.inner.config, &ring, provider, model, key)
     }
 
     /// The outcome [`retry::decide`] says follows `failure` of the call to `served` with
@@ -384,7 +375,7 @@ impl Dispatcher {
         now: chrono::DateTime<Utc>,
     ) -> Outcome {
         let route = routing::resolve(&self.inner.config, &job.model, job.endpoint).unwrap_or_default();
-        let scope = self.learned_scope(&served.provider, &served.model, key.unwrap_or_default());
+        let scope = self.learned_scope(&served.provider, &served.model, key);
         let failed = FailedCall {
             failure,
             provider: &served.provider,
