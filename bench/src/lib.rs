@@ -110,6 +110,10 @@ pub struct BenchArgs {
     /// `halved`, `outage`, `sdk`); every one by default.
     #[arg(long, value_delimiter = ',')]
     pub scenarios: Vec<String>,
+    /// Limits case: broker processes on the one database (each its own connections, gate
+    /// and dispatchers), sharing what they learn through it.
+    #[arg(long, default_value_t = 1)]
+    pub processes: usize,
     /// Scale case: jobs queued behind the measured ones.
     #[arg(long, default_value_t = 1_000_000)]
     pub backlog: usize,

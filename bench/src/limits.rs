@@ -11,6 +11,9 @@
 //!   straight to the provider and retrying as the official OpenAI SDK does (2 retries,
 //!   0.5–8 s backoff with its jitter, Retry-After honoured up to 120 s).
 //!
+//! With `--processes N` the tollgate runs have N broker processes on the one database,
+//! each learning from its own calls and sharing what it learns through the database.
+//!
 //! Efficiency is ideal time ÷ actual time, where the ideal starts with the provider's
 //! buckets full and then runs exactly at the binding limit.
 
@@ -150,8 +153,11 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
 
     println!(
-        "\n### limits: {} mixed jobs, provider limits rpm {} / tpm {}, none configured\n",
-        args.limit_jobs, args.rpm, args.tpm
+        "\n### limits: {} mixed jobs, provider limits rpm {} / tpm {}, none configured; {} broker process(es)\n",
+        args.limit_jobs,
+        args.rpm,
+        args.tpm,
+        args.processes.max(1)
     );
     println!("| run | drain s | ideal s | efficiency | provider calls | 429s | 429 share | failed | note |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---|");
@@ -198,6 +204,10 @@ async fn through_tollgate(
         broker_config,
     )
     .await?;
+    let mut peers = Vec::new();
+    for _ in 1..args.processes.max(1) {
+        peers.push(stack.start_peer(Roles::ALL).await?);
+    }
     let begin = Instant::now();
     submit_jobs(&stack.api, args.limit_jobs, |i| {
         let mut body = request(i).0;
@@ -236,6 +246,9 @@ async fn through_tollgate(
             "most attempts of a job {}; finished late {late}; 429s in the first 10 s {first_10s}, after 60 s {after_60s}",
             max_attempt.unwrap_or(0)
         );
+    }
+    for peer in peers {
+        peer.shutdown().await;
     }
     stack.stop().await?;
     Ok(Drain {

@@ -23,6 +23,7 @@ pub struct LocalStack {
     /// The broker's API root, e.g. `http://127.0.0.1:41234`.
     pub api: String,
     broker: Option<Broker>,
+    config: Arc<Config>,
     admin_url: String,
     database: String,
     embedded: Option<EmbeddedPostgres>,
@@ -58,7 +59,7 @@ impl LocalStack {
 
         let config = Arc::new(broker_config(mock_addr)?);
         let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let broker = Broker::start(config, pool.clone(), Some(listener), roles).await?;
+        let broker = Broker::start(config.clone(), pool.clone(), Some(listener), roles).await?;
         let api = format!("http://{}", broker.addr.context("broker has no API address")?);
         Ok(Self {
             pool,
@@ -66,11 +67,22 @@ impl LocalStack {
             mock_addr,
             api,
             broker: Some(broker),
+            config,
             admin_url,
             database,
             embedded,
             local_mock: Some(local_mock),
         })
+    }
+
+    /// Another process of the broker on the same database and config, with its own
+    /// connections and API: a deployment of several instances. The caller shuts it down
+    /// before [`LocalStack::stop`].
+    pub async fn start_peer(&self, roles: Roles) -> anyhow::Result<Broker> {
+        let url = db::with_database(&self.admin_url, &self.database);
+        let pool = db::connect(&url, self.config.database.max_connections).await?;
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Broker::start(self.config.clone(), pool, Some(listener), roles).await
     }
 
     /// The server's maintenance URL (database `postgres`), for tools run beside the stack.
