@@ -7,7 +7,8 @@
 //! - A reported `remaining` corrects the level down (never up): the provider counted
 //!   something tollgate did not (other clients of the account, a different count).
 //! - Where nothing is reported, 429s teach (AIMD), a request limit and a token limit
-//!   (which one binds is not said): a 429 cuts the capacity to [`DECREASE`] of itself and
+//!   (only the one the 429's body names, where it names one — OpenAI's `error.type`; else
+//!   both): a 429 cuts the capacity to [`DECREASE`] of itself and
 //!   remembers the old one as the ceiling; while the bucket is saturated and no 429 comes,
 //!   the capacity climbs back quickly towards 90 % of the ceiling, then slowly, more
 //!   slowly after each cut — so 429s taper off. A 429 cuts only the limits that held the
@@ -236,6 +237,9 @@ pub struct Observation {
     pub readings: Vec<Reading>,
     /// A 429 that said nothing about capacities: learn from the 429 itself.
     pub throttled: bool,
+    /// The limit such a 429's body said was met; `None`: it did not say (both the request
+    /// and the token limit learn from it).
+    pub bound: Option<LimitName>,
     pub at: DateTime<Utc>,
     /// The account the response named for its key, when the keyring did not know it yet.
     pub account: Option<KeyAccount>,

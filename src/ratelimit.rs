@@ -8,6 +8,8 @@
 //! - Bodies of 429s: Gemini's `QuotaFailure` (the quota's value, per minute or per day) and
 //!   `RetryInfo.retryDelay`; OpenAI-style messages that name the limit
 //!   (`... (TPM): Limit 30000, Used ...`) and say when to come back (`try again in 644ms`).
+//! - Which limit a 429 met, where its body says so though it says nothing else: OpenAI's
+//!   `error.type` (`requests`, `tokens`).
 //! - When to come back: `retry-after-ms`, `retry-after` as seconds or an HTTP date.
 //! - Which account (quota pool) served the call: `openai-organization`,
 //!   `anthropic-organization-id`.
@@ -58,6 +60,9 @@ pub struct Signals {
     pub readings: Vec<Reading>,
     /// When to come back (429s, some 503s).
     pub retry_after: Option<Duration>,
+    /// The limit a 429's body says was met (OpenAI's `error.type`: `requests` is the
+    /// request limit, `tokens` the token limit), even when it names no value.
+    pub bound: Option<LimitName>,
     /// The provider account the response was served under (OpenAI's
     /// `openai-organization`, Anthropic's `anthropic-organization-id`): keys of one
     /// account share its limits, a quota pool.
@@ -207,7 +212,18 @@ pub fn read(dialect: Dialect, headers: &HeaderMap, body: &[u8], now: DateTime<Ut
     Signals {
         readings,
         retry_after,
+        bound: error.and_then(bound_limit),
         account: account(headers),
+    }
+}
+
+/// The limit an OpenAI-style error body says was met: its `type` is `requests` or `tokens`
+/// on a 429 (`rate_limit_exceeded`), whatever else its message says.
+fn bound_limit(error: &serde_json::Value) -> Option<LimitName> {
+    match error.get("type")?.as_str()? {
+        "requests" => Some(LimitName::Rpm),
+        "tokens" => Some(LimitName::Tpm),
+        _ => None,
     }
 }
 
@@ -555,10 +571,20 @@ mod tests {
         let s = read(Dialect::None, &HeaderMap::new(), body, Utc::now());
         assert_eq!(reading(&s, LimitName::Tpm).limit, Some(30_000.0));
         assert_eq!(s.retry_after, Some(Duration::from_millis(644)));
+        assert_eq!(s.bound, Some(LimitName::Tpm));
         let plain =
             br#"{"error":{"message":"Rate limit reached. Please retry later.","type":"rate_limit_error"}}"#;
         let s = read(Dialect::None, &HeaderMap::new(), plain, Utc::now());
         assert_eq!(s, Signals::default());
+        // A 429 that says nothing else still says which limit it met.
+        for (kind, bound) in [("tokens", LimitName::Tpm), ("requests", LimitName::Rpm)] {
+            let body = format!(
+                r#"{{"error":{{"message":"Rate limit reached. Please retry later.","type":"{kind}","param":null,"code":"rate_limit_exceeded"}}}}"#
+            );
+            let s = read(Dialect::None, &HeaderMap::new(), body.as_bytes(), Utc::now());
+            assert_eq!(s.bound, Some(bound), "{kind}");
+            assert!(s.readings.is_empty() && !s.has_limits(), "{s:?}");
+        }
         // Garbage never panics and says nothing.
         let s = read(Dialect::Openai, &HeaderMap::new(), b"\xff\x00{", Utc::now());
         assert_eq!(s, Signals::default());

@@ -24,7 +24,7 @@ use crate::vocab::{Dimension, LearnedFrom, LimitName, Rule};
 pub async fn record_observations(pool: &sqlx::PgPool, observations: &[&Observation]) -> Result<()> {
     // One row per (scope, name) per statement: keep the newest of the batch.
     let mut readings: BTreeMap<(&str, LimitName), (&Reading, DateTime<Utc>)> = BTreeMap::new();
-    let mut throttles: BTreeMap<&str, DateTime<Utc>> = BTreeMap::new();
+    let mut throttles: BTreeMap<(&str, LimitName), DateTime<Utc>> = BTreeMap::new();
     let mut seen: BTreeMap<&str, DateTime<Utc>> = BTreeMap::new();
     for o in observations {
         for r in &o.readings {
@@ -34,8 +34,14 @@ pub async fn record_observations(pool: &sqlx::PgPool, observations: &[&Observati
             }
         }
         if o.throttled {
-            let t = throttles.entry(o.scope.as_str()).or_insert(o.at);
-            *t = (*t).max(o.at);
+            let names = match o.bound {
+                Some(name) => vec![name],
+                None => vec![LimitName::Rpm, LimitName::Tpm],
+            };
+            for name in names {
+                let t = throttles.entry((o.scope.as_str(), name)).or_insert(o.at);
+                *t = (*t).max(o.at);
+            }
         }
         if o.readings.is_empty() && !o.throttled {
             seen.entry(o.scope.as_str()).or_insert(o.at);
@@ -69,16 +75,18 @@ pub async fn record_observations(pool: &sqlx::PgPool, observations: &[&Observati
         .await?;
     }
     if !throttles.is_empty() {
-        let (scopes, at): (Vec<&str>, Vec<DateTime<Utc>>) = throttles.into_iter().unzip();
+        let (keys, at): (Vec<(&str, LimitName)>, Vec<DateTime<Utc>>) = throttles.into_iter().unzip();
+        let (scopes, names): (Vec<&str>, Vec<LimitName>) = keys.into_iter().unzip();
         sqlx::query!(
             "INSERT INTO learned_limits AS l (scope, name, observed_at, throttled_at, source)
              SELECT s, n, at, at, 'throttling'
-             FROM unnest($1::text[], $2::timestamptz[]) AS t(s, at), unnest(ARRAY['rpm', 'tpm']) AS n
+             FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS t(s, n, at)
              ON CONFLICT ON CONSTRAINT learned_limits_pkey DO UPDATE SET
                  throttled_at = GREATEST(l.throttled_at, excluded.throttled_at),
                  -- A limit never reported is learned from the 429s.
                  source = CASE WHEN l.reported IS NULL THEN 'throttling' ELSE l.source END",
             &scopes as &[&str],
+            &names as &[LimitName],
             &at,
         )
         .execute(pool)

@@ -222,6 +222,17 @@ async fn without_headers_429s_teach_a_limit_and_stay_rare() {
         .await
         .expect("learned row");
     assert_eq!(source, "throttling");
+    // Each 429 said it met the request limit (`error.type`), so no token limit was taught
+    // by them: one guessed from what was sent would hold the traffic back for nothing.
+    let tpm: i64 = sqlx::query_scalar("SELECT count(*) FROM learned_limits WHERE name = 'tpm'")
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("learned rows");
+    assert_eq!(
+        tpm, 0,
+        "a token limit learned from 429s that named the request limit"
+    );
+    assert!(bucket(&app, "provider:oai:gpt-4o-mini:tpm").await.is_none());
     app.shutdown().await;
 }
 

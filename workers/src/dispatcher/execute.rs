@@ -350,6 +350,7 @@ impl Dispatcher {
             scope: self.learned_scope(&target.provider, &target.model, Some(key)),
             readings: called.signals.readings.clone(),
             throttled: throttled && !called.signals.has_limits(),
+            bound: called.signals.bound,
             at,
             account,
         })
