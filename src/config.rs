@@ -257,6 +257,10 @@ pub struct GateConfig {
     /// Calls in flight to a provider model whose limits are neither configured nor yet
     /// learned: its first responses teach the limits before more is sent.
     pub probe_concurrency: u64,
+    /// Requests per second first sent to a provider model whose responses say nothing of
+    /// its limits (none configured): the pace doubles each second while it holds jobs back,
+    /// until a 429 teaches a limit (the learned limits' pace).
+    pub pace_start_rps: f64,
 }
 
 impl Default for GateConfig {
@@ -268,6 +272,7 @@ impl Default for GateConfig {
             poll_interval_ms: 1000,
             interactive_reserve: 0.05,
             probe_concurrency: 2,
+            pace_start_rps: 10.0,
         }
     }
 }
@@ -907,6 +912,9 @@ impl Config {
         if !(self.gate.headroom_secs.is_finite() && self.gate.headroom_secs >= 0.0) {
             return Err(invalid("gate.headroom_secs", "must be a non-negative number"));
         }
+        if !(self.gate.pace_start_rps.is_finite() && self.gate.pace_start_rps >= 1.0) {
+            return Err(invalid("gate.pace_start_rps", "must be a number of at least 1"));
+        }
         if let Some((field, reason)) = self.server.api_rate().check() {
             return Err(invalid(format!("server.{field}"), reason));
         }
@@ -1392,6 +1400,14 @@ weight = 3
         match Config::parse(text, "test.toml") {
             Ok(_) => panic!("config should have been rejected"),
             Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_pace_start_below_one_request_a_second_is_refused() {
+        for value in ["0.5", "-3.0", "nan", "inf"] {
+            let refused = err(&format!("[gate]\npace_start_rps = {value}\n{GOOD}"));
+            assert!(refused.contains("gate.pace_start_rps"), "{value}: {refused}");
         }
     }
 

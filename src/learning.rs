@@ -22,6 +22,14 @@
 //!   alone once the bucket is full, and its answer renews or corrects the reading — a
 //!   re-probe. A configured capacity is never overruled this way.
 //!
+//! - Until then, while responses come without saying a limit, calls are paced
+//!   ([`pace_up`]): a request bucket `<scope>:pace` that starts at `gate.pace_start_rps`
+//!   and doubles each [`PACE_DOUBLES_EVERY`] while it holds jobs back. A provider that says
+//!   nothing meets the first 429 at the rate sent then, and every call in flight at that
+//!   moment meets one too: doubling once a second keeps that rate near 0.7 × the provider's
+//!   burst per second (instead of as fast as the dispatchers go), and costs little time —
+//!   the provider's buckets refill while the pace grows. The first limit learned retires it.
+//!
 //! Everything here is arithmetic on a [`Learned`] row and its [`Bucket`]; the gate applies
 //! it inside its round, while it holds the bucket locks.
 
@@ -30,10 +38,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::buckets::Bucket;
+use crate::buckets::{Bucket, BucketSpec};
 use crate::keyring::KeyAccount;
 use crate::ratelimit::Reading;
-use crate::vocab::{Authority, LearnedFrom, LimitName, Rule};
+use crate::vocab::{Authority, Dimension, LearnedFrom, LimitName, Rule};
 
 /// What a 429 leaves of the capacity.
 pub const DECREASE: f64 = 0.7;
@@ -43,6 +51,8 @@ pub const DECREASE_GAP: Duration = Duration::from_secs(3);
 pub const INCREASE_EVERY: Duration = Duration::from_secs(4);
 /// How long a learned capacity may refuse jobs larger than itself without being renewed.
 pub const TRUSTED_FOR: Duration = Duration::from_secs(300);
+/// How often at most a pace doubles ([`pace_up`]).
+pub const PACE_DOUBLES_EVERY: Duration = Duration::from_secs(1);
 /// Growth per step below 90 % of the ceiling (recovery).
 const RECOVER: f64 = 1.25;
 /// Growth per step above it, divided by 1 + the number of cuts so far (probing).
@@ -168,6 +178,36 @@ pub fn increase(row: &mut Learned, bucket: &mut Bucket, saturated: bool, now: Da
     true
 }
 
+/// The pace of `scope` (its bucket `key`): `per_sec` requests a second, a second's worth
+/// at once at most.
+pub fn pace_spec(key: &str, scope: &str, per_sec: f64) -> BucketSpec {
+    BucketSpec {
+        key: key.to_owned(),
+        scope: scope.to_owned(),
+        dimension: Dimension::Requests,
+        rule: Rule::Rolling,
+        capacity: per_sec.max(1.0),
+        window_secs: 1,
+        ramp_step: None,
+    }
+}
+
+/// Doubles a pace that held jobs back this round (`saturated`) and has not grown for
+/// [`PACE_DOUBLES_EVERY`] (`learned_at` is when it last changed). The level is left as
+/// it is: the doubled rate refills it, so no burst follows a doubling. Returns whether it
+/// grew.
+pub fn pace_up(bucket: &mut Bucket, saturated: bool, now: DateTime<Utc>) -> bool {
+    let due = bucket
+        .learned_at
+        .is_none_or(|at| (now - at).to_std().unwrap_or_default() >= PACE_DOUBLES_EVERY);
+    if !saturated || !due {
+        return false;
+    }
+    bucket.capacity *= 2.0;
+    bucket.learned_at = Some(now);
+    true
+}
+
 /// The share of its capacity a bucket may have left when a 429 comes and still count as
 /// what held the traffic back.
 const NEARLY_EMPTY: f64 = 0.2;
@@ -248,7 +288,6 @@ pub struct Observation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vocab::Dimension;
 
     fn bucket(capacity: f64, level: f64, at: DateTime<Utc>) -> Bucket {
         Bucket {
@@ -420,6 +459,32 @@ mod tests {
             later + chrono::Duration::seconds(10)
         ));
         assert!((b.capacity - 91.8).abs() < 1e-9, "{}", b.capacity);
+    }
+
+    #[test]
+    fn a_pace_doubles_once_a_second_while_it_holds_jobs_back_and_never_bursts() {
+        let t0 = Utc::now();
+        let spec = pace_spec("provider:oai:m:pace", "provider:oai:m", 10.0);
+        let mut b = bucket(spec.capacity, 0.0, t0);
+        b.window_secs = spec.window_secs;
+        b.learned_at = Some(t0);
+        let half = t0 + chrono::Duration::milliseconds(500);
+        assert!(!pace_up(&mut b, true, half), "grew within a second");
+        let second = t0 + chrono::Duration::seconds(1);
+        assert!(!pace_up(&mut b, false, second), "grew with nothing held back");
+        assert!(pace_up(&mut b, true, second));
+        assert_eq!((b.capacity, b.level), (20.0, 0.0));
+        // The doubled rate refills it: 20 a second.
+        b.updated_at = second;
+        b.refill(second + chrono::Duration::milliseconds(500));
+        assert!((b.level - 10.0).abs() < 1e-6, "{}", b.level);
+        assert!(!pace_up(
+            &mut b,
+            true,
+            second + chrono::Duration::milliseconds(999)
+        ));
+        assert!(pace_up(&mut b, true, second + chrono::Duration::seconds(1)));
+        assert_eq!(b.capacity, 40.0);
     }
 
     #[test]

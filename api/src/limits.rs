@@ -3,8 +3,9 @@
 //! above it (its parent's) and those of the API key it calls with, never another tenant's
 //! or key's — with their capacity, what is left now, and where the capacity comes from:
 //! `configured`, `learned` (a provider's reading or its 429s set it; `learned_at` says
-//! when, `configured_capacity` what the config says) or `probe` (a cold-start limit on
-//! calls in flight while nothing is known of a model's limits).
+//! when, `configured_capacity` what the config says), `probe` (a cold-start limit on
+//! calls in flight while nothing is known of a model's limits) or `pace` (requests a
+//! second to a model whose responses say nothing of its limits, until a 429 teaches one).
 //!
 //! Beside them, `pools`: for each provider model, the keys that share one quota (keys of
 //! one provider account, as their responses named it) and the scope of its learned buckets.
@@ -16,6 +17,7 @@ use serde_json::{Value, json};
 use tollgate::buckets::{self, Bucket};
 use tollgate::config::Config;
 use tollgate::keyring::Keyring;
+use tollgate::scheduler::plan::{is_pace, is_probe};
 use tollgate::store;
 
 use crate::AppState;
@@ -23,10 +25,12 @@ use crate::auth::AuthTenant;
 use crate::error::ApiError;
 use crate::openapi as doc;
 
-/// Where a bucket's capacity comes from: `configured`, `learned` or `probe`.
+/// Where a bucket's capacity comes from: `configured`, `learned`, `probe` or `pace`.
 pub(crate) fn source(b: &Bucket) -> &'static str {
-    if b.key.ends_with(":probe") {
+    if is_probe(&b.key) {
         "probe"
+    } else if is_pace(&b.key) {
+        "pace"
     } else if b.learned_at.is_some() {
         "learned"
     } else {

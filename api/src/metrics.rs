@@ -162,7 +162,7 @@ async fn levels(state: &AppState, out: &mut String) -> Result<(), ApiError> {
     family(
         out,
         "tollgate_bucket_limit",
-        "Each bucket's capacity in force, with its source (configured, learned, probe).",
+        "Each bucket's capacity in force, with its source (configured, learned, probe, pace).",
     );
     for b in &buckets {
         let _ = writeln!(

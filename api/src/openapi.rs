@@ -331,8 +331,9 @@ pub struct LimitSchema {
     remaining: f64,
     window_secs: i64,
     resets_at: Option<chrono::DateTime<chrono::Utc>>,
-    /// `configured`, `learned` (a provider's reading or its 429s set it) or `probe` (a
-    /// cold-start limit on calls in flight while nothing is known of a model's limits).
+    /// `configured`, `learned` (a provider's reading or its 429s set it), `probe` (a
+    /// cold-start limit on calls in flight while nothing is known of a model's limits) or
+    /// `pace` (requests a second to a model whose responses say nothing of its limits).
     source: String,
     /// What the config says, when a learned limit replaced it.
     configured_capacity: Option<f64>,

@@ -107,7 +107,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 400_000)]
     pub tpm: u64,
     /// Limits case: only these scenarios, comma-separated (`headers`, `no-headers`,
-    /// `halved`, `outage`, `sdk`); every one by default.
+    /// `halved`, `outage`, `sdk`); every one by default. `no-headers-unpaced` (the
+    /// no-headers run with the pace out of the way) runs only when named.
     #[arg(long, value_delimiter = ',')]
     pub scenarios: Vec<String>,
     /// Limits case: broker processes on the one database (each its own connections, gate

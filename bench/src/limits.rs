@@ -4,6 +4,9 @@
 //!
 //! - `headers`: the provider sends rate-limit headers;
 //! - `no headers`: it sends nothing (DeepSeek-like), so only its 429s teach;
+//! - `no headers, unpaced` (`no-headers-unpaced`, not run by default): the same with
+//!   the pace of a provider that says nothing out of the way (`gate.pace_start_rps` far
+//!   above any rate), as tollgate ran before it had one — the pace's baseline;
 //! - `halved`: headers, and the provider halves both limits once a third is done; the rate
 //!   is measured from 10 s after the change;
 //! - `outage`: headers, a 503 outage for the first 20 s and 5 % 529s throughout;
@@ -65,8 +68,11 @@ tpm = {}
     Ok(mock)
 }
 
-/// No limits configured: everything tollgate knows of the provider it learns.
-fn broker_config(mock: std::net::SocketAddr) -> anyhow::Result<Config> {
+/// No limits configured: everything tollgate knows of the provider it learns. Unpaced,
+/// a provider that says nothing is sent to as fast as the dispatchers go until it answers
+/// 429.
+fn broker_config(mock: std::net::SocketAddr, paced: bool) -> anyhow::Result<Config> {
+    let pace_start_rps = if paced { 10.0 } else { 1e12 };
     let text = format!(
         r#"
 [database]
@@ -76,6 +82,7 @@ concurrency = 64
 [gate]
 # Batch work only: nothing to keep for interactive jobs.
 interactive_reserve = 0.0
+pace_start_rps = {pace_start_rps:?}
 [retry]
 max_attempts = 10
 base_delay_ms = 500
@@ -120,14 +127,33 @@ impl Drain {
 pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let wants = |scenario: &str| args.scenarios.is_empty() || args.scenarios.iter().any(|s| s == scenario);
     let mut rows = Vec::new();
+    let scenario = |name, headers| Scenario {
+        name,
+        headers,
+        faults: Vec::new(),
+        halve: false,
+        paced: true,
+    };
     if wants("headers") {
-        rows.push(through_tollgate(args, "tollgate, headers", true, Vec::new(), false).await?);
+        rows.push(through_tollgate(args, scenario("tollgate, headers", true)).await?);
     }
     if wants("no-headers") {
-        rows.push(through_tollgate(args, "tollgate, no headers", false, Vec::new(), false).await?);
+        rows.push(through_tollgate(args, scenario("tollgate, no headers", false)).await?);
+    }
+    // Only when asked for: the pace's baseline.
+    if args.scenarios.iter().any(|s| s == "no-headers-unpaced") {
+        let unpaced = Scenario {
+            paced: false,
+            ..scenario("tollgate, no headers, unpaced", false)
+        };
+        rows.push(through_tollgate(args, unpaced).await?);
     }
     if wants("halved") {
-        rows.push(through_tollgate(args, "tollgate, limits halved", true, Vec::new(), true).await?);
+        let halved = Scenario {
+            halve: true,
+            ..scenario("tollgate, limits halved", true)
+        };
+        rows.push(through_tollgate(args, halved).await?);
     }
     let faults = vec![
         FaultConfig {
@@ -146,7 +172,11 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         },
     ];
     if wants("outage") {
-        rows.push(through_tollgate(args, "tollgate, 20 s outage + 5% 529", true, faults, false).await?);
+        let outage = Scenario {
+            faults,
+            ..scenario("tollgate, 20 s outage + 5% 529", true)
+        };
+        rows.push(through_tollgate(args, outage).await?);
     }
     if wants("sdk") {
         rows.push(sdk_clients(args).await?);
@@ -189,19 +219,32 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn through_tollgate(
-    args: &BenchArgs,
+/// One run through tollgate.
+struct Scenario {
     name: &'static str,
+    /// Whether the provider sends rate-limit headers.
     headers: bool,
     faults: Vec<FaultConfig>,
+    /// Halve the provider's limits a third of the way ([`halve_and_measure`]).
     halve: bool,
-) -> anyhow::Result<Drain> {
+    /// Pace a provider that says nothing, as tollgate does by default.
+    paced: bool,
+}
+
+async fn through_tollgate(args: &BenchArgs, run: Scenario) -> anyhow::Result<Drain> {
+    let Scenario {
+        name,
+        headers,
+        faults,
+        halve,
+        paced,
+    } = run;
     let stack = LocalStack::start(
         "bench_limits",
         args.data_dir.clone(),
         mock_config(args, headers, faults)?,
         Roles::ALL,
-        broker_config,
+        |mock| broker_config(mock, paced),
     )
     .await?;
     let mut peers = Vec::new();
@@ -317,7 +360,7 @@ async fn sdk_clients(args: &BenchArgs) -> anyhow::Result<Drain> {
         args.data_dir.clone(),
         mock_config(args, true, Vec::new())?,
         Roles::API_ONLY,
-        broker_config,
+        |mock| broker_config(mock, true),
     )
     .await?;
     let url = format!("http://{}/v1/chat/completions", stack.mock_addr);

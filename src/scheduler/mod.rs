@@ -306,9 +306,10 @@ impl Policy {
 
     /// What a provider bucket keeps back from a job of `class`: refill in hand for
     /// requests still on their way, and a share only interactive work may use, so a flood
-    /// of lower classes cannot make it wait. Other buckets keep nothing back.
+    /// of lower classes cannot make it wait. Other buckets keep nothing back, nor does a
+    /// pace (tollgate's own, not a provider's limit).
     pub fn headroom(&self, b: &Bucket, class: JobClass) -> f64 {
-        if !buckets::is_provider_side(&b.key) {
+        if !buckets::is_provider_side(&b.key) || plan::is_pace(&b.key) {
             return 0.0;
         }
         let transit = if b.rule == Rule::Rolling {

@@ -100,6 +100,17 @@ pub fn is_probe(key: &str) -> bool {
     key.ends_with(":probe")
 }
 
+/// The pace bucket of a scope whose provider answers without saying its limits
+/// ([`crate::learning::pace_up`]).
+pub fn pace_key(scope: &str) -> String {
+    format!("{scope}:pace")
+}
+
+/// Whether `key` is a pace bucket (see [`pace_key`]).
+pub fn is_pace(key: &str) -> bool {
+    key.ends_with(":pace")
+}
+
 /// Makes plans from candidates, with what one round (or one arrival) knows.
 pub struct Planner<'a> {
     pub config: &'a Config,
@@ -265,7 +276,8 @@ impl Planner<'_> {
     /// The buckets a job sent to `target` must fit: its configured path (with `held`, its
     /// holders' buckets), the learned buckets of `scope` (the target's model's, or its key's
     /// pool's when the model's keys are in several: [`buckets::key_learned_scope`]), and — while
-    /// nothing is known of those limits — their cold-start probe.
+    /// nothing is known of those limits — their cold-start probe, then, while responses
+    /// come without saying them, their pace.
     fn full_path(
         &self,
         held: &[(String, Dimension)],
@@ -287,6 +299,8 @@ impl Planner<'_> {
             .is_some_and(|p| p.learn_limits && !p.configures_rates(&target.model));
         if unknown && !self.known.seen.contains(scope) {
             path.push((probe_key(scope), Dimension::Concurrency));
+        } else if unknown && !self.known.buckets.contains_key(scope) {
+            path.push((pace_key(scope), Dimension::Requests));
         }
         path
     }

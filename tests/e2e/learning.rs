@@ -1,5 +1,6 @@
 //! Learned limits and key rotation against the mock provider: limits taught by headers
-//! where the config has none, by 429s where the provider sends nothing, followed when the
+//! where the config has none, by 429s where the provider sends nothing (paced until its
+//! first 429), followed when the
 //! provider halves them, kept across a restart; keys of one provider account sharing its
 //! limits and two accounts' limits learned apart; a revoked key rotated out after its first
 //! 401; provider outages ridden out within the retry budget.
@@ -45,6 +46,19 @@ keys = ["sk-ant-test"]
     .expect("mock config")
 }
 
+/// A broker that learns limits and only queues: the work starts when the test spawns its
+/// `peers`, so the provider meets the whole backlog at once.
+async fn queue_first(mock: MockConfig, peers: usize) -> TestApp {
+    TestApp::spawn_with(TestOptions {
+        mock,
+        learn_limits: true,
+        roles: Roles::API_ONLY,
+        peers,
+        ..TestOptions::default()
+    })
+    .await
+}
+
 async fn submit_all(app: &TestApp, range: std::ops::Range<usize>) -> Vec<String> {
     let mut ids = Vec::new();
     for i in range {
@@ -85,15 +99,8 @@ async fn bucket(app: &TestApp, key: &str) -> Option<Value> {
 async fn headers_teach_three_processes_the_limits_the_config_lacks_and_they_survive_a_restart() {
     const RPM: u64 = 600;
     const JOBS: usize = 700;
-    let mut app = TestApp::spawn_with(TestOptions {
-        mock: mock(RPM, true),
-        learn_limits: true,
-        roles: Roles::API_ONLY,
-        // Three side by side, then one more after a restart.
-        peers: 4,
-        ..TestOptions::default()
-    })
-    .await;
+    // Three side by side, then one more after a restart.
+    let mut app = queue_first(mock(RPM, true), 4).await;
     let ids = submit_all(&app, 0..JOBS).await;
     let peers = [
         app.spawn_peer(Roles::ALL).await,
@@ -233,6 +240,50 @@ async fn without_headers_429s_teach_a_limit_and_stay_rare() {
         "a token limit learned from 429s that named the request limit"
     );
     assert!(bucket(&app, "provider:oai:gpt-4o-mini:tpm").await.is_none());
+    // The limit learned retired the pace that held the calls until the first 429.
+    assert!(
+        bucket(&app, "provider:oai:gpt-4o-mini:pace").await.is_none(),
+        "the pace outlived the first limit learned"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_provider_that_says_nothing_is_paced_until_it_pushes_back() {
+    const JOBS: usize = 400;
+    // A call's time, so the cold-start probe before the pace sends a few calls, not dozens.
+    let mut silent = mock(1_000_000, false);
+    silent.latency_ms = 20;
+    let app = queue_first(silent, 1).await;
+    let ids = submit_all(&app, 0..JOBS).await;
+    let worker = app.spawn_peer(Roles::ALL).await;
+    let pace_key = "provider:oai:gpt-4o-mini:pace";
+    // The calls made while the pace stood at `capacity` (read after them: it only grows):
+    // a second's worth at once, then at most one second at each earlier capacity (half,
+    // a quarter, …) and this one — without the pace, the whole backlog in well under a
+    // second.
+    let (sent, capacity) = eventually(60, "the pace to appear", || async {
+        let sent = app.mock.stats().requests;
+        let pace = bucket(&app, pace_key).await?;
+        assert_eq!(pace["source"], "pace", "{pace}");
+        Some((sent, pace["capacity"].as_f64()?))
+    })
+    .await;
+    assert!(
+        (sent as f64) <= 3.0 * capacity + 20.0,
+        "{sent} calls sent while the pace allowed {capacity} a second"
+    );
+    drain(&app, ids.len(), 120).await;
+    worker.shutdown().await;
+    let end = app.mock.stats();
+    assert_eq!(end.rate_limited_429, 0, "{end:?}");
+    // It held the backlog back, so it grew (×2 each second of it); nothing taught a limit.
+    let pace = bucket(&app, pace_key).await.expect("the pace");
+    assert!(
+        pace["capacity"].as_f64().unwrap_or_default() >= 40.0,
+        "the pace never grew: {pace}"
+    );
+    assert!(bucket(&app, "provider:oai:gpt-4o-mini:rpm").await.is_none());
     app.shutdown().await;
 }
 

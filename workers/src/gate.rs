@@ -50,7 +50,7 @@ use tollgate::model::{Job, JobClass, JobId, NewJob};
 use tollgate::notify::Notifications;
 use tollgate::provider_batches;
 use tollgate::reread::Reread;
-use tollgate::scheduler::plan::{is_probe, probe_key};
+use tollgate::scheduler::plan::{is_pace, is_probe, pace_key, probe_key};
 use tollgate::scheduler::{self, Decision, Failed, Known, Planner, Policy, Scheduler};
 use tollgate::store::{self, Admission, Calibration, Candidate, FlexObservations, StoreError};
 use tollgate::tenants::TenantDirectory;
@@ -387,8 +387,9 @@ impl Gate {
     }
 
     /// Brings learned limits into the locked `buckets`: creates the buckets that only
-    /// learning or the cold-start probe knows (`needed` keys not found), applies what is
-    /// new in each row. Returns the rows it changed.
+    /// learning, the cold-start probe or the pace knows (`needed` keys not found), drops the
+    /// paces of scopes that learn their first limit, applies what is new in each row.
+    /// Returns the rows it changed.
     async fn learn(
         &self,
         tx: &mut PgConnection,
@@ -399,6 +400,14 @@ impl Gate {
     ) -> Result<HashSet<usize>, StoreError> {
         let mut changed = HashSet::new();
         let mut specs: Vec<(BucketSpec, f64, &str)> = Vec::new();
+        for key in needed.iter().filter(|k| !buckets.contains_key(*k) && is_pace(k)) {
+            let scope = key.trim_end_matches(":pace");
+            let spec = learning::pace_spec(key, scope, self.config.gate.pace_start_rps);
+            let level = spec.capacity;
+            specs.push((spec, level, "pace"));
+        }
+        // The paces of scopes whose first limit is learned now: that limit governs instead.
+        let mut retired = Vec::new();
         for key in needed.iter().filter(|k| !buckets.contains_key(*k) && is_probe(k)) {
             let capacity = self.config.gate.probe_concurrency.max(1) as f64;
             let scope = key.trim_end_matches(":probe").to_owned();
@@ -444,6 +453,7 @@ impl Gate {
                 }
                 (None, LearnedFrom::Headers) => continue,
             };
+            retired.push(pace_key(&row.scope));
             specs.push((
                 BucketSpec {
                     key: row.bucket_key(),
@@ -460,7 +470,17 @@ impl Gate {
         }
         for mut b in store::create_buckets(&mut *tx, &specs, now).await? {
             b.refill(now);
+            if is_pace(&b.key) {
+                // When it last changed: the first doubling is a second away.
+                b.learned_at = Some(now);
+            }
             buckets.insert(b.key.clone(), b);
+        }
+        retired.sort();
+        retired.dedup();
+        store::drop_buckets(&mut *tx, &retired).await?;
+        for key in &retired {
+            buckets.remove(key);
         }
         // A 429 that said nothing cuts the limits that held the traffic back, not those
         // with room to spare.
@@ -657,7 +677,8 @@ impl Gate {
             closed,
         } = decision;
         failures.extend(failed.into_iter().map(failure));
-        // Probing upward where 429s taught the limit and the limit is what holds jobs back.
+        // Probing upward where 429s taught the limit and the limit is what holds jobs back;
+        // where nothing was learned yet, a pace that holds jobs back doubles.
         for (i, row) in learned.iter_mut().enumerate() {
             let key = row.bucket_key();
             if let Some(b) = buckets.get_mut(&key)
@@ -665,6 +686,9 @@ impl Gate {
             {
                 learned_changed.insert(i);
             }
+        }
+        for (key, b) in buckets.iter_mut().filter(|(k, _)| is_pace(k)) {
+            learning::pace_up(b, closed.contains(key), now);
         }
 
         // What this process's dispatcher has room for starts now, in the admission's write.
