@@ -13,9 +13,10 @@
 //!   by as much as the gate's virtual time has them behind the job's tenant, less by as
 //!   much as it has them ahead (the leading gate's lags, `store::fairness_lags`);
 //!
-//! and the job starts when the slowest bucket has refilled that much (a rolling bucket at
-//! its rate, a fixed window at its resets, a concurrency gauge as calls of the observed
-//! latency end). It finishes a call's latency later: the p50 from the route's observed
+//! and the job starts when the slowest bucket has refilled that much beyond what it keeps
+//! back from the job's class (the gate's headroom: refill in hand, the interactive
+//! reserve) — a rolling bucket at its rate, a fixed window at its resets, a concurrency
+//! gauge as calls of the observed latency end. It finishes a call's latency later: the p50 from the route's observed
 //! p50 latency; the p90 from the observed p90 latency, and no sooner than the p50's time
 //! from now stretched by how far past their p50 recent jobs finished (the record of past
 //! forecasts, [`crate::store::ForecastRecord::p90_overrun`]) — and no sooner than the
@@ -111,6 +112,9 @@ pub struct Work<'a> {
 pub struct Outlook<'a> {
     /// The buckets on the route's path, by key, as they are now.
     pub buckets: &'a HashMap<String, Bucket>,
+    /// What each bucket keeps back from the work's class (the gate's headroom:
+    /// `scheduler::Policy::headroom`): the work starts only when that much is left beside it.
+    pub kept: &'a dyn Fn(&Bucket) -> f64,
     /// The queued work ahead on the route (see [`crate::store::queued_ahead`]).
     pub ahead: &'a [Queued],
     /// The work arriving on the route, per second, by class and tenant (as lately seen:
@@ -158,6 +162,9 @@ pub fn on_route(route: &Route, one: &Work<'_>, work: &Work<'_>, outlook: &Outloo
         if !bucket.can_ever_fit(*amount) {
             return None;
         }
+        // What it keeps back is never there for the work (as the gate's fit has it: never
+        // more than a job leaves of a full bucket).
+        bucket.level -= (outlook.kept)(&bucket).min((bucket.capacity - amount).max(0.0));
         // What one unit of this bucket's measure (a job, a token) of the work takes from it,
         // for its share of the work when it is one of the model's quota pools.
         let per_unit = match measure(bucket.dimension, one) {
@@ -216,9 +223,8 @@ struct Ahead {
     /// Queued work of classes that go first, and how fast more arrives (per second).
     first: f64,
     first_arriving: f64,
-    /// Each other tenant of its class: queued, arriving per second, weight, and its lag
-    /// behind the class's clock in units of the bucket per unit of weight.
-    others: Vec<(f64, f64, f64, f64)>,
+    /// Each other tenant of its class.
+    others: Vec<Other>,
     /// The work's tenant's lag, in the same units.
     lag: f64,
     /// `own`, `first` and every other tenant's work due by the deadline.
@@ -234,6 +240,33 @@ struct Ahead {
     starving: Vec<(f64, f64, f64)>,
 }
 
+/// Another tenant of the work's class, at one bucket.
+#[derive(Debug, Default)]
+struct Other {
+    queued: f64,
+    /// How fast more of its work arrives (per second).
+    arriving: f64,
+    weight: f64,
+    /// How far it is behind the class's clock, in units of the bucket per unit of weight.
+    lag: f64,
+    /// In how many seconds the first and the last of its queued work has waited past the
+    /// class's guard (it then goes first, as interactive work); `None`: interactive.
+    starving: Option<(f64, f64)>,
+}
+
+impl Other {
+    /// What of its queue has waited past its guard by `t`, spread evenly over when it came.
+    fn starved(&self, t: f64) -> f64 {
+        match self.starving {
+            Some((first, last)) if last > first => {
+                self.queued * ((t - first) / (last - first)).clamp(0.0, 1.0)
+            }
+            Some((first, _)) if t >= first => self.queued,
+            _ => 0.0,
+        }
+    }
+}
+
 /// What the bucket `key` must serve until `work` is through: the work itself, its own
 /// tenant's queue ahead, classes that go first, each other tenant of its class (its fair
 /// share beside it, and in [`Ahead::due`] all it has due by the deadline) — and how fast
@@ -244,7 +277,7 @@ fn ahead_of(dimension: Dimension, key: &str, work: &Work<'_>, outlook: &Outlook<
         own: measure(dimension, work),
         ..Ahead::default()
     };
-    let mut others: HashMap<&str, (f64, f64)> = HashMap::new();
+    let mut others: HashMap<&str, Other> = HashMap::new();
     let mut others_due = 0.0;
     let queued = outlook.ahead.iter().map(|q| (q, false));
     for (q, arriving) in queued.chain(outlook.arriving.iter().map(|q| (q, true))) {
@@ -277,10 +310,18 @@ fn ahead_of(dimension: Dimension, key: &str, work: &Work<'_>, outlook: &Outlook<
             (false, std::cmp::Ordering::Equal) if !own_only => {
                 let other = others.entry(q.tenant.as_str()).or_default();
                 match arriving {
-                    true => other.1 += amount,
+                    true => other.arriving += amount,
                     false => {
-                        other.0 += amount;
+                        other.queued += amount;
                         others_due += units(dimension, q.due_jobs, q.due_input_tokens, q.due_output_tokens);
+                        if let Some(guard) = (outlook.starve_after)(q.class) {
+                            let starving_in = |at: DateTime<Utc>| seconds(at - outlook.now) + guard;
+                            let (first, last) = (starving_in(q.oldest), starving_in(q.newest));
+                            other.starving = Some(match other.starving {
+                                Some((f, l)) => (f.min(first), l.max(last)),
+                                None => (first, last),
+                            });
+                        }
                     }
                 }
             }
@@ -294,9 +335,10 @@ fn ahead_of(dimension: Dimension, key: &str, work: &Work<'_>, outlook: &Outlook<
     ahead.lag = (outlook.lag_of)(work.tenant) * per_cost;
     ahead.others = others
         .into_iter()
-        .map(|(tenant, (queued, arriving))| {
-            let lag = (outlook.lag_of)(tenant) * per_cost;
-            (queued, arriving, (outlook.weight_of)(tenant), lag)
+        .map(|(tenant, other)| Other {
+            weight: (outlook.weight_of)(tenant),
+            lag: (outlook.lag_of)(tenant) * per_cost,
+            ..other
         })
         .collect();
     ahead
@@ -322,14 +364,15 @@ fn fair_wait(
         _ => 0.0,
     };
     // Another tenant is served until its virtual time passes the work's: its weight's
-    // share of the work, plus what it is behind the work's tenant (less what it is ahead).
+    // share of the work, plus what it is behind the work's tenant (less what it is ahead)
+    // — and all of its work that waited past the class's guard by then goes first.
     let share = |t: f64| -> f64 {
         ahead
             .others
             .iter()
-            .map(|(queued, arriving, w, lag)| {
-                let turn = (ahead.own / weight.max(1.0) + lag - ahead.lag) * w;
-                (queued + arriving * t).min(turn.max(0.0))
+            .map(|o| {
+                let turn = (ahead.own / weight.max(1.0) + o.lag - ahead.lag) * o.weight;
+                (o.queued + o.arriving * t).min(turn.max(o.starved(t)))
             })
             .sum()
     };
@@ -557,6 +600,7 @@ mod tests {
             .collect();
         let outlook = Outlook {
             buckets: &buckets,
+            kept: &|_| 0.0,
             ahead,
             arriving,
             weight_of: &weight_of,
@@ -567,6 +611,36 @@ mod tests {
             now: now(),
         };
         on_route(&route(&path), &work(of.tenant, 1.0), &of, &outlook)
+    }
+
+    /// An outlook with nothing arriving, every tenant of weight 1 and level with the
+    /// clock, no starvation guard, and `kept` back from each bucket.
+    fn plain_outlook<'a>(
+        buckets: &'a HashMap<String, Bucket>,
+        ahead: &'a [Queued],
+        kept: &'a dyn Fn(&Bucket) -> f64,
+    ) -> Outlook<'a> {
+        fn weight(_: &str) -> f64 {
+            1.0
+        }
+        fn lag(_: &str) -> f64 {
+            0.0
+        }
+        fn guard(_: JobClass) -> Option<f64> {
+            None
+        }
+        Outlook {
+            buckets,
+            kept,
+            ahead,
+            arriving: &[],
+            weight_of: &weight,
+            lag_of: &lag,
+            latency: LATENCY,
+            overrun: 1.5,
+            starve_after: &guard,
+            now: now(),
+        }
     }
 
     fn secs_from_now(at: DateTime<Utc>) -> f64 {
@@ -580,6 +654,23 @@ mod tests {
         assert_eq!(secs_from_now(eta.p50), 1.0);
         assert_eq!(secs_from_now(eta.p90), 3.0);
         assert_eq!(eta.start_p90, now());
+    }
+
+    #[test]
+    fn what_a_bucket_keeps_back_is_waited_for_too() {
+        // 1 request/s, 3 left, 5 kept back: 3 s of refill until 1 is there beside the 5,
+        // then its 1 s call.
+        let rpm = bucket("oai:m:rpm", Dimension::Requests, Rule::Rolling, 60.0, 60, 3.0);
+        let buckets: HashMap<String, Bucket> = HashMap::from([(rpm.key.clone(), rpm)]);
+        let outlook = plain_outlook(&buckets, &[], &|_| 5.0);
+        let eta = on_route(
+            &route(&[("oai:m:rpm", 1.0)]),
+            &work("a", 1.0),
+            &work("a", 1.0),
+            &outlook,
+        )
+        .unwrap();
+        assert_eq!(secs_from_now(eta.p50), 4.0);
     }
 
     #[test]
@@ -616,17 +707,7 @@ mod tests {
         );
         let buckets: HashMap<String, Bucket> = [a, b].into_iter().map(|b| (b.key.clone(), b)).collect();
         let ahead = [queued("a", JobClass::Standard, 9.0)];
-        let outlook = Outlook {
-            buckets: &buckets,
-            ahead: &ahead,
-            arriving: &[],
-            weight_of: &|_| 1.0,
-            lag_of: &|_| 0.0,
-            latency: LATENCY,
-            overrun: 1.5,
-            starve_after: &|_| None,
-            now: now(),
-        };
+        let outlook = plain_outlook(&buckets, &ahead, &|_| 0.0);
         let through_a = route(&[("pool:oai:org-a:m:rpm", 1.0)]);
         let eta = on_route(&through_a, &work("a", 1.0), &work("a", 1.0), &outlook).unwrap();
         assert_eq!(secs_from_now(eta.p50), 6.0);
@@ -726,6 +807,32 @@ mod tests {
             work("a", 1.0),
         );
         assert_eq!(secs_from_now(eta.unwrap().p50), 51.0);
+    }
+
+    #[test]
+    fn another_tenant_s_work_past_its_guard_goes_first_whatever_the_weights() {
+        let rpm = bucket("oai:m:rpm", Dimension::Requests, Rule::Rolling, 60.0, 60, 0.0);
+        let weights = [("a", 3.0), ("b", 1.0)];
+        let mut of = work("a", 1.0);
+        of.weight = 3.0;
+        // b's 100 standard jobs came over the last 100 s: 40 have waited past the 60 s
+        // guard and one more does each second, as fast as the bucket serves — so a's job,
+        // though a weighs three times b, waits for all of them: 100 + 1 requests.
+        let mut old = queued("b", JobClass::Standard, 100.0);
+        old.oldest = now() - Duration::seconds(100);
+        let eta = forecast_lagging(
+            std::slice::from_ref(&rpm),
+            &[old],
+            &[],
+            &weights,
+            &[],
+            work("a", 1.0),
+        );
+        assert_eq!(secs_from_now(eta.unwrap().p50), 102.0);
+        // Just come, they take only their weight's share beside it.
+        let young = queued("b", JobClass::Standard, 100.0);
+        let eta = forecast_lagging(&[rpm], &[young], &[], &weights, &[], of);
+        assert!((secs_from_now(eta.unwrap().p50) - 7.0 / 3.0).abs() < 0.01);
     }
 
     #[test]

@@ -38,7 +38,7 @@ use tollgate::model::{JobClass, NewJob};
 use tollgate::provider_batches;
 use tollgate::reread::Reread;
 use tollgate::routing::{self, Target};
-use tollgate::scheduler::{Known, Plan, Planner};
+use tollgate::scheduler::{Known, Plan, Planner, Policy};
 use tollgate::store::{
     self, Behind, Calibration, CallLatency, Candidate, ForecastRecord, Queued, StoreError, Turnarounds,
 };
@@ -455,6 +455,8 @@ impl Inputs {
         );
         let all = work(of.jobs, of.input_tokens, of.output_tokens);
         let overrun = forecast::overrun(self.record.jobs, self.record.p90_overrun);
+        let policy = Policy::new(config.gate.clone());
+        let kept = |b: &Bucket| policy.headroom(b, plan.class);
         let starve_after = |class: JobClass| {
             (class != JobClass::Interactive).then(|| config.classes.get(class).starve_after_secs as f64)
         };
@@ -468,6 +470,7 @@ impl Inputs {
             let (ahead, arriving) = (on_route(ahead), on_route(&self.arriving));
             let outlook = Outlook {
                 buckets: found,
+                kept: &kept,
                 ahead: &ahead,
                 arriving: &arriving,
                 weight_of: &weight_of,
