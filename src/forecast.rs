@@ -34,7 +34,8 @@
 //!
 //! Buckets that only the job's own tenant uses (its tenant's, its key's, its
 //! application's) count only that tenant's queue. Work admitted already holds its
-//! reservation: it is in the bucket's level, not in the queue.
+//! reservation: it is in the bucket's level, not in the queue. A silent provider's pace
+//! (`crate::learning::pace_up`) is not counted: it doubles while work waits behind it.
 
 use std::collections::HashMap;
 
@@ -43,6 +44,7 @@ use chrono::{DateTime, Duration, Utc};
 use crate::buckets::{self, Bucket};
 use crate::model::JobClass;
 use crate::scheduler::Route;
+use crate::scheduler::plan::is_pace;
 use crate::store::Queued;
 use crate::vocab::{Dimension, Rule};
 
@@ -154,7 +156,10 @@ pub fn on_route(route: &Route, one: &Work<'_>, work: &Work<'_>, outlook: &Outloo
         let Some(bucket) = outlook.buckets.get(key) else {
             continue;
         };
-        if buckets::is_batch_cap(key) {
+        // A pace doubles each second it holds work back: its rate now says little of how
+        // fast a queue behind it drains, and taken as it is it would refuse deadlines that
+        // its first seconds of growth meet.
+        if buckets::is_batch_cap(key) || is_pace(key) {
             continue;
         }
         let mut bucket = bucket.clone();
@@ -671,6 +676,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!(secs_from_now(eta.p50), 4.0);
+    }
+
+    #[test]
+    fn a_pace_is_not_taken_for_the_rate_a_queue_drains_at() {
+        // 10 a second now, empty, 100 queued ahead: the pace doubles while they wait.
+        let pace = bucket(
+            "provider:oai:m:pace",
+            Dimension::Requests,
+            Rule::Rolling,
+            10.0,
+            1,
+            0.0,
+        );
+        let ahead = [queued("a", JobClass::Standard, 100.0)];
+        let eta = forecast(&[pace], &ahead, &[], work("a", 1.0)).unwrap();
+        assert_eq!(secs_from_now(eta.p50), 1.0);
     }
 
     #[test]
