@@ -42,9 +42,9 @@ use std::collections::HashMap;
 use chrono::{DateTime, Duration, Utc};
 
 use crate::buckets::{self, Bucket};
+use crate::learning::is_pace;
 use crate::model::JobClass;
 use crate::scheduler::Route;
-use crate::scheduler::plan::is_pace;
 use crate::store::Queued;
 use crate::vocab::{Dimension, Rule};
 
@@ -242,7 +242,7 @@ struct Ahead {
     /// Queued work of classes that go after it, which goes first once it has waited past
     /// its class's guard: its amount, and in how many seconds the first and the last of it
     /// get there.
-    starving: Vec<(f64, f64, f64)>,
+    starving: Vec<(f64, (f64, f64))>,
 }
 
 /// Another tenant of the work's class, at one bucket.
@@ -259,16 +259,13 @@ struct Other {
     starving: Option<(f64, f64)>,
 }
 
-impl Other {
-    /// What of its queue has waited past its guard by `t`, spread evenly over when it came.
-    fn starved(&self, t: f64) -> f64 {
-        match self.starving {
-            Some((first, last)) if last > first => {
-                self.queued * ((t - first) / (last - first)).clamp(0.0, 1.0)
-            }
-            Some((first, _)) if t >= first => self.queued,
-            _ => 0.0,
-        }
+/// Of `amount` that waits past its guard from `first` to `last` seconds from now, spread
+/// evenly over when it came, what has by `t`.
+fn starved(amount: f64, (first, last): (f64, f64), t: f64) -> f64 {
+    match last - first {
+        span if span > 0.0 => amount * ((t - first) / span).clamp(0.0, 1.0),
+        _ if t >= first => amount,
+        _ => 0.0,
     }
 }
 
@@ -284,6 +281,12 @@ fn ahead_of(dimension: Dimension, key: &str, work: &Work<'_>, outlook: &Outlook<
     };
     let mut others: HashMap<&str, Other> = HashMap::new();
     let mut others_due = 0.0;
+    // In how many seconds the first and the last of a queue wait past their class's guard.
+    let starving = |q: &Queued| {
+        let guard = (outlook.starve_after)(q.class)?;
+        let starving_in = |at: DateTime<Utc>| seconds(at - outlook.now) + guard;
+        Some((starving_in(q.oldest), starving_in(q.newest)))
+    };
     let queued = outlook.ahead.iter().map(|q| (q, false));
     for (q, arriving) in queued.chain(outlook.arriving.iter().map(|q| (q, true))) {
         let amount = units(dimension, q.jobs, q.input_tokens, q.output_tokens);
@@ -293,13 +296,10 @@ fn ahead_of(dimension: Dimension, key: &str, work: &Work<'_>, outlook: &Outlook<
                 (true, JobClass::Interactive) => ahead.interactive_arriving += amount,
                 (true, _) => {}
             }
-            if let (false, Some(guard)) = (arriving, (outlook.starve_after)(q.class))
+            if let (false, Some(window)) = (arriving, starving(q))
                 && q.class > work.class
             {
-                let starving_in = |at: DateTime<Utc>| seconds(at - outlook.now) + guard;
-                ahead
-                    .starving
-                    .push((amount, starving_in(q.oldest), starving_in(q.newest)));
+                ahead.starving.push((amount, window));
             }
         }
         match (q.tenant == work.tenant, q.class.cmp(&work.class)) {
@@ -319,9 +319,7 @@ fn ahead_of(dimension: Dimension, key: &str, work: &Work<'_>, outlook: &Outlook<
                     false => {
                         other.queued += amount;
                         others_due += units(dimension, q.due_jobs, q.due_input_tokens, q.due_output_tokens);
-                        if let Some(guard) = (outlook.starve_after)(q.class) {
-                            let starving_in = |at: DateTime<Utc>| seconds(at - outlook.now) + guard;
-                            let (first, last) = (starving_in(q.oldest), starving_in(q.newest));
+                        if let Some((first, last)) = starving(q) {
                             other.starving = Some(match other.starving {
                                 Some((f, l)) => (f.min(first), l.max(last)),
                                 None => (first, last),
@@ -377,7 +375,8 @@ fn fair_wait(
             .iter()
             .map(|o| {
                 let turn = (ahead.own / weight.max(1.0) + o.lag - ahead.lag) * o.weight;
-                (o.queued + o.arriving * t).min(turn.max(o.starved(t)))
+                let past_guard = o.starving.map_or(0.0, |w| starved(o.queued, w, t));
+                (o.queued + o.arriving * t).min(turn.max(past_guard))
             })
             .sum()
     };
@@ -395,11 +394,7 @@ fn fair_wait(
         ahead
             .starving
             .iter()
-            .map(|(amount, first, last)| match last - first {
-                span if span > 0.0 => amount * ((t - first) / span).clamp(0.0, 1.0),
-                _ if t >= *first => *amount,
-                _ => 0.0,
-            })
+            .map(|(amount, window)| starved(*amount, *window, t))
             .sum()
     };
     let mut t = 0.0_f64;
@@ -841,14 +836,7 @@ mod tests {
         // though a weighs three times b, waits for all of them: 100 + 1 requests.
         let mut old = queued("b", JobClass::Standard, 100.0);
         old.oldest = now() - Duration::seconds(100);
-        let eta = forecast_lagging(
-            std::slice::from_ref(&rpm),
-            &[old],
-            &[],
-            &weights,
-            &[],
-            work("a", 1.0),
-        );
+        let eta = forecast_lagging(std::slice::from_ref(&rpm), &[old], &[], &weights, &[], of);
         assert_eq!(secs_from_now(eta.unwrap().p50), 102.0);
         // Just come, they take only their weight's share beside it.
         let young = queued("b", JobClass::Standard, 100.0);

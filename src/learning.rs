@@ -178,11 +178,20 @@ pub fn increase(row: &mut Learned, bucket: &mut Bucket, saturated: bool, now: Da
     true
 }
 
-/// The pace of `scope` (its bucket `key`): `per_sec` requests a second, a second's worth
-/// at once at most.
-pub fn pace_spec(key: &str, scope: &str, per_sec: f64) -> BucketSpec {
+/// The pace bucket of a scope ([`pace_up`]).
+pub fn pace_key(scope: &str) -> String {
+    format!("{scope}:pace")
+}
+
+/// Whether `key` is a pace bucket (see [`pace_key`]).
+pub fn is_pace(key: &str) -> bool {
+    key.ends_with(":pace")
+}
+
+/// The pace of `scope`: `per_sec` requests a second, a second's worth at once at most.
+pub fn pace_spec(scope: &str, per_sec: f64) -> BucketSpec {
     BucketSpec {
-        key: key.to_owned(),
+        key: pace_key(scope),
         scope: scope.to_owned(),
         dimension: Dimension::Requests,
         rule: Rule::Rolling,
@@ -464,7 +473,7 @@ mod tests {
     #[test]
     fn a_pace_doubles_once_a_second_while_it_holds_jobs_back_and_never_bursts() {
         let t0 = Utc::now();
-        let spec = pace_spec("provider:oai:m:pace", "provider:oai:m", 10.0);
+        let spec = pace_spec("provider:oai:m", 10.0);
         let mut b = bucket(spec.capacity, 0.0, t0);
         b.window_secs = spec.window_secs;
         b.learned_at = Some(t0);

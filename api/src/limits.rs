@@ -17,7 +17,8 @@ use serde_json::{Value, json};
 use tollgate::buckets::{self, Bucket};
 use tollgate::config::Config;
 use tollgate::keyring::Keyring;
-use tollgate::scheduler::plan::{is_pace, is_probe};
+use tollgate::learning::is_pace;
+use tollgate::scheduler::plan::is_probe;
 use tollgate::store;
 
 use crate::AppState;

@@ -309,7 +309,7 @@ impl Policy {
     /// of lower classes cannot make it wait. Other buckets keep nothing back, nor does a
     /// pace (tollgate's own, not a provider's limit).
     pub fn headroom(&self, b: &Bucket, class: JobClass) -> f64 {
-        if !buckets::is_provider_side(&b.key) || plan::is_pace(&b.key) {
+        if !buckets::is_provider_side(&b.key) || learning::is_pace(&b.key) {
             return 0.0;
         }
         let transit = if b.rule == Rule::Rolling {

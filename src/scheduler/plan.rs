@@ -12,7 +12,7 @@ use super::{Failed, Verdict};
 use crate::buckets::{self, Demand, EstimatedCost};
 use crate::config::Config;
 use crate::keyring::Keyring;
-use crate::learning::Learned;
+use crate::learning::{self, Learned};
 use crate::model::JobClass;
 use crate::provider_batches;
 use crate::routing::{self, Target};
@@ -98,17 +98,6 @@ pub fn probe_key(scope: &str) -> String {
 /// Whether `key` is a cold-start probe bucket (see [`probe_key`]).
 pub fn is_probe(key: &str) -> bool {
     key.ends_with(":probe")
-}
-
-/// The pace bucket of a scope whose provider answers without saying its limits
-/// ([`crate::learning::pace_up`]).
-pub fn pace_key(scope: &str) -> String {
-    format!("{scope}:pace")
-}
-
-/// Whether `key` is a pace bucket (see [`pace_key`]).
-pub fn is_pace(key: &str) -> bool {
-    key.ends_with(":pace")
 }
 
 /// Makes plans from candidates, with what one round (or one arrival) knows.
@@ -300,7 +289,7 @@ impl Planner<'_> {
         if unknown && !self.known.seen.contains(scope) {
             path.push((probe_key(scope), Dimension::Concurrency));
         } else if unknown && !self.known.buckets.contains_key(scope) {
-            path.push((pace_key(scope), Dimension::Requests));
+            path.push((learning::pace_key(scope), Dimension::Requests));
         }
         path
     }

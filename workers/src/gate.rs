@@ -45,12 +45,13 @@ use tollgate::clock::Clock;
 use tollgate::config::Config;
 use tollgate::control::{Directory, Snapshot};
 use tollgate::learning::{self, Learned};
+use tollgate::learning::{is_pace, pace_key};
 use tollgate::metrics;
 use tollgate::model::{Job, JobClass, JobId, NewJob};
 use tollgate::notify::Notifications;
 use tollgate::provider_batches;
 use tollgate::reread::Reread;
-use tollgate::scheduler::plan::{is_pace, is_probe, pace_key, probe_key};
+use tollgate::scheduler::plan::{is_probe, probe_key};
 use tollgate::scheduler::{self, Decision, Failed, Known, Planner, Policy, Scheduler};
 use tollgate::store::{self, Admission, Calibration, Candidate, FlexObservations, StoreError};
 use tollgate::tenants::TenantDirectory;
@@ -402,12 +403,10 @@ impl Gate {
         let mut specs: Vec<(BucketSpec, f64, &str)> = Vec::new();
         for key in needed.iter().filter(|k| !buckets.contains_key(*k) && is_pace(k)) {
             let scope = key.trim_end_matches(":pace");
-            let spec = learning::pace_spec(key, scope, self.config.gate.pace_start_rps);
+            let spec = learning::pace_spec(scope, self.config.gate.pace_start_rps);
             let level = spec.capacity;
             specs.push((spec, level, "pace"));
         }
-        // The paces of scopes whose first limit is learned now: that limit governs instead.
-        let mut retired = Vec::new();
         for key in needed.iter().filter(|k| !buckets.contains_key(*k) && is_probe(k)) {
             let capacity = self.config.gate.probe_concurrency.max(1) as f64;
             let scope = key.trim_end_matches(":probe").to_owned();
@@ -425,6 +424,8 @@ impl Gate {
                 "probe",
             ));
         }
+        // The paces of scopes whose first limit is learned now: that limit governs instead.
+        let mut retired = Vec::new();
         for (i, row) in rows.iter_mut().enumerate() {
             if !row.governs() || !row.pending() || buckets.contains_key(&row.bucket_key()) {
                 continue;
