@@ -561,7 +561,9 @@ impl Bucket {
         amount <= self.level - self.kept(amount, headroom) + 1e-9
     }
 
-    fn kept(&self, amount: f64, headroom: f64) -> f64 {
+    /// What of `headroom` is kept back beside `amount`: never more than the amount leaves
+    /// of a full bucket (a job larger than capacity less headroom still fits a full one).
+    pub fn kept(&self, amount: f64, headroom: f64) -> f64 {
         headroom.min((self.capacity - amount).max(0.0))
     }
 

@@ -52,6 +52,8 @@ const REREAD_EVERY: Duration = Duration::from_secs(10);
 const LOOK_BACK: chrono::Duration = chrono::Duration::minutes(15);
 /// How far back what arrives is counted (its rate per second forecasts what comes next).
 const ARRIVALS_WINDOW: chrono::Duration = chrono::Duration::minutes(1);
+/// The shortest span what arrived is spread over, in seconds.
+const ARRIVALS_SPAN_FLOOR: f64 = 10.0;
 /// Fewest calls to a model before their latency replaces [`forecast::UNSEEN_LATENCY`].
 const MIN_CALLS: i64 = 5;
 
@@ -394,8 +396,14 @@ impl Forecaster {
                     let window = ARRIVALS_WINDOW.num_seconds() as f64;
                     let mut rows = store::arrived_since(pool, now - ARRIVALS_WINDOW).await?;
                     for r in &mut rows {
+                        // Since the first of them came, when that is within the window: a
+                        // stream that began lately comes at its pace since, not diluted by
+                        // the quiet before it. At least ARRIVALS_SPAN_FLOOR: a few jobs
+                        // come together are not a stream.
+                        let since_first = (now - r.oldest).num_milliseconds() as f64 / 1e3;
+                        let span = since_first.clamp(ARRIVALS_SPAN_FLOOR, window);
                         for v in [&mut r.jobs, &mut r.input_tokens, &mut r.output_tokens] {
-                            *v /= window;
+                            *v /= span;
                         }
                     }
                     Ok(rows)
@@ -456,7 +464,7 @@ impl Inputs {
         let all = work(of.jobs, of.input_tokens, of.output_tokens);
         let overrun = forecast::overrun(self.record.jobs, self.record.p90_overrun);
         let policy = Policy::new(config.gate.clone());
-        let kept = |b: &Bucket| policy.headroom(b, plan.class);
+        let kept = |b: &Bucket, class: JobClass| policy.headroom(b, class);
         let starve_after = |class: JobClass| {
             (class != JobClass::Interactive).then(|| config.classes.get(class).starve_after_secs as f64)
         };
@@ -485,6 +493,7 @@ impl Inputs {
                 ),
                 overrun,
                 starve_after: &starve_after,
+                burst_credit: config.gate.burst_credit_tokens as f64,
                 now,
             };
             forecast::on_route(route, &one, &all, &outlook)

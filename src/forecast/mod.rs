@@ -26,9 +26,14 @@
 //! provider's batch API takes that API's observed turnaround (or its window) instead of a
 //! call's latency. A route the job could take that would finish it sooner is taken.
 //!
-//! Work arriving meanwhile counts too, at the rate it arrived in the last minute: classes
-//! that go first take what arrives of theirs, other tenants of its class their weighted
-//! share. Past its class's starvation guard (`starve_after_secs`) a job competes as
+//! For one job on a path of rolling buckets with a short queue, the gate's rounds are run
+//! forward job by job instead ([`rounds`]): the gate admits whole jobs, and a tenant served
+//! first whose jobs keep coming leaves another's larger job a surplus only while it has
+//! none queued — which a fluid hands out at once.
+//!
+//! Work arriving meanwhile counts too, at the rate it arrived in the last minute (since its
+//! first job, when that came within it): classes that go first take what arrives of
+//! theirs, other tenants of its class their weighted share. Past its class's starvation guard (`starve_after_secs`) a job competes as
 //! interactive, so it waits no longer than the guard, or than everything queued before it
 //! and the interactive work arriving meanwhile.
 //!
@@ -47,6 +52,8 @@ use crate::model::JobClass;
 use crate::scheduler::Route;
 use crate::store::Queued;
 use crate::vocab::{Dimension, Rule};
+
+mod rounds;
 
 /// When work is expected to finish, and to have started (what a job's deadline is about:
 /// one still queued at its deadline fails).
@@ -114,9 +121,9 @@ pub struct Work<'a> {
 pub struct Outlook<'a> {
     /// The buckets on the route's path, by key, as they are now.
     pub buckets: &'a HashMap<String, Bucket>,
-    /// What each bucket keeps back from the work's class (the gate's headroom:
-    /// `scheduler::Policy::headroom`): the work starts only when that much is left beside it.
-    pub kept: &'a dyn Fn(&Bucket) -> f64,
+    /// What each bucket keeps back from a job of a class (the gate's headroom:
+    /// `scheduler::Policy::headroom`): the job starts only when that much is left beside it.
+    pub kept: &'a dyn Fn(&Bucket, JobClass) -> f64,
     /// The queued work ahead on the route (see [`crate::store::queued_ahead`]).
     pub ahead: &'a [Queued],
     /// The work arriving on the route, per second, by class and tenant (as lately seen:
@@ -134,6 +141,9 @@ pub struct Outlook<'a> {
     /// How long work of a class waits before it competes as interactive (the starvation
     /// guard, `classes.*.starve_after_secs`); `None` for interactive work.
     pub starve_after: &'a dyn Fn(JobClass) -> Option<f64>,
+    /// How far behind its class's clock a tenant's queue may start when it comes back
+    /// (`gate.burst_credit_tokens`, estimated tokens; per unit of weight once divided).
+    pub burst_credit: f64,
     pub now: DateTime<Utc>,
 }
 
@@ -152,6 +162,8 @@ pub fn on_route(route: &Route, one: &Work<'_>, work: &Work<'_>, outlook: &Outloo
     let (mut wait, mut wait_due) = (0.0_f64, 0.0_f64);
     // Waits for fixed windows to reset: set by the calendar, not stretched by the record.
     let (mut calendar, mut calendar_due) = (0.0_f64, 0.0_f64);
+    // The buckets refilled to now, and what a unit of the work takes from each.
+    let mut refilled: Vec<(Bucket, f64)> = Vec::with_capacity(route.path.len());
     for (key, amount) in &route.path {
         let Some(bucket) = outlook.buckets.get(key) else {
             continue;
@@ -167,15 +179,15 @@ pub fn on_route(route: &Route, one: &Work<'_>, work: &Work<'_>, outlook: &Outloo
         if !bucket.can_ever_fit(*amount) {
             return None;
         }
-        // What it keeps back is never there for the work (as the gate's fit has it: never
-        // more than a job leaves of a full bucket).
-        bucket.level -= (outlook.kept)(&bucket).min((bucket.capacity - amount).max(0.0));
         // What one unit of this bucket's measure (a job, a token) of the work takes from it,
         // for its share of the work when it is one of the model's quota pools.
         let per_unit = match measure(bucket.dimension, one) {
             m if m > 0.0 => amount / m,
             _ => 1.0,
         } * pool_share(key, &bucket, outlook.buckets);
+        refilled.push((bucket.clone(), per_unit));
+        // What it keeps back is never there for the work (as the gate's fit has it).
+        bucket.level -= bucket.kept(*amount, (outlook.kept)(&bucket, work.class));
         let ahead = ahead_of(bucket.dimension, key, work, outlook);
         let (fair, due) = (
             fair_wait(&bucket, per_unit, &ahead, work, outlook)?,
@@ -186,6 +198,17 @@ pub fn on_route(route: &Route, one: &Work<'_>, work: &Work<'_>, outlook: &Outloo
             Rule::Rolling | Rule::Gauge => (&mut wait, &mut wait_due),
         };
         (*w, *d) = (w.max(fair), d.max(due));
+    }
+    // One job on rolling buckets: the rounds, job by job, say when it starts.
+    let lanes: Vec<rounds::Lane<'_>> = refilled
+        .iter()
+        .map(|(bucket, per_unit)| rounds::Lane {
+            bucket,
+            per_unit: *per_unit,
+        })
+        .collect();
+    if let Some(admitted) = rounds::admitted_in(&lanes, work, outlook) {
+        wait = admitted;
     }
     let latency = outlook.latency;
     let p50 = wait.max(calendar) + latency.p50;
@@ -600,7 +623,8 @@ mod tests {
             .collect();
         let outlook = Outlook {
             buckets: &buckets,
-            kept: &|_| 0.0,
+            kept: &|_, _| 0.0,
+            burst_credit: 8192.0,
             ahead,
             arriving,
             weight_of: &weight_of,
@@ -618,7 +642,7 @@ mod tests {
     fn plain_outlook<'a>(
         buckets: &'a HashMap<String, Bucket>,
         ahead: &'a [Queued],
-        kept: &'a dyn Fn(&Bucket) -> f64,
+        kept: &'a dyn Fn(&Bucket, JobClass) -> f64,
     ) -> Outlook<'a> {
         fn weight(_: &str) -> f64 {
             1.0
@@ -639,6 +663,7 @@ mod tests {
             latency: LATENCY,
             overrun: 1.5,
             starve_after: &guard,
+            burst_credit: 8192.0,
             now: now(),
         }
     }
@@ -662,7 +687,7 @@ mod tests {
         // then its 1 s call.
         let rpm = bucket("oai:m:rpm", Dimension::Requests, Rule::Rolling, 60.0, 60, 3.0);
         let buckets: HashMap<String, Bucket> = HashMap::from([(rpm.key.clone(), rpm)]);
-        let outlook = plain_outlook(&buckets, &[], &|_| 5.0);
+        let outlook = plain_outlook(&buckets, &[], &|_, _| 5.0);
         let eta = on_route(
             &route(&[("oai:m:rpm", 1.0)]),
             &work("a", 1.0),
@@ -723,7 +748,7 @@ mod tests {
         );
         let buckets: HashMap<String, Bucket> = [a, b].into_iter().map(|b| (b.key.clone(), b)).collect();
         let ahead = [queued("a", JobClass::Standard, 9.0)];
-        let outlook = plain_outlook(&buckets, &ahead, &|_| 0.0);
+        let outlook = plain_outlook(&buckets, &ahead, &|_, _| 0.0);
         let through_a = route(&[("pool:oai:org-a:m:rpm", 1.0)]);
         let eta = on_route(&through_a, &work("a", 1.0), &work("a", 1.0), &outlook).unwrap();
         assert_eq!(secs_from_now(eta.p50), 6.0);
@@ -772,11 +797,12 @@ mod tests {
     }
 
     #[test]
-    fn work_arriving_meanwhile_takes_its_share_and_first_classes_theirs() {
+    fn work_arriving_meanwhile_takes_its_turn_and_first_classes_theirs() {
         let rpm = bucket("oai:m:rpm", Dimension::Requests, Rule::Rolling, 60.0, 60, 0.0);
-        // Tenant b queues nothing but sends a job a second: beside one job of ours (equal
-        // weights) it takes one; interactive work arriving at half a request a second
-        // leaves ours the other half: 2 requests at 0.5/s.
+        // Tenant b queues nothing but sends a job a second, and is a job's cost (200
+        // tokens) behind the clock; interactive work arrives every other second. The
+        // rounds: c's at 1 s, b's at 2 s (it came at 0.5 s and goes first, once), c's at
+        // 3 s, ours at 4 s (b, level now, waits behind it), then a second's call.
         let arriving = [
             queued("b", JobClass::Standard, 1.0),
             queued("c", JobClass::Interactive, 0.5),
@@ -784,8 +810,57 @@ mod tests {
             queued("d", JobClass::Background, 10.0),
             queued("a", JobClass::Standard, 10.0),
         ];
-        let eta = forecast_arriving(&[rpm], &[], &arriving, &[], work("a", 1.0)).unwrap();
+        let eta = forecast_lagging(&[rpm], &[], &arriving, &[], &[("b", 200.0)], work("a", 1.0)).unwrap();
         assert_eq!(secs_from_now(eta.p50), 5.0);
+    }
+
+    #[test]
+    fn a_tenant_served_first_that_keeps_coming_holds_a_larger_job_back_until_it_catches_up() {
+        // 500 tokens/s, empty. b (weight 3, 2,000 tokens per unit of weight behind the
+        // clock) sends a 300-token job every 0.625 s, 480 tokens/s. The gate admits whole
+        // jobs, b's first while it is behind: each of b's takes the level back to about
+        // nothing, and the 12.5 tokens each gap leaves build to our 530 only after 29 of
+        // them — but after 20, b has caught up and ours goes first: ~12.2 s, then ~0.9 s
+        // for its 530 tokens, then the second's call. (The fluid, which hands out the
+        // refill as it comes, gives b its whole turn first: 16.2 s before the call.)
+        let tpm = bucket(
+            "oai:m:tpm",
+            Dimension::TotalTokens,
+            Rule::Rolling,
+            30_000.0,
+            60,
+            0.0,
+        );
+        let buckets = HashMap::from([(tpm.key.clone(), tpm)]);
+        let mut b = queued("b", JobClass::Standard, 1.6);
+        (b.input_tokens, b.output_tokens) = (1.6 * 150.0, 1.6 * 150.0);
+        let weight = |t: &str| if t == "b" { 3.0 } else { 1.0 };
+        let lag = |t: &str| if t == "b" { 2000.0 } else { 0.0 };
+        let outlook = Outlook {
+            arriving: std::slice::from_ref(&b),
+            weight_of: &weight,
+            lag_of: &lag,
+            ..plain_outlook(&buckets, &[], &|_, _| 0.0)
+        };
+        let mut of = work("a", 1.0);
+        (of.input_tokens, of.output_tokens) = (265.0, 265.0);
+        let eta = on_route(&route(&[("oai:m:tpm", 530.0)]), &of, &of, &outlook).unwrap();
+        let p50 = secs_from_now(eta.p50);
+        assert!((13.5..15.0).contains(&p50), "p50 {p50} s");
+    }
+
+    #[test]
+    fn arrivals_take_a_share_of_what_a_batch_of_jobs_waits_for() {
+        // Several jobs together drain as a fluid: beside our 2 (equal weights) b's
+        // arrivals take 2; interactive work arriving at half a request a second leaves
+        // ours the other half: 4 requests at 0.5/s, then the call.
+        let rpm = bucket("oai:m:rpm", Dimension::Requests, Rule::Rolling, 60.0, 60, 0.0);
+        let arriving = [
+            queued("b", JobClass::Standard, 1.0),
+            queued("c", JobClass::Interactive, 0.5),
+        ];
+        let eta = forecast_arriving(&[rpm], &[], &arriving, &[], work("a", 2.0)).unwrap();
+        assert_eq!(secs_from_now(eta.p50), 9.0);
     }
 
     #[test]
@@ -833,15 +908,18 @@ mod tests {
         of.weight = 3.0;
         // b's 100 standard jobs came over the last 100 s: 40 have waited past the 60 s
         // guard and one more does each second, as fast as the bucket serves — so a's job,
-        // though a weighs three times b, waits for all of them: 100 + 1 requests.
+        // though a weighs three times b, waits until it too has waited past its guard
+        // and competes as interactive, where it starts level with the class's clock and
+        // so before b, whose every turn there moved it past the clock: 60 s, then the call.
         let mut old = queued("b", JobClass::Standard, 100.0);
         old.oldest = now() - Duration::seconds(100);
         let eta = forecast_lagging(std::slice::from_ref(&rpm), &[old], &[], &weights, &[], of);
-        assert_eq!(secs_from_now(eta.unwrap().p50), 102.0);
-        // Just come, they take only their weight's share beside it.
+        assert_eq!(secs_from_now(eta.unwrap().p50), 61.0);
+        // Just come, level with a on the clock, they take one job's turn before it (the
+        // tie goes to the queue ahead), not all 100.
         let young = queued("b", JobClass::Standard, 100.0);
         let eta = forecast_lagging(&[rpm], &[young], &[], &weights, &[], of);
-        assert!((secs_from_now(eta.unwrap().p50) - 7.0 / 3.0).abs() < 0.01);
+        assert_eq!(secs_from_now(eta.unwrap().p50), 3.0);
     }
 
     #[test]
