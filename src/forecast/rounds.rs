@@ -20,6 +20,7 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::buckets::{self, Bucket};
 use crate::model::JobClass;
+use crate::scheduler::VirtualTimes;
 use crate::vocab::Rule;
 
 use super::{Outlook, Work, seconds, units};
@@ -81,12 +82,14 @@ pub fn admitted_in(lanes: &[Lane<'_>], work: &Work<'_>, outlook: &Outlook<'_>) -
     }
     let (mut queues, sizes) = queues(lanes, work, outlook);
     let mut levels: Vec<f64> = lanes.iter().map(|l| l.bucket.level).collect();
-    let mut vtimes: HashMap<(JobClass, &str), f64> = HashMap::new();
-    let mut clocks: HashMap<JobClass, f64> = HashMap::new();
-    // The gate's lags of the work's class: how far each queue is behind the class's clock.
-    for q in queues.iter().filter(|q| q.class == work.class) {
-        vtimes.insert((q.class, q.tenant), -(outlook.lag_of)(q.tenant));
-    }
+    // The queues of the work's class start where the gate's lags have them.
+    let mut times = VirtualTimes::behind(
+        work.class,
+        queues
+            .iter()
+            .filter(|q| q.class == work.class)
+            .map(|q| (q.tenant, (outlook.lag_of)(q.tenant))),
+    );
     // The class a job competes in at `t`: interactive once it has waited past its guard.
     let competing = |class: JobClass, submitted: f64, t: f64| match (outlook.starve_after)(class) {
         Some(guard) if t >= submitted + guard => JobClass::Interactive,
@@ -104,20 +107,13 @@ pub fn admitted_in(lanes: &[Lane<'_>], work: &Work<'_>, outlook: &Outlook<'_>) -
                 *at += *every;
             }
         }
-        // Whose turn: the best class, then the smallest virtual time (a queue that comes
-        // back starts at most its burst credit behind the class's clock).
+        // Whose turn: the best class, then the smallest virtual time.
         let turn = queues
             .iter()
             .enumerate()
             .filter_map(|(i, q)| {
-                let head = q.jobs.front()?;
-                let class = competing(q.class, head.submitted, t);
-                let clock = clocks.get(&class).copied().unwrap_or(0.0);
-                let vtime = vtimes
-                    .get(&(class, q.tenant))
-                    .copied()
-                    .unwrap_or(clock)
-                    .max(clock - outlook.burst_credit / q.weight);
+                let class = competing(q.class, q.jobs.front()?.submitted, t);
+                let vtime = times.turn_starts(class, q.tenant, q.weight, outlook.burst_credit);
                 Some((class, vtime, i))
             })
             .min_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)))?;
@@ -166,9 +162,7 @@ pub fn admitted_in(lanes: &[Lane<'_>], work: &Work<'_>, outlook: &Outlook<'_>) -
             *level -= amount;
         }
         let q = &queues[i];
-        vtimes.insert((class, q.tenant), vtime + size.cost / q.weight);
-        let clock = clocks.entry(class).or_insert(0.0);
-        *clock = clock.max(vtime);
+        times.served(class, q.tenant, vtime, size.cost / q.weight);
     }
     None
 }

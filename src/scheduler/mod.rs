@@ -163,26 +163,43 @@ pub struct Decision {
     pub closed: HashSet<String>,
 }
 
-/// Virtual times of the weighted fair queuing, per class, and the explanations given.
-#[derive(Debug, Default)]
-struct Fairness {
-    /// (class, tenant) → virtual time.
-    vtime: HashMap<(JobClass, String), f64>,
-    /// Per class: the virtual time of the latest admission (the class's clock).
+/// The weighted fair queuing's virtual times: each (class, tenant) queue's, and each
+/// class's clock (the virtual time of its latest admission). The gate keeps them by tenant
+/// name from round to round; a forecast runs its own from the gate's lags
+/// ([`VirtualTimes::behind`]), so both serve queues by the same rule.
+#[derive(Debug)]
+pub struct VirtualTimes<T> {
+    vtime: HashMap<(JobClass, T), f64>,
     clock: HashMap<JobClass, f64>,
-    /// Last explanation given per job, so unchanged ones are not given again.
-    explained: HashMap<JobId, String>,
 }
 
-/// Most explanations remembered; beyond, all are forgotten (and given again once).
-const EXPLAINED_KEPT: usize = 100_000;
+impl<T> Default for VirtualTimes<T> {
+    fn default() -> Self {
+        Self {
+            vtime: HashMap::new(),
+            clock: HashMap::new(),
+        }
+    }
+}
 
-impl Fairness {
+impl<T: Eq + std::hash::Hash> VirtualTimes<T> {
+    /// Queues of `class` standing `lag` behind its clock (negative: ahead), the clock at 0:
+    /// where the leading gate's lags ([`Scheduler::lags`]) say they stand.
+    pub fn behind(class: JobClass, lags: impl IntoIterator<Item = (T, f64)>) -> Self {
+        Self {
+            vtime: lags
+                .into_iter()
+                .map(|(tenant, lag)| ((class, tenant), -lag))
+                .collect(),
+            clock: HashMap::new(),
+        }
+    }
+
     /// A (class, tenant) queue's virtual time as its turn comes: a quiet tenant starts at
     /// most its burst credit behind the class's clock.
-    fn turn_starts(&mut self, class: JobClass, tenant: &str, weight: f64, burst: f64) -> f64 {
+    pub fn turn_starts(&mut self, class: JobClass, tenant: T, weight: f64, burst: f64) -> f64 {
         let clock = self.clock.get(&class).copied().unwrap_or(0.0);
-        let vt = self.vtime.entry((class, tenant.to_owned())).or_insert(clock);
+        let vt = self.vtime.entry((class, tenant)).or_insert(clock);
         *vt = vt.max(clock - burst / weight);
         *vt
     }
@@ -190,14 +207,26 @@ impl Fairness {
     /// Records an admission from the queue whose turn came at `vtime`: its virtual time
     /// advances by `step` (cost over weight), the class's clock to `vtime`. Returns the
     /// queue's new virtual time.
-    fn served(&mut self, class: JobClass, tenant: &str, vtime: f64, step: f64) -> f64 {
+    pub fn served(&mut self, class: JobClass, tenant: T, vtime: f64, step: f64) -> f64 {
         let vt = vtime + step;
-        self.vtime.insert((class, tenant.to_owned()), vt);
+        self.vtime.insert((class, tenant), vt);
         let clock = self.clock.entry(class).or_insert(0.0);
         *clock = clock.max(vtime);
         vt
     }
 }
+
+/// The fairness state the gate carries between rounds: virtual times by tenant, and the
+/// explanations given.
+#[derive(Debug, Default)]
+struct Fairness {
+    times: VirtualTimes<String>,
+    /// Last explanation given per job, so unchanged ones are not given again.
+    explained: HashMap<JobId, String>,
+}
+
+/// Most explanations remembered; beyond, all are forgotten (and given again once).
+const EXPLAINED_KEPT: usize = 100_000;
 
 /// A (class, tenant) queue's place in the round's priority queue.
 struct Turn {
@@ -424,7 +453,10 @@ impl Scheduler {
             let weight = queues[i].front().map_or(1.0, |p| p.weight);
             heap.push(Turn {
                 class: key.0,
-                vtime: self.fairness.turn_starts(key.0, &key.1, weight, burst),
+                vtime: self
+                    .fairness
+                    .times
+                    .turn_starts(key.0, key.1.clone(), weight, burst),
                 queue: i,
             });
         }
@@ -450,9 +482,12 @@ impl Scheduler {
             let admitted = fitting.is_some();
             if let Some(r) = fitting {
                 let admission = take(&plan, r, buckets);
-                vtime =
-                    self.fairness
-                        .served(turn.class, &plan.job.tenant, turn.vtime, plan.cost / plan.weight);
+                vtime = self.fairness.times.served(
+                    turn.class,
+                    plan.job.tenant.clone(),
+                    turn.vtime,
+                    plan.cost / plan.weight,
+                );
                 decision.admitted.push(Admitted {
                     admission,
                     plan,
@@ -666,11 +701,12 @@ impl Scheduler {
     /// `weight_of` gives a tenant's weight.
     pub fn lags(&self, weight_of: impl Fn(&str) -> f64) -> Vec<(JobClass, String, f64)> {
         let burst = self.policy.gate.burst_credit_tokens as f64;
-        self.fairness
+        let times = &self.fairness.times;
+        times
             .vtime
             .iter()
             .map(|((class, tenant), vt)| {
-                let clock = self.fairness.clock.get(class).copied().unwrap_or(0.0);
+                let clock = times.clock.get(class).copied().unwrap_or(0.0);
                 let lag = (clock - vt).min(burst / weight_of(tenant).max(1.0));
                 (*class, tenant.clone(), lag)
             })
@@ -681,11 +717,14 @@ impl Scheduler {
     /// advances as if a round had admitted it.
     pub fn served_on_arrival(&mut self, plan: &Plan) {
         let burst = self.policy.gate.burst_credit_tokens as f64;
-        let vtime = self
-            .fairness
-            .turn_starts(plan.class, &plan.job.tenant, plan.weight, burst);
-        self.fairness
-            .served(plan.class, &plan.job.tenant, vtime, plan.cost / plan.weight);
+        let times = &mut self.fairness.times;
+        let vtime = times.turn_starts(plan.class, plan.job.tenant.clone(), plan.weight, burst);
+        times.served(
+            plan.class,
+            plan.job.tenant.clone(),
+            vtime,
+            plan.cost / plan.weight,
+        );
     }
 
     /// Forgets the explanations of jobs that were admitted (they wait no more).
