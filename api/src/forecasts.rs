@@ -10,7 +10,9 @@
 //! submitters cannot all be told yes for the same capacity. A forecast without a check
 //! (no deadline set) takes no lock, and reuses its model and class's reading of the queue
 //! for a second ([`QUEUE_REREAD`]): it decides nothing, so it need not scan a deep queue
-//! for every job submitted. Locks are taken after the queue's (`jobs`'s queue cap
+//! for every job submitted; the work forecast with a reading since it was read counts as
+//! ahead of the next ([`Reading::count`]), so a second's jobs do not all see the same
+//! room. Locks are taken after the queue's (`jobs`'s queue cap
 //! lock), as every submission takes them, so two never wait on each other. Within a
 //! process, checks of one model take turns before they take a connection
 //! ([`Forecaster::turn`]): a burst of them waits in memory, not on the pool.
@@ -32,7 +34,7 @@ use sqlx::{PgConnection, PgPool};
 use tollgate::buckets::{self, Bucket};
 use tollgate::config::Config;
 use tollgate::control::Snapshot;
-use tollgate::forecast::{self, Eta, Latency, Outlook, Work};
+use tollgate::forecast::{self, Eta, Latency, Outlook, Overtaking, Work};
 use tollgate::learning::Learned;
 use tollgate::model::{JobClass, NewJob};
 use tollgate::provider_batches;
@@ -40,7 +42,8 @@ use tollgate::reread::Reread;
 use tollgate::routing::{self, Target};
 use tollgate::scheduler::{Known, Plan, Planner, Policy};
 use tollgate::store::{
-    self, Behind, Calibration, CallLatency, Candidate, ForecastRecord, Queued, StoreError, Turnarounds,
+    self, Arrived, Behind, Calibration, CallLatency, Candidate, ForecastRecord, Queued, StoreError,
+    Turnarounds,
 };
 use tollgate::vocab::{ApiErrorCode, Lane};
 
@@ -139,7 +142,7 @@ pub struct Forecaster {
     latencies: Reread<HashMap<(String, String), CallLatency>>,
     turnarounds: Reread<Turnarounds>,
     record: Reread<ForecastRecord>,
-    arriving: Reread<Vec<Queued>>,
+    arriving: Reread<Vec<Arrived>>,
     lags: Reread<HashMap<(JobClass, String), f64>>,
     /// The queue and buckets last read for unchecked forecasts, by requested model and
     /// class, reused for [`QUEUE_REREAD`]: a forecast that decides nothing does not scan a
@@ -161,6 +164,59 @@ pub struct Reading {
     names: Vec<Vec<String>>,
     found: HashMap<String, Bucket>,
     ahead: Vec<Queued>,
+    /// Its own tenant's jobs of its class served after it ([`store::queued_behind`]);
+    /// none in a reading that counts them all ahead.
+    behind: Vec<Queued>,
+    /// The work forecast with it since it was read, by tenant (a reading shared by the
+    /// next second's unchecked forecasts): submitted since, it stands ahead of what comes
+    /// next — queued, or admitted and taken from buckets whose levels the reading predates.
+    since: std::sync::Mutex<Vec<Queued>>,
+}
+
+impl Reading {
+    /// Counts `of`, forecast with this reading at `now`, as submitted since it was read.
+    fn count(&self, of: &Of<'_>, now: DateTime<Utc>) {
+        let mut since = self
+            .since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let job = of.one;
+        let at = match since.iter().position(|q| q.tenant == job.tenant) {
+            Some(at) => at,
+            None => {
+                since.push(Queued {
+                    class: job.class,
+                    tenant: job.tenant.clone(),
+                    model: job.model.clone(),
+                    jobs: 0.0,
+                    input_tokens: 0.0,
+                    output_tokens: 0.0,
+                    due_jobs: 0.0,
+                    due_input_tokens: 0.0,
+                    due_output_tokens: 0.0,
+                    oldest: now,
+                    newest: now,
+                });
+                since.len() - 1
+            }
+        };
+        let row = &mut since[at];
+        row.jobs += of.jobs;
+        row.input_tokens += of.input_tokens;
+        row.output_tokens += of.output_tokens;
+        (row.due_jobs, row.due_input_tokens, row.due_output_tokens) =
+            (row.jobs, row.input_tokens, row.output_tokens);
+        row.newest = now;
+    }
+
+    /// The queued work ahead: as read, and what was forecast with it since.
+    fn ahead(&self) -> Vec<Queued> {
+        let since = self
+            .since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.ahead.iter().chain(since.iter()).cloned().collect()
+    }
 }
 
 impl Default for Forecaster {
@@ -275,12 +331,14 @@ impl Forecaster {
                 etas.push(None);
                 continue;
             };
-            let reading = if locked {
-                Arc::new(read(conn, control, of, plan, behind(of)).await?)
+            if locked {
+                let reading = read(conn, control, of, plan, behind(of)).await?;
+                etas.push(inputs.eta(control, of, plan, &reading, now));
             } else {
-                self.unchecked_reading(conn, control, of, plan).await?
-            };
-            etas.push(inputs.eta(control, of, plan, &reading, now));
+                let reading = self.unchecked_reading(conn, control, of, plan).await?;
+                etas.push(inputs.eta(control, of, plan, &reading, now));
+                reading.count(of, now);
+            }
         }
         Ok(etas)
     }
@@ -395,7 +453,7 @@ impl Forecaster {
                 .get(async {
                     let window = ARRIVALS_WINDOW.num_seconds() as f64;
                     let mut rows = store::arrived_since(pool, now - ARRIVALS_WINDOW).await?;
-                    for r in &mut rows {
+                    for Arrived { queued: r, .. } in &mut rows {
                         // Since the first of them came, when that is within the window: a
                         // stream that began lately comes at its pace since, not diluted by
                         // the quiet before it. At least ARRIVALS_SPAN_FLOOR: a few jobs
@@ -421,8 +479,9 @@ pub struct Inputs {
     latencies: HashMap<(String, String), CallLatency>,
     turnarounds: Turnarounds,
     record: ForecastRecord,
-    /// What arrives per second, by class, tenant and requested model.
-    arriving: Vec<Queued>,
+    /// What arrives per second, by class, tenant, requested model, priority and how far
+    /// ahead its deadlines stand.
+    arriving: Vec<Arrived>,
     /// The leading gate's lags of each queue behind its class's clock, by class and tenant
     /// (read every [`QUEUE_REREAD`]: they move with every round).
     lags: HashMap<(JobClass, String), f64>,
@@ -440,7 +499,7 @@ impl Inputs {
     ) -> Option<Eta> {
         let config = &control.config;
         let job = of.one;
-        let (names, found, ahead) = (&reading.names, &reading.found, &reading.ahead);
+        let (names, found, read_ahead) = (&reading.names, &reading.found, reading.ahead());
         let weight_of = |tenant: &str| control.tenants.weight(tenant);
         let lag_of = |tenant: &str| {
             self.lags
@@ -475,12 +534,28 @@ impl Inputs {
                     .cloned()
                     .collect()
             };
-            let (ahead, arriving) = (on_route(ahead), on_route(&self.arriving));
+            let (ahead, behind) = (on_route(&read_ahead), on_route(&reading.behind));
+            let arrived: Vec<&Arrived> = self
+                .arriving
+                .iter()
+                .filter(|a| names.contains(&a.queued.model))
+                .collect();
+            let arriving: Vec<Queued> = arrived.iter().map(|a| a.queued.clone()).collect();
+            let overtaking = Overtaking::of(
+                arrived.iter().copied(),
+                &job.tenant,
+                job.class,
+                job.priority,
+                job.deadline,
+                now,
+            );
             let outlook = Outlook {
                 buckets: found,
                 kept: &kept,
                 ahead: &ahead,
+                behind: &behind,
                 arriving: &arriving,
+                overtaking: &overtaking,
                 weight_of: &weight_of,
                 lag_of: &lag_of,
                 latency: latency(
@@ -546,7 +621,18 @@ async fn read(
         .map(|b| (b.key.clone(), b))
         .collect();
     let ahead = store::queued_ahead(&mut *conn, &all_names, behind).await?;
-    Ok(Reading { names, found, ahead })
+    let behind = match behind.tenant {
+        // A reading that counts every queued job ahead (`unchecked_reading`).
+        "" => Vec::new(),
+        _ => store::queued_behind(&mut *conn, &all_names, behind).await?,
+    };
+    Ok(Reading {
+        names,
+        found,
+        ahead,
+        behind,
+        since: std::sync::Mutex::default(),
+    })
 }
 
 /// The names a job may ask for that reach `target` (route aliases, `provider/model`, a

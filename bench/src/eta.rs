@@ -1,7 +1,8 @@
 //! `eta`: how the forecasts given at submission come out on a steady mixed workload. Two
 //! tenants (weights 3:1) send jobs at `rate` a second for `seconds` — three sizes of
 //! output cap, `standard` and `background`, a third of them with a deadline of their own
-//! two minutes out (checked: refused `deadline_unmeetable` when out of reach) — to a
+//! two minutes out (checked: refused `deadline_unmeetable` when out of reach), evenly
+//! spaced or as a seeded random (Poisson) stream ([`Arrivals`]) — to a
 //! provider limited to `rpm` and `tpm` that answers in 2 s (a chat call's time), more
 //! than it can serve once its first minute's allowance is spent, so a queue builds and
 //! drains. Every job accepted carries its `eta`; once all
@@ -10,7 +11,7 @@
 //! submitted, drained at the rate jobs finished in the minute before (`/v1/status`'s
 //! queue `eta_secs`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use tollgate::config::Config;
@@ -67,13 +68,71 @@ weight = 1
     Ok(Config::parse(&text, "bench eta config")?)
 }
 
-fn body(i: usize) -> Value {
+/// How the case's submissions arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Arrivals {
+    /// Evenly spaced, tenants alternating, output caps in turn, every fifth job of a
+    /// tenant background, every third with its own deadline: a periodic workload.
+    Even,
+    /// The same rate and mix drawn at random (seeded, so runs repeat): gaps exponentially
+    /// distributed, each job's tenant, cap, class and deadline drawn independently.
+    Poisson,
+}
+
+/// The seed of the `poisson` stream.
+const SEED: u64 = 23;
+
+/// One submission of the case: when, by whom, and what.
+struct Submission {
+    /// Seconds after the first.
+    at: f64,
+    tenant_key: &'static str,
+    max_tokens: u32,
+    background: bool,
+    own_deadline: bool,
+}
+
+/// The case's `total` submissions at `rate` a second, arriving as `arrivals` says.
+fn submissions(arrivals: Arrivals, total: usize, rate: f64) -> Vec<Submission> {
+    use rand::{Rng, SeedableRng};
+    let tenant_key = |first: bool| if first { "tk-bench" } else { "tk-other" };
+    match arrivals {
+        Arrivals::Even => (0..total)
+            .map(|i| Submission {
+                at: i as f64 / rate,
+                tenant_key: tenant_key(i.is_multiple_of(2)),
+                max_tokens: SIZES[i % SIZES.len()],
+                background: i % 5 == 4,
+                own_deadline: i.is_multiple_of(3),
+            })
+            .collect(),
+        Arrivals::Poisson => {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(SEED);
+            let mut at = 0.0;
+            (0..total)
+                .map(|_| {
+                    let submission = Submission {
+                        at,
+                        tenant_key: tenant_key(rng.random_bool(0.5)),
+                        max_tokens: SIZES[rng.random_range(0..SIZES.len())],
+                        background: rng.random_bool(0.2),
+                        own_deadline: rng.random_bool(1.0 / 3.0),
+                    };
+                    at += -(1.0 - rng.random::<f64>()).ln() / rate;
+                    submission
+                })
+                .collect()
+        }
+    }
+}
+
+fn body(i: usize, s: &Submission) -> Value {
     let mut body = json!({
-        "request": {"model": "oai/gpt-4o-mini", "max_tokens": SIZES[i % SIZES.len()],
+        "request": {"model": "oai/gpt-4o-mini", "max_tokens": s.max_tokens,
                     "messages": [{"role": "user", "content": format!("summarise ticket {i} of the support queue")}]},
-        "class": if i % 5 == 4 { "background" } else { "standard" },
+        "class": if s.background { "background" } else { "standard" },
     });
-    if i.is_multiple_of(3) {
+    if s.own_deadline {
         body["deadline"] = json!(chrono::Utc::now() + chrono::Duration::seconds(DEADLINE_SECS));
     }
     body
@@ -149,15 +208,15 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let http = reqwest::Client::new();
     let url = format!("{}/v1/jobs", stack.api);
     let total = (args.rate * args.seconds) as usize;
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate.max(1) as f64));
+    let plan = submissions(args.arrivals, total, args.rate.max(1) as f64);
     let mut sent = tokio::task::JoinSet::new();
-    let begin = Instant::now();
-    for i in 0..total {
-        tick.tick().await;
+    let begin = tokio::time::Instant::now();
+    for (i, submission) in plan.iter().enumerate() {
+        tokio::time::sleep_until(begin + Duration::from_secs_f64(submission.at)).await;
         let (http, url) = (http.clone(), url.clone());
-        let key = if i % 2 == 0 { "tk-bench" } else { "tk-other" };
+        let (key, body) = (submission.tenant_key, body(i, submission));
         sent.spawn(async move {
-            let r = http.post(url).bearer_auth(key).json(&body(i)).send().await?;
+            let r = http.post(url).bearer_auth(key).json(&body).send().await?;
             let status = r.status().as_u16();
             let answer: Value = r.json().await.unwrap_or(Value::Null);
             anyhow::Ok((status, answer))
@@ -213,8 +272,8 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     .await?;
     stack.stop().await?;
     println!(
-        "\n### eta: {total} jobs at {}/s for {}s (2 tenants 3:1, output caps {SIZES:?}, a third due in {DEADLINE_SECS}s), provider rpm {} tpm {}, 2 s a call\n",
-        args.rate, args.seconds, args.rpm, args.tpm
+        "\n### eta: {total} jobs at {}/s for {}s, arriving {:?} (2 tenants 3:1, output caps {SIZES:?}, a third due in {DEADLINE_SECS}s), provider rpm {} tpm {}, 2 s a call\n",
+        args.rate, args.seconds, args.arrivals, args.rpm, args.tpm
     );
     println!(
         "accepted {accepted}, refused deadline_unmeetable {refused}; sent in {sending:.1}s, all finished after {drained:.1}s\n"

@@ -97,6 +97,11 @@ pub struct BenchArgs {
     /// Steady, attack and eta cases: seconds of load.
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
+    /// Eta case: how submissions arrive — `even` (evenly spaced, tenants alternating, every
+    /// fifth of a tenant's jobs background) or `poisson` (a seeded random stream of the
+    /// same rate and mix).
+    #[arg(long, value_enum, default_value_t = eta::Arrivals::Even)]
+    pub arrivals: eta::Arrivals,
     /// Limits case: jobs per scenario; lanes case: jobs per run.
     #[arg(long, default_value_t = 1800)]
     pub limit_jobs: usize,

@@ -33,7 +33,10 @@
 //!
 //! Work arriving meanwhile counts too, at the rate it arrived in the last minute (since its
 //! first job, when that came within it): classes that go first take what arrives of
-//! theirs, other tenants of its class their weighted share. Past its class's starvation guard (`starve_after_secs`) a job competes as
+//! theirs, other tenants of its class their weighted share, and its own tenant's jobs of
+//! its class that the gate will serve before it ([`Overtaking`]: a higher priority, or a
+//! deadline sooner than its own — a job with no deadline of its own waits behind every
+//! one arriving with a deadline) its own turns. Past its class's starvation guard (`starve_after_secs`) a job competes as
 //! interactive, so it waits no longer than the guard, or than everything queued before it
 //! and the interactive work arriving meanwhile.
 //!
@@ -117,6 +120,51 @@ pub struct Work<'a> {
     pub output_tokens: f64,
 }
 
+/// A stream of the work's own tenant and class that the gate serves before the work (the
+/// queue's order: priority, then earliest deadline): what arrives of it per second, and
+/// until when (seconds from now) what arrives still goes first — a job due `lead` seconds
+/// after its submission comes before the work while it arrives more than `lead` before the
+/// work's deadline.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Overtaking {
+    pub jobs: f64,
+    pub input_tokens: f64,
+    pub output_tokens: f64,
+    pub until: f64,
+}
+
+impl Overtaking {
+    /// The streams of `arriving` (per second) that overtake work of `tenant` and `class`
+    /// with `priority` and `deadline`.
+    pub fn of<'a>(
+        arriving: impl IntoIterator<Item = &'a crate::store::Arrived>,
+        tenant: &str,
+        class: JobClass,
+        priority: i32,
+        deadline: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Vec<Overtaking> {
+        let due_in = seconds(deadline - now);
+        arriving
+            .into_iter()
+            .filter(|a| a.queued.tenant == tenant && a.queued.class == class && a.priority >= priority)
+            .filter_map(|a| {
+                let until = if a.priority > priority {
+                    f64::INFINITY
+                } else {
+                    due_in - a.lead
+                };
+                (until > 0.0).then_some(Overtaking {
+                    jobs: a.queued.jobs,
+                    input_tokens: a.queued.input_tokens,
+                    output_tokens: a.queued.output_tokens,
+                    until,
+                })
+            })
+            .collect()
+    }
+}
+
 /// What one route's forecast needs besides the work.
 pub struct Outlook<'a> {
     /// The buckets on the route's path, by key, as they are now.
@@ -126,9 +174,15 @@ pub struct Outlook<'a> {
     pub kept: &'a dyn Fn(&Bucket, JobClass) -> f64,
     /// The queued work ahead on the route (see [`crate::store::queued_ahead`]).
     pub ahead: &'a [Queued],
+    /// Its own tenant's queued jobs of its class that the gate serves after it
+    /// ([`crate::store::queued_behind`]): each goes first once it has waited past its
+    /// class's guard.
+    pub behind: &'a [Queued],
     /// The work arriving on the route, per second, by class and tenant (as lately seen:
     /// [`crate::store::arrived_since`] over its window).
     pub arriving: &'a [Queued],
+    /// What arrives of the work's own tenant and class that goes before it.
+    pub overtaking: &'a [Overtaking],
     /// Each tenant's weight.
     pub weight_of: &'a dyn Fn(&str) -> f64,
     /// How far each tenant's queue of the work's class is behind the class's clock in the
@@ -248,6 +302,8 @@ fn pool_share(key: &str, bucket: &Bucket, buckets: &HashMap<String, Bucket>) -> 
 struct Ahead {
     /// The work itself and its own tenant's queue ahead of it.
     own: f64,
+    /// What arrives of its own tenant's that goes before it: per second, until when.
+    overtaking: Vec<(f64, f64)>,
     /// Queued work of classes that go first, and how fast more arrives (per second).
     first: f64,
     first_arriving: f64,
@@ -262,9 +318,9 @@ struct Ahead {
     everything: f64,
     /// How fast interactive work arrives (it goes before starving work too).
     interactive_arriving: f64,
-    /// Queued work of classes that go after it, which goes first once it has waited past
-    /// its class's guard: its amount, and in how many seconds the first and the last of it
-    /// get there.
+    /// Queued work of classes that go after it, and its own tenant's served after it, which
+    /// goes first once it has waited past its class's guard: its amount, and in how many
+    /// seconds the first and the last of it get there.
     starving: Vec<(f64, (f64, f64))>,
 }
 
@@ -354,6 +410,18 @@ fn ahead_of(dimension: Dimension, key: &str, work: &Work<'_>, outlook: &Outlook<
             _ => {}
         }
     }
+    for q in outlook.behind {
+        let amount = units(dimension, q.jobs, q.input_tokens, q.output_tokens);
+        ahead.everything += amount;
+        if let Some(window) = starving(q) {
+            ahead.starving.push((amount, window));
+        }
+    }
+    ahead.overtaking = outlook
+        .overtaking
+        .iter()
+        .map(|o| (units(dimension, o.jobs, o.input_tokens, o.output_tokens), o.until))
+        .collect();
     ahead.due = ahead.own + ahead.first + others_due;
     ahead.everything += measure(dimension, work);
     // The gate's virtual time counts estimated tokens: a lag in the bucket's units.
@@ -389,6 +457,16 @@ fn fair_wait(
         Rule::Gauge if bucket.capacity > 0.0 => bucket.capacity / outlook.latency.p50.max(1e-3),
         _ => 0.0,
     };
+    // The work's own tenant serves by `t` its queue ahead, the work, and what arrives
+    // meanwhile that goes before it.
+    let own = |t: f64| -> f64 {
+        ahead.own
+            + ahead
+                .overtaking
+                .iter()
+                .map(|(per_sec, until)| per_sec * t.min(*until))
+                .sum::<f64>()
+    };
     // Another tenant is served until its virtual time passes the work's: its weight's
     // share of the work, plus what it is behind the work's tenant (less what it is ahead)
     // — and all of its work that waited past the class's guard by then goes first.
@@ -397,14 +475,14 @@ fn fair_wait(
             .others
             .iter()
             .map(|o| {
-                let turn = (ahead.own / weight.max(1.0) + o.lag - ahead.lag) * o.weight;
+                let turn = (own(t) / weight.max(1.0) + o.lag - ahead.lag) * o.weight;
                 let past_guard = o.starving.map_or(0.0, |w| starved(o.queued, w, t));
                 (o.queued + o.arriving * t).min(turn.max(past_guard))
             })
             .sum()
     };
     if rate <= 0.0 {
-        return refilled_in(bucket, per_unit * (ahead.own + ahead.first + share(0.0)), outlook);
+        return refilled_in(bucket, per_unit * (own(0.0) + ahead.first + share(0.0)), outlook);
     }
     // What the work is left after the classes going first take what arrives of theirs:
     // never less than a twentieth (their jobs cannot hold all of it for long: a job
@@ -422,7 +500,7 @@ fn fair_wait(
     };
     let mut t = 0.0_f64;
     for _ in 0..32 {
-        let needed = per_unit * (ahead.own + ahead.first + share(t) + starving(t));
+        let needed = per_unit * (own(t) + ahead.first + share(t) + starving(t));
         let next = ((needed - bucket.level) / left).max(0.0);
         let settled = (next - t).abs() < 1e-3;
         t = next;
@@ -626,7 +704,9 @@ mod tests {
             kept: &|_, _| 0.0,
             burst_credit: 8192.0,
             ahead,
+            behind: &[],
             arriving,
+            overtaking: &[],
             weight_of: &weight_of,
             lag_of: &lag_of,
             latency: LATENCY,
@@ -657,7 +737,9 @@ mod tests {
             buckets,
             kept,
             ahead,
+            behind: &[],
             arriving: &[],
+            overtaking: &[],
             weight_of: &weight,
             lag_of: &lag,
             latency: LATENCY,
@@ -814,6 +896,71 @@ mod tests {
         assert_eq!(secs_from_now(eta.p50), 5.0);
     }
 
+    /// One job of `a` on 1 request/s, empty, with a guard of 60 s, as its own tenant's
+    /// jobs arriving a second `overtaking` it, in the rounds and in the fluid (`jobs` 2:
+    /// a batch of two).
+    fn overtaken(jobs: f64, overtaking: &[Overtaking]) -> f64 {
+        let rpm = bucket("oai:m:rpm", Dimension::Requests, Rule::Rolling, 60.0, 60, 0.0);
+        let buckets = HashMap::from([(rpm.key.clone(), rpm)]);
+        let outlook = Outlook {
+            overtaking,
+            starve_after: &|class| (class != JobClass::Interactive).then_some(60.0),
+            ..plain_outlook(&buckets, &[], &|_, _| 0.0)
+        };
+        let of = work("a", jobs);
+        let eta = on_route(&route(&[("oai:m:rpm", 1.0)]), &work("a", 1.0), &of, &outlook).unwrap();
+        secs_from_now(eta.p50)
+    }
+
+    #[test]
+    fn its_own_tenant_s_jobs_due_sooner_go_first_while_they_arrive_before_its_deadline_less_their_lead() {
+        let a_second = |until| Overtaking {
+            jobs: 1.0,
+            input_tokens: 200.0,
+            output_tokens: 200.0,
+            until,
+        };
+        // Nothing overtakes: the first request refills in 1 s, then the second's call.
+        assert_eq!(overtaken(1.0, &[]), 2.0);
+        // Those arriving in the next 10 s go first (at 0.5 s, 1.5 s, ...: admitted at 1 s,
+        // 2 s, ..., 10 s), then it at 11 s.
+        assert_eq!(overtaken(1.0, &[a_second(10.0)]), 12.0);
+        // Arriving as fast as the bucket refills, for good: it waits for its guard, then
+        // competes as interactive on its own, ahead of those queued after it.
+        assert_eq!(overtaken(1.0, &[a_second(f64::INFINITY)]), 61.0);
+        // The fluid (two jobs) counts them too.
+        let fluid = overtaken(2.0, &[a_second(10.0)]);
+        assert!((12.0..=13.0).contains(&fluid), "fluid p50 {fluid} s");
+    }
+
+    #[test]
+    fn what_overtakes_is_its_own_tenant_s_class_of_a_higher_priority_or_due_sooner() {
+        let arrived = |tenant: &str, priority, lead| crate::store::Arrived {
+            queued: queued(tenant, JobClass::Standard, 1.0),
+            priority,
+            lead,
+        };
+        let rows = [
+            arrived("a", 0, 120.0),
+            arrived("a", 1, 3_600.0),
+            arrived("a", -1, 10.0),
+            arrived("b", 1, 10.0),
+            arrived("a", 0, 3_600.0),
+        ];
+        let until = |due_in: i64| -> Vec<f64> {
+            let deadline = now() + Duration::seconds(due_in);
+            Overtaking::of(&rows, "a", JobClass::Standard, 0, deadline, now())
+                .iter()
+                .map(|o| o.until)
+                .collect()
+        };
+        // Due in an hour (no deadline of its own): the jobs due two minutes after they
+        // come go first while they come in the next 58 minutes; the higher priority always.
+        assert_eq!(until(3_600), [3_480.0, f64::INFINITY]);
+        // Due in two minutes: what arrives is due later than it, but the higher priority.
+        assert_eq!(until(120), [f64::INFINITY]);
+    }
+
     #[test]
     fn a_tenant_served_first_that_keeps_coming_holds_a_larger_job_back_until_it_catches_up() {
         // 500 tokens/s, empty. b (weight 3, 2,000 tokens per unit of weight behind the
@@ -838,6 +985,7 @@ mod tests {
         let lag = |t: &str| if t == "b" { 2000.0 } else { 0.0 };
         let outlook = Outlook {
             arriving: std::slice::from_ref(&b),
+            overtaking: &[],
             weight_of: &weight,
             lag_of: &lag,
             ..plain_outlook(&buckets, &[], &|_, _| 0.0)

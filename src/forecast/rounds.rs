@@ -8,9 +8,12 @@
 //! whose jobs keep arriving a little slower than the refill, and whose turn comes first,
 //! leaves another tenant's larger job waiting for a surplus that builds only while the
 //! first has nothing queued — which the fluid hands out at once. Here each queue is a list
-//! of jobs of its queue's average size, each arriving stream adds jobs at its rate, and the
-//! rounds run from event to event (a job fits, a job arrives, a job's wait passes its
-//! class's guard) until the work is admitted.
+//! of jobs of its queue's average size, each arriving stream adds jobs at its rate (the
+//! work's own tenant's before the work while they overtake it: [`super::Overtaking`]), and
+//! the rounds run from event to event (a job fits, a job arrives, a job's wait passes its
+//! class's guard) until the work is admitted. A job past its guard competes as interactive
+//! on its own, ahead of the rest of its queue — its own tenant's jobs that the gate serves
+//! after the work among them.
 //!
 //! It runs only where it is exact enough and cheap: one job, a path of rolling buckets
 //! that all refill (no fixed windows, gauges or quota pools), and at most [`MOST_JOBS`]
@@ -24,6 +27,7 @@ use crate::scheduler::VirtualTimes;
 use crate::vocab::Rule;
 
 use super::{Outlook, Work, seconds, units};
+use crate::store::Queued;
 
 /// Most jobs queued on the route that are run through one by one: deeper queues drain as
 /// the fluid has it (the gaps whole jobs leave average out), and a forecast stays cheap.
@@ -56,14 +60,51 @@ struct Job {
 }
 
 /// A tenant's queue of one class: its jobs in the order the gate takes them, and the
-/// stream of its jobs arriving.
+/// streams of its jobs arriving.
 struct Queue<'a> {
     tenant: &'a str,
     class: JobClass,
     weight: f64,
     jobs: VecDeque<Job>,
-    /// The next arrival (seconds from now), the time between two, and the size that comes.
-    arriving: Option<(f64, f64, usize)>,
+    arriving: Vec<Stream>,
+    /// No job of it was submitted sooner (a bound: served jobs may have been the oldest).
+    oldest: f64,
+}
+
+impl Queue<'_> {
+    /// Adds `job` at `at` in its order.
+    fn insert(&mut self, at: usize, job: Job) {
+        self.oldest = self.oldest.min(job.submitted);
+        self.jobs.insert(at, job);
+    }
+
+    /// The place of its first job, in the gate's order, that has waited past `guard` by
+    /// `t` (the gate serves it as interactive).
+    fn starving(&mut self, guard: f64, t: f64) -> Option<usize> {
+        if t < self.oldest + guard {
+            return None;
+        }
+        let found = self.jobs.iter().position(|j| j.submitted + guard <= t);
+        if found.is_none() {
+            self.oldest = self
+                .jobs
+                .iter()
+                .map(|j| j.submitted)
+                .fold(f64::INFINITY, f64::min);
+        }
+        found
+    }
+}
+
+/// Jobs of one size arriving evenly: the next (seconds from now) and the time between two;
+/// in the work's own queue, until when they go before it (after, they go behind it and
+/// are left out: the stream ends).
+#[derive(Debug, Clone, Copy)]
+struct Stream {
+    next: f64,
+    every: f64,
+    size: usize,
+    until: f64,
 }
 
 /// Seconds until the gate admits `work` (one job, or none: a job queued already, the last
@@ -76,7 +117,13 @@ pub fn admitted_in(lanes: &[Lane<'_>], work: &Work<'_>, outlook: &Outlook<'_>) -
                 && l.bucket.rate() > 0.0
                 && buckets::pool_bucket_siblings(&l.bucket.key).is_none()
         })
-        && outlook.ahead.iter().map(|q| q.jobs).sum::<f64>() <= MOST_JOBS;
+        && outlook
+            .ahead
+            .iter()
+            .chain(outlook.behind)
+            .map(|q| q.jobs)
+            .sum::<f64>()
+            <= MOST_JOBS;
     if !eligible {
         return None;
     }
@@ -90,35 +137,43 @@ pub fn admitted_in(lanes: &[Lane<'_>], work: &Work<'_>, outlook: &Outlook<'_>) -
             .filter(|q| q.class == work.class)
             .map(|q| (q.tenant, (outlook.lag_of)(q.tenant))),
     );
-    // The class a job competes in at `t`: interactive once it has waited past its guard.
-    let competing = |class: JobClass, submitted: f64, t: f64| match (outlook.starve_after)(class) {
-        Some(guard) if t >= submitted + guard => JobClass::Interactive,
-        _ => class,
-    };
     let mut t = 0.0_f64;
     for _ in 0..MOST_STEPS {
         for q in &mut queues {
-            while let Some((at, every, size)) = q.arriving.as_mut().filter(|(at, ..)| *at <= t) {
-                q.jobs.push_back(Job {
-                    submitted: *at,
-                    size: *size,
-                    is_work: false,
-                });
-                *at += *every;
+            let mut arriving = std::mem::take(&mut q.arriving);
+            for stream in &mut arriving {
+                while stream.next <= t && stream.next < stream.until {
+                    let job = Job {
+                        submitted: stream.next,
+                        size: stream.size,
+                        is_work: false,
+                    };
+                    // Before the work, when it is in this queue.
+                    let at = q.jobs.iter().rposition(|j| j.is_work).unwrap_or(q.jobs.len());
+                    q.insert(at, job);
+                    stream.next += stream.every;
+                }
             }
+            arriving.retain(|s| s.next < s.until);
+            q.arriving = arriving;
         }
-        // Whose turn: the best class, then the smallest virtual time.
+        // Whose turn: the best class, then the smallest virtual time. A queue with a job
+        // past its guard serves that job, as interactive; else its first.
         let turn = queues
-            .iter()
+            .iter_mut()
             .enumerate()
             .filter_map(|(i, q)| {
-                let class = competing(q.class, q.jobs.front()?.submitted, t);
+                if q.jobs.is_empty() {
+                    return None;
+                }
+                let starving = (outlook.starve_after)(q.class).and_then(|guard| q.starving(guard, t));
+                let (class, at) = starving.map_or((q.class, 0), |at| (JobClass::Interactive, at));
                 let vtime = times.turn_starts(class, q.tenant, q.weight, outlook.burst_credit);
-                Some((class, vtime, i))
+                Some((class, vtime, i, at))
             })
             .min_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)))?;
-        let (class, vtime, i) = turn;
-        let head = &sizes[queues[i].jobs.front()?.size];
+        let (class, vtime, i, at) = turn;
+        let head = &sizes[queues[i].jobs.get(at)?.size];
         // When every bucket holds the head job beyond what it keeps back from its class.
         let fits_in = lanes
             .iter()
@@ -130,15 +185,16 @@ pub fn admitted_in(lanes: &[Lane<'_>], work: &Work<'_>, outlook: &Outlook<'_>) -
                 ((needed - level) / b.rate()).max(0.0)
             })
             .fold(0.0_f64, f64::max);
-        // What could change whose turn it is before then: an arrival, or a queued job
-        // whose wait passes its guard.
+        // What could change whose turn it is before then: an arrival, or the first job of
+        // a queue whose wait passes its guard.
         let changes_at = queues
             .iter()
             .flat_map(|q| {
-                let arrival = q.arriving.as_ref().map(|(at, ..)| *at);
+                let arrivals = q.arriving.iter().map(|s| s.next);
                 let starving = (outlook.starve_after)(q.class)
-                    .and_then(|guard| q.jobs.front().map(|j| j.submitted + guard).filter(|at| *at > t));
-                arrival.into_iter().chain(starving)
+                    .map(|guard| q.oldest + guard)
+                    .filter(|at| *at > t);
+                arrivals.chain(starving)
             })
             .fold(f64::INFINITY, f64::min);
         let changes_first = changes_at <= t + fits_in;
@@ -151,7 +207,7 @@ pub fn admitted_in(lanes: &[Lane<'_>], work: &Work<'_>, outlook: &Outlook<'_>) -
             // Whose turn it is may have changed: the rounds look again.
             continue;
         }
-        let Some(job) = queues[i].jobs.pop_front() else {
+        let Some(job) = queues[i].jobs.remove(at) else {
             continue;
         };
         if job.is_work {
@@ -207,34 +263,45 @@ fn queues<'a>(lanes: &[Lane<'_>], work: &Work<'a>, outlook: &Outlook<'a>) -> (Ve
             class,
             weight: weight.max(1e-9),
             jobs: VecDeque::new(),
-            arriving: None,
+            arriving: Vec::new(),
+            oldest: f64::INFINITY,
         });
         queues.len() - 1
     };
-    for q in outlook.ahead {
+    // The jobs of `q`, of its average size, submitted evenly from its first to its last.
+    let now = outlook.now;
+    let spread = |q: &Queued, size: usize| {
         let n = q.jobs.round().max(0.0) as usize;
-        let i = queue_of(&mut queues, q.class, q.tenant.as_str());
-        let (first, last) = (seconds(q.oldest - outlook.now), seconds(q.newest - outlook.now));
-        let size = size_of(&q.tenant, q.jobs, q.input_tokens, q.output_tokens);
-        queues[i].jobs.extend((0..n).map(|k| Job {
+        let (first, last) = (seconds(q.oldest - now), seconds(q.newest - now));
+        (0..n).map(move |k| Job {
             submitted: first + (last - first) * if n > 1 { k as f64 / (n - 1) as f64 } else { 0.0 },
             size,
             is_work: false,
-        }));
+        })
+    };
+    for q in outlook.ahead {
+        let i = queue_of(&mut queues, q.class, q.tenant.as_str());
+        let size = size_of(&q.tenant, q.jobs, q.input_tokens, q.output_tokens);
+        queues[i].jobs.extend(spread(q, size));
     }
     for q in &mut queues {
         q.jobs
             .make_contiguous()
             .sort_by(|a, b| a.submitted.total_cmp(&b.submitted));
+        q.oldest = q.jobs.front().map_or(f64::INFINITY, |j| j.submitted);
     }
     if work.jobs > 0.0 {
         let i = queue_of(&mut queues, work.class, work.tenant);
         let size = size_of(work.tenant, 1.0, work.input_tokens, work.output_tokens);
-        queues[i].jobs.push_back(Job {
-            submitted: 0.0,
-            size,
-            is_work: true,
-        });
+        let at = queues[i].jobs.len();
+        queues[i].insert(
+            at,
+            Job {
+                submitted: 0.0,
+                size,
+                is_work: true,
+            },
+        );
     } else if let Some(last) = queues
         .iter_mut()
         .find(|q| q.class == work.class && q.tenant == work.tenant)
@@ -242,6 +309,20 @@ fn queues<'a>(lanes: &[Lane<'_>], work: &Work<'a>, outlook: &Outlook<'a>) -> (Ve
     {
         // A job queued already: the last of its tenant's queue ahead.
         last.is_work = true;
+    }
+    // Its own tenant's jobs served after it, in the order they came.
+    let mut behind: Vec<Job> = Vec::new();
+    for q in outlook.behind {
+        let size = size_of(&q.tenant, q.jobs, q.input_tokens, q.output_tokens);
+        behind.extend(spread(q, size));
+    }
+    if !behind.is_empty() {
+        behind.sort_by(|a, b| a.submitted.total_cmp(&b.submitted));
+        let i = queue_of(&mut queues, work.class, work.tenant);
+        for job in behind {
+            let at = queues[i].jobs.len();
+            queues[i].insert(at, job);
+        }
     }
     // What arrives, per second, by class and tenant (of any model the route serves).
     let mut arriving: HashMap<(JobClass, &'a str), (f64, f64, f64)> = HashMap::new();
@@ -251,12 +332,27 @@ fn queues<'a>(lanes: &[Lane<'_>], work: &Work<'a>, outlook: &Outlook<'a>) -> (Ve
             *rate = (rate.0 + a.jobs, rate.1 + a.input_tokens, rate.2 + a.output_tokens);
         }
     }
-    for ((class, tenant), (jobs, input, output)) in arriving {
+    let own = outlook.overtaking.iter().map(|o| {
+        (
+            (work.class, work.tenant),
+            (o.jobs, o.input_tokens, o.output_tokens),
+            o.until,
+        )
+    });
+    let others = arriving
+        .into_iter()
+        .map(|(queue, rates)| (queue, rates, f64::INFINITY));
+    for ((class, tenant), (jobs, input, output), until) in others.chain(own) {
         if jobs > 0.0 {
             let i = queue_of(&mut queues, class, tenant);
             // Evenly spaced, the first half a gap from now.
             let every = 1.0 / jobs;
-            queues[i].arriving = Some((every / 2.0, every, size_of(tenant, jobs, input, output)));
+            queues[i].arriving.push(Stream {
+                next: every / 2.0,
+                every,
+                size: size_of(tenant, jobs, input, output),
+                until,
+            });
         }
     }
     (queues, sizes)

@@ -95,6 +95,31 @@ pub async fn queued_ahead(
     .await?)
 }
 
+/// The queued jobs of [`Behind`]'s tenant and class that the gate serves after the job
+/// forecast (not held, none of its batch), by model: they go before it only once they have
+/// waited past their class's guard.
+pub async fn queued_behind(
+    ex: impl PgExecutor<'_>,
+    models: &[String],
+    behind: Behind<'_>,
+) -> Result<Vec<Queued>> {
+    Ok(query_queued!(
+        "false",
+        "FROM jobs
+         WHERE state = 'queued' AND NOT held AND model = ANY($1) AND tenant = $2 AND class = $3
+           AND (priority < $4 OR (priority = $4 AND deadline > $5))
+           AND ($6::text IS NULL OR batch_id IS DISTINCT FROM $6)",
+        models,
+        behind.tenant,
+        behind.class as JobClass,
+        behind.priority,
+        behind.deadline,
+        behind.batch_id,
+    )
+    .fetch_all(ex)
+    .await?)
+}
+
 /// Replaces the leading gate's fairness lags with `lags`: (class, tenant, lag) each.
 pub async fn save_fairness_lags(
     pool: &sqlx::PgPool,
@@ -310,13 +335,56 @@ pub async fn batch_lines_by_model(ex: impl PgExecutor<'_>, id: &str) -> Result<V
     )
 }
 
-/// The jobs submitted since `since` (by their time-ordered ids), by class, tenant and
-/// requested model; their due fields are their totals.
-pub async fn arrived_since(ex: impl PgExecutor<'_>, since: DateTime<Utc>) -> Result<Vec<Queued>> {
+/// Jobs submitted lately of one (class, tenant, requested model, priority) whose deadlines
+/// stood about as far from their submission (within 5 %): how the gate will order what
+/// arrives next against work already queued ([`arrived_since`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Arrived {
+    /// Their count and tokens; the due fields are their totals.
+    pub queued: Queued,
+    pub priority: i32,
+    /// Seconds from submission to deadline, the shortest of them.
+    pub lead: f64,
+}
+
+/// The jobs submitted since `since` (by their time-ordered ids), by class, tenant,
+/// requested model, priority and how far their deadline stood ([`Arrived`]).
+pub async fn arrived_since(ex: impl PgExecutor<'_>, since: DateTime<Utc>) -> Result<Vec<Arrived>> {
     // The smallest UUIDv7 of `since`'s millisecond: every id made from then on sorts after it.
     let millis = u128::try_from(since.timestamp_millis()).unwrap_or(0);
     let first = uuid::Uuid::from_u128(millis << 80);
-    Ok(query_queued!("true", "FROM jobs WHERE id >= $1", first,)
-        .fetch_all(ex)
-        .await?)
+    let rows = sqlx::query!(
+        r#"SELECT class AS "class!: JobClass", tenant AS "tenant!", model AS "model!", priority AS "priority!",
+                  count(*)::float8 AS "jobs!",
+                  sum(estimated_input_tokens)::float8 AS "input_tokens!",
+                  sum(estimated_output_tokens)::float8 AS "output_tokens!",
+                  min(extract(epoch FROM deadline - created_at))::float8 AS "lead!",
+                  min(created_at) AS "oldest!", max(created_at) AS "newest!"
+           FROM jobs WHERE id >= $1
+           GROUP BY class, tenant, model, priority,
+                    round(20 * ln(greatest(extract(epoch FROM deadline - created_at)::float8, 1.0)))"#,
+        first,
+    )
+    .fetch_all(ex)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| Arrived {
+            queued: Queued {
+                class: r.class,
+                tenant: r.tenant,
+                model: r.model,
+                jobs: r.jobs,
+                input_tokens: r.input_tokens,
+                output_tokens: r.output_tokens,
+                due_jobs: r.jobs,
+                due_input_tokens: r.input_tokens,
+                due_output_tokens: r.output_tokens,
+                oldest: r.oldest,
+                newest: r.newest,
+            },
+            priority: r.priority,
+            lead: r.lead,
+        })
+        .collect())
 }

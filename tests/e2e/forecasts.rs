@@ -194,6 +194,51 @@ async fn jobs_and_batches_carry_their_eta_and_a_deadline_out_of_reach_is_refused
     app.shutdown().await;
 }
 
+/// The broker without a gate, so the queue stays as submitted. A job without a deadline of
+/// its own waits behind its tenant's jobs that have one — those queued and those still
+/// arriving, at the rate they arrived: coming faster than the route serves, they keep it
+/// waiting until its class's starvation guard (60 s). One due sooner than they are waits
+/// for none of them.
+#[tokio::test]
+async fn a_job_without_a_deadline_is_forecast_behind_its_tenant_s_jobs_arriving_with_one() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        ..limited(0)
+    })
+    .await;
+    // 40 due in ten minutes, at once: the route's 30 in hand, then half a request a
+    // second — 22 s for a job behind them, were nothing more to come.
+    for i in 0..40 {
+        let mut due = job("fast", &format!("due {i}"));
+        due["deadline"] = json!(Utc::now() + Duration::minutes(10));
+        assert_eq!(app.submit(ACME, &due).await.0, 202);
+    }
+    // What arrives is read every 10 s: ask until it has been. Each job asked with adds 2 s
+    // (one more ahead of the next), so ten of them cannot reach the guard without it.
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (status, free) = app.submit(ACME, &job("fast", "no deadline")).await;
+        assert_eq!(status, 202, "{free}");
+        let wait = at(&free["eta"]["p50"]) - at(&free["created_at"]);
+        if wait >= Duration::seconds(59) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "forecast to wait {wait} while its tenant's jobs due sooner keep coming: {free}"
+        );
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    }
+    // Due in five minutes: before every job queued or arriving.
+    let mut sooner = job("fast", "due sooner");
+    sooner["deadline"] = json!(Utc::now() + Duration::minutes(5));
+    let (status, first) = app.submit(ACME, &sooner).await;
+    assert_eq!(status, 202, "{first}");
+    let wait = at(&first["eta"]["p50"]) - at(&first["created_at"]);
+    assert!(wait < Duration::seconds(10), "forecast to wait {wait}: {first}");
+    app.shutdown().await;
+}
+
 /// A bulk's jobs drain in the order sent: each carries its own eta, later ones later; one
 /// whose deadline is out of reach refuses the whole bulk, naming it.
 #[tokio::test]
