@@ -164,7 +164,7 @@ pub struct Reading {
     names: Vec<Vec<String>>,
     found: HashMap<String, Bucket>,
     ahead: Vec<Queued>,
-    /// Its own tenant's jobs of its class served after it ([`store::queued_behind`]);
+    /// Its own tenant's jobs of its class served after it ([`store::queued_around`]);
     /// none in a reading that counts them all ahead.
     behind: Vec<Queued>,
     /// The work forecast with it since it was read, by tenant (a reading shared by the
@@ -620,12 +620,7 @@ async fn read(
         .into_iter()
         .map(|b| (b.key.clone(), b))
         .collect();
-    let ahead = store::queued_ahead(&mut *conn, &all_names, behind).await?;
-    let behind = match behind.tenant {
-        // A reading that counts every queued job ahead (`unchecked_reading`).
-        "" => Vec::new(),
-        _ => store::queued_behind(&mut *conn, &all_names, behind).await?,
-    };
+    let (ahead, behind) = store::queued_around(&mut *conn, &all_names, behind).await?;
     Ok(Reading {
         names,
         found,

@@ -172,10 +172,10 @@ pub struct Outlook<'a> {
     /// What each bucket keeps back from a job of a class (the gate's headroom:
     /// `scheduler::Policy::headroom`): the job starts only when that much is left beside it.
     pub kept: &'a dyn Fn(&Bucket, JobClass) -> f64,
-    /// The queued work ahead on the route (see [`crate::store::queued_ahead`]).
+    /// The queued work ahead on the route (see [`crate::store::queued_around`]).
     pub ahead: &'a [Queued],
     /// Its own tenant's queued jobs of its class that the gate serves after it
-    /// ([`crate::store::queued_behind`]): each goes first once it has waited past its
+    /// (see [`crate::store::queued_around`]): each goes first once it has waited past its
     /// class's guard.
     pub behind: &'a [Queued],
     /// The work arriving on the route, per second, by class and tenant (as lately seen:

@@ -71,19 +71,31 @@ pub struct Behind<'a> {
 }
 
 /// The queued jobs (not held by a paused batch) asking for any of `models`, by class,
-/// tenant and model, leaving out those [`Behind`] the job forecast.
-pub async fn queued_ahead(
+/// tenant and model: those ahead of the job forecast, and those [`Behind`] it of its own
+/// tenant and class (they go before it only once they have waited past their class's
+/// guard). The lines of its own batch are in neither.
+pub async fn queued_around(
     ex: impl PgExecutor<'_>,
     models: &[String],
     behind: Behind<'_>,
-) -> Result<Vec<Queued>> {
-    Ok(query_queued!(
-        "deadline <= $5",
-        "FROM jobs
-         WHERE state = 'queued' AND NOT held AND model = ANY($1)
-           AND ($6::text IS NULL OR batch_id IS DISTINCT FROM $6)
-           AND NOT (tenant = $2 AND class = $3
-                    AND (priority < $4 OR (priority = $4 AND deadline > $5)))",
+) -> Result<(Vec<Queued>, Vec<Queued>)> {
+    let rows = sqlx::query!(
+        r#"SELECT class AS "class!: JobClass", tenant AS "tenant!", model AS "model!",
+                  (tenant = $2 AND class = $3
+                   AND (priority < $4 OR (priority = $4 AND deadline > $5))) AS "behind!",
+                  count(*)::float8 AS "jobs!",
+                  sum(estimated_input_tokens)::float8 AS "input_tokens!",
+                  sum(estimated_output_tokens)::float8 AS "output_tokens!",
+                  count(*) FILTER (WHERE deadline <= $5)::float8 AS "due_jobs!",
+                  COALESCE(sum(estimated_input_tokens) FILTER (WHERE deadline <= $5), 0)::float8
+                      AS "due_input_tokens!",
+                  COALESCE(sum(estimated_output_tokens) FILTER (WHERE deadline <= $5), 0)::float8
+                      AS "due_output_tokens!",
+                  min(created_at) AS "oldest!", max(created_at) AS "newest!"
+           FROM jobs
+           WHERE state = 'queued' AND NOT held AND model = ANY($1)
+             AND ($6::text IS NULL OR batch_id IS DISTINCT FROM $6)
+           GROUP BY 1, 2, 3, 4"#,
         models,
         behind.tenant,
         behind.class as JobClass,
@@ -92,32 +104,28 @@ pub async fn queued_ahead(
         behind.batch_id,
     )
     .fetch_all(ex)
-    .await?)
-}
-
-/// The queued jobs of [`Behind`]'s tenant and class that the gate serves after the job
-/// forecast (not held, none of its batch), by model: they go before it only once they have
-/// waited past their class's guard.
-pub async fn queued_behind(
-    ex: impl PgExecutor<'_>,
-    models: &[String],
-    behind: Behind<'_>,
-) -> Result<Vec<Queued>> {
-    Ok(query_queued!(
-        "false",
-        "FROM jobs
-         WHERE state = 'queued' AND NOT held AND model = ANY($1) AND tenant = $2 AND class = $3
-           AND (priority < $4 OR (priority = $4 AND deadline > $5))
-           AND ($6::text IS NULL OR batch_id IS DISTINCT FROM $6)",
-        models,
-        behind.tenant,
-        behind.class as JobClass,
-        behind.priority,
-        behind.deadline,
-        behind.batch_id,
-    )
-    .fetch_all(ex)
-    .await?)
+    .await?;
+    let (mut ahead, mut after) = (Vec::new(), Vec::new());
+    for r in rows {
+        let queued = Queued {
+            class: r.class,
+            tenant: r.tenant,
+            model: r.model,
+            jobs: r.jobs,
+            input_tokens: r.input_tokens,
+            output_tokens: r.output_tokens,
+            due_jobs: r.due_jobs,
+            due_input_tokens: r.due_input_tokens,
+            due_output_tokens: r.due_output_tokens,
+            oldest: r.oldest,
+            newest: r.newest,
+        };
+        match r.behind {
+            true => after.push(queued),
+            false => ahead.push(queued),
+        }
+    }
+    Ok((ahead, after))
 }
 
 /// Replaces the leading gate's fairness lags with `lags`: (class, tenant, lag) each.
