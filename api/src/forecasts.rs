@@ -210,7 +210,7 @@ impl Reading {
     }
 
     /// The queued work ahead: as read, and what was forecast with it since.
-    fn ahead(&self) -> Vec<Queued> {
+    fn ahead_and_since(&self) -> Vec<Queued> {
         let since = self
             .since
             .lock()
@@ -499,7 +499,7 @@ impl Inputs {
     ) -> Option<Eta> {
         let config = &control.config;
         let job = of.one;
-        let (names, found, read_ahead) = (&reading.names, &reading.found, reading.ahead());
+        let (names, found, read_ahead) = (&reading.names, &reading.found, reading.ahead_and_since());
         let weight_of = |tenant: &str| control.tenants.weight(tenant);
         let lag_of = |tenant: &str| {
             self.lags

@@ -78,6 +78,11 @@ impl Queue<'_> {
         self.jobs.insert(at, job);
     }
 
+    /// Adds `job` last.
+    fn push(&mut self, job: Job) {
+        self.insert(self.jobs.len(), job);
+    }
+
     /// The place of its first job, in the gate's order, that has waited past `guard` by
     /// `t` (the gate serves it as interactive).
     fn starving(&mut self, guard: f64, t: f64) -> Option<usize> {
@@ -225,8 +230,8 @@ pub fn admitted_in(lanes: &[Lane<'_>], work: &Work<'_>, outlook: &Outlook<'_>) -
 
 /// The queues the rounds serve, and the sizes of their jobs: every (class, tenant) queued
 /// ahead or arriving on the route, their jobs of their average size (their submissions
-/// spread evenly from the first to the last), the work last of its own tenant's. Its own
-/// tenant's later jobs of its class come after it and are left out.
+/// spread evenly from the first to the last), the work after its own tenant's jobs ahead
+/// of it and before those served after it (they pass it only once they starve).
 fn queues<'a>(lanes: &[Lane<'_>], work: &Work<'a>, outlook: &Outlook<'a>) -> (Vec<Queue<'a>>, Vec<Size>) {
     let mut sizes: Vec<Size> = Vec::new();
     // The size of one of `jobs` with `input` and `output` tokens together.
@@ -293,15 +298,11 @@ fn queues<'a>(lanes: &[Lane<'_>], work: &Work<'a>, outlook: &Outlook<'a>) -> (Ve
     if work.jobs > 0.0 {
         let i = queue_of(&mut queues, work.class, work.tenant);
         let size = size_of(work.tenant, 1.0, work.input_tokens, work.output_tokens);
-        let at = queues[i].jobs.len();
-        queues[i].insert(
-            at,
-            Job {
-                submitted: 0.0,
-                size,
-                is_work: true,
-            },
-        );
+        queues[i].push(Job {
+            submitted: 0.0,
+            size,
+            is_work: true,
+        });
     } else if let Some(last) = queues
         .iter_mut()
         .find(|q| q.class == work.class && q.tenant == work.tenant)
@@ -320,8 +321,7 @@ fn queues<'a>(lanes: &[Lane<'_>], work: &Work<'a>, outlook: &Outlook<'a>) -> (Ve
         behind.sort_by(|a, b| a.submitted.total_cmp(&b.submitted));
         let i = queue_of(&mut queues, work.class, work.tenant);
         for job in behind {
-            let at = queues[i].jobs.len();
-            queues[i].insert(at, job);
+            queues[i].push(job);
         }
     }
     // What arrives, per second, by class and tenant (of any model the route serves).

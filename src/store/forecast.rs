@@ -34,30 +34,6 @@ pub struct Queued {
     pub newest: DateTime<Utc>,
 }
 
-/// `sqlx::query_as!` of [`Queued`] rows: jobs of `$from` (the statement's text from its
-/// `FROM`), grouped by class, tenant and model; `$due` is the SQL condition of a job due
-/// by the forecast's deadline.
-macro_rules! query_queued {
-    ($due:literal, $from:literal $(, $arg:expr)* $(,)?) => {
-        sqlx::query_as!(
-            Queued,
-            r#"SELECT class AS "class!: JobClass", tenant AS "tenant!", model AS "model!",
-                      count(*)::float8 AS "jobs!",
-                      sum(estimated_input_tokens)::float8 AS "input_tokens!",
-                      sum(estimated_output_tokens)::float8 AS "output_tokens!",
-                      count(*) FILTER (WHERE "# + $due + r#")::float8 AS "due_jobs!",
-                      COALESCE(sum(estimated_input_tokens) FILTER (WHERE "# + $due + r#"), 0)::float8
-                          AS "due_input_tokens!",
-                      COALESCE(sum(estimated_output_tokens) FILTER (WHERE "# + $due + r#"), 0)::float8
-                          AS "due_output_tokens!",
-                      min(created_at) AS "oldest!", max(created_at) AS "newest!" "#
-                + $from
-                + " GROUP BY class, tenant, model"
-            $(, $arg)*
-        )
-    };
-}
-
 /// Whose queued work stands behind the job forecast rather than ahead of it: its own
 /// tenant's jobs of its class that the gate serves after it (lower priority, or the same
 /// priority and a later deadline), and the lines of its own batch (they are the work).
@@ -336,11 +312,23 @@ pub async fn set_batch_eta(
 
 /// The queued lines of batch `id` by model: how many, and their estimated tokens.
 pub async fn batch_lines_by_model(ex: impl PgExecutor<'_>, id: &str) -> Result<Vec<Queued>> {
-    Ok(
-        query_queued!("true", "FROM jobs WHERE batch_id = $1 AND state = 'queued'", id,)
-            .fetch_all(ex)
-            .await?,
+    // Every line is due: the due fields are the totals.
+    Ok(sqlx::query_as!(
+        Queued,
+        r#"SELECT class AS "class!: JobClass", tenant AS "tenant!", model AS "model!",
+                  count(*)::float8 AS "jobs!",
+                  sum(estimated_input_tokens)::float8 AS "input_tokens!",
+                  sum(estimated_output_tokens)::float8 AS "output_tokens!",
+                  count(*)::float8 AS "due_jobs!",
+                  sum(estimated_input_tokens)::float8 AS "due_input_tokens!",
+                  sum(estimated_output_tokens)::float8 AS "due_output_tokens!",
+                  min(created_at) AS "oldest!", max(created_at) AS "newest!"
+           FROM jobs WHERE batch_id = $1 AND state = 'queued'
+           GROUP BY class, tenant, model"#,
+        id,
     )
+    .fetch_all(ex)
+    .await?)
 }
 
 /// Jobs submitted lately of one (class, tenant, requested model, priority) whose deadlines
