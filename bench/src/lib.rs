@@ -153,6 +153,10 @@ output_tokens = 8
 name = "bench"
 kind = "openai"
 keys = ["sk-bench"]
+[[projects]]
+name = "bench-anthropic"
+kind = "anthropic"
+keys = ["sk-ant-bench"]
 "#,
     )
     .unwrap_or_default()
@@ -182,7 +186,37 @@ tpm = {tpm}
     )
 }
 
-/// The broker: [`unbound_provider`] and one tenant with unbound rpm and tpm buckets.
+/// The mock's OpenAI account serving embeddings (`emb/text-embedding-3-small`) and its
+/// Anthropic account (`ant/claude-3-5-haiku-latest`), limited far above what the machine
+/// can reach, as [`unbound_provider`].
+fn unbound_other_endpoints(mock: std::net::SocketAddr) -> String {
+    format!(
+        r#"
+[[providers]]
+name = "emb"
+kind = "openai"
+base_url = "http://{mock}/v1"
+keys = [{{ name = "e", value = "sk-bench" }}]
+models = ["text-embedding-3-small"]
+[providers.limits."text-embedding-3-small"]
+rpm = 100000000
+tpm = 100000000000
+[[providers]]
+name = "ant"
+kind = "anthropic"
+base_url = "http://{mock}"
+keys = [{{ name = "a", value = "sk-ant-bench" }}]
+models = ["claude-3-5-haiku-latest"]
+[providers.limits."claude-3-5-haiku-latest"]
+rpm = 100000000
+itpm = 100000000000
+otpm = 100000000000
+"#
+    )
+}
+
+/// The broker: [`unbound_provider`], [`unbound_other_endpoints`] and one tenant with
+/// unbound rpm and tpm buckets.
 fn broker_config(mock: std::net::SocketAddr, concurrency: usize) -> anyhow::Result<Config> {
     let text = format!(
         r#"
@@ -203,8 +237,9 @@ name = "bench"
 api_key = "tk-bench"
 rpm = 100000000
 tpm = 100000000000
-"#,
-        unbound_provider(mock)
+{}"#,
+        unbound_provider(mock),
+        unbound_other_endpoints(mock)
     );
     Ok(Config::parse(&text, "bench config")?)
 }

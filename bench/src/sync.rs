@@ -4,7 +4,8 @@
 //! `apt-get` when missing), at fixed rates and at saturation. Each request is admitted,
 //! committed, dispatched, settled and answered by tollgate; the direct run is the floor
 //! of the machine, the client and the mock. Then the same request streamed, timed to its
-//! first byte.
+//! first byte, and the other synchronous endpoints — embeddings, responses and Anthropic's
+//! messages — at 1,000 requests a second.
 
 use std::process::Command;
 
@@ -57,42 +58,116 @@ const LOADS: [Load; 5] = [
 /// fixed-rate loads.
 const STREAM_LOADS: [Load; 2] = [LOADS[0], LOADS[1]];
 
+/// A synchronous endpoint: its path, its request (the model as the mock and as tollgate
+/// name it), and whether callers send Anthropic's headers rather than a bearer key.
+struct Endpoint {
+    path: &'static str,
+    direct_model: &'static str,
+    broker_model: &'static str,
+    body: fn(model: &str) -> serde_json::Value,
+    anthropic: bool,
+}
+
+const CHAT: Endpoint = Endpoint {
+    path: "/v1/chat/completions",
+    direct_model: "gpt-4o-mini",
+    broker_model: "oai/gpt-4o-mini",
+    body: |model| {
+        let mut body = request(0);
+        body["model"] = json!(model);
+        body
+    },
+    anthropic: false,
+};
+
+/// The synchronous endpoints beside chat, each at the goal's 1,000 requests a second.
+const OTHER_ENDPOINTS: [Endpoint; 3] = [
+    Endpoint {
+        path: "/v1/embeddings",
+        direct_model: "text-embedding-3-small",
+        broker_model: "emb/text-embedding-3-small",
+        body: |model| json!({"model": model, "input": "benchmark request 0"}),
+        anthropic: false,
+    },
+    Endpoint {
+        path: "/v1/responses",
+        direct_model: "gpt-4o-mini",
+        broker_model: "oai/gpt-4o-mini",
+        body: |model| json!({"model": model, "input": "benchmark request 0", "max_output_tokens": 16}),
+        anthropic: false,
+    },
+    Endpoint {
+        path: "/v1/messages",
+        direct_model: "claude-3-5-haiku-latest",
+        broker_model: "ant/claude-3-5-haiku-latest",
+        body: |model| {
+            json!({"model": model, "max_tokens": 8,
+                   "messages": [{"role": "user", "content": "benchmark request 0"}]})
+        },
+        anthropic: true,
+    },
+];
+
 /// A row's two runs, with the same request: to the mock directly, then through tollgate.
 struct Pair {
     direct_url: String,
+    direct_headers: Vec<String>,
     direct_body: String,
     broker_url: String,
+    broker_headers: Vec<String>,
     broker_body: String,
 }
 
 impl Pair {
-    fn new(stack: &crate::local::LocalStack, stream: bool) -> anyhow::Result<Self> {
+    fn new(stack: &crate::local::LocalStack, endpoint: &Endpoint, stream: bool) -> anyhow::Result<Self> {
         let body = |model: &str| {
-            let mut body = request(0);
-            body["model"] = json!(model);
+            let mut body = (endpoint.body)(model);
             if stream {
                 body["stream"] = json!(true);
             }
             serde_json::to_string(&body)
         };
+        let headers = |key: &str| {
+            if endpoint.anthropic {
+                vec![
+                    format!("x-api-key: {key}"),
+                    "anthropic-version: 2023-06-01".to_owned(),
+                ]
+            } else {
+                vec![format!("Authorization: Bearer {key}")]
+            }
+        };
+        let direct_key = if endpoint.anthropic {
+            "sk-ant-bench"
+        } else {
+            "sk-bench"
+        };
         Ok(Self {
-            direct_url: format!("http://{}/v1/chat/completions", stack.mock_addr),
-            direct_body: body("gpt-4o-mini")?,
-            broker_url: format!("{}/v1/chat/completions", stack.api),
-            broker_body: body("oai/gpt-4o-mini")?,
+            direct_url: format!("http://{}{}", stack.mock_addr, endpoint.path),
+            direct_headers: headers(direct_key),
+            direct_body: body(endpoint.direct_model)?,
+            broker_url: format!("{}{}", stack.api, endpoint.path),
+            broker_headers: headers("tk-bench"),
+            broker_body: body(endpoint.broker_model)?,
         })
     }
 
     /// Runs `load` for `seconds` directly, then through tollgate.
     async fn run(&self, hey: &str, load: Load, seconds: u64) -> anyhow::Result<(Measured, Measured)> {
-        let (hey, urls) = (
-            hey.to_owned(),
-            [&self.direct_url, &self.broker_url].map(String::clone),
+        let hey = hey.to_owned();
+        let direct = (
+            self.direct_url.clone(),
+            self.direct_headers.clone(),
+            self.direct_body.clone(),
         );
-        let bodies = [&self.direct_body, &self.broker_body].map(String::clone);
+        let broker = (
+            self.broker_url.clone(),
+            self.broker_headers.clone(),
+            self.broker_body.clone(),
+        );
         tokio::task::spawn_blocking(move || {
-            let floor = run_hey(&hey, &urls[0], "sk-bench", &bodies[0], &load, seconds)?;
-            let measured = run_hey(&hey, &urls[1], "tk-bench", &bodies[1], &load, seconds)?;
+            let floor = run_hey(&hey, &direct.0, &direct.1, &direct.2, &load, seconds)?;
+            let measured = run_hey(&hey, &broker.0, &broker.1, &broker.2, &load, seconds)?;
             anyhow::Ok((floor, measured))
         })
         .await?
@@ -106,7 +181,7 @@ type Quantile = fn(&Measured, f64) -> f64;
 /// failures, and what tollgate added to the `added` latency at p50 and p99.
 #[allow(clippy::print_stdout)] // the report is the command's output
 fn print_rows(
-    load: &Load,
+    label: &str,
     floor: &Measured,
     measured: &Measured,
     shown: [(Quantile, f64); 3],
@@ -123,10 +198,8 @@ fn print_rows(
         };
         let [a, b, c] = shown.map(|(q, p)| q(m, p));
         println!(
-            "| {path} | {} | {:.0}/s | {a:.1} | {b:.1} | {c:.1} | {} | {added_p50} | {added_p99} |",
-            load.label(),
-            m.throughput,
-            m.failed,
+            "| {path} | {label} | {:.0}/s | {a:.1} | {b:.1} | {c:.1} | {} | {added_p50} | {added_p99} |",
+            m.throughput, m.failed,
         );
     }
 }
@@ -189,7 +262,7 @@ fn hey() -> anyhow::Result<String> {
 fn run_hey(
     hey: &str,
     url: &str,
-    key: &str,
+    headers: &[String],
     body: &str,
     load: &Load,
     seconds: u64,
@@ -197,7 +270,7 @@ fn run_hey(
     let mut cmd = Command::new(hey);
     cmd.args(["-z", &format!("{seconds}s"), "-c", &load.clients.to_string()])
         .args(["-m", "POST", "-T", "application/json"])
-        .args(["-H", &format!("Authorization: Bearer {key}")])
+        .args(headers.iter().flat_map(|h| ["-H", h.as_str()]))
         .args(["-d", body])
         .args(["-o", "csv"]);
     if let Some(q) = load.per_client {
@@ -254,7 +327,7 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         ..args.clone()
     };
     let stack = stack_for(args, Roles::ALL).await?;
-    let pair = Pair::new(&stack, false)?;
+    let pair = Pair::new(&stack, &CHAT, false)?;
     let seconds = args.seconds;
 
     println!(
@@ -271,7 +344,7 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let (floor, measured) = pair.run(&hey, *load, seconds).await?;
         let latency = Measured::ms_at as Quantile;
         print_rows(
-            load,
+            &load.label(),
             &floor,
             &measured,
             [(latency, 0.5), (latency, 0.9), (latency, 0.99)],
@@ -294,6 +367,7 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         );
     }
     streams(&hey, &stack, seconds).await?;
+    other_endpoints(&hey, &stack, seconds).await?;
     stack.stop().await?;
     Ok(())
 }
@@ -302,7 +376,7 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
 /// beside the mock directly: the time to the first byte of the response, and to its end.
 #[allow(clippy::print_stdout)] // the report is the command's output
 async fn streams(hey: &str, stack: &crate::local::LocalStack, seconds: u64) -> anyhow::Result<()> {
-    let pair = Pair::new(stack, true)?;
+    let pair = Pair::new(stack, &CHAT, true)?;
     println!(
         "\nStreamed (`\"stream\": true`): time to the first byte (the response's headers, sent when \
          the stream starts) and to the stream's end, ms.\n"
@@ -319,7 +393,31 @@ async fn streams(hey: &str, stack: &crate::local::LocalStack, seconds: u64) -> a
             (first_byte, 0.99),
             (Measured::ms_at as Quantile, 0.5),
         ];
-        print_rows(&load, &floor, &measured, rows, first_byte);
+        print_rows(&load.label(), &floor, &measured, rows, first_byte);
+    }
+    Ok(())
+}
+
+/// The synchronous endpoints beside chat ([`OTHER_ENDPOINTS`]) at 1,000 requests a second,
+/// through tollgate beside the mock directly.
+#[allow(clippy::print_stdout)] // the report is the command's output
+async fn other_endpoints(hey: &str, stack: &crate::local::LocalStack, seconds: u64) -> anyhow::Result<()> {
+    let load = LOADS[1];
+    println!("\nThe other synchronous endpoints, {}:\n", load.label());
+    println!(
+        "| path | endpoint | throughput | p50 ms | p90 ms | p99 ms | failed | added p50 ms | added p99 ms |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    for endpoint in &OTHER_ENDPOINTS {
+        let (floor, measured) = Pair::new(stack, endpoint, false)?.run(hey, load, seconds).await?;
+        let latency = Measured::ms_at as Quantile;
+        print_rows(
+            &format!("`{}`", endpoint.path),
+            &floor,
+            &measured,
+            [(latency, 0.5), (latency, 0.9), (latency, 0.99)],
+            latency,
+        );
     }
     Ok(())
 }
