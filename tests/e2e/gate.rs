@@ -1261,6 +1261,80 @@ async fn classes_have_their_contracts() {
     app.shutdown().await;
 }
 
+/// A job past its class's starvation guard competes as interactive wherever it stands in
+/// its tenant's queue — also behind more of its tenant's jobs due sooner than a round reads
+/// of the queue (`store::candidates` reads each queue's head in the tenant's order: after a
+/// round that admitted two, 64 jobs). With 40 ahead of it this passes; with 100 it fails.
+#[tokio::test]
+#[ignore = "known gate bug: a round reads only the head of each queue, so a job past its \
+            guard behind more jobs due sooner than the round reads is never seen starving \
+            (BENCHMARKS.md, session 31)"]
+async fn a_job_past_its_guard_goes_first_however_many_due_sooner_stand_ahead_of_it() {
+    let mut mock = mock_config();
+    mock.projects[0].rpm = 3;
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        roles: Roles::API_ONLY,
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\nrpm = 3\n".into(),
+        gate_config: "interactive_reserve = 0.0".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    // A job without a deadline of its own (due in an hour), then 100 of its tenant's jobs
+    // due in 50 minutes, ahead of it in the tenant's order.
+    let (status, old) = app.submit(ACME, &job("oai/gpt-4o-mini", "old")).await;
+    assert_eq!(status, 202, "{old}");
+    let old = old["id"].as_str().unwrap().to_owned();
+    let due = Utc::now() + ChronoDuration::minutes(50);
+    let sooner: Vec<Value> = (0..100)
+        .map(|i| {
+            let mut j = job("oai/gpt-4o-mini", &format!("due sooner {i}"));
+            j["deadline"] = json!(due);
+            j
+        })
+        .collect();
+    let r = app
+        .http
+        .post(app.url("/v1/jobs/bulk"))
+        .bearer_auth(ACME)
+        .json(&json!({ "jobs": sooner }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    let admitted = || async {
+        sqlx::query_scalar::<_, String>("SELECT id::text FROM jobs WHERE state = 'admitted'")
+            .fetch_all(&app.db.pool)
+            .await
+            .unwrap()
+    };
+    // Now the jobs due sooner go first, as many as the bucket holds.
+    let gate = Gate::new(app.db.pool.clone(), app.config.clone(), Notifications::default());
+    let now = Utc::now();
+    assert_eq!(gate.run_once(now).await.unwrap().admitted, 2);
+    assert!(!admitted().await.contains(&old));
+    // The first job has waited two minutes by the next round, 40 s on (past the standard
+    // class's 60 s guard; the others are not): it goes first, however many stand ahead of
+    // it in its tenant's order.
+    sqlx::query("UPDATE jobs SET created_at = created_at - interval '2 minutes' WHERE id = $1::uuid")
+        .bind(&old)
+        .execute(&app.db.pool)
+        .await
+        .unwrap();
+    assert!(
+        gate.run_once(now + ChronoDuration::seconds(40))
+            .await
+            .unwrap()
+            .admitted
+            >= 1
+    );
+    assert!(
+        admitted().await.contains(&old),
+        "the job past its guard is admitted"
+    );
+    app.shutdown().await;
+}
+
 #[tokio::test]
 async fn limits_are_visible_to_tenants_but_not_each_others_budgets() {
     let app = TestApp::spawn_with(TestOptions {
