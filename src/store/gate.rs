@@ -86,10 +86,14 @@ pub async fn interactive_queued(ex: impl PgExecutor<'_>) -> Result<bool> {
 }
 
 /// The first `per_queue` runnable jobs of each queue, in the order the tenant wants them
-/// served: priority, then earliest deadline.
+/// served: priority, then earliest deadline — and, in that order among them, up to
+/// `per_queue` more of its oldest submitted before the queue's `starving_before` (past its
+/// class's starvation guard: they compete as interactive wherever they stand, and may
+/// stand behind more jobs due sooner than the head read).
 pub async fn candidates(
     ex: impl PgExecutor<'_>,
     queues: &[(JobClass, String)],
+    starving_before: &[DateTime<Utc>],
     per_queue: i64,
     now: DateTime<Utc>,
 ) -> Result<Vec<Candidate>> {
@@ -104,20 +108,33 @@ pub async fn candidates(
                   j.created_at AS "created_at!", j.estimated_input_tokens AS "estimated_input_tokens!",
                   j.estimated_output_tokens AS "estimated_output_tokens!", j.admission, j.failed_targets,
                   j.dispatch_via, j.stream AS "stream!", j.api_key, j.batch_id
-           FROM unnest($1::job_class[], $2::text[]) AS q(class, tenant),
+           FROM unnest($1::job_class[], $2::text[], $5::timestamptz[]) AS q(class, tenant, starving_before),
            LATERAL (
-               SELECT id, tenant, class, priority, endpoint, model, deadline, created_at,
-                      estimated_input_tokens, estimated_output_tokens, admission, failed_targets, dispatch_via,
-                      stream, api_key, batch_id
-               FROM jobs
-               WHERE state = 'queued' AND NOT held AND class = q.class AND tenant = q.tenant AND not_before <= $4
-                 AND deadline > $4
-               ORDER BY priority DESC, deadline, id
-               LIMIT $3) j"#,
+               SELECT * FROM (
+                   (SELECT id, tenant, class, priority, endpoint, model, deadline, created_at,
+                           estimated_input_tokens, estimated_output_tokens, admission, failed_targets,
+                           dispatch_via, stream, api_key, batch_id
+                    FROM jobs
+                    WHERE state = 'queued' AND NOT held AND class = q.class AND tenant = q.tenant
+                      AND not_before <= $4 AND deadline > $4
+                    ORDER BY priority DESC, deadline, id
+                    LIMIT $3)
+                   UNION
+                   (SELECT id, tenant, class, priority, endpoint, model, deadline, created_at,
+                           estimated_input_tokens, estimated_output_tokens, admission, failed_targets,
+                           dispatch_via, stream, api_key, batch_id
+                    FROM jobs
+                    WHERE state = 'queued' AND NOT held AND class = q.class AND tenant = q.tenant
+                      AND not_before <= $4 AND deadline > $4 AND created_at < q.starving_before
+                    ORDER BY created_at
+                    LIMIT $3)
+               ) read
+               ORDER BY priority DESC, deadline, id) j"#,
         &classes as &[JobClass],
         &tenants as &[&str],
         per_queue,
         now,
+        starving_before,
     )
     .fetch_all(ex)
     .await?)

@@ -1263,12 +1263,9 @@ async fn classes_have_their_contracts() {
 
 /// A job past its class's starvation guard competes as interactive wherever it stands in
 /// its tenant's queue — also behind more of its tenant's jobs due sooner than a round reads
-/// of the queue (`store::candidates` reads each queue's head in the tenant's order: after a
-/// round that admitted two, 64 jobs). With 40 ahead of it this passes; with 100 it fails.
+/// of the queue's head (after a round that admitted two, 64 jobs): a round reads each
+/// queue's jobs past their guard beside its head.
 #[tokio::test]
-#[ignore = "known gate bug: a round reads only the head of each queue, so a job past its \
-            guard behind more jobs due sooner than the round reads is never seen starving \
-            (BENCHMARKS.md, session 31)"]
 async fn a_job_past_its_guard_goes_first_however_many_due_sooner_stand_ahead_of_it() {
     let mut mock = mock_config();
     mock.projects[0].rpm = 3;

@@ -1,5 +1,7 @@
 //! The gate role: admission's reading, writing and loop around the pure
-//! [`tollgate::scheduler`]. A round reads the active queues and their best candidates, plans
+//! [`tollgate::scheduler`]. A round reads the active queues and their best candidates (each
+//! queue's head in its tenant's order, and its oldest jobs past their class's starvation
+//! guard: behind more jobs due sooner than the head read, they would never be seen), plans
 //! them ([`Planner`]), locks the buckets on their paths (in id order) in one transaction,
 //! applies settlements and learned limits, lets the [`Scheduler`] decide, and commits
 //! the reservations of the whole round — all or nothing per job — then writes failures
@@ -533,11 +535,28 @@ impl Gate {
             let wanted = (2 * last.max(MIN_READ)).min(2 * batch);
             (wanted / queues.len()).clamp(4, batch)
         };
+        // Each queue's jobs past their class's starvation guard are read beside its head
+        // (none of interactive work: it has no guard; the epoch stands for "none").
+        let guards_from = self.tenants.snapshot();
+        let classes = &guards_from.config.classes;
+        let starving_before: Vec<DateTime<Utc>> = queues
+            .iter()
+            .map(|(class, _)| match class {
+                JobClass::Interactive => DateTime::<Utc>::UNIX_EPOCH,
+                class => {
+                    let guard = std::time::Duration::from_secs(classes.get(*class).starve_after_secs);
+                    chrono::TimeDelta::from_std(guard)
+                        .ok()
+                        .and_then(|guard| now.checked_sub_signed(guard))
+                        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
+                }
+            })
+            .collect();
         let read_candidates = async {
             if queues.is_empty() {
                 return Ok(Vec::new());
             }
-            store::candidates(&self.pool, &queues, per_queue as i64, now).await
+            store::candidates(&self.pool, &queues, &starving_before, per_queue as i64, now).await
         };
         // The reads side by side, each on a connection of its own: a round's wait is one
         // read's, not three in a row.
