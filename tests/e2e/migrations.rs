@@ -87,6 +87,19 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
             .any(|a| (a.provider.as_str(), a.key.as_str(), a.account.as_str()) == ("oai", "main", "org-acme")),
         "{accounts:?}"
     );
+    // A queued job past its guard reads back beside its queue's head, wherever it stands.
+    let now = chrono::Utc::now();
+    let read = tollgate::store::candidates(
+        &db.pool,
+        &[(tollgate::model::JobClass::Standard, "acme".to_owned())],
+        &[now - chrono::Duration::seconds(60)],
+        1,
+        now,
+    )
+    .await
+    .unwrap();
+    let starving: JobId = "0190a000-0000-7000-8000-000000000020".parse().unwrap();
+    assert!(read.iter().any(|c| c.id == starving), "{read:?}");
     let queued: JobId = "0190a000-0000-7000-8000-000000000002".parse().unwrap();
     let job = tollgate::store::get_job(&db.pool, Some("acme"), queued)
         .await
