@@ -330,6 +330,21 @@ impl Planner<'_> {
     }
 }
 
+/// The submissions before which a queued job of `class` has waited past its guard at `now`
+/// (every job [`competing_class`] promotes was submitted before it), for the gate to read
+/// them wherever they stand in their queue; the epoch, reading none, for interactive work,
+/// which has no class to be promoted from.
+pub fn starving_before(config: &Config, class: JobClass, now: DateTime<Utc>) -> DateTime<Utc> {
+    if class == JobClass::Interactive {
+        return DateTime::UNIX_EPOCH;
+    }
+    let guard = std::time::Duration::from_secs(config.classes.get(class).starve_after_secs);
+    chrono::TimeDelta::from_std(guard)
+        .ok()
+        .and_then(|guard| now.checked_sub_signed(guard))
+        .unwrap_or(DateTime::UNIX_EPOCH)
+}
+
 /// The class `job` competes in at `now`: interactive once it waited longer than its own
 /// class's `starve_after_secs` (the starvation guard), so a steady stream of higher
 /// classes cannot hold it forever.

@@ -893,3 +893,25 @@ fn a_tenant_whose_next_jobs_were_not_read_is_not_passed_by_the_others() {
     assert_eq!(admitted_ids(&d), vec![1, 3, 2]);
     assert!(d.full);
 }
+
+#[test]
+fn every_job_promoted_past_its_guard_was_submitted_before_the_gate_reads_its_class_starving() {
+    let config = Config::parse(CONFIG, "test.toml").unwrap();
+    // The standard class's guard is 60 s: a job of t0 competes as interactive from 61 s on.
+    for waited in [59, 60, 61, 120] {
+        let now = t0() + Duration::seconds(waited);
+        let job = candidate(1, "a", JobClass::Standard);
+        let promoted = plan::competing_class(&config, &job, now) == JobClass::Interactive;
+        let read = job.created_at < plan::starving_before(&config, JobClass::Standard, now);
+        assert_eq!(promoted, waited > 60, "{waited} s");
+        assert!(
+            !promoted || read,
+            "promoted at {waited} s but not read as starving"
+        );
+    }
+    // Interactive work has no class to be promoted from: none is read as starving.
+    assert_eq!(
+        plan::starving_before(&config, JobClass::Interactive, t0()),
+        DateTime::<Utc>::UNIX_EPOCH
+    );
+}

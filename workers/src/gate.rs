@@ -535,22 +535,11 @@ impl Gate {
             let wanted = (2 * last.max(MIN_READ)).min(2 * batch);
             (wanted / queues.len()).clamp(4, batch)
         };
-        // Each queue's jobs past their class's starvation guard are read beside its head
-        // (none of interactive work: it has no guard; the epoch stands for "none").
+        // Each queue's jobs past their class's starvation guard are read beside its head.
         let guards_from = self.tenants.snapshot();
-        let classes = &guards_from.config.classes;
         let starving_before: Vec<DateTime<Utc>> = queues
             .iter()
-            .map(|(class, _)| match class {
-                JobClass::Interactive => DateTime::<Utc>::UNIX_EPOCH,
-                class => {
-                    let guard = std::time::Duration::from_secs(classes.get(*class).starve_after_secs);
-                    chrono::TimeDelta::from_std(guard)
-                        .ok()
-                        .and_then(|guard| now.checked_sub_signed(guard))
-                        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
-                }
-            })
+            .map(|(class, _)| scheduler::plan::starving_before(&guards_from.config, *class, now))
             .collect();
         let read_candidates = async {
             if queues.is_empty() {
