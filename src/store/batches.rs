@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgExecutor};
+use sqlx::{PgConnection, PgExecutor, PgPool};
 
 use super::Result;
 use super::buckets::{Settlement, reservation, settle};
@@ -535,13 +535,25 @@ pub async fn queued_batch_lines(ex: impl PgExecutor<'_>, batch_id: &str) -> Resu
 /// Holds again the queued jobs of paused batches that came back to the queue by a way
 /// that does not look at their batch (a rescued lease, a provider batch's line sent back
 /// online). Returns how many.
-pub async fn hold_paused_lines(ex: impl PgExecutor<'_>) -> Result<u64> {
-    Ok(sqlx::query!(
-        "UPDATE jobs j SET held = true FROM batches b
-         WHERE b.paused_at IS NOT NULL AND b.status IN ('validating', 'in_progress')
-           AND j.batch_id = b.id AND j.state = 'queued' AND NOT j.held"
+///
+/// The paused batches are read first, and their lines by their batch: with none paused
+/// (nearly always) nothing of `jobs` is read, and with some, no plan can read every queued
+/// job to find theirs.
+pub async fn hold_paused_lines(pool: &PgPool) -> Result<u64> {
+    let paused = sqlx::query_scalar!(
+        "SELECT id FROM batches WHERE paused_at IS NOT NULL AND status IN ('validating', 'in_progress')"
     )
-    .execute(ex)
+    .fetch_all(pool)
+    .await?;
+    if paused.is_empty() {
+        return Ok(0);
+    }
+    Ok(sqlx::query!(
+        "UPDATE jobs SET held = true
+         WHERE batch_id IS NOT NULL AND batch_id = ANY($1) AND state = 'queued' AND NOT held",
+        &paused
+    )
+    .execute(pool)
     .await?
     .rows_affected())
 }

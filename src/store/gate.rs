@@ -100,7 +100,9 @@ pub async fn candidates(
     let classes: Vec<JobClass> = queues.iter().map(|q| q.0).collect();
     let tenants: Vec<&str> = queues.iter().map(|q| q.1.as_str()).collect();
     // The lateral subquery hides the columns' table from PostgreSQL's description, so
-    // those that cannot be NULL say so (`!`).
+    // those that cannot be NULL say so (`!`). The starving read names what its index
+    // (`jobs_gate_oldest`) leaves out, interactive jobs (they have no guard): the head's
+    // read, which does not, can only be planned on `jobs_gate`, in its order.
     Ok(sqlx::query_as!(
         Candidate,
         r#"SELECT j.id AS "id!: JobId", j.tenant AS "tenant!", j.class AS "class!: JobClass",
@@ -126,6 +128,7 @@ pub async fn candidates(
                     FROM jobs
                     WHERE state = 'queued' AND NOT held AND class = q.class AND tenant = q.tenant
                       AND not_before <= $4 AND deadline > $4 AND created_at < q.starving_before
+                      AND class <> 'interactive'
                     ORDER BY created_at
                     LIMIT $3)
                ) read

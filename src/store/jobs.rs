@@ -1095,17 +1095,24 @@ pub async fn extend_leases(
     .await?)
 }
 
-/// Whether `owner` still holds attempt `attempt` of job `id`, running: checked just before
-/// a call that waited (a job handed over waits for a slot, and may be cancelled meanwhile).
-pub async fn holds_running(ex: impl PgExecutor<'_>, id: JobId, attempt: i32, owner: &str) -> Result<bool> {
+/// Which of `attempts` (a job and its attempt) `owner` still holds, running: checked just
+/// before calls that waited (a job handed over waits for a slot, and may be cancelled
+/// meanwhile).
+pub async fn running_held(
+    ex: impl PgExecutor<'_>,
+    attempts: &[(JobId, i32)],
+    owner: &str,
+) -> Result<Vec<JobId>> {
+    let (ids, numbers): (Vec<uuid::Uuid>, Vec<i32>) = attempts.iter().map(|(id, n)| (id.0, *n)).unzip();
     Ok(sqlx::query_scalar!(
-        r#"SELECT EXISTS (SELECT 1 FROM jobs WHERE id = $1 AND state::text = 'running' AND attempt = $2
-                                             AND lease_owner = $3) AS "held!""#,
-        id.0,
-        attempt,
+        r#"SELECT j.id AS "id!: JobId" FROM unnest($1::uuid[], $2::int[]) AS t(id, attempt)
+           JOIN jobs j ON j.id = t.id
+           WHERE j.state::text = 'running' AND j.attempt = t.attempt AND j.lease_owner = $3"#,
+        &ids,
+        &numbers,
         owner,
     )
-    .fetch_one(ex)
+    .fetch_all(ex)
     .await?)
 }
 

@@ -100,6 +100,21 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
     .unwrap();
     let starving: JobId = "0190a000-0000-7000-8000-000000000020".parse().unwrap();
     assert!(read.iter().any(|c| c.id == starving), "{read:?}");
+    let interactive = tollgate::store::candidates(
+        &db.pool,
+        &[(tollgate::model::JobClass::Interactive, "acme".to_owned())],
+        &[now - chrono::Duration::seconds(60)],
+        1,
+        now,
+    )
+    .await
+    .unwrap();
+    let asking: JobId = "0190a000-0000-7000-8000-000000000021".parse().unwrap();
+    assert_eq!(
+        interactive.iter().map(|c| c.id).collect::<Vec<_>>(),
+        [asking],
+        "an interactive queue's head, read once"
+    );
     let queued: JobId = "0190a000-0000-7000-8000-000000000002".parse().unwrap();
     let job = tollgate::store::get_job(&db.pool, Some("acme"), queued)
         .await

@@ -1,9 +1,9 @@
 //! One attempt of one job, claimed or handed over: the target the gate admitted it for,
 //! the checks before the call (the deadline; a key or target this process just saw
 //! rejected or rate-limited), the provider call, and the [`Outcome`] built from its
-//! [`CallOutcome`]. A handed-over job, which may have waited for its slot, is checked to
-//! be still running here just before its call; a call whose job the heartbeat finds no
-//! longer held here is stopped ([`Dispatcher::abandon`]). After a failure,
+//! [`CallOutcome`]. A handed-over job that was cancelled while it waited for its slot
+//! (checked as its slot came: [`super::handover`]) is not sent; a call whose job the
+//! heartbeat finds no longer held here is stopped ([`Dispatcher::abandon`]). After a failure,
 //! [`retry::decide`] says what follows — retry, fall back, rotate the key, pause a scope,
 //! or fail — and this writes exactly that. A job of the flex lane is sent with
 //! `service_tier: "flex"` and charged the flex price; when the tier has no capacity
@@ -197,15 +197,11 @@ impl Dispatcher {
             log_write(self.write(outcome, started_at).await);
             return;
         }
-        // A job handed over that waited for its slot may have been cancelled meanwhile. One
+        // A job handed over that was cancelled while it waited for its slot is not sent. One
         // that found a slot free is as good as in its call already: a cancel now is a cancel
         // during the call (its outcome is discarded and its reservation settled).
-        if via == (Via::Handover { waited: true }) {
-            match tollgate::store::holds_running(&inner.pool, job.id, job.attempt, &inner.owner).await {
-                Ok(true) => {}
-                Ok(false) => return self.abandon(&job, Some(served), Settlement::UNSENT).await,
-                Err(e) => tracing::warn!(error = %e, "could not check the job before its call; calling"),
-            }
+        if via == (Via::Handover { held: false }) {
+            return self.abandon(&job, Some(served), Settlement::UNSENT).await;
         }
         // Checked last before the call, so that a 429 met meanwhile by a call beside it
         // stops this one: a 429's pause on the model holds the job until it ends; one on its

@@ -81,6 +81,11 @@ fn room_for(slots: usize, served_per_sec: f64) -> usize {
     (slots + ahead).clamp(slots * MIN_ROOM_PER_SLOT, slots * MAX_ROOM_PER_SLOT)
 }
 
+/// A handed-over job that waited for its slot, with the slot and its room, to be checked.
+type Checked = (Job, Vec<OwnedSemaphorePermit>);
+/// Most jobs that waited for a slot checked in one statement.
+const MOST_CHECKED_AT_ONCE: usize = 512;
+
 /// A handed-over job waiting for a slot; the greatest runs first.
 struct Waiting {
     job: Job,
@@ -127,12 +132,15 @@ impl Dispatcher {
     }
 
     /// Takes the jobs this process's gate starts here until `cancel`, and runs them as
-    /// slots free, best first ([`Waiting`]). Sizes their room meanwhile.
+    /// slots free, best first ([`Waiting`]); those that waited for their slot are checked
+    /// first ([`Dispatcher::check_waited`]). Sizes their room meanwhile.
     pub(super) fn spawn_handed(&self, in_flight: &TaskTracker, cancel: CancellationToken) -> TaskTracker {
         let tracker = TaskTracker::new();
         let handed = lock(&self.inner.handed).take();
         if let Some(mut handed) = handed {
             tracker.spawn(self.clone().size_room(cancel.clone()));
+            let (to_check, waited) = mpsc::unbounded_channel();
+            tracker.spawn(self.clone().check_waited(in_flight.clone(), waited));
             let (this, in_flight) = (self.clone(), in_flight.clone());
             tracker.spawn(async move {
                 let mut waiting = std::collections::BinaryHeap::new();
@@ -153,8 +161,13 @@ impl Dispatcher {
                         },
                         slot = this.inner.slots.clone().acquire_owned(), if !waiting.is_empty() => {
                             let (Ok(slot), Some(next)) = (slot, waiting.pop()) else { break };
-                            let via = Via::Handover { waited: next.waited };
-                            this.spawn_execute(&in_flight, next.job, via, vec![slot, next.room]);
+                            let permits = vec![slot, next.room];
+                            if next.waited {
+                                // The checker outlives this loop: it ends once this sender drops.
+                                let _ = to_check.send((next.job, permits));
+                            } else {
+                                this.spawn_execute(&in_flight, next.job, Via::Handover { held: true }, permits);
+                            }
                         }
                     }
                 }
@@ -165,6 +178,32 @@ impl Dispatcher {
         }
         tracker.close();
         tracker
+    }
+
+    /// Runs the handed-over jobs that waited for their slot (and may have been cancelled
+    /// meanwhile) once it is known whether this process still holds them: those that came
+    /// while one check was read are checked together, in one statement, so under load one
+    /// round trip answers for many and alone one answers at once. A job no longer held is
+    /// not sent. Ends when `waited` closes and is drained.
+    async fn check_waited(self, in_flight: TaskTracker, mut waited: mpsc::UnboundedReceiver<Checked>) {
+        let mut batch: Vec<Checked> = Vec::new();
+        while waited.recv_many(&mut batch, MOST_CHECKED_AT_ONCE).await > 0 {
+            let attempts: Vec<_> = batch.iter().map(|(job, _)| (job.id, job.attempt)).collect();
+            let held = tollgate::store::running_held(&self.inner.pool, &attempts, &self.inner.owner).await;
+            let held: Option<std::collections::HashSet<_>> = match held {
+                Ok(held) => Some(held.into_iter().collect()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not check jobs that waited for a slot; calling");
+                    None
+                }
+            };
+            for (job, permits) in batch.drain(..) {
+                let via = Via::Handover {
+                    held: held.as_ref().is_none_or(|h| h.contains(&job.id)),
+                };
+                self.spawn_execute(&in_flight, job, via, permits);
+            }
+        }
     }
 
     /// Resizes the room for handed-over jobs every [`ROOM_REVIEW`] to the rate of calls

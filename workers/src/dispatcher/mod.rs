@@ -228,9 +228,10 @@ impl Dispatcher {
 pub(crate) enum Via {
     /// Claimed just before its call.
     Claim,
-    /// Started by this process's gate and handed over; `waited`: no call slot was free
-    /// for it when it came, so it may have been cancelled while it waited for one.
-    Handover { waited: bool },
+    /// Started by this process's gate and handed over; `held`: still this process's when
+    /// its slot came (one that waited for a slot may have been cancelled meanwhile, and is
+    /// checked: [`handover`]).
+    Handover { held: bool },
 }
 
 /// A backoff plus a little at random, so processes that met the same error do not all
