@@ -1,5 +1,6 @@
 //! `eta`: how the forecasts given at submission come out on a steady mixed workload. Two
-//! tenants (weights 3:1) send jobs at `rate` a second for `seconds` — three sizes of
+//! tenants (weights 3:1) send jobs at `rate` a second for `seconds` (then `tail` seconds
+//! more, not scored: the stream goes on while the last scored jobs wait) — three sizes of
 //! output cap, `standard` and `background`, a third of them with a deadline of their own
 //! two minutes out (checked: refused `deadline_unmeetable` when out of reach), evenly
 //! spaced or as a seeded random (Poisson) stream ([`Arrivals`]) — to a
@@ -207,7 +208,7 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     .await?;
     let http = reqwest::Client::new();
     let url = format!("{}/v1/jobs", stack.api);
-    let total = (args.rate * args.seconds) as usize;
+    let total = (args.rate * (args.seconds + args.tail)) as usize;
     let plan = submissions(args.arrivals, total, args.rate.max(1) as f64);
     let mut sent = tokio::task::JoinSet::new();
     let begin = tokio::time::Instant::now();
@@ -234,6 +235,15 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let sending = begin.elapsed().as_secs_f64();
     crate::wait_finished(&stack.pool, accepted).await?;
     let drained = begin.elapsed().as_secs_f64();
+    // The tail's jobs kept the stream steady; they are not scored.
+    let tail = sqlx::query(
+        "UPDATE jobs SET eta_p50 = NULL, eta_p90 = NULL
+         WHERE created_at >= (SELECT min(created_at) FROM jobs) + make_interval(secs => $1)",
+    )
+    .bind(args.seconds as f64)
+    .execute(&stack.pool)
+    .await?
+    .rows_affected();
     let r = tollgate::store::forecast_record(&stack.pool, None, chrono::DateTime::UNIX_EPOCH).await?;
     let tollgate = Record {
         jobs: r.jobs,
@@ -276,7 +286,8 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         args.rate, args.seconds, args.arrivals, args.rpm, args.tpm
     );
     println!(
-        "accepted {accepted}, refused deadline_unmeetable {refused}; sent in {sending:.1}s, all finished after {drained:.1}s\n"
+        "accepted {accepted}, refused deadline_unmeetable {refused}; sent in {sending:.1}s, all finished after {drained:.1}s; {tail} jobs of the last {}s not scored\n",
+        args.tail
     );
     println!(
         "| forecast at submission | jobs | p50 error | p90 error | finished after its p90 | accepted, missed its deadline |"

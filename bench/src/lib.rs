@@ -97,6 +97,10 @@ pub struct BenchArgs {
     /// Steady, attack and eta cases: seconds of load.
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
+    /// Eta case: seconds the stream runs on after `seconds`, its jobs not scored — so that
+    /// every scored job waits in a steady stream, not one that stops while it waits.
+    #[arg(long, default_value_t = 0)]
+    pub tail: u64,
     /// Eta case: how submissions arrive — `even` (evenly spaced, tenants alternating, every
     /// fifth of a tenant's jobs background) or `poisson` (a seeded random stream of the
     /// same rate and mix).
