@@ -162,11 +162,15 @@ impl Dispatcher {
                         slot = this.inner.slots.clone().acquire_owned(), if !waiting.is_empty() => {
                             let (Ok(slot), Some(next)) = (slot, waiting.pop()) else { break };
                             let permits = vec![slot, next.room];
-                            if next.waited {
-                                // The checker outlives this loop: it ends once this sender drops.
-                                let _ = to_check.send((next.job, permits));
+                            // The checker outlives this loop (it ends once this sender
+                            // drops); were it gone, the job is run unchecked, not dropped.
+                            let unchecked = if next.waited {
+                                to_check.send((next.job, permits)).err().map(|e| e.0)
                             } else {
-                                this.spawn_execute(&in_flight, next.job, Via::Handover { held: true }, permits);
+                                Some((next.job, permits))
+                            };
+                            if let Some((job, permits)) = unchecked {
+                                this.spawn_execute(&in_flight, job, Via::Handover { held: true }, permits);
                             }
                         }
                     }
