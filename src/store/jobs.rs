@@ -649,7 +649,11 @@ pub async fn claim_jobs(
     Ok(query_jobs!(
         "WITH picked AS (
              SELECT id FROM jobs
-             WHERE state = 'admitted' AND deadline > $3 AND NOT stream
+             -- The deadline as a difference, so that no plan reads it by its index
+             -- (`jobs_waiting_deadline`, which holds every queued job too): with statistics
+             -- that missed a burst of queued jobs, PostgreSQL took that index and read them
+             -- all for each claim, instead of the admitted ones in order (`jobs_admitted`).
+             WHERE state = 'admitted' AND deadline - $3::timestamptz > interval '0' AND NOT stream
                AND dispatch_via IS DISTINCT FROM 'provider_batch'
                -- A provider's 429 paused the target: what was admitted before waits too.
                AND NOT EXISTS (SELECT 1 FROM pauses p
