@@ -548,6 +548,7 @@ pub async fn hold_paused_lines(pool: &PgPool) -> Result<u64> {
     if paused.is_empty() {
         return Ok(0);
     }
+    // `batch_id IS NOT NULL` lets the plan prove `jobs_batch_open`'s predicate.
     Ok(sqlx::query!(
         "UPDATE jobs SET held = true
          WHERE batch_id IS NOT NULL AND batch_id = ANY($1) AND state = 'queued' AND NOT held",

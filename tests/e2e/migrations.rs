@@ -87,28 +87,25 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
             .any(|a| (a.provider.as_str(), a.key.as_str(), a.account.as_str()) == ("oai", "main", "org-acme")),
         "{accounts:?}"
     );
-    // A queued job past its guard reads back beside its queue's head, wherever it stands.
+    // A queued job past its guard reads back beside its queue's head, wherever it stands;
+    // an interactive queue (no guard) reads its head once.
     let now = chrono::Utc::now();
-    let read = tollgate::store::candidates(
-        &db.pool,
-        &[(tollgate::model::JobClass::Standard, "acme".to_owned())],
-        &[now - chrono::Duration::seconds(60)],
-        1,
-        now,
-    )
-    .await
-    .unwrap();
+    let read = |class| {
+        let pool = db.pool.clone();
+        async move {
+            let (queue, guard) = (
+                [(class, "acme".to_owned())],
+                [now - chrono::Duration::seconds(60)],
+            );
+            tollgate::store::candidates(&pool, &queue, &guard, 1, now)
+                .await
+                .unwrap()
+        }
+    };
+    let standard = read(tollgate::model::JobClass::Standard).await;
     let starving: JobId = "0190a000-0000-7000-8000-000000000020".parse().unwrap();
-    assert!(read.iter().any(|c| c.id == starving), "{read:?}");
-    let interactive = tollgate::store::candidates(
-        &db.pool,
-        &[(tollgate::model::JobClass::Interactive, "acme".to_owned())],
-        &[now - chrono::Duration::seconds(60)],
-        1,
-        now,
-    )
-    .await
-    .unwrap();
+    assert!(standard.iter().any(|c| c.id == starving), "{standard:?}");
+    let interactive = read(tollgate::model::JobClass::Interactive).await;
     let asking: JobId = "0190a000-0000-7000-8000-000000000021".parse().unwrap();
     assert_eq!(
         interactive.iter().map(|c| c.id).collect::<Vec<_>>(),
