@@ -501,12 +501,7 @@ impl Inputs {
         let job = of.one;
         let (names, found, read_ahead) = (&reading.names, &reading.found, reading.ahead_and_since());
         let weight_of = |tenant: &str| control.tenants.weight(tenant);
-        let lag_of = |tenant: &str| {
-            self.lags
-                .get(&(plan.class, tenant.to_owned()))
-                .copied()
-                .unwrap_or(0.0)
-        };
+        let lag_of = |class: JobClass, tenant: &str| self.lags.get(&(class, tenant.to_owned())).copied();
         let work = |jobs, input_tokens, output_tokens| Work {
             tenant: &job.tenant,
             class: job.class,

@@ -185,10 +185,12 @@ pub struct Outlook<'a> {
     pub overtaking: &'a [Overtaking],
     /// Each tenant's weight.
     pub weight_of: &'a dyn Fn(&str) -> f64,
-    /// How far each tenant's queue of the work's class is behind the class's clock in the
-    /// gate's fair queuing (estimated tokens per unit of weight; negative: ahead): a queue
-    /// behind is served before the others until it catches up.
-    pub lag_of: &'a dyn Fn(&str) -> f64,
+    /// How far each tenant's queue of a class is behind the class's clock in the gate's
+    /// fair queuing (estimated tokens per unit of weight; negative: ahead): a queue behind
+    /// is served before the others until it catches up — in the work's class, and in the
+    /// interactive class where work past its guard competes. `None`: the gate has not
+    /// served that queue; it starts at the class's clock when it comes.
+    pub lag_of: &'a dyn Fn(JobClass, &str) -> Option<f64>,
     pub latency: Latency,
     /// How far past their p50's time recent jobs finished, one time in ten.
     pub overrun: f64,
@@ -426,12 +428,13 @@ fn ahead_of(dimension: Dimension, key: &str, work: &Work<'_>, outlook: &Outlook<
     ahead.everything += measure(dimension, work);
     // The gate's virtual time counts estimated tokens: a lag in the bucket's units.
     let per_cost = measure(dimension, work) / (work.input_tokens + work.output_tokens).max(1.0);
-    ahead.lag = (outlook.lag_of)(work.tenant) * per_cost;
+    let lag_of = |tenant: &str| (outlook.lag_of)(work.class, tenant).unwrap_or(0.0);
+    ahead.lag = lag_of(work.tenant) * per_cost;
     ahead.others = others
         .into_iter()
         .map(|(tenant, other)| Other {
             weight: (outlook.weight_of)(tenant),
-            lag: (outlook.lag_of)(tenant) * per_cost,
+            lag: lag_of(tenant) * per_cost,
             ..other
         })
         .collect();
@@ -681,20 +684,21 @@ mod tests {
         forecast_lagging(buckets, ahead, arriving, weights, &[], of)
     }
 
-    /// With the gate's `lags` (tenant, lag) of the work's class.
+    /// With the gate's `lags`: (class, tenant, lag).
     fn forecast_lagging(
         buckets: &[Bucket],
         ahead: &[Queued],
         arriving: &[Queued],
         weights: &[(&str, f64)],
-        lags: &[(&str, f64)],
+        lags: &[(JobClass, &str, f64)],
         of: Work<'_>,
     ) -> Option<Eta> {
         let buckets: HashMap<String, Bucket> = buckets.iter().map(|b| (b.key.clone(), b.clone())).collect();
         let weights: HashMap<String, f64> = weights.iter().map(|(t, w)| ((*t).to_owned(), *w)).collect();
         let weight_of = |t: &str| weights.get(t).copied().unwrap_or(1.0);
-        let lags: HashMap<String, f64> = lags.iter().map(|(t, l)| ((*t).to_owned(), *l)).collect();
-        let lag_of = |t: &str| lags.get(t).copied().unwrap_or(0.0);
+        let lags: HashMap<(JobClass, String), f64> =
+            lags.iter().map(|(c, t, l)| ((*c, (*t).to_owned()), *l)).collect();
+        let lag_of = |class: JobClass, t: &str| lags.get(&(class, t.to_owned())).copied();
         let path: Vec<(&str, f64)> = buckets
             .values()
             .map(|b| (b.key.as_str(), units(b.dimension, 1.0, 100.0, 100.0)))
@@ -727,8 +731,8 @@ mod tests {
         fn weight(_: &str) -> f64 {
             1.0
         }
-        fn lag(_: &str) -> f64 {
-            0.0
+        fn lag(_: JobClass, _: &str) -> Option<f64> {
+            None
         }
         fn guard(_: JobClass) -> Option<f64> {
             None
@@ -866,8 +870,16 @@ mod tests {
         let rpm = bucket("oai:m:rpm", Dimension::Requests, Rule::Rolling, 60.0, 60, 0.0);
         let ahead = [queued("b", JobClass::Standard, 100.0)];
         let eta = |lags: &[(&str, f64)]| {
-            let eta =
-                forecast_lagging(std::slice::from_ref(&rpm), &ahead, &[], &[], lags, work("a", 2.0)).unwrap();
+            let lags: Vec<_> = lags.iter().map(|(t, l)| (JobClass::Standard, *t, *l)).collect();
+            let eta = forecast_lagging(
+                std::slice::from_ref(&rpm),
+                &ahead,
+                &[],
+                &[],
+                &lags,
+                work("a", 2.0),
+            )
+            .unwrap();
             secs_from_now(eta.p50)
         };
         // Level: b takes its share beside a's 2; then the call.
@@ -892,7 +904,15 @@ mod tests {
             queued("d", JobClass::Background, 10.0),
             queued("a", JobClass::Standard, 10.0),
         ];
-        let eta = forecast_lagging(&[rpm], &[], &arriving, &[], &[("b", 200.0)], work("a", 1.0)).unwrap();
+        let eta = forecast_lagging(
+            &[rpm],
+            &[],
+            &arriving,
+            &[],
+            &[(JobClass::Standard, "b", 200.0)],
+            work("a", 1.0),
+        )
+        .unwrap();
         assert_eq!(secs_from_now(eta.p50), 5.0);
     }
 
@@ -982,7 +1002,7 @@ mod tests {
         let mut b = queued("b", JobClass::Standard, 1.6);
         (b.input_tokens, b.output_tokens) = (1.6 * 150.0, 1.6 * 150.0);
         let weight = |t: &str| if t == "b" { 3.0 } else { 1.0 };
-        let lag = |t: &str| if t == "b" { 2000.0 } else { 0.0 };
+        let lag = |_: JobClass, t: &str| (t == "b").then_some(2000.0);
         let outlook = Outlook {
             arriving: std::slice::from_ref(&b),
             overtaking: &[],
@@ -1068,6 +1088,35 @@ mod tests {
         let young = queued("b", JobClass::Standard, 100.0);
         let eta = forecast_lagging(&[rpm], &[young], &[], &weights, &[], of);
         assert_eq!(secs_from_now(eta.unwrap().p50), 3.0);
+    }
+
+    #[test]
+    fn work_past_its_guard_competes_from_where_the_gate_has_its_tenant_in_the_interactive_class() {
+        let rpm = bucket("oai:m:rpm", Dimension::Requests, Rule::Rolling, 60.0, 60, 0.0);
+        // b's 100 standard jobs came over the last 100 s: 40 have waited past their guard
+        // and compete as interactive, beside a's interactive job.
+        let mut old = queued("b", JobClass::Standard, 100.0);
+        old.oldest = now() - Duration::seconds(100);
+        let mut of = work("a", 1.0);
+        of.class = JobClass::Interactive;
+        let eta = |lags: &[(JobClass, &str, f64)]| {
+            let eta = forecast_lagging(
+                std::slice::from_ref(&rpm),
+                std::slice::from_ref(&old),
+                &[],
+                &[],
+                lags,
+                of,
+            );
+            secs_from_now(eta.unwrap().p50)
+        };
+        // Level on the interactive clock: one of b's (the tie goes to the queue ahead),
+        // then a's, then the call.
+        assert_eq!(eta(&[]), 3.0);
+        // b behind the interactive clock by ten of its jobs (200 estimated tokens each) in
+        // the gate: it catches up first, though its standard queue stands level.
+        assert_eq!(eta(&[(JobClass::Interactive, "b", 2000.0)]), 13.0);
+        assert_eq!(eta(&[(JobClass::Standard, "b", 2000.0)]), 3.0);
     }
 
     #[test]

@@ -13,7 +13,9 @@
 //! the rounds run from event to event (a job fits, a job arrives, a job's wait passes its
 //! class's guard) until the work is admitted. A job past its guard competes as interactive
 //! on its own, ahead of the rest of its queue — its own tenant's jobs that the gate serves
-//! after the work among them.
+//! after the work among them. Each queue starts where the leading gate's lags have it, in
+//! its own class and in the interactive class: a tenant the gate has left behind there
+//! (its burst credit) is served first once its jobs pass their guard.
 //!
 //! It runs only where it is exact enough and cheap: one job, a path of rolling buckets
 //! that all refill (no fixed windows, gauges or quota pools), and at most [`MOST_JOBS`]
@@ -134,14 +136,13 @@ pub fn admitted_in(lanes: &[Lane<'_>], work: &Work<'_>, outlook: &Outlook<'_>) -
     }
     let (mut queues, sizes) = queues(lanes, work, outlook);
     let mut levels: Vec<f64> = lanes.iter().map(|l| l.bucket.level).collect();
-    // The queues of the work's class start where the gate's lags have them.
-    let mut times = VirtualTimes::behind(
-        work.class,
-        queues
-            .iter()
-            .filter(|q| q.class == work.class)
-            .map(|q| (q.tenant, (outlook.lag_of)(q.tenant))),
-    );
+    // Each queue starts where the gate's lags have it, in its class and in the interactive
+    // class, where its jobs past their guard compete.
+    let mut times = VirtualTimes::behind(queues.iter().flat_map(|q| {
+        [q.class, JobClass::Interactive]
+            .into_iter()
+            .filter_map(|class| Some((class, q.tenant, (outlook.lag_of)(class, q.tenant)?)))
+    }));
     let mut t = 0.0_f64;
     for _ in 0..MOST_STEPS {
         for q in &mut queues {

@@ -183,13 +183,14 @@ impl<T> Default for VirtualTimes<T> {
 }
 
 impl<T: Eq + std::hash::Hash> VirtualTimes<T> {
-    /// Queues of `class` standing `lag` behind its clock (negative: ahead), the clock at 0:
-    /// where the leading gate's lags ([`Scheduler::lags`]) say they stand.
-    pub fn behind(class: JobClass, lags: impl IntoIterator<Item = (T, f64)>) -> Self {
+    /// Queues — (class, tenant) — standing `lag` behind their class's clock (negative:
+    /// ahead), every clock at 0: where the leading gate's lags ([`Scheduler::lags`]) say
+    /// they stand.
+    pub fn behind(lags: impl IntoIterator<Item = (JobClass, T, f64)>) -> Self {
         Self {
             vtime: lags
                 .into_iter()
-                .map(|(tenant, lag)| ((class, tenant), -lag))
+                .map(|(class, tenant, lag)| ((class, tenant), -lag))
                 .collect(),
             clock: HashMap::new(),
         }
