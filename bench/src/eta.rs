@@ -154,6 +154,20 @@ type Miss = (
     Option<f64>,
 );
 
+/// An accepted job that missed its deadline: class, tenant, output cap, then seconds —
+/// submitted after the first job, its eta p50 and p90, its deadline (from its submission)
+/// — and the error it failed with.
+type Missed = (
+    String,
+    String,
+    i32,
+    f64,
+    Option<f64>,
+    Option<f64>,
+    f64,
+    Option<String>,
+);
+
 /// One forecast's record: jobs, p50 and p90 relative error, jobs after their p90, accepted
 /// jobs that missed their deadline.
 struct Record {
@@ -280,6 +294,18 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     )
     .fetch_all(&stack.pool)
     .await?;
+    let missed: Vec<Missed> = sqlx::query_as(
+        "SELECT class::text, tenant, estimated_output_tokens,
+                extract(epoch FROM created_at - (SELECT min(created_at) FROM jobs))::float8,
+                extract(epoch FROM eta_p50 - created_at)::float8,
+                extract(epoch FROM eta_p90 - created_at)::float8,
+                extract(epoch FROM deadline - created_at)::float8,
+                error_code
+         FROM jobs WHERE eta_p50 IS NOT NULL AND error_code IN ('deadline_exceeded', 'deadline_unmeetable')
+         ORDER BY created_at",
+    )
+    .fetch_all(&stack.pool)
+    .await?;
     stack.stop().await?;
     println!(
         "\n### eta: {total} jobs at {}/s for {}s, arriving {:?} (2 tenants 3:1, output caps {SIZES:?}, a third due in {DEADLINE_SECS}s), provider rpm {} tpm {}, 2 s a call\n",
@@ -332,6 +358,19 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             secs(*finished),
             pct(*error)
         );
+    }
+    if !missed.is_empty() {
+        println!("\nThe accepted jobs that missed their deadline (seconds from submission):\n");
+        println!("| class | tenant | output cap | submitted at | eta p50 | eta p90 | deadline | error |");
+        println!("|---|---|---:|---:|---:|---:|---:|---|");
+        for (class, tenant, cap, at, p50, p90, deadline, error) in &missed {
+            println!(
+                "| {class} | {tenant} | {cap} | {at:.1} | {} | {} | {deadline:.1} | {} |",
+                secs(*p50),
+                secs(*p90),
+                error.as_deref().unwrap_or("-")
+            );
+        }
     }
     if let (Some(ours), Some(theirs)) = (tollgate.p90_error, naive.p90_error) {
         println!(
