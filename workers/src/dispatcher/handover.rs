@@ -82,7 +82,7 @@ fn room_for(slots: usize, served_per_sec: f64) -> usize {
 }
 
 /// A handed-over job that waited for its slot, with the slot and its room, to be checked.
-type Checked = (Job, Vec<OwnedSemaphorePermit>);
+type ToCheck = (Job, Vec<OwnedSemaphorePermit>);
 /// Most jobs that waited for a slot checked in one statement.
 const MOST_CHECKED_AT_ONCE: usize = 512;
 
@@ -189,8 +189,8 @@ impl Dispatcher {
     /// while one check was read are checked together, in one statement, so under load one
     /// round trip answers for many and alone one answers at once. A job no longer held is
     /// not sent. Ends when `waited` closes and is drained.
-    async fn check_waited(self, in_flight: TaskTracker, mut waited: mpsc::UnboundedReceiver<Checked>) {
-        let mut batch: Vec<Checked> = Vec::new();
+    async fn check_waited(self, in_flight: TaskTracker, mut waited: mpsc::UnboundedReceiver<ToCheck>) {
+        let mut batch: Vec<ToCheck> = Vec::new();
         while waited.recv_many(&mut batch, MOST_CHECKED_AT_ONCE).await > 0 {
             let attempts: Vec<_> = batch.iter().map(|(job, _)| (job.id, job.attempt)).collect();
             let held = tollgate::store::running_held(&self.inner.pool, &attempts, &self.inner.owner).await;
