@@ -11,11 +11,16 @@
 //! the notification that write commits is held back from the job's watches until the
 //! completer has handed them the end ([`Notifications::writing_outcomes`]): otherwise it
 //! often came first and sent the caller to read the row it was about to be given.
+//! A call that ends the job hands its end to the job's watches here as soon as it returns,
+//! before its outcome is written ([`Notifications::answer_early`]): a synchronous caller
+//! does not wait for the record of its answer. Until that record commits, every other
+//! request to this process waits for it first ([`Notifications::answers_recorded`]), so a
+//! caller who reads (or cancels) what it was just answered finds it written.
 //! A finished job wakes the gate only through [`Notifications::capacity_ready`], which the
 //! gate heeds at once only while work is queued.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -109,6 +114,37 @@ impl Drop for OutcomesWriting {
     }
 }
 
+/// Ends handed to callers here before their outcomes were written, by the order they
+/// were handed in.
+#[derive(Default)]
+struct Unrecorded {
+    next: AtomicU64,
+    pending: Mutex<BTreeSet<u64>>,
+    recorded: Notify,
+}
+
+impl Unrecorded {
+    fn pending(&self) -> MutexGuard<'_, BTreeSet<u64>> {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// An end handed to a caller before its outcome was written ([`Notifications::answer_early`]),
+/// until dropped: drop it once the write is over, whatever came of it.
+pub struct AnsweredEarly {
+    unrecorded: Arc<Unrecorded>,
+    order: u64,
+}
+
+impl Drop for AnsweredEarly {
+    fn drop(&mut self) {
+        self.unrecorded.pending().remove(&self.order);
+        self.unrecorded.recorded.notify_waiters();
+    }
+}
+
 /// One long-poll's interest in one job, until dropped: [`JobWatch::changed`] resolves
 /// when the job may have finished (its notification, or a listener reconnect after which
 /// anything may have been missed). A wake-up between registering and waiting is kept.
@@ -143,10 +179,23 @@ impl Drop for JobWatch {
     }
 }
 
+/// Gives `end` to the watches of `id` and wakes them.
+fn hand_end(waiters: &ByJob, id: JobId, end: &End) {
+    if let Some(watches) = waiters.get(&id) {
+        let end = Arc::new(end.clone());
+        for (_, watched) in watches {
+            let _ = watched.ended.set(end.clone());
+            watched.notify.notify_one();
+        }
+    }
+}
+
 /// The process's notification hub. Cheap to clone.
 #[derive(Clone)]
 pub struct Notifications {
     job_waiters: Arc<JobWaiters>,
+    /// Answers given here whose outcomes are still being written.
+    unrecorded: Arc<Unrecorded>,
     /// Admitted work for dispatchers.
     jobs_ready: Arc<Notify>,
     /// Queued work for the gate.
@@ -166,6 +215,7 @@ impl Default for Notifications {
     fn default() -> Self {
         Self {
             job_waiters: Arc::default(),
+            unrecorded: Arc::default(),
             jobs_ready: Arc::new(Notify::new()),
             gate: Arc::new(Notify::new()),
             freed: Arc::new(Notify::new()),
@@ -205,14 +255,50 @@ impl Notifications {
             return;
         }
         for (id, end) in ended {
-            if let Some(watches) = waiters.get(&id) {
-                let end = Arc::new(end.clone());
-                for (_, watched) in watches {
-                    let _ = watched.ended.set(end.clone());
-                    watched.notify.notify_one();
-                }
-            }
+            hand_end(&waiters, id, end);
         }
+    }
+
+    /// A job whose call this process has just ended it with `end`, before the outcome is
+    /// written: its watches here get the end now. `None` when it has none; else hold the
+    /// guard until the write is over — meanwhile other requests here wait for it
+    /// ([`Notifications::answers_recorded`]).
+    pub fn answer_early(&self, id: JobId, end: &End) -> Option<AnsweredEarly> {
+        let waiters = self.job_waiters.lock();
+        if !waiters.contains_key(&id) {
+            return None;
+        }
+        // Counted before the end is handed, so a request its caller sends next waits for it.
+        let order = self.unrecorded.next.fetch_add(1, Ordering::SeqCst);
+        self.unrecorded.pending().insert(order);
+        hand_end(&waiters, id, end);
+        Some(AnsweredEarly {
+            unrecorded: self.unrecorded.clone(),
+            order,
+        })
+    }
+
+    /// Waits until the outcomes of every answer given here so far ([`Notifications::answer_early`])
+    /// are written — or for `at_most`, after which the caller goes on without them.
+    pub async fn answers_recorded(&self, at_most: Duration) {
+        let upto = self.unrecorded.next.load(Ordering::SeqCst);
+        let wait = async {
+            loop {
+                let recorded = self.unrecorded.recorded.notified();
+                tokio::pin!(recorded);
+                recorded.as_mut().enable();
+                if self
+                    .unrecorded
+                    .pending()
+                    .first()
+                    .is_none_or(|&first| first >= upto)
+                {
+                    return;
+                }
+                recorded.await;
+            }
+        };
+        let _ = tokio::time::timeout(at_most, wait).await;
     }
 
     /// Outcomes of `ids` this process's completer is about to write: until the guard is
@@ -485,6 +571,40 @@ mod tests {
         // Once written, notices wake at once again.
         hub.jobs_done(&payload([2].into_iter()));
         assert!(retried.changed().now_or_never().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_request_after_an_early_answer_waits_for_its_record() {
+        let hub = Notifications::default();
+        let end = End::failed(
+            crate::vocab::ReasonCode::ProviderError,
+            "the provider answered 500",
+        );
+        assert!(
+            hub.answer_early(job(1), &end).is_none(),
+            "nobody here waits for it"
+        );
+        let watch = hub.watch_job(job(1));
+        let answered = hub.answer_early(job(1), &end).expect("its caller waits here");
+        assert_eq!(watch.ended().as_deref(), Some(&end));
+        assert!(watch.changed().now_or_never().is_some());
+        let mut read = Box::pin(hub.answers_recorded(Duration::from_secs(60)));
+        assert!(
+            read.as_mut().now_or_never().is_none(),
+            "the outcome is still being written"
+        );
+        // Answers given after the read began are not its to wait for.
+        let later = hub.watch_job(job(2));
+        let answered_later = hub.answer_early(job(2), &end);
+        assert!(answered_later.is_some() && later.ended().is_some());
+        drop(answered);
+        assert!(read.now_or_never().is_some());
+        assert!(
+            hub.answers_recorded(Duration::from_secs(60))
+                .now_or_never()
+                .is_none(),
+            "a request begun now waits for the later one"
+        );
     }
 
     #[test]

@@ -259,10 +259,37 @@ pub fn router(state: AppState) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            after_answers_recorded,
+        ))
         .layer(axum::middleware::from_fn_with_state(guard, guard::check))
         .layer(axum::middleware::from_fn(observed::observe))
         .layer(axum::middleware::map_response(protective_headers))
         .with_state(state)
+}
+
+/// Longest a request waits for the records of the answers this process has given.
+const ANSWERS_RECORDED_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A synchronous call is answered before its outcome is written
+/// ([`Notifications::answer_early`]); every other request here first waits for the records
+/// of the answers already given, so a caller who reads, lists or cancels what it was just
+/// answered finds it written. Synchronous calls themselves do not wait.
+async fn after_answers_recorded(
+    State(state): State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let synchronous_call = request.method() == axum::http::Method::POST
+        && request.uri().path().parse::<tollgate::vocab::Endpoint>().is_ok();
+    if !synchronous_call {
+        state
+            .notifications
+            .answers_recorded(ANSWERS_RECORDED_WITHIN)
+            .await;
+    }
+    next.run(request).await
 }
 
 /// The probes alone (`/healthz`, `/readyz`): what a process without the API role serves.

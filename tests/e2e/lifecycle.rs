@@ -337,6 +337,43 @@ async fn chat_completions_endpoint_answers_synchronously() {
     app.shutdown().await;
 }
 
+/// A synchronous caller is answered as its call returns, before the outcome is written;
+/// what it does next with the job — read it, cancel it, list it — finds the outcome
+/// written, however many callers race.
+#[tokio::test]
+async fn what_a_synchronous_caller_does_next_finds_its_answer_recorded() {
+    let app = TestApp::spawn().await;
+    let call = |n: usize| {
+        let app = &app;
+        async move {
+            let r = app
+                .http
+                .post(app.url("/v1/chat/completions"))
+                .bearer_auth(ACME)
+                .json(&json!({"model": "fast", "messages": [{"role": "user", "content": format!("call {n}")}], "max_tokens": 5}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            let id = r.headers()["x-tollgate-job-id"].to_str().unwrap().to_owned();
+            let answer: Value = r.json().await.unwrap();
+            let (_, job) = app.get(ACME, &format!("/v1/jobs/{id}")).await;
+            assert_eq!(job["state"], "succeeded", "read right after its answer: {job}");
+            assert_eq!(job["result"], answer, "the record is the answer the caller got");
+            let (status, refused) = app.post(ACME, &format!("/v1/jobs/{id}/cancel"), &json!({})).await;
+            assert_eq!(
+                (status, refused["error"]["code"].as_str()),
+                (409, Some("job_already_finished")),
+                "cancelled right after its answer: {refused}"
+            );
+        }
+    };
+    futures::future::join_all((0..40).map(call)).await;
+    let (_, jobs) = app.get(ACME, "/v1/jobs?state=succeeded&limit=100").await;
+    assert_eq!(jobs["data"].as_array().unwrap().len(), 40);
+    app.shutdown().await;
+}
+
 #[tokio::test]
 async fn rate_limited_job_is_requeued_after_retry_after() {
     let mut mock = crate::harness::mock_config();

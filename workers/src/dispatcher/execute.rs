@@ -293,7 +293,16 @@ impl Dispatcher {
             }
         };
         tollgate::job_trace::attempted(&job, &outcome, started_at, finished_at);
+        // A caller waiting here has its answer now, not after the outcome's commit; the
+        // process's other requests wait for that commit while it is under way.
+        let answered = outcome
+            .end
+            .state()
+            .is_terminal()
+            .then(|| inner.notifications.answer_early(job.id, &outcome.end))
+            .flatten();
         let written = self.write(outcome, inner.clock.now()).await;
+        drop(answered);
         match written {
             Ok(true) => {}
             Ok(false) => tracing::info!("outcome discarded: the job was cancelled or rescued meanwhile"),
