@@ -14,7 +14,7 @@
 //! A call that ends the job hands its end to the job's watches here as soon as it returns,
 //! before its outcome is written ([`Notifications::answer_early`]): a synchronous caller
 //! does not wait for the record of its answer. Until that record commits, every other
-//! request to this process waits for it first ([`Notifications::answers_recorded`]), so a
+//! API request to this process waits for it first ([`Notifications::answers_recorded`]), so a
 //! caller who reads (or cancels) what it was just answered finds it written.
 //! A finished job wakes the gate only through [`Notifications::capacity_ready`], which the
 //! gate heeds at once only while work is queued.

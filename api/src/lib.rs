@@ -273,17 +273,20 @@ pub fn router(state: AppState) -> Router {
 const ANSWERS_RECORDED_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A synchronous call is answered before its outcome is written
-/// ([`Notifications::answer_early`]); every other request here first waits for the records
-/// of the answers already given, so a caller who reads, lists or cancels what it was just
-/// answered finds it written. Synchronous calls themselves do not wait.
+/// ([`Notifications::answer_early`]); every other API request here first waits for the
+/// records of the answers already given, so a caller who reads, lists or cancels what it
+/// was just answered finds it written. Synchronous calls themselves do not wait, nor do the
+/// probes and the metrics (outside `/v1/`): a liveness probe must not hang on a database
+/// that is slow to take the outcomes.
 async fn after_answers_recorded(
     State(state): State<AppState>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    let synchronous_call = request.method() == axum::http::Method::POST
-        && request.uri().path().parse::<tollgate::vocab::Endpoint>().is_ok();
-    if !synchronous_call {
+    let path = request.uri().path();
+    let synchronous_call =
+        request.method() == axum::http::Method::POST && path.parse::<tollgate::vocab::Endpoint>().is_ok();
+    if path.starts_with("/v1/") && !synchronous_call {
         state
             .notifications
             .answers_recorded(ANSWERS_RECORDED_WITHIN)
