@@ -20,7 +20,7 @@
 //! gate heeds at once only while work is queued.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -114,17 +114,23 @@ impl Drop for OutcomesWriting {
     }
 }
 
-/// Ends handed to callers here before their outcomes were written, by the order they
-/// were handed in.
+/// Ends handed to callers here before their outcomes were written, numbered in the order
+/// they were handed.
 #[derive(Default)]
 struct Unrecorded {
-    next: AtomicU64,
-    pending: Mutex<BTreeSet<u64>>,
+    pending: Mutex<Pending>,
     recorded: Notify,
 }
 
+/// The next answer's number, and the numbers of those whose outcomes are being written.
+#[derive(Default)]
+struct Pending {
+    next: u64,
+    unwritten: BTreeSet<u64>,
+}
+
 impl Unrecorded {
-    fn pending(&self) -> MutexGuard<'_, BTreeSet<u64>> {
+    fn pending(&self) -> MutexGuard<'_, Pending> {
         self.pending
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -140,7 +146,7 @@ pub struct AnsweredEarly {
 
 impl Drop for AnsweredEarly {
     fn drop(&mut self) {
-        self.unrecorded.pending().remove(&self.order);
+        self.unrecorded.pending().unwritten.remove(&self.order);
         self.unrecorded.recorded.notify_waiters();
     }
 }
@@ -268,9 +274,14 @@ impl Notifications {
         if !waiters.contains_key(&id) {
             return None;
         }
-        // Counted before the end is handed, so a request its caller sends next waits for it.
-        let order = self.unrecorded.next.fetch_add(1, Ordering::SeqCst);
-        self.unrecorded.pending().insert(order);
+        // Numbered before the end is handed, so a request its caller sends next waits for it.
+        let order = {
+            let mut pending = self.unrecorded.pending();
+            let order = pending.next;
+            pending.next += 1;
+            pending.unwritten.insert(order);
+            order
+        };
         hand_end(&waiters, id, end);
         Some(AnsweredEarly {
             unrecorded: self.unrecorded.clone(),
@@ -281,18 +292,19 @@ impl Notifications {
     /// Waits until the outcomes of every answer given here so far ([`Notifications::answer_early`])
     /// are written — or for `at_most`, after which the caller goes on without them.
     pub async fn answers_recorded(&self, at_most: Duration) {
-        let upto = self.unrecorded.next.load(Ordering::SeqCst);
+        let upto = self.unrecorded.pending().next;
         let wait = async {
             loop {
                 let recorded = self.unrecorded.recorded.notified();
                 tokio::pin!(recorded);
                 recorded.as_mut().enable();
-                if self
+                let written = self
                     .unrecorded
                     .pending()
+                    .unwritten
                     .first()
-                    .is_none_or(|&first| first >= upto)
-                {
+                    .is_none_or(|&first| first >= upto);
+                if written {
                     return;
                 }
                 recorded.await;
