@@ -354,7 +354,9 @@ async fn sdks_stream_as_usual_while_queue_updates_arrive() {
     )
     .await;
     let summary: Value = serde_json::from_str(out.trim()).expect("the script's JSON summary");
-    // Both calls waited (so updates were sent while they did) and then streamed.
+    // Both calls waited (so updates, one a second, were sent while they did) and then
+    // streamed. The first waits out what is left of the ten seconds the spend began, less
+    // the spend and the SDKs' start: a few seconds on a loaded machine.
     let waited: Vec<(String, f64)> = sqlx::query_as(
         "SELECT endpoint, extract(epoch FROM started_at - created_at)::float8 FROM jobs
          WHERE stream ORDER BY created_at",
@@ -365,7 +367,7 @@ async fn sdks_stream_as_usual_while_queue_updates_arrive() {
     assert_eq!(waited.len(), 2, "{waited:?}");
     assert_eq!(waited[0].0, "/v1/chat/completions");
     assert_eq!(waited[1].0, "/v1/messages");
-    assert!(waited.iter().all(|(_, secs)| *secs > 3.0), "{waited:?}");
+    assert!(waited.iter().all(|(_, secs)| *secs > 1.5), "{waited:?}");
     let (_, chat) = app
         .get(
             ACME,
