@@ -1125,7 +1125,8 @@ pub async fn running_held(
 pub struct Rescued {
     /// Expired leases put back in the queue.
     pub requeued: u64,
-    /// Expired leases whose job had no attempts left: failed with `lease_expired`.
+    /// Expired leases whose job had no attempts left (failed with `lease_expired`), or was
+    /// a stream (failed with `client_disconnected`: its client was connected to the holder).
     pub failed: u64,
     /// Reservations of finished jobs whose holder died before settling them.
     pub orphans_settled: u64,
@@ -1134,7 +1135,10 @@ pub struct Rescued {
 /// Takes back what `owner`'s jobs hold (shutdown after the drain timeout) or what holders
 /// whose lease expired held (they died or lost the database): the jobs return to the
 /// queue — or fail with `lease_expired` when no attempts are left — and their reservations
-/// are settled as sent with an unknown outcome. A lease has expired when the database's
+/// are settled as sent with an unknown outcome. A stream fails with `client_disconnected`
+/// instead: it runs only in the process holding its client's connection, which went with
+/// that process, so no one would claim it again (queued, the gate would hold capacity for
+/// it until its deadline) and no one is left to read it. A lease has expired when the database's
 /// `now()` says so: a rescuer whose own clock runs ahead never takes a live job. `now` is
 /// the time written as `finished_at`.
 async fn release_running(pool: &PgPool, owner: Option<&str>, now: DateTime<Utc>) -> Result<Rescued> {
@@ -1145,12 +1149,15 @@ async fn release_running(pool: &PgPool, owner: Option<&str>, now: DateTime<Utc>)
              WHERE state = 'running' AND (lease_owner = $2 OR ($2 IS NULL AND lease_expires_at < now()))
              FOR UPDATE SKIP LOCKED)
          UPDATE jobs j SET
-             state = CASE WHEN j.attempt >= j.max_attempts THEN 'failed'::job_state ELSE 'queued' END,
-             error_code = CASE WHEN j.attempt >= j.max_attempts THEN 'lease_expired' ELSE j.error_code END,
-             error_message = CASE WHEN j.attempt >= j.max_attempts
-                 THEN 'the dispatcher holding the job stopped and no attempts are left'
+             state = CASE WHEN j.stream OR j.attempt >= j.max_attempts THEN 'failed'::job_state ELSE 'queued' END,
+             error_code = CASE WHEN j.stream THEN 'client_disconnected'
+                               WHEN j.attempt >= j.max_attempts THEN 'lease_expired'
+                               ELSE j.error_code END,
+             error_message = CASE
+                 WHEN j.stream THEN 'the process relaying the stream stopped, and its client''s connection with it'
+                 WHEN j.attempt >= j.max_attempts THEN 'the dispatcher holding the job stopped and no attempts are left'
                  ELSE j.error_message END,
-             finished_at = CASE WHEN j.attempt >= j.max_attempts THEN $1::timestamptz END,
+             finished_at = CASE WHEN j.stream OR j.attempt >= j.max_attempts THEN $1::timestamptz END,
              lease_owner = NULL, lease_expires_at = NULL,
              reserved_buckets = NULL, reserved_amounts = NULL
          FROM gone WHERE j.id = gone.id

@@ -916,6 +916,66 @@ async fn a_dead_holders_reservation_comes_back_when_its_lease_expires() {
     app.shutdown().await;
 }
 
+/// A stream whose holder died is not queued again: it runs only in the process holding
+/// its client's connection, gone with it, so queued it would be admitted and hold capacity
+/// until its deadline with no one to claim it. It fails `client_disconnected`, and its
+/// reservation comes back; a job beside it from the same holder is queued again as usual.
+#[tokio::test]
+async fn a_stream_whose_holder_died_fails_and_gives_its_capacity_back() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\nconcurrency = 2\n".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let pool = &app.db.pool;
+    let mut ids = Vec::new();
+    for text in ["streamed", "not streamed"] {
+        let (status, accepted) = app.submit(ACME, &job("oai/gpt-4o-mini", text)).await;
+        assert_eq!(status, 202, "{accepted}");
+        ids.push(accepted["id"].as_str().unwrap().to_owned());
+    }
+    let gate = Gate::new(pool.clone(), app.config.clone(), Notifications::default());
+    assert_eq!(gate.run_once(Utc::now()).await.unwrap().admitted, 2);
+    // A process claims both, one of them a stream it relays, and dies without a word.
+    let claimed = store::claim_jobs(pool, "ghost", 10, Utc::now(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2);
+    sqlx::query("UPDATE jobs SET stream = true WHERE id = $1::uuid")
+        .bind(&ids[0])
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        bucket(&app, "provider:oai:gpt-4o-mini:concurrency").await.level,
+        0.0
+    );
+    sqlx::query("UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE lease_owner = 'ghost'")
+        .execute(pool)
+        .await
+        .unwrap();
+    let maintenance = tollgate_workers::maintenance::Maintenance::new(pool.clone(), Duration::from_secs(1));
+    let rescued = maintenance.run_once(Utc::now()).await.unwrap().rescued;
+    assert_eq!((rescued.failed, rescued.requeued), (1, 1));
+    let stream = app.wait_job(ACME, &ids[0], 10).await;
+    assert_eq!(
+        (&stream["state"], &stream["error"]["code"]),
+        (&json!("failed"), &json!("client_disconnected")),
+        "{stream}"
+    );
+    let (_, other) = app.get(ACME, &format!("/v1/jobs/{}", ids[1])).await;
+    assert_eq!(other["state"], "queued", "{other}");
+    // The next round applies both settlements and admits the job queued again: one of
+    // the two call slots held, the stream's given back.
+    assert_eq!(gate.run_once(Utc::now()).await.unwrap().admitted, 1);
+    assert_eq!(
+        bucket(&app, "provider:oai:gpt-4o-mini:concurrency").await.level,
+        1.0
+    );
+    app.shutdown().await;
+}
+
 /// Submits `n` interactive jobs from globex, one every 50 ms, and returns their queue
 /// waits (enqueue → admitted) in milliseconds, sorted.
 async fn interactive_waits(app: &TestApp, n: usize) -> Vec<f64> {
