@@ -246,6 +246,10 @@ pub struct NewJob<R = serde_json::Value> {
     /// When it is forecast to finish, p50 and p90 ([`Job::eta_p50`]).
     pub eta_p50: Option<DateTime<Utc>>,
     pub eta_p90: Option<DateTime<Utc>>,
+    /// A synchronous call's: the process (its dispatcher's lease owner) holding the
+    /// connection its client waits on for the answer; `None` for a job whose result is
+    /// fetched later. Should that process die holding the call, nobody is left to answer.
+    pub caller_process: Option<String>,
 }
 
 impl<R> NewJob<R> {
@@ -271,6 +275,7 @@ impl<R> NewJob<R> {
             traceparent: self.traceparent,
             eta_p50: self.eta_p50,
             eta_p90: self.eta_p90,
+            caller_process: self.caller_process,
         }
     }
 }

@@ -310,6 +310,7 @@ async fn forecast(
             traceparent: None,
             eta_p50: None,
             eta_p90: None,
+            caller_process: None,
         })
         .collect();
     let work: Vec<Of<'_>> = ones

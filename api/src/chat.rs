@@ -216,6 +216,7 @@ pub(crate) async fn synchronous(
             idempotency_key: None,
             metadata: None,
             check: crate::forecasts::Check::None,
+            caller_process: Some(state.dispatcher.owner().to_owned()),
         },
     )
     .map_err(trim_param)?;

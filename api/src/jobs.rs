@@ -157,6 +157,7 @@ impl SubmitJob {
             idempotency_key,
             metadata: self.metadata,
             check: Check::of(self.deadline, self.on_deadline_risk),
+            caller_process: None,
         })
     }
 }
@@ -174,6 +175,9 @@ pub(crate) struct Submission {
     pub metadata: Option<Value>,
     /// Whether its forecast is checked against its deadline ([`crate::forecasts`]).
     pub check: Check,
+    /// A synchronous call's: this process, whose connection its client waits on
+    /// ([`NewJob::caller_process`]).
+    pub caller_process: Option<String>,
 }
 
 /// The row a submission becomes: its request checked against the routes, its deadline
@@ -222,6 +226,7 @@ pub(crate) fn new_job(
         traceparent: None,
         eta_p50: None,
         eta_p90: None,
+        caller_process: s.caller_process,
     };
     crate::observed::ClientTrace::start(&mut job);
     Ok(job)

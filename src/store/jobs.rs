@@ -58,8 +58,8 @@ async fn insert_new_job(ex: impl PgExecutor<'_>, job: &NewJob) -> Result<bool> {
         "INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
                                      deadline, not_before, max_attempts, estimated_input_tokens,
                                      estimated_output_tokens, created_at, stream, endpoint, api_key, traceparent,
-                                     eta_p50, eta_p90"
-            + ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $10, $14, $15, $16, $17, $18, $19"
+                                     eta_p50, eta_p90, caller_process"
+            + ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $10, $14, $15, $16, $17, $18, $19, $20"
             + ") ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
                    RETURNING id AS \"id: JobId\"",
         job.id.0,
@@ -81,6 +81,7 @@ async fn insert_new_job(ex: impl PgExecutor<'_>, job: &NewJob) -> Result<bool> {
         job.traceparent.as_deref(),
         job.eta_p50,
         job.eta_p90,
+        job.caller_process.as_deref(),
     )
     .fetch_optional(ex)
     .await?
@@ -107,6 +108,7 @@ struct JobColumns<'a> {
     traceparents: Vec<Option<&'a str>>,
     eta_p50: Vec<Option<DateTime<Utc>>>,
     eta_p90: Vec<Option<DateTime<Utc>>>,
+    caller_processes: Vec<Option<&'a str>>,
 }
 
 impl<'a> JobColumns<'a> {
@@ -129,6 +131,7 @@ impl<'a> JobColumns<'a> {
             traceparents: Vec::new(),
             eta_p50: Vec::new(),
             eta_p90: Vec::new(),
+            caller_processes: Vec::new(),
         };
         for j in jobs {
             c.ids.push(j.id.0);
@@ -148,6 +151,7 @@ impl<'a> JobColumns<'a> {
             c.traceparents.push(j.traceparent.as_deref());
             c.eta_p50.push(j.eta_p50);
             c.eta_p90.push(j.eta_p90);
+            c.caller_processes.push(j.caller_process.as_deref());
         }
         c
     }
@@ -183,21 +187,21 @@ pub async fn insert_started_jobs(
                               stream, endpoint, state, attempt, lease_owner, lease_expires_at, started_at,
                               admitted_at, provider, provider_model, provider_key, reserved_buckets,
                               reserved_amounts, api_key, reserved_micro_usd, price_source, traceparent,
-                              eta_p50, eta_p90)
+                              eta_p50, eta_p90, caller_process)
              SELECT id, tenant, class, priority, request, model, metadata, deadline, created_at, attempts,
                     ein, eout, created_at, stream, endpoint, 'running', 1, $21,
                     now() + make_interval(secs => $22), $23, $23, provider, provider_model, key,
                     held_buckets::bigint[], held_amounts::float8[], api_key, reserved_usd, price_source,
-                    traceparent, eta_p50, eta_p90
+                    traceparent, eta_p50, eta_p90, caller_process
              FROM unnest($1::uuid[], $2::text[], $3::job_class[], $4::int[], $5::jsonb[], $6::text[],
                          $7::jsonb[], $8::timestamptz[], $9::timestamptz[], $10::int[], $11::int[],
                          $12::int[], $13::bool[], $14::text[], $15::text[], $16::text[], $17::text[],
                          $18::text[], $19::text[], $20::uuid[], $24::float8[], $25::text[], $26::text[],
-                         $27::timestamptz[], $28::timestamptz[])
+                         $27::timestamptz[], $28::timestamptz[], $29::text[])
                  AS t(id, tenant, class, priority, request, model, metadata, deadline, created_at, attempts,
                       ein, eout, stream, endpoint, provider, provider_model, key, held_buckets, held_amounts,
-                      api_key, reserved_usd, price_source, traceparent, eta_p50, eta_p90)"#,
-        ["$29", "$30", "$31", "$32", "$33", "$34"],
+                      api_key, reserved_usd, price_source, traceparent, eta_p50, eta_p90, caller_process)"#,
+        ["$30", "$31", "$32", "$33", "$34", "$35"],
         &c.ids,
         &c.tenants as &[&str],
         &c.classes as &[JobClass],
@@ -225,7 +229,8 @@ pub async fn insert_started_jobs(
         &held.price_sources as &[crate::vocab::PriceSource],
         &c.traceparents as &[Option<&str>],
         &c.eta_p50 as &[Option<DateTime<Utc>>],
-        &c.eta_p90 as &[Option<DateTime<Utc>>];
+        &c.eta_p90 as &[Option<DateTime<Utc>>],
+        &c.caller_processes as &[Option<&str>];
         &saved
     ))
     .execute(&mut *conn)
@@ -294,14 +299,15 @@ pub async fn insert_jobs(
         r#"INSERT INTO jobs (id, tenant, class, priority, request, model, idempotency_key, metadata,
                            deadline, not_before, max_attempts, estimated_input_tokens,
                            estimated_output_tokens, created_at, stream, endpoint, api_key, traceparent,
-                           eta_p50, eta_p90)
+                           eta_p50, eta_p90, caller_process)
          SELECT id, tenant, class, priority, request::jsonb, model, key, metadata, deadline, created_at, attempts,
-                ein, eout, created_at, stream, endpoint, api_key, traceparent, eta_p50, eta_p90
+                ein, eout, created_at, stream, endpoint, api_key, traceparent, eta_p50, eta_p90, caller_process
          FROM unnest($1::uuid[], $2::text[], $3::job_class[], $4::int[], $5::text[], $6::text[], $7::text[],
                      $8::jsonb[], $9::timestamptz[], $10::timestamptz[], $11::int[], $12::int[], $13::int[],
-                     $14::bool[], $15::text[], $16::uuid[], $17::text[], $18::timestamptz[], $19::timestamptz[])
+                     $14::bool[], $15::text[], $16::uuid[], $17::text[], $18::timestamptz[], $19::timestamptz[],
+                     $20::text[])
              AS t(id, tenant, class, priority, request, model, key, metadata, deadline, created_at, attempts, ein,
-                  eout, stream, endpoint, api_key, traceparent, eta_p50, eta_p90)
+                  eout, stream, endpoint, api_key, traceparent, eta_p50, eta_p90, caller_process)
          ORDER BY tenant, key
          ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
          RETURNING id AS "id: JobId""#,
@@ -324,6 +330,7 @@ pub async fn insert_jobs(
         &c.traceparents as &[Option<&str>],
         &c.eta_p50 as &[Option<DateTime<Utc>>],
         &c.eta_p90 as &[Option<DateTime<Utc>>],
+        &c.caller_processes as &[Option<&str>],
     )
     .fetch_all(&mut *conn)
     .await?;
@@ -1125,8 +1132,8 @@ pub async fn running_held(
 pub struct Rescued {
     /// Expired leases put back in the queue.
     pub requeued: u64,
-    /// Expired leases whose job had no attempts left (failed with `lease_expired`), or was
-    /// a stream (failed with `client_disconnected`: its client was connected to the holder).
+    /// Expired leases whose job had no attempts left (failed with `lease_expired`), or
+    /// whose client waited on a connection to the holder (failed with `client_disconnected`).
     pub failed: u64,
     /// Reservations of finished jobs whose holder died before settling them.
     pub orphans_settled: u64,
@@ -1135,29 +1142,36 @@ pub struct Rescued {
 /// Takes back what `owner`'s jobs hold (shutdown after the drain timeout) or what holders
 /// whose lease expired held (they died or lost the database): the jobs return to the
 /// queue — or fail with `lease_expired` when no attempts are left — and their reservations
-/// are settled as sent with an unknown outcome. A stream fails with `client_disconnected`
-/// instead: it runs only in the process holding its client's connection, which went with
-/// that process, so no one would claim it again (queued, the gate would hold capacity for
-/// it until its deadline) and no one is left to read it. A lease has expired when the database's
+/// are settled as sent with an unknown outcome. A job whose client waited for it on a
+/// connection to the holder itself fails with `client_disconnected` instead — a stream
+/// (it runs only in that process), or a synchronous call its caller's process held
+/// (`caller_process`): the connection went with the process, so no one is left to answer,
+/// and sent again the call would be paid for twice (the caller may even have had the
+/// first answer). Queued, a stream would also hold capacity until its deadline, with no
+/// process to claim it. A lease has expired when the database's
 /// `now()` says so: a rescuer whose own clock runs ahead never takes a live job. `now` is
 /// the time written as `finished_at`.
 async fn release_running(pool: &PgPool, owner: Option<&str>, now: DateTime<Utc>) -> Result<Rescued> {
     let mut tx = pool.begin().await?;
     let rows = sqlx::query!(
         r#"WITH gone AS (
-             SELECT id, reserved_buckets, reserved_amounts FROM jobs
+             SELECT id, reserved_buckets, reserved_amounts,
+                    stream OR coalesce(caller_process = lease_owner, false) AS callers_gone
+             FROM jobs
              WHERE state = 'running' AND (lease_owner = $2 OR ($2 IS NULL AND lease_expires_at < now()))
              FOR UPDATE SKIP LOCKED)
          UPDATE jobs j SET
-             state = CASE WHEN j.stream OR j.attempt >= j.max_attempts THEN 'failed'::job_state ELSE 'queued' END,
-             error_code = CASE WHEN j.stream THEN 'client_disconnected'
+             state = CASE WHEN gone.callers_gone OR j.attempt >= j.max_attempts THEN 'failed'::job_state
+                          ELSE 'queued' END,
+             error_code = CASE WHEN gone.callers_gone THEN 'client_disconnected'
                                WHEN j.attempt >= j.max_attempts THEN 'lease_expired'
                                ELSE j.error_code END,
              error_message = CASE
-                 WHEN j.stream THEN 'the process relaying the stream stopped, and its client''s connection with it'
+                 WHEN gone.callers_gone
+                     THEN 'the process holding the call stopped, and its client''s connection with it; not sent again'
                  WHEN j.attempt >= j.max_attempts THEN 'the dispatcher holding the job stopped and no attempts are left'
                  ELSE j.error_message END,
-             finished_at = CASE WHEN j.stream OR j.attempt >= j.max_attempts THEN $1::timestamptz END,
+             finished_at = CASE WHEN gone.callers_gone OR j.attempt >= j.max_attempts THEN $1::timestamptz END,
              lease_owner = NULL, lease_expires_at = NULL,
              reserved_buckets = NULL, reserved_amounts = NULL
          FROM gone WHERE j.id = gone.id

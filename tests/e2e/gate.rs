@@ -916,37 +916,46 @@ async fn a_dead_holders_reservation_comes_back_when_its_lease_expires() {
     app.shutdown().await;
 }
 
-/// A stream whose holder died is not queued again: it runs only in the process holding
-/// its client's connection, gone with it, so queued it would be admitted and hold capacity
-/// until its deadline with no one to claim it. It fails `client_disconnected`, and its
-/// reservation comes back; a job beside it from the same holder is queued again as usual.
+/// Jobs whose clients waited for them on a connection to a holder that died are not sent
+/// again: a stream (it runs only in the process holding its client's connection — queued,
+/// it would be admitted and hold capacity until its deadline with no one to claim it) and
+/// a synchronous call its caller's own process held. They fail `client_disconnected` and
+/// give their reservations back. Beside them, the dead holder's plain job and the
+/// synchronous call of a caller connected elsewhere are queued again as usual.
 #[tokio::test]
-async fn a_stream_whose_holder_died_fails_and_gives_its_capacity_back() {
+async fn jobs_whose_clients_waited_on_a_holder_that_died_fail_and_give_their_capacity_back() {
     let app = TestApp::spawn_with(TestOptions {
         roles: Roles::API_ONLY,
-        extra_config: "[providers.limits.\"gpt-4o-mini\"]\nconcurrency = 2\n".into(),
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\nconcurrency = 4\n".into(),
         ..TestOptions::default()
     })
     .await;
     let pool = &app.db.pool;
     let mut ids = Vec::new();
-    for text in ["streamed", "not streamed"] {
+    for text in ["streamed", "called here", "called elsewhere", "fetched later"] {
         let (status, accepted) = app.submit(ACME, &job("oai/gpt-4o-mini", text)).await;
         assert_eq!(status, 202, "{accepted}");
         ids.push(accepted["id"].as_str().unwrap().to_owned());
     }
     let gate = Gate::new(pool.clone(), app.config.clone(), Notifications::default());
-    assert_eq!(gate.run_once(Utc::now()).await.unwrap().admitted, 2);
-    // A process claims both, one of them a stream it relays, and dies without a word.
+    assert_eq!(gate.run_once(Utc::now()).await.unwrap().admitted, 4);
+    // A process claims all four — a stream it relays, a synchronous call of its own client,
+    // one of a client connected to another process, a job fetched later — and dies.
     let claimed = store::claim_jobs(pool, "ghost", 10, Utc::now(), Duration::from_secs(5))
         .await
         .unwrap();
-    assert_eq!(claimed.len(), 2);
-    sqlx::query("UPDATE jobs SET stream = true WHERE id = $1::uuid")
-        .bind(&ids[0])
-        .execute(pool)
-        .await
-        .unwrap();
+    assert_eq!(claimed.len(), 4);
+    for (id, set) in [
+        (&ids[0], "stream = true"),
+        (&ids[1], "caller_process = 'ghost'"),
+        (&ids[2], "caller_process = 'alive'"),
+    ] {
+        sqlx::query(&format!("UPDATE jobs SET {set} WHERE id = $1::uuid"))
+            .bind(id)
+            .execute(pool)
+            .await
+            .unwrap();
+    }
     assert_eq!(
         bucket(&app, "provider:oai:gpt-4o-mini:concurrency").await.level,
         0.0
@@ -957,21 +966,25 @@ async fn a_stream_whose_holder_died_fails_and_gives_its_capacity_back() {
         .unwrap();
     let maintenance = tollgate_workers::maintenance::Maintenance::new(pool.clone(), Duration::from_secs(1));
     let rescued = maintenance.run_once(Utc::now()).await.unwrap().rescued;
-    assert_eq!((rescued.failed, rescued.requeued), (1, 1));
-    let stream = app.wait_job(ACME, &ids[0], 10).await;
-    assert_eq!(
-        (&stream["state"], &stream["error"]["code"]),
-        (&json!("failed"), &json!("client_disconnected")),
-        "{stream}"
-    );
-    let (_, other) = app.get(ACME, &format!("/v1/jobs/{}", ids[1])).await;
-    assert_eq!(other["state"], "queued", "{other}");
-    // The next round applies both settlements and admits the job queued again: one of
-    // the two call slots held, the stream's given back.
-    assert_eq!(gate.run_once(Utc::now()).await.unwrap().admitted, 1);
+    assert_eq!((rescued.failed, rescued.requeued), (2, 2));
+    for id in &ids[..2] {
+        let failed = app.wait_job(ACME, id, 10).await;
+        assert_eq!(
+            (&failed["state"], &failed["error"]["code"]),
+            (&json!("failed"), &json!("client_disconnected")),
+            "{failed}"
+        );
+    }
+    for id in &ids[2..] {
+        let (_, queued) = app.get(ACME, &format!("/v1/jobs/{id}")).await;
+        assert_eq!(queued["state"], "queued", "{queued}");
+    }
+    // The next round applies the four settlements and admits the two queued again: two
+    // of the four call slots held, the failed jobs' given back.
+    assert_eq!(gate.run_once(Utc::now()).await.unwrap().admitted, 2);
     assert_eq!(
         bucket(&app, "provider:oai:gpt-4o-mini:concurrency").await.level,
-        1.0
+        2.0
     );
     app.shutdown().await;
 }
@@ -1517,6 +1530,7 @@ fn interactive_arrival(tenant: &str, content: &str, now: DateTime<Utc>) -> tollg
         traceparent: None,
         eta_p50: None,
         eta_p90: None,
+        caller_process: None,
     }
 }
 

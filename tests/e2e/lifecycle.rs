@@ -321,6 +321,21 @@ async fn chat_completions_endpoint_answers_synchronously() {
         (j["class"].as_str(), j["state"].as_str()),
         (Some("interactive"), Some("succeeded"))
     );
+    // It names the process its caller waited on (a job fetched later names none): should
+    // that process die holding the call, the call is not sent again.
+    let (_, fetched_later) = app.submit(ACME, &crate::harness::job("fast", "hi")).await;
+    let callers: Vec<Option<String>> = sqlx::query_scalar(
+        "SELECT caller_process FROM jobs WHERE id = ANY(ARRAY[$1, $2]::uuid[]) ORDER BY id = $1::uuid DESC",
+    )
+    .bind(&job_id)
+    .bind(fetched_later["id"].as_str().unwrap())
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap();
+    assert!(
+        matches!(callers.as_slice(), [Some(process), None] if !process.is_empty()),
+        "{callers:?}"
+    );
 
     let r = app
         .http
