@@ -1148,7 +1148,9 @@ pub struct Rescued {
 /// (`caller_process`): the connection went with the process, so no one is left to answer,
 /// and sent again the call would be paid for twice (the caller may even have had the
 /// first answer). Queued, a stream would also hold capacity until its deadline, with no
-/// process to claim it. A lease has expired when the database's
+/// process to claim it. At shutdown (`owner`) only streams fail so: a synchronous caller
+/// may still be connected while the process stops, and answered by another's run. A
+/// lease has expired when the database's
 /// `now()` says so: a rescuer whose own clock runs ahead never takes a live job. `now` is
 /// the time written as `finished_at`.
 async fn release_running(pool: &PgPool, owner: Option<&str>, now: DateTime<Utc>) -> Result<Rescued> {
@@ -1156,7 +1158,7 @@ async fn release_running(pool: &PgPool, owner: Option<&str>, now: DateTime<Utc>)
     let rows = sqlx::query!(
         r#"WITH gone AS (
              SELECT id, reserved_buckets, reserved_amounts,
-                    stream OR coalesce(caller_process = lease_owner, false) AS callers_gone
+                    stream OR ($2::text IS NULL AND coalesce(caller_process = lease_owner, false)) AS callers_gone
              FROM jobs
              WHERE state = 'running' AND (lease_owner = $2 OR ($2 IS NULL AND lease_expires_at < now()))
              FOR UPDATE SKIP LOCKED)

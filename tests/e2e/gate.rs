@@ -916,6 +916,17 @@ async fn a_dead_holders_reservation_comes_back_when_its_lease_expires() {
     app.shutdown().await;
 }
 
+/// Sets what each job's `SET` clause says: how a job a test claimed by hand was sent.
+async fn mark(pool: &sqlx::PgPool, jobs: &[(&String, &str)]) {
+    for (id, set) in jobs {
+        sqlx::query(&format!("UPDATE jobs SET {set} WHERE id = $1::uuid"))
+            .bind(id.as_str())
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+}
+
 /// Jobs whose clients waited for them on a connection to a holder that died are not sent
 /// again: a stream (it runs only in the process holding its client's connection — queued,
 /// it would be admitted and hold capacity until its deadline with no one to claim it) and
@@ -945,17 +956,15 @@ async fn jobs_whose_clients_waited_on_a_holder_that_died_fail_and_give_their_cap
         .await
         .unwrap();
     assert_eq!(claimed.len(), 4);
-    for (id, set) in [
-        (&ids[0], "stream = true"),
-        (&ids[1], "caller_process = 'ghost'"),
-        (&ids[2], "caller_process = 'alive'"),
-    ] {
-        sqlx::query(&format!("UPDATE jobs SET {set} WHERE id = $1::uuid"))
-            .bind(id)
-            .execute(pool)
-            .await
-            .unwrap();
-    }
+    mark(
+        pool,
+        &[
+            (&ids[0], "stream = true"),
+            (&ids[1], "caller_process = 'ghost'"),
+            (&ids[2], "caller_process = 'alive'"),
+        ],
+    )
+    .await;
     assert_eq!(
         bucket(&app, "provider:oai:gpt-4o-mini:concurrency").await.level,
         0.0
@@ -986,6 +995,33 @@ async fn jobs_whose_clients_waited_on_a_holder_that_died_fail_and_give_their_cap
         bucket(&app, "provider:oai:gpt-4o-mini:concurrency").await.level,
         2.0
     );
+    // A process stopping releases what it still holds after its drain: its stream fails,
+    // but its own caller's call goes back to the queue — that caller may still be
+    // connected while the process stops, and another process's run can answer it.
+    let mut leaving = Vec::new();
+    for text in ["streamed while stopping", "called while stopping"] {
+        let (_, accepted) = app.submit(ACME, &job("oai/gpt-4o-mini", text)).await;
+        leaving.push(accepted["id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(gate.run_once(Utc::now()).await.unwrap().admitted, 2);
+    let claimed = store::claim_jobs(pool, "leaving", 10, Utc::now(), Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 4);
+    mark(
+        pool,
+        &[
+            (&leaving[0], "stream = true"),
+            (&leaving[1], "caller_process = 'leaving'"),
+        ],
+    )
+    .await;
+    let requeued = store::release_leases(pool, "leaving", Utc::now()).await.unwrap();
+    assert_eq!(requeued, 3);
+    let stream = app.wait_job(ACME, &leaving[0], 10).await;
+    assert_eq!(stream["error"]["code"], "client_disconnected", "{stream}");
+    let (_, call) = app.get(ACME, &format!("/v1/jobs/{}", leaving[1])).await;
+    assert_eq!(call["state"], "queued", "{call}");
     app.shutdown().await;
 }
 
