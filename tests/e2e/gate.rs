@@ -916,6 +916,17 @@ async fn a_dead_holders_reservation_comes_back_when_its_lease_expires() {
     app.shutdown().await;
 }
 
+/// Submits a job of acme's for `oai/gpt-4o-mini` with each text; their ids, in order.
+async fn submit_all(app: &TestApp, texts: &[&str]) -> Vec<String> {
+    let mut ids = Vec::new();
+    for text in texts {
+        let (status, accepted) = app.submit(ACME, &job("oai/gpt-4o-mini", text)).await;
+        assert_eq!(status, 202, "{accepted}");
+        ids.push(accepted["id"].as_str().unwrap().to_owned());
+    }
+    ids
+}
+
 /// Sets what each job's `SET` clause says: how a job a test claimed by hand was sent.
 async fn mark(pool: &sqlx::PgPool, jobs: &[(&String, &str)]) {
     for (id, set) in jobs {
@@ -942,12 +953,11 @@ async fn jobs_whose_clients_waited_on_a_holder_that_died_fail_and_give_their_cap
     })
     .await;
     let pool = &app.db.pool;
-    let mut ids = Vec::new();
-    for text in ["streamed", "called here", "called elsewhere", "fetched later"] {
-        let (status, accepted) = app.submit(ACME, &job("oai/gpt-4o-mini", text)).await;
-        assert_eq!(status, 202, "{accepted}");
-        ids.push(accepted["id"].as_str().unwrap().to_owned());
-    }
+    let ids = submit_all(
+        &app,
+        &["streamed", "called here", "called elsewhere", "fetched later"],
+    )
+    .await;
     let gate = Gate::new(pool.clone(), app.config.clone(), Notifications::default());
     assert_eq!(gate.run_once(Utc::now()).await.unwrap().admitted, 4);
     // A process claims all four — a stream it relays, a synchronous call of its own client,
@@ -998,11 +1008,7 @@ async fn jobs_whose_clients_waited_on_a_holder_that_died_fail_and_give_their_cap
     // A process stopping releases what it still holds after its drain: its stream fails,
     // but its own caller's call goes back to the queue — that caller may still be
     // connected while the process stops, and another process's run can answer it.
-    let mut leaving = Vec::new();
-    for text in ["streamed while stopping", "called while stopping"] {
-        let (_, accepted) = app.submit(ACME, &job("oai/gpt-4o-mini", text)).await;
-        leaving.push(accepted["id"].as_str().unwrap().to_owned());
-    }
+    let leaving = submit_all(&app, &["streamed while stopping", "called while stopping"]).await;
     assert_eq!(gate.run_once(Utc::now()).await.unwrap().admitted, 2);
     let claimed = store::claim_jobs(pool, "leaving", 10, Utc::now(), Duration::from_secs(30))
         .await
