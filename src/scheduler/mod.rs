@@ -14,8 +14,9 @@
 //! divided by the tenant's weight, and the queue with the smallest virtual time goes next
 //! — deficit round robin in its continuous form, with the deficit counted in tokens. A
 //! tenant that becomes active starts at most `burst_credit_tokens / weight` behind the
-//! others (its burst credit). Inside a tenant's queue: the order the plans come in
-//! (priority, then earliest deadline, as the store reads them).
+//! others (its burst credit). Inside a tenant's queue: priority, then the earliest
+//! deadline — so a tenant's work past its guard, from whichever class, goes by deadline
+//! among its interactive work.
 //!
 //! Fit: a job goes on the first of its route targets whose model is not paused by a
 //! provider's 429, whose key was not rejected, and whose every bucket is open this round
@@ -398,6 +399,15 @@ fn capacity_note(
     })
 }
 
+/// The order of a tenant's queue: higher priority first, then the earliest deadline (the
+/// store's order, `store::candidates`).
+fn in_queue_order(a: &Candidate, b: &Candidate) -> Ordering {
+    b.priority
+        .cmp(&a.priority)
+        .then(a.deadline.cmp(&b.deadline))
+        .then(a.id.cmp(&b.id))
+}
+
 /// Admission policy with the fairness state it carries from round to round.
 #[derive(Debug)]
 pub struct Scheduler {
@@ -447,6 +457,14 @@ impl Scheduler {
             });
             queues[i].push_back(p);
         }
+        // The store reads each (class, tenant) queue in order; a tenant's work past its
+        // guard, read from several classes, merges here into its interactive queue.
+        for queue in &mut queues {
+            queue
+                .make_contiguous()
+                .sort_by(|a, b| in_queue_order(&a.job, &b.job));
+        }
+        let unread_behind: Vec<bool> = queues.iter().map(|q| q.iter().any(|p| p.unread_behind)).collect();
         let mut decision = Decision::default();
         let burst = self.policy.gate.burst_credit_tokens as f64;
         let mut heap = BinaryHeap::new();
@@ -471,7 +489,6 @@ impl Scheduler {
             let Some(plan) = queues[turn.queue].pop_front() else {
                 continue;
             };
-            let unread_behind = plan.unread_behind;
             let mut vtime = turn.vtime;
             let held = holds::holding(paused, &plan.job.tenant, &plan.job.model).is_some();
             let fitting = (!held)
@@ -501,7 +518,7 @@ impl Scheduler {
             // provider): it gets its turn; one that needs them meets them closed.
             if !queues[turn.queue].is_empty() {
                 heap.push(Turn { vtime, ..turn });
-            } else if admitted && unread_behind {
+            } else if admitted && unread_behind[turn.queue] {
                 // Its next job was not read: serving the others past its turn would give
                 // them its share. The round ends here, and the next, at once, reads more.
                 decision.full = true;

@@ -268,6 +268,27 @@ fn the_starvation_guard_promotes_a_job_that_waited_too_long() {
 }
 
 #[test]
+fn a_tenant_s_work_past_its_guard_goes_by_deadline_whatever_class_it_came_from() {
+    // Both starving, read class by class: the standard job (due in a day) comes first,
+    // the background one is due in two minutes. Room for one.
+    let mut standard = plan(1, "acme", 1.0, JobClass::Interactive, 10.0, &[(SHARED, 1.0)]);
+    standard.job.class = JobClass::Standard;
+    let mut background = plan(2, "acme", 1.0, JobClass::Interactive, 10.0, &[(SHARED, 1.0)]);
+    background.job.class = JobClass::Background;
+    background.job.deadline = t0() + Duration::minutes(2);
+    let mut buckets = map(vec![bucket(1, SHARED, Rule::Gauge, 1.0, 1.0)]);
+    let d = scheduler().schedule(
+        vec![standard, background],
+        &mut buckets,
+        &no_guesses(),
+        &no_pauses(),
+        usize::MAX,
+        t0(),
+    );
+    assert_eq!(admitted_ids(&d), vec![2]);
+}
+
+#[test]
 fn a_blocked_tenant_does_not_hold_back_others_on_other_buckets() {
     let mut s = scheduler();
     let plans = vec![
