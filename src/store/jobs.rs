@@ -1137,6 +1137,9 @@ pub struct Rescued {
     pub failed: u64,
     /// Reservations of finished jobs whose holder died before settling them.
     pub orphans_settled: u64,
+    /// Queued and admitted jobs whose synchronous caller waited on a process that died
+    /// (failed with `client_disconnected`).
+    pub callers_gone: u64,
 }
 
 /// Takes back what `owner`'s jobs hold (shutdown after the drain timeout) or what holders
@@ -1234,9 +1237,60 @@ pub async fn release_leases(pool: &PgPool, owner: &str, now: DateTime<Utc>) -> R
     Ok(release_running(pool, Some(owner), now).await?.requeued)
 }
 
-/// Re-queues jobs whose holder stopped heartbeating; see [`release_running`].
+/// Re-queues jobs whose holder stopped heartbeating (see [`release_running`]) and fails
+/// those whose caller's process did ([`fail_callers_gone`]).
 pub async fn rescue_expired_leases(pool: &PgPool, now: DateTime<Utc>) -> Result<Rescued> {
-    release_running(pool, None, now).await
+    let mut rescued = release_running(pool, None, now).await?;
+    rescued.callers_gone = fail_callers_gone(pool, now).await?;
+    Ok(rescued)
+}
+
+/// Writes that the process whose dispatcher is `owner` is alive for `lease` more: the
+/// synchronous calls its callers wait for are its own to answer until then.
+pub async fn beat(ex: impl PgExecutor<'_>, owner: &str, lease: std::time::Duration) -> Result<()> {
+    sqlx::query!(
+        "INSERT INTO processes (owner, expires_at) VALUES ($1, now() + make_interval(secs => $2))
+         ON CONFLICT (owner) DO UPDATE SET expires_at = EXCLUDED.expires_at",
+        owner,
+        lease.as_secs_f64(),
+    )
+    .execute(ex)
+    .await?;
+    Ok(())
+}
+
+/// Fails the queued and admitted jobs whose synchronous caller waited on a process whose
+/// beat ([`beat`]) has expired: it died or lost the database, and its callers' connections
+/// with it, so no one would read the answer. An admitted job's reservation goes back whole
+/// (it was never sent). A process that never beat is not judged. Rows of processes gone a
+/// day are deleted. Returns how many jobs failed.
+async fn fail_callers_gone(pool: &PgPool, now: DateTime<Utc>) -> Result<u64> {
+    let mut tx = pool.begin().await?;
+    let rows = sqlx::query_as!(
+        Previous,
+        r#"WITH gone AS (
+             SELECT j.id, j.state, j.reserved_buckets, j.reserved_amounts
+             FROM processes p JOIN jobs j ON j.caller_process = p.owner
+             WHERE p.expires_at < now() AND j.caller_process IS NOT NULL
+               AND j.state IN ('queued', 'admitted')
+             FOR UPDATE OF j SKIP LOCKED)
+         UPDATE jobs j SET state = 'failed', finished_at = $1,
+             error_code = 'client_disconnected',
+             error_message = 'the process its caller waited on stopped, and its client''s connection with it; not sent',
+             reserved_buckets = NULL, reserved_amounts = NULL
+         FROM gone WHERE j.id = gone.id
+         RETURNING j.id AS "id: JobId", gone.state AS "old_state: JobState", gone.reserved_buckets AS old_buckets,
+                   gone.reserved_amounts AS old_amounts"#,
+        now,
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    sqlx::query!("DELETE FROM processes WHERE expires_at < now() - interval '1 day'")
+        .execute(&mut *tx)
+        .await?;
+    let failed = failed_unsent(&mut tx, rows).await?;
+    tx.commit().await?;
+    Ok(failed)
 }
 
 /// Fails queued and admitted jobs whose deadline has passed: they must never be
@@ -1262,14 +1316,21 @@ pub async fn expire_deadlines(pool: &PgPool, now: DateTime<Utc>) -> Result<u64> 
     )
     .fetch_all(&mut *tx)
     .await?;
+    let failed = failed_unsent(&mut tx, rows).await?;
+    tx.commit().await?;
+    Ok(failed)
+}
+
+/// For jobs just failed before they were sent (`rows`, as they were): gives their
+/// reservations back whole and tells whoever waits for them. Returns how many.
+async fn failed_unsent(conn: &mut PgConnection, rows: Vec<Previous>) -> Result<u64> {
     let ids: Vec<JobId> = rows.iter().map(|r| r.id).collect();
     let ended: Vec<(JobId, Reservation, Settlement)> = rows
         .into_iter()
         .filter_map(|r| reservation(r.old_buckets, r.old_amounts).map(|res| (r.id, res, Settlement::UNSENT)))
         .collect();
-    settle(&mut *tx, &ended).await?;
-    notify_done(&mut tx, &ids).await?;
-    tx.commit().await?;
+    settle(&mut *conn, &ended).await?;
+    notify_done(conn, &ids).await?;
     Ok(ids.len() as u64)
 }
 

@@ -1031,6 +1031,84 @@ async fn jobs_whose_clients_waited_on_a_holder_that_died_fail_and_give_their_cap
     app.shutdown().await;
 }
 
+/// The ids of the jobs in `state`, in id order.
+async fn ids_in(pool: &sqlx::PgPool, state: &str) -> Vec<String> {
+    sqlx::query_scalar("SELECT id::text FROM jobs WHERE state::text = $1 ORDER BY id")
+        .bind(state)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+/// Synchronous calls still waiting — queued, or admitted and not yet claimed — when the
+/// process their callers are connected to dies are not run later for nobody: once that
+/// process's beat has expired, the rescue fails them `client_disconnected`, an admitted
+/// one's reservation given back. Calls whose callers wait on a live process, or on one
+/// that never beat, wait on.
+#[tokio::test]
+async fn calls_waiting_for_callers_of_a_process_that_died_fail_and_give_their_capacity_back() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        extra_config: "[providers.limits.\"gpt-4o-mini\"]\nconcurrency = 2\n".into(),
+        ..TestOptions::default()
+    })
+    .await;
+    let pool = &app.db.pool;
+    eventually(10, "the broker's own beat", || async {
+        let alive: i64 = sqlx::query_scalar("SELECT count(*) FROM processes WHERE expires_at > now()")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        (alive == 1).then_some(())
+    })
+    .await;
+    submit_all(&app, &["one", "two", "three", "four"]).await;
+    let gate = Gate::new(pool.clone(), app.config.clone(), Notifications::default());
+    assert_eq!(gate.run_once(Utc::now()).await.unwrap().admitted, 2);
+    let (admitted, queued) = (ids_in(pool, "admitted").await, ids_in(pool, "queued").await);
+    assert_eq!((admitted.len(), queued.len()), (2, 2));
+    sqlx::query(
+        "INSERT INTO processes (owner, expires_at)
+         VALUES ('ghost', now() - interval '1 second'), ('alive', now() + interval '30 seconds')",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    mark(
+        pool,
+        &[
+            (&admitted[0], "caller_process = 'ghost'"),
+            (&admitted[1], "caller_process = 'alive'"),
+            (&queued[0], "caller_process = 'ghost'"),
+            (&queued[1], "caller_process = 'never beat'"),
+        ],
+    )
+    .await;
+    let maintenance = tollgate_workers::maintenance::Maintenance::new(pool.clone(), Duration::from_secs(1));
+    let rescued = maintenance.run_once(Utc::now()).await.unwrap().rescued;
+    assert_eq!(rescued.callers_gone, 2, "{rescued:?}");
+    for id in [&admitted[0], &queued[0]] {
+        let failed = app.wait_job(ACME, id, 10).await;
+        assert_eq!(
+            (&failed["state"], &failed["error"]["code"]),
+            (&json!("failed"), &json!("client_disconnected")),
+            "{failed}"
+        );
+    }
+    for (id, state) in [(&admitted[1], "admitted"), (&queued[1], "queued")] {
+        let (_, waiting) = app.get(ACME, &format!("/v1/jobs/{id}")).await;
+        assert_eq!(waiting["state"], state, "{waiting}");
+    }
+    // The failed admitted call's slot comes back: the next round admits the one queued,
+    // and both slots are held again (the live caller's call, and that one).
+    assert_eq!(gate.run_once(Utc::now()).await.unwrap().admitted, 1);
+    assert_eq!(
+        bucket(&app, "provider:oai:gpt-4o-mini:concurrency").await.level,
+        0.0
+    );
+    app.shutdown().await;
+}
+
 /// Submits `n` interactive jobs from globex, one every 50 ms, and returns their queue
 /// waits (enqueue → admitted) in milliseconds, sorted.
 async fn interactive_waits(app: &TestApp, n: usize) -> Vec<f64> {

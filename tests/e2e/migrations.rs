@@ -240,20 +240,30 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
         disabled,
         [("https://hooks.example/acme-old", Some("failing since then"))]
     );
-    // A synchronous call whose caller's process held it and stopped is not sent again.
+    // A synchronous call whose caller's process held it and stopped is not sent again
+    // (0022), nor one still queued whose caller's process stopped beating (0023).
     let rescued = tollgate::store::rescue_expired_leases(&db.pool, chrono::Utc::now())
         .await
         .unwrap();
-    assert_eq!((rescued.failed, rescued.requeued), (1, 0), "{rescued:?}");
-    let waiting: JobId = "0190a000-0000-7000-8000-000000000022".parse().unwrap();
-    let job = tollgate::store::get_job(&db.pool, Some("acme"), waiting)
-        .await
-        .unwrap()
-        .unwrap();
     assert_eq!(
-        (job.state, job.error_code.as_deref()),
-        (tollgate::model::JobState::Failed, Some("client_disconnected"))
+        (rescued.failed, rescued.requeued, rescued.callers_gone),
+        (1, 0, 1),
+        "{rescued:?}"
     );
+    for id in [
+        "0190a000-0000-7000-8000-000000000022",
+        "0190a000-0000-7000-8000-000000000023",
+    ] {
+        let job = tollgate::store::get_job(&db.pool, Some("acme"), id.parse().unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (job.state, job.error_code.as_deref()),
+            (tollgate::model::JobState::Failed, Some("client_disconnected")),
+            "{id}"
+        );
+    }
 }
 
 #[test]

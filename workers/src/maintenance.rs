@@ -131,10 +131,11 @@ impl Maintenance {
             Some(r) => r.run_once(now).await?,
             None => Pruned::default(),
         };
-        if rescued.requeued + rescued.failed + deadlines_expired > 0 {
+        if rescued.requeued + rescued.failed + rescued.callers_gone + deadlines_expired > 0 {
             tracing::info!(
                 requeued = rescued.requeued,
                 failed = rescued.failed,
+                callers_gone = rescued.callers_gone,
                 deadlines_expired,
                 "maintenance pass"
             );

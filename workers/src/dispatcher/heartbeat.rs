@@ -1,6 +1,7 @@
 //! Leases: the jobs whose attempt runs in this process (or waits here for a slot) are
 //! tracked while they do, and the heartbeat extends exactly their leases every
-//! `dispatch.heartbeat_secs`. A job that stops being tracked — its outcome written, or
+//! `dispatch.heartbeat_secs`, beside the process's own beat (its callers' queued calls
+//! stay theirs while it beats: `store::beat`). A job that stops being tracked — its outcome written, or
 //! lost — keeps its lease no longer, so the rescuer can take it back. A job the heartbeat
 //! finds no longer held here — rescued (perhaps claimed again since), or cancelled — has
 //! its call stopped: its [`InFlight::stop`] token fires, and the attempt ends without
@@ -93,12 +94,17 @@ impl Dispatcher {
         }
     }
 
-    /// The heartbeat loop: extends the leases this process holds every `heartbeat_secs`
-    /// until `stop`. `run` starts it; a process that streams without dispatching starts it
-    /// itself.
+    /// The heartbeat loop: says the process is alive (`store::beat`: the synchronous calls
+    /// its callers wait for stay theirs) and extends the leases it holds, every
+    /// `heartbeat_secs` until `stop`. `run` starts it; a process that streams without
+    /// dispatching starts it itself.
     pub async fn keep_leases(self, stop: CancellationToken) {
         let every = Duration::from_secs(self.inner.config.dispatch.heartbeat_secs);
+        let lease = self.inner.config.dispatch.lease();
         loop {
+            if let Err(e) = store::beat(&self.inner.pool, &self.inner.owner, lease).await {
+                tracing::warn!(error = %e, "process heartbeat failed");
+            }
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(every) => {}
@@ -108,13 +114,7 @@ impl Dispatcher {
                 .map(|(id, f)| (*id, f.attempt))
                 .collect();
             let ids: Vec<JobId> = tracked.iter().map(|t| t.0).collect();
-            let held = store::extend_leases(
-                &self.inner.pool,
-                &self.inner.owner,
-                &ids,
-                self.inner.config.dispatch.lease(),
-            )
-            .await;
+            let held = store::extend_leases(&self.inner.pool, &self.inner.owner, &ids, lease).await;
             match held {
                 Ok(held) => self.stop_lost(&tracked, &held),
                 Err(e) => tracing::warn!(error = %e, "lease heartbeat failed"),
