@@ -1,11 +1,11 @@
 //! Leases: the jobs whose attempt runs in this process (or waits here for a slot) are
 //! tracked while they do, and the heartbeat extends exactly their leases every
 //! `dispatch.heartbeat_secs`, beside the process's own beat (its callers' queued calls
-//! stay theirs while it beats: `store::beat`). A job that stops being tracked — its outcome written, or
-//! lost — keeps its lease no longer, so the rescuer can take it back. A job the heartbeat
-//! finds no longer held here — rescued (perhaps claimed again since), or cancelled — has
-//! its call stopped: its [`InFlight::stop`] token fires, and the attempt ends without
-//! writing anything of it ([`Dispatcher::abandon`]).
+//! stay theirs while it beats: `store::beat`). A job that stops being tracked — its
+//! outcome written, or lost — keeps its lease no longer, so the rescuer can take it
+//! back. A job the heartbeat finds no longer held here — rescued (perhaps claimed again
+//! since), or cancelled — has its call stopped: its [`InFlight::stop`] token fires, and
+//! the attempt ends without writing anything of it ([`Dispatcher::abandon`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
