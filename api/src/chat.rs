@@ -30,6 +30,7 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
+use futures::{Stream, StreamExt};
 use serde_json::Value;
 use tollgate::attempt::End;
 use tollgate::model::{Job, JobClass, JobId, JobState};
@@ -482,13 +483,19 @@ async fn stream_response(
     };
     let events = futures::stream::unfold(chunks, move |mut rx| async move {
         let data = rx.recv().await?;
-        Some((Ok::<_, Infallible>(relayed_event(endpoint, data)), rx))
+        Some((relayed_event(endpoint, data), rx))
     });
+    Ok(event_stream(id, events))
+}
+
+/// The SSE answer of job `id`: `events`, with the job's id in `x-tollgate-job-id`.
+pub(crate) fn event_stream(id: JobId, events: impl Stream<Item = Event> + Send + 'static) -> Response {
+    let events = events.map(Ok::<_, Infallible>);
     let mut response = Sse::new(events).into_response();
     if let Ok(v) = HeaderValue::from_str(&id.to_string()) {
         response.headers_mut().insert("x-tollgate-job-id", v);
     }
-    Ok(response)
+    response
 }
 
 /// Claims the streaming job `id` for this process once the gate admits it, or answers why

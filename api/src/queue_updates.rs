@@ -28,10 +28,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::FromRequestParts;
-use axum::http::HeaderValue;
 use axum::http::request::Parts;
-use axum::response::sse::{Event, Sse};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
+use axum::response::sse::Event;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tollgate::model::{Job, NewJob};
@@ -39,7 +38,7 @@ use tollgate::store;
 use tollgate::vocab::Endpoint;
 
 use crate::AppState;
-use crate::chat::{claimed_stream, relayed_event};
+use crate::chat::{claimed_stream, event_stream, relayed_event};
 use crate::error::ApiError;
 use crate::forecasts::eta_view;
 use crate::messages::anthropic_error_type;
@@ -174,13 +173,9 @@ pub(crate) fn respond(
     });
     let events = futures::stream::unfold(from, |mut from| async move {
         let event = from.recv().await?;
-        Some((Ok::<_, Infallible>(event), from))
+        Some((event, from))
     });
-    let mut response = Sse::new(events).into_response();
-    if let Ok(v) = HeaderValue::from_str(&id.to_string()) {
-        response.headers_mut().insert("x-tollgate-job-id", v);
-    }
-    response
+    event_stream(id, events)
 }
 
 /// The event that ends a started stream with `error`, in `endpoint`'s shape.
