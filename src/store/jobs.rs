@@ -1266,6 +1266,8 @@ pub async fn beat(ex: impl PgExecutor<'_>, owner: &str, lease: std::time::Durati
 /// day are deleted. Returns how many jobs failed.
 async fn fail_callers_gone(pool: &PgPool, now: DateTime<Utc>) -> Result<u64> {
     let mut tx = pool.begin().await?;
+    // `caller_process IS NOT NULL`, implied by the join, is said so the planner may read
+    // the partial index `jobs_waiting_callers`.
     let rows = sqlx::query_as!(
         Previous,
         r#"WITH gone AS (
