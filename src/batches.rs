@@ -13,6 +13,7 @@ use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::model::JobId;
 use crate::vocab::{BatchStatus, Endpoint, JobClass};
 
 /// A new file id: `file-` + a UUIDv7 in hex, so ids sort by creation time.
@@ -106,6 +107,47 @@ pub struct BatchRow {
 
 /// Finished lines a batch's error rate is judged on, at least.
 pub const ERROR_RATE_MIN_LINES: i64 = 10;
+
+/// Where a read of a batch's finished lines goes on from (`GET /v1/batches/{id}/results`'s
+/// `after`): past line `id` of those whose ending committed in transaction `xid`
+/// (`store::batch_results_after`). Written `{xid}.{id}`; `0` is the start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResultsCursor {
+    pub xid: i64,
+    pub id: JobId,
+}
+
+impl ResultsCursor {
+    /// Before every line.
+    pub const START: Self = Self {
+        xid: 0,
+        id: JobId(Uuid::nil()),
+    };
+}
+
+impl std::fmt::Display for ResultsCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if *self == Self::START {
+            return f.write_str("0");
+        }
+        write!(f, "{}.{}", self.xid, self.id)
+    }
+}
+
+impl std::str::FromStr for ResultsCursor {
+    type Err = ();
+
+    fn from_str(text: &str) -> Result<Self, ()> {
+        if text == "0" {
+            return Ok(Self::START);
+        }
+        let (xid, id) = text.split_once('.').ok_or(())?;
+        Ok(Self {
+            xid: xid.parse().ok().filter(|x: &i64| *x >= 0).ok_or(())?,
+            id: id.parse().map_err(|_| ())?,
+        })
+    }
+}
 
 impl BatchRow {
     /// A batch created at `now`, in progress and open for `window`; no input file, no
@@ -363,6 +405,26 @@ mod tests {
         assert_eq!(parse_window("2d").unwrap().as_secs(), 172_800);
         for bad in ["", "h", "0h", "24", "24 h", "1.5h", "-1h", "24hours"] {
             assert!(parse_window(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_results_cursor_reads_back_as_written() {
+        let cursor = ResultsCursor {
+            xid: 7_340_032,
+            id: JobId::new(),
+        };
+        assert_eq!(cursor.to_string().parse(), Ok(cursor));
+        assert_eq!(ResultsCursor::START.to_string(), "0");
+        assert_eq!("0".parse(), Ok(ResultsCursor::START));
+        for bad in [
+            "",
+            "12",
+            "-1.0190a000-0000-7000-8000-000000000001",
+            "1.x",
+            "x.0190a000-0000-7000-8000-000000000001",
+        ] {
+            assert_eq!(bad.parse::<ResultsCursor>(), Err(()), "{bad}");
         }
     }
 

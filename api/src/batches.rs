@@ -29,8 +29,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 use tollgate::batches::{
-    BATCH_PREFIX, BatchRow, Line, LineEnvelope, LineSplitter, PURPOSE_BATCH, RequestCounts, new_batch_id,
-    parse_line, parse_window,
+    BATCH_PREFIX, BatchRow, Line, LineEnvelope, LineSplitter, PURPOSE_BATCH, RequestCounts, ResultsCursor,
+    new_batch_id, parse_line, parse_window,
 };
 use tollgate::config::{BatchesConfig, Config};
 use tollgate::model::{JobClass, JobId, NewJob};
@@ -1054,8 +1054,7 @@ const MAX_RESULT_LINES: i64 = 1000;
 /// A batch's finished lines while it runs, in the order they finished, as JSONL in the
 /// output file's shape (a failed line in the error file's); the cursor for the next read
 /// is in `x-next-cursor`. Reading from each cursor in turn gives every line once; a line
-/// appears within a maintenance pass of finishing, and once the batch has ended a read
-/// gives all that are left.
+/// appears as soon as every transaction already running when it ended has ended too.
 #[utoipa::path(
     get,
     path = "/v1/batches/{id}/results",
@@ -1083,12 +1082,10 @@ pub(crate) async fn results(
         ApiError::bad_request(ApiErrorCode::InvalidRequest, message.to_owned()).with_param(param.to_owned())
     };
     let after = match params.after.as_deref() {
-        None => 0,
+        None => ResultsCursor::START,
         Some(cursor) => cursor
-            .parse::<i64>()
-            .ok()
-            .filter(|c| *c >= 0)
-            .ok_or_else(|| bad("after", "`after` must be a cursor from `x-next-cursor`"))?,
+            .parse()
+            .map_err(|()| bad("after", "`after` must be a cursor from `x-next-cursor`"))?,
     };
     let limit = params.limit.unwrap_or(MAX_RESULT_LINES);
     if !(1..=MAX_RESULT_LINES).contains(&limit) {
@@ -1098,13 +1095,16 @@ pub(crate) async fn results(
         return Err(ApiError::not_found("batch"));
     };
     let status = batch.status();
-    if status.is_terminal() {
-        // Its last lines may have ended with it, after the last maintenance pass.
-        let mut conn = state.pool.acquire().await.map_err(db)?;
-        store::publish_batch_results(&mut conn).await?;
-    }
-    let lines = store::batch_results_after(&state.pool, &id, after, limit).await?;
-    let next = lines.last().and_then(|l| l.result_seq).unwrap_or(after);
+    let lines = store::batch_results_after(&state.pool, &id, after, limit, status.is_terminal()).await?;
+    let next = lines
+        .last()
+        .and_then(|l| {
+            Some(ResultsCursor {
+                xid: l.result_xid?,
+                id: l.id,
+            })
+        })
+        .unwrap_or(after);
     let mut body = String::new();
     for line in &lines {
         let (_, value) = tollgate_workers::batches::job_line(line, status);

@@ -14,7 +14,7 @@ use sqlx::{PgConnection, PgExecutor, PgPool};
 use super::Result;
 use super::buckets::{Settlement, reservation, settle};
 use super::jobs::notify_done;
-use crate::batches::{BatchRow, ERROR_RATE_MIN_LINES};
+use crate::batches::{BatchRow, ERROR_RATE_MIN_LINES, ResultsCursor};
 use crate::model::{JobClass, JobId, JobState};
 use crate::vocab::{BatchStatus, Endpoint, ReasonCode};
 
@@ -26,7 +26,7 @@ macro_rules! query_batch_results {
             BatchJobResult,
             r#"SELECT id AS "id: JobId", custom_id AS "custom_id!", batch_line AS "batch_line!",
                       state AS "state: JobState", result, usage, error_code, error_message,
-                      provider_request_id, result_seq "#
+                      provider_request_id, result_xid::text::int8 AS result_xid "#
                 + $tail
             $(, $arg)*
         )
@@ -384,7 +384,7 @@ async fn stop_batch(
     Ok(batch)
 }
 
-/// Stops each running batch whose published lines' error rate passed its `max_error_rate`
+/// Stops each running batch whose finished lines' error rate passed its `max_error_rate`
 /// (once [`ERROR_RATE_MIN_LINES`] of them succeeded or failed): cancelled, its unfinished
 /// lines cancelled with `batch_error_rate_exceeded`, which its `errors` name. Returns how
 /// many it stopped.
@@ -394,7 +394,7 @@ pub async fn stop_failing_batches(conn: &mut PgConnection, now: DateTime<Utc>) -
            FROM batches b,
            LATERAL (SELECT count(*) FILTER (WHERE j.state = 'failed') AS failed,
                            count(*) FILTER (WHERE j.state IN ('succeeded', 'failed')) AS ended
-                    FROM jobs j WHERE j.batch_id = b.id AND j.result_seq IS NOT NULL) n
+                    FROM jobs j WHERE j.batch_id = b.id) n
            WHERE b.status = 'in_progress' AND b.max_error_rate IS NOT NULL
              AND n.ended >= $1 AND n.failed > b.max_error_rate * n.ended"#,
         ERROR_RATE_MIN_LINES,
@@ -559,59 +559,30 @@ pub async fn hold_paused_lines(pool: &PgPool) -> Result<u64> {
     .rows_affected())
 }
 
-/// Batch lines numbered per transaction by [`publish_batch_results`].
-const PUBLISH_BATCH: i64 = 10_000;
-
-/// Numbers every batch line finished since the last call (earliest finished first,
-/// [`PUBLISH_BATCH`] per transaction), publishing them to [`batch_results_after`].
-/// Returns how many.
-pub async fn publish_batch_results(conn: &mut PgConnection) -> Result<u64> {
-    let mut published = 0;
-    loop {
-        let n = publish_some_batch_results(&mut *conn, PUBLISH_BATCH).await?;
-        published += n;
-        if n < PUBLISH_BATCH as u64 {
-            return Ok(published);
-        }
-    }
-}
-
-/// Numbers up to `limit` of the batch lines not numbered yet. One transaction at a time
-/// (an advisory lock), so numbers are committed in the order they are given: a reader that
-/// saw number `n` has seen every number below it.
-async fn publish_some_batch_results(conn: &mut PgConnection, limit: i64) -> Result<u64> {
-    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    // "tgrs": tollgate result sequence.
-    sqlx::query!("SELECT pg_advisory_xact_lock(1952936563)")
-        .execute(&mut *tx)
-        .await?;
-    let published = sqlx::query!(
-        "UPDATE jobs j SET result_seq = nextval('job_result_seq')
-         FROM (SELECT id FROM jobs
-               WHERE batch_id IS NOT NULL AND result_seq IS NULL AND state IN ('succeeded', 'failed', 'cancelled')
-               ORDER BY finished_at, id LIMIT $1) t
-         WHERE j.id = t.id",
-        limit,
-    )
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    tx.commit().await?;
-    Ok(published)
-}
-
-/// Up to `limit` of a batch's lines published after number `after`, in order.
+/// Up to `limit` of a batch's finished lines after `after`, in the order their ending
+/// committed: by the id of the transaction that ended each (`result_xid`, set by a trigger
+/// whichever way a line ends), then the line's id. While the batch runs, only transactions
+/// below the snapshot's xmin are read — every one before them has ended — so no line can
+/// later commit behind a cursor: a line shows once every transaction already running when
+/// it ended has ended too. Once the batch has `ended` (as read before this), every line's
+/// ending has committed and none can come, so all are read.
 pub async fn batch_results_after(
     ex: impl PgExecutor<'_>,
     batch_id: &str,
-    after: i64,
+    after: ResultsCursor,
     limit: i64,
+    ended: bool,
 ) -> Result<Vec<BatchJobResult>> {
     Ok(query_batch_results!(
-        "FROM jobs WHERE batch_id = $1 AND result_seq > $2 ORDER BY result_seq LIMIT $3",
+        "FROM jobs WHERE batch_id = $1 AND result_xid IS NOT NULL
+           AND (result_xid, id) > ($2::int8::text::xid8, $3)
+           AND ($5 OR result_xid < pg_snapshot_xmin(pg_current_snapshot()))
+         ORDER BY result_xid, id LIMIT $4",
         batch_id,
-        after,
+        after.xid,
+        after.id.0,
         limit,
+        ended,
     )
     .fetch_all(ex)
     .await?)
@@ -674,9 +645,9 @@ pub struct BatchJobResult {
     pub error_code: Option<String>,
     pub error_message: Option<String>,
     pub provider_request_id: Option<String>,
-    /// Its number among the batch's published results ([`publish_batch_results`]); `None`
-    /// until published.
-    pub result_seq: Option<i64>,
+    /// The transaction that ended it, its place among the batch's results
+    /// ([`batch_results_after`]); `None` until it ends.
+    pub result_xid: Option<i64>,
 }
 
 /// A page of a batch's jobs in input order, after input line `after_line`.

@@ -77,6 +77,15 @@ pub fn batch_body(file_id: &str) -> Value {
     json!({"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"})
 }
 
+/// Uploads `text` as `key`'s batch input and creates a batch of it (24 h window): its id.
+pub async fn start_batch(http: &reqwest::Client, api: &str, key: &str, text: &[u8]) -> String {
+    let (status, file) = upload(http, api, key, text).await;
+    assert_eq!(status, 200, "{file}");
+    let (status, batch) = create_batch(http, api, key, &batch_body(file["id"].as_str().unwrap())).await;
+    assert_eq!(status, 200, "{batch}");
+    batch["id"].as_str().unwrap().to_owned()
+}
+
 /// A file's content as text.
 pub async fn content(http: &reqwest::Client, api: &str, key: &str, file_id: &str) -> String {
     let r = http
@@ -674,11 +683,7 @@ async fn ten_thousand_lines_complete_once_across_a_sigkill_of_the_server() {
     let mut first = Serve::start(&config_path, &db.url, port);
     first.wait_ready(&api).await;
     let (text, ok) = ten_thousand_lines();
-    let (status, file) = upload(&http, &api, ACME, text.as_bytes()).await;
-    assert_eq!(status, 200, "{file}");
-    let (status, batch) = create_batch(&http, &api, ACME, &batch_body(file["id"].as_str().unwrap())).await;
-    assert_eq!(status, 200, "{batch}");
-    let id = batch["id"].as_str().unwrap().to_owned();
+    let id = start_batch(&http, &api, ACME, text.as_bytes()).await;
     let succeeded = |pool: sqlx::PgPool, id: String| async move {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobs WHERE batch_id = $1 AND state = 'succeeded'")
             .bind(id)
@@ -785,7 +790,7 @@ async fn lines_by_state(app: &TestApp) -> std::collections::BTreeMap<String, Vec
     by_state
 }
 
-/// Reads batch `id`'s results from `cursor` to the end of what is published: the lines'
+/// Reads batch `id`'s results from `cursor` to the end of what is readable: the lines'
 /// custom_ids, and the next cursor.
 async fn read_results(app: &TestApp, id: &str, cursor: &str) -> (Vec<String>, String) {
     let r = app
@@ -806,6 +811,45 @@ async fn read_results(app: &TestApp, id: &str, cursor: &str) -> (Vec<String>, St
         })
         .collect();
     (ids, next)
+}
+
+/// A running batch's results are read in the order the lines' endings committed, and a
+/// cursor never passes a line whose ending is still uncommitted: the line ended after it,
+/// committed first, waits until it has committed (read on from a cursor past that line,
+/// it would be lost).
+#[tokio::test]
+async fn a_results_cursor_never_passes_a_line_whose_ending_commits_late() {
+    let app = TestApp::spawn_with(api_only()).await;
+    let text: String = ["early", "late"].map(|c| line(c, "fast", "hi") + "\n").concat();
+    let id = &start_batch(&app.http, &app.api, ACME, text.as_bytes()).await;
+    let end_line = "UPDATE jobs SET state = 'succeeded', attempt = 1, finished_at = now(),
+                           result = '{\"id\": \"chatcmpl-1\", \"object\": \"chat.completion\", \"choices\": []}'
+                    WHERE batch_id = $1 AND custom_id = $2";
+    let mut still_open = app.db.pool.begin().await.unwrap();
+    sqlx::query(end_line)
+        .bind(id)
+        .bind("early")
+        .execute(&mut *still_open)
+        .await
+        .unwrap();
+    sqlx::query(end_line)
+        .bind(id)
+        .bind("late")
+        .execute(&app.db.pool)
+        .await
+        .unwrap();
+    let (ids, _) = read_results(&app, id, "0").await;
+    assert!(ids.is_empty(), "read past a line still ending: {ids:?}");
+
+    still_open.commit().await.unwrap();
+    let (ids, next) = eventually(30, "both lines readable", || async {
+        let (ids, next) = read_results(&app, id, "0").await;
+        (ids.len() == 2).then_some((ids, next))
+    })
+    .await;
+    assert_eq!(ids, ["early", "late"]);
+    let (more, last) = read_results(&app, id, &next).await;
+    assert_eq!((more.len(), last), (0, next));
 }
 
 #[tokio::test]
@@ -868,7 +912,7 @@ limits = { concurrency = 2 }
     // What finished so far reads as results, a page at a time.
     let finished = 30 - queued.len();
     let (mut seen, mut cursor) = (Vec::new(), "0".to_owned());
-    let published = eventually(10, "the finished lines published", || {
+    let published = eventually(10, "the finished lines readable", || {
         let (app, id, cursor) = (&app, id.clone(), cursor.clone());
         async move {
             let (ids, next) = read_results(app, &id, &cursor).await;
@@ -1057,11 +1101,7 @@ async fn a_batch_completes_between_maintenance_passes() {
     .await;
     let http = &app.http;
     let text = [line("a", "fast", "one"), line("b", "fast", "two")].join("\n");
-    let (status, file) = upload(http, &app.api, ACME, text.as_bytes()).await;
-    assert_eq!(status, 200, "{file}");
-    let (status, batch) = create_batch(http, &app.api, ACME, &batch_body(file["id"].as_str().unwrap())).await;
-    assert_eq!(status, 200, "{batch}");
-    let id = batch["id"].as_str().unwrap();
+    let id = &start_batch(http, &app.api, ACME, text.as_bytes()).await;
     let done = wait_batch(http, &app.api, ACME, id, 30).await;
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(

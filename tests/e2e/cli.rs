@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use tollgate_api::broker::Roles;
 
-use crate::batches::{batch_body, content, create_batch, upload, wait_batch};
+use crate::batches::{batch_body, content, create_batch, start_batch, upload, wait_batch};
 use crate::harness::{ACME, TestApp, TestOptions, job};
 
 /// Runs `tollgate ARGS` against `app` as `key`; returns (exit code, stdout, stderr).
@@ -433,16 +433,7 @@ async fn batches_outputs_downloads_the_results() {
         crate::batches::line("b", "nope", "unknown model"),
     ]
     .join("\n");
-    let (_, file) = upload(&app.http, &app.api, ACME, text.as_bytes()).await;
-    let (status, batch) = create_batch(
-        &app.http,
-        &app.api,
-        ACME,
-        &batch_body(file["id"].as_str().unwrap()),
-    )
-    .await;
-    assert_eq!(status, 200, "{batch}");
-    let id = batch["id"].as_str().unwrap().to_owned();
+    let id = start_batch(&app.http, &app.api, ACME, text.as_bytes()).await;
     let done = wait_batch(&app.http, &app.api, ACME, &id, 60).await;
     assert_eq!(done["status"], "completed", "{done}");
 

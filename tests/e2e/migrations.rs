@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use std::path::Path;
 
 use sqlx::migrate::Migrator;
+use tollgate::batches::ResultsCursor;
 use tollgate::model::JobId;
 
 use crate::harness::empty_db;
@@ -264,6 +265,25 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
             "{id}"
         );
     }
+    // A batch's results: the line numbered before 0024, then the one that ended after it,
+    // each once from the cursor before it.
+    let batch = "batch_0190a000000070008000000000000013";
+    let read = |after| tollgate::store::batch_results_after(&db.pool, batch, after, 1, true);
+    let first = read(ResultsCursor::START).await.unwrap();
+    assert_eq!(
+        first.iter().map(|l| l.custom_id.as_str()).collect::<Vec<_>>(),
+        ["first"]
+    );
+    let cursor = |line: &tollgate::store::BatchJobResult| ResultsCursor {
+        xid: line.result_xid.unwrap(),
+        id: line.id,
+    };
+    let second = read(cursor(&first[0])).await.unwrap();
+    assert_eq!(
+        second.iter().map(|l| l.custom_id.as_str()).collect::<Vec<_>>(),
+        ["second"]
+    );
+    assert!(read(cursor(&second[0])).await.unwrap().is_empty());
 }
 
 #[test]

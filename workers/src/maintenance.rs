@@ -39,8 +39,7 @@ pub struct Pass {
 pub const BUDGET_THRESHOLDS: [f64; 2] = [0.8, 1.0];
 
 /// How often the batch steps ([`Maintenance::finish_batches`]) run between passes: a batch
-/// completes about this soon after its last line, and its finished lines are readable as
-/// results about this soon after they end.
+/// completes about this soon after its last line.
 pub const BATCH_STEPS_EVERY: Duration = Duration::from_millis(200);
 
 /// How often estimates are recalibrated from recent attempts.
@@ -151,24 +150,11 @@ impl Maintenance {
     }
 
     /// The batch steps of a pass, which also run between passes (every [`BATCH_STEPS_EVERY`]):
-    /// publishes the lines finished since, stops batches over their error cap (judged on what
-    /// was just published, before a batch could be finalized whole), ends the batches that
-    /// are due and publishes their last lines with them. Returns how many batches ended.
+    /// stops batches over their error cap (before a batch could be finalized whole), then
+    /// ends the batches that are due. Returns how many batches ended.
     pub async fn finish_batches(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
-        self.publish_results().await?;
         store::stop_failing_batches(&mut *self.pool.acquire().await?, now).await?;
-        let finished = self.batches.run_once(now).await?;
-        if finished > 0 {
-            self.publish_results().await?;
-        }
-        Ok(finished)
-    }
-
-    /// Publishes every batch line finished since the last pass to its batch's results
-    /// (`GET /v1/batches/{id}/results`).
-    async fn publish_results(&self) -> Result<u64, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        store::publish_batch_results(&mut conn).await
+        self.batches.run_once(now).await
     }
 
     /// Queues a `budget.threshold` event for each spend budget whose spending just

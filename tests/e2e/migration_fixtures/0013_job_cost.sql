@@ -11,3 +11,17 @@ UPDATE tenants SET applications = '{"chatbot": {"budgets": [{"window": "day", "u
 WHERE name = 'acme';
 -- A paused batch.
 UPDATE batches SET paused_at = now(), priority = 5 WHERE id = 'batch_0190a000000070008000000000000004';
+-- A running batch whose first line ended and was numbered among its results.
+INSERT INTO batches (id, tenant, endpoint, input_file_id, completion_window, status, class, total, rejected,
+                     output_expires_secs, created_at, in_progress_at, expires_at)
+VALUES ('batch_0190a000000070008000000000000013', 'acme', '/v1/chat/completions',
+        'file-0190a000000070008000000000000003', '24h', 'in_progress', 'batch', 2, 0, 2592000, now(), now(),
+        now() + interval '1 day');
+INSERT INTO jobs (id, tenant, class, state, request, model, deadline, not_before, max_attempts, attempt,
+                  estimated_input_tokens, estimated_output_tokens, created_at, finished_at, batch_id, custom_id,
+                  batch_line, result, result_seq)
+VALUES ('0190a000-0000-7000-8000-000000000131', 'acme', 'batch', 'succeeded',
+        '{"model": "fast", "messages": [{"role": "user", "content": "first"}]}', 'fast',
+        now() + interval '1 day', now(), 3, 1, 8, 16, now(), now(), 'batch_0190a000000070008000000000000013',
+        'first', 1, '{"id": "chatcmpl-first", "object": "chat.completion", "choices": []}',
+        nextval('job_result_seq'));
