@@ -912,7 +912,7 @@ limits = { concurrency = 2 }
     // What finished so far reads as results, a page at a time.
     let finished = 30 - queued.len();
     let (mut seen, mut cursor) = (Vec::new(), "0".to_owned());
-    let published = eventually(10, "the finished lines readable", || {
+    let published = eventually(30, "the finished lines readable", || {
         let (app, id, cursor) = (&app, id.clone(), cursor.clone());
         async move {
             let (ids, next) = read_results(app, &id, &cursor).await;
