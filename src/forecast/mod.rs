@@ -37,8 +37,10 @@
 //! its class that the gate will serve before it ([`Overtaking`]: a higher priority, or a
 //! deadline sooner than its own — a job with no deadline of its own waits behind every
 //! one arriving with a deadline) its own turns. Past its class's starvation guard (`starve_after_secs`) a job competes as
-//! interactive, so it waits no longer than the guard, or than everything queued before it
-//! and the interactive work arriving meanwhile.
+//! interactive, so it waits no longer than the guard, or than everything queued before it,
+//! the interactive work arriving meanwhile and the jobs of its own tenant that go first
+//! arriving meanwhile, each once past the guard too (a tenant's work past its guard goes
+//! by deadline).
 //!
 //! Buckets that only the job's own tenant uses (its tenant's, its key's, its
 //! application's) count only that tenant's queue. Work admitted already holds its
@@ -512,12 +514,29 @@ fn fair_wait(
         }
     }
     // Past its class's guard it competes as interactive: then no later than everything
-    // queued now (all submitted before it) and what arrives of interactive work.
+    // queued now (all submitted before it), what arrives of interactive work, and what
+    // arrives of its own tenant's that the gate serves before it once that has passed the
+    // guard too (a tenant's work past its guard goes by deadline).
     let Some(starve_after) = (outlook.starve_after)(work.class).filter(|s| t > *s) else {
         return Some(t);
     };
     let left = (rate - per_unit * ahead.interactive_arriving).max(rate / 20.0);
-    let in_turn = ((per_unit * ahead.everything - bucket.level) / left).max(0.0);
+    let passing = |t: f64| -> f64 {
+        ahead
+            .overtaking
+            .iter()
+            .map(|(per_sec, until)| per_sec * (t - starve_after).clamp(0.0, *until))
+            .sum()
+    };
+    let mut in_turn = 0.0_f64;
+    for _ in 0..32 {
+        let next = ((per_unit * (ahead.everything + passing(in_turn)) - bucket.level) / left).max(0.0);
+        let settled = (next - in_turn).abs() < 1e-3;
+        in_turn = next;
+        if settled {
+            break;
+        }
+    }
     Some(t.min(starve_after.max(in_turn)))
 }
 
@@ -1029,6 +1048,38 @@ mod tests {
         ];
         let eta = forecast_arriving(&[rpm], &[], &arriving, &[], work("a", 2.0)).unwrap();
         assert_eq!(secs_from_now(eta.p50), 9.0);
+    }
+
+    #[test]
+    fn past_its_guard_work_still_waits_for_its_own_tenant_s_jobs_due_sooner_past_theirs() {
+        // A request a second; 100 of its own tenant's jobs queued ahead, and its jobs due
+        // sooner arriving one every two seconds. Two jobs: the fluid answers.
+        let rpm = bucket("oai:m:rpm", Dimension::Requests, Rule::Rolling, 60.0, 60, 0.0);
+        let buckets: HashMap<String, Bucket> = HashMap::from([(rpm.key.clone(), rpm)]);
+        let ahead = [queued("acme", JobClass::Standard, 100.0)];
+        let overtaking = [Overtaking {
+            jobs: 0.5,
+            input_tokens: 50.0,
+            output_tokens: 50.0,
+            until: f64::INFINITY,
+        }];
+        let guard = |class: JobClass| (class != JobClass::Interactive).then_some(60.0);
+        let outlook = Outlook {
+            overtaking: &overtaking,
+            starve_after: &guard,
+            ..plain_outlook(&buckets, &ahead, &|_, _| 0.0)
+        };
+        let eta = on_route(
+            &route(&[("oai:m:rpm", 1.0)]),
+            &work("acme", 1.0),
+            &work("acme", 2.0),
+            &outlook,
+        )
+        .unwrap();
+        // Past its guard at 60 s it waits for the 102 jobs queued and for those of its own
+        // arriving from then on, each past its guard in turn: T = 102 + 0.5 (T − 60).
+        let start = secs_from_now(eta.p50) - LATENCY.p50;
+        assert!((start - 144.0).abs() < 0.5, "{start}");
     }
 
     #[test]
