@@ -1,4 +1,4 @@
--- A batch's finished lines in the order their ending committed (`GET /v1/batches/{id}/results`),
+-- A batch's finished lines by the transaction that ended them (`GET /v1/batches/{id}/results`),
 -- without a pass that numbers them afterwards: the transaction that ends a line writes its
 -- id (`result_xid`, a trigger, so no path that ends a line can forget it), and a reader
 -- reads on from its cursor (`result_xid`, `id`) only below its snapshot's xmin — every

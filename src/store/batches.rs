@@ -387,14 +387,15 @@ async fn stop_batch(
 /// Stops each running batch whose finished lines' error rate passed its `max_error_rate`
 /// (once [`ERROR_RATE_MIN_LINES`] of them succeeded or failed): cancelled, its unfinished
 /// lines cancelled with `batch_error_rate_exceeded`, which its `errors` name. Returns how
-/// many it stopped.
+/// many it stopped. Its lines are read by the index of ended lines (each has a
+/// `result_xid`).
 pub async fn stop_failing_batches(conn: &mut PgConnection, now: DateTime<Utc>) -> Result<u64> {
     let over = sqlx::query!(
         r#"SELECT b.id, b.max_error_rate AS "max_error_rate!", n.failed AS "failed!", n.ended AS "ended!"
            FROM batches b,
            LATERAL (SELECT count(*) FILTER (WHERE j.state = 'failed') AS failed,
                            count(*) FILTER (WHERE j.state IN ('succeeded', 'failed')) AS ended
-                    FROM jobs j WHERE j.batch_id = b.id) n
+                    FROM jobs j WHERE j.batch_id = b.id AND j.result_xid IS NOT NULL) n
            WHERE b.status = 'in_progress' AND b.max_error_rate IS NOT NULL
              AND n.ended >= $1 AND n.failed > b.max_error_rate * n.ended"#,
         ERROR_RATE_MIN_LINES,
@@ -559,9 +560,9 @@ pub async fn hold_paused_lines(pool: &PgPool) -> Result<u64> {
     .rows_affected())
 }
 
-/// Up to `limit` of a batch's finished lines after `after`, in the order their ending
-/// committed: by the id of the transaction that ended each (`result_xid`, set by a trigger
-/// whichever way a line ends), then the line's id. While the batch runs, only transactions
+/// Up to `limit` of a batch's finished lines after `after`, in the order of the
+/// transactions that ended them (`result_xid`, set by a trigger whichever way a line ends;
+/// about the order they ended), then by id. While the batch runs, only transactions
 /// below the snapshot's xmin are read — every one before them has ended — so no line can
 /// later commit behind a cursor: a line shows once every transaction already running when
 /// it ended has ended too. Once the batch has `ended` (as read before this), every line's
