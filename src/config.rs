@@ -593,6 +593,12 @@ pub struct KeyConfig {
     /// Share of the provider's requests this key gets, relative to its other keys.
     #[serde(default = "default_weight")]
     pub weight: u32,
+    /// The provider account (quota pool) this key's calls count against, for providers
+    /// whose responses do not name it (a Gemini key's Google Cloud project): keys declaring
+    /// different accounts have their limits learned apart from their first call. It
+    /// stands over what responses name (`crate::keyring::Keyring::account`).
+    #[serde(default)]
+    pub account: Option<String>,
 }
 
 impl KeyConfig {
@@ -989,6 +995,16 @@ impl Config {
                     return Err(invalid(
                         format!("providers[{i}].keys[{k}].weight"),
                         "must be at least 1",
+                    ));
+                }
+                if key
+                    .account
+                    .as_deref()
+                    .is_some_and(|a| !crate::tenant_spec::valid_name(a))
+                {
+                    return Err(invalid(
+                        format!("providers[{i}].keys[{k}].account"),
+                        crate::tenant_spec::name_rule(),
                     ));
                 }
                 if let Some(m) = key.models.iter().find(|m| !p.models.contains(m)) {
@@ -1594,6 +1610,11 @@ api_key = "tk-test"
         assert!(e.contains("routes[0].targets[0]"), "{e}");
         let e = err(&GOOD.replace("{ name = \"k1\", value = \"sk-1\" }", "{ name = \"k1\" }"));
         assert!(e.contains("providers[0].keys[0]"), "{e}");
+        let e = err(&GOOD.replace(
+            "{ name = \"k1\", value = \"sk-1\" }",
+            "{ name = \"k1\", value = \"sk-1\", account = \"org:a\" }",
+        ));
+        assert!(e.contains("providers[0].keys[0].account"), "{e}");
         let e = err(&GOOD.replace("kind = \"openai\"", "kind = \"cohere\""));
         assert!(e.contains("kind") && e.contains("test.toml"), "{e}");
         let e = err(&GOOD.replace("weight = 3", "weight = 0"));

@@ -318,6 +318,7 @@ fn keyring(config: &Config, rows: Vec<ProviderKeyRecord>) -> Keyring {
                 weight: r.weight,
                 models: r.models,
                 limits: r.limits,
+                account: r.account,
                 disabled: r.disabled_at.is_some(),
                 secret,
             }
@@ -664,6 +665,8 @@ pub struct NewProviderKey {
     /// Empty: every model of its provider.
     pub models: Vec<String>,
     pub limits: Option<ModelLimits>,
+    /// The account (quota pool) it is declared in.
+    pub account: Option<String>,
 }
 
 /// What to change of a provider key; each `Some` replaces. A key of the config file takes
@@ -675,6 +678,7 @@ pub struct ProviderKeyChange {
     pub weight: Option<u32>,
     pub models: Option<Vec<String>>,
     pub limits: Option<Option<ModelLimits>>,
+    pub account: Option<Option<String>>,
     pub disabled: Option<bool>,
 }
 
@@ -698,6 +702,7 @@ fn check_provider_key(
     value: Option<&secrecy::SecretString>,
     weight: u32,
     models: &[String],
+    account: Option<&str>,
 ) -> Result<(), ControlError> {
     use secrecy::ExposeSecret;
     // A Vertex key is a service account's JSON key, spaces and all; the others are one token.
@@ -718,6 +723,9 @@ fn check_provider_key(
     }
     if weight == 0 {
         return Err(invalid_field("weight", "must be at least 1"));
+    }
+    if account.is_some_and(|a| !tenants::valid_name(a)) {
+        return Err(invalid_field("account", tenants::name_rule()));
     }
     if let Some(m) = models.iter().find(|m| !p.models.contains(m)) {
         return Err(invalid_field(
@@ -772,7 +780,13 @@ pub async fn add_provider_key(
     if !tenants::valid_name(&new.name) {
         return Err(invalid_field("name", tenants::name_rule()));
     }
-    check_provider_key(p, Some(&new.value), new.weight, &new.models)?;
+    check_provider_key(
+        p,
+        Some(&new.value),
+        new.weight,
+        &new.models,
+        new.account.as_deref(),
+    )?;
     let exists = p.keys.iter().any(|k| k.name == new.name)
         || store::get_provider_key(pool, &new.provider, &new.name)
             .await?
@@ -791,6 +805,7 @@ pub async fn add_provider_key(
         weight: new.weight,
         models: &new.models,
         limits: new.limits.as_ref(),
+        account: new.account.as_deref(),
         disabled: false,
     };
     write_provider_key(pool, &write, now).await
@@ -813,7 +828,8 @@ pub async fn change_provider_key(
         && (change.value.is_some()
             || change.weight.is_some()
             || change.models.is_some()
-            || change.limits.is_some())
+            || change.limits.is_some()
+            || change.account.is_some())
     {
         return Err(invalid_field(
             "disabled",
@@ -841,7 +857,11 @@ pub async fn change_provider_key(
         Some(limits) => limits.clone(),
         None => runtime.and_then(|r| r.limits.clone()),
     };
-    check_provider_key(p, change.value.as_ref(), weight, &models)?;
+    let account = match &change.account {
+        Some(account) => account.clone(),
+        None => runtime.and_then(|r| r.account.clone()),
+    };
+    check_provider_key(p, change.value.as_ref(), weight, &models, account.as_deref())?;
     let sealed = match &change.value {
         Some(value) => Some(seal(config, provider_name, name, value)?),
         None => None,
@@ -856,6 +876,7 @@ pub async fn change_provider_key(
         weight,
         models: &models,
         limits: limits.as_ref(),
+        account: account.as_deref(),
         disabled,
     };
     write_provider_key(pool, &write, now).await

@@ -3,9 +3,10 @@
 //! from what the database holds sealed). The planner chooses among [`Keyring::serving`];
 //! a dispatcher sends with [`Keyring::runtime_secret`] for a key the file does not hold.
 //!
-//! It also knows which account (quota pool) each key's responses named: keys of one account
-//! share its limits, and a model whose keys name several accounts learns each one's limits
-//! apart ([`Keyring::pool_account`], [`Keyring::pools`]).
+//! It also knows which account (quota pool) each key belongs to — the one its config or the
+//! admin API declared, else the one its responses named: keys of one account share its
+//! limits, and a model whose keys are in several accounts learns each one's limits apart
+//! ([`Keyring::pool_account`], [`Keyring::pools`]).
 
 use std::collections::HashMap;
 
@@ -28,6 +29,8 @@ pub struct KeyringEntry {
     pub secret: Option<SecretString>,
     /// Added through the admin API (not a key of the file).
     pub runtime: bool,
+    /// The account (quota pool) it was added with (a key added at runtime).
+    pub account: Option<String>,
 }
 
 impl KeyringEntry {
@@ -58,10 +61,10 @@ pub struct KeyAccount {
 }
 
 /// The keys of one provider model that share its limits: one provider account (a quota
-/// pool), or — while not every key's account is known, or all name the same — all of them.
+/// pool), or — while not every key's account is known, or all are in the same — all of them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pool<'a> {
-    /// The account its keys' responses named; `None`: not every key has named one.
+    /// Its keys' account ([`Keyring::account`]); `None`: not every key's is known.
     pub account: Option<&'a str>,
     /// Whether the model's keys are in several pools, so this one's limits are learned
     /// under its own scope ([`Keyring::pool_account`]).
@@ -95,26 +98,46 @@ impl Keyring {
     }
 
     /// The account key `name` of `provider` was last seen serving under.
-    pub fn account(&self, provider: &str, name: &str) -> Option<&str> {
+    pub fn observed_account(&self, provider: &str, name: &str) -> Option<&str> {
         self.accounts
             .get(&(provider.to_owned(), name.to_owned()))
             .map(String::as_str)
+    }
+
+    /// The account key `name` of `p` was declared in (the file's `account`, or the one it
+    /// was added with at runtime).
+    pub fn declared_account<'a>(&'a self, p: &'a ProviderConfig, name: &str) -> Option<&'a str> {
+        match p.keys.iter().find(|k| k.name == name) {
+            Some(k) => k.account.as_deref(),
+            None => self
+                .entry(&p.name, name)
+                .filter(|e| e.runtime)
+                .and_then(|e| e.account.as_deref()),
+        }
+    }
+
+    /// The account key `name` of `p` is in: the one declared (the operator knows, and a
+    /// provider that names none leaves no other way to tell pools apart), else the one its
+    /// responses named.
+    pub fn account<'a>(&'a self, p: &'a ProviderConfig, name: &str) -> Option<&'a str> {
+        self.declared_account(p, name)
+            .or_else(|| self.observed_account(&p.name, name))
     }
 
     /// The pool whose limits a call to `model` with key `name` counts against, when the
     /// model's keys are in several: its account. `None` while they share one (every
     /// serving key in one account, or some key's account not yet known — sharing is the
     /// safe guess: two pools taken for one would let twice its limit through).
-    pub fn pool_account(&self, p: &ProviderConfig, model: &str, name: &str) -> Option<&str> {
-        let account = self.account(&p.name, name)?;
+    pub fn pool_account<'a>(&'a self, p: &'a ProviderConfig, model: &str, name: &str) -> Option<&'a str> {
+        let account = self.account(p, name)?;
         apart(&self.serving_accounts(p, model)).then_some(account)
     }
 
     /// The account of each key that serves `model` of `p`, in [`Keyring::serving`] order.
-    fn serving_accounts(&self, p: &ProviderConfig, model: &str) -> Vec<Option<&str>> {
+    fn serving_accounts<'a>(&'a self, p: &'a ProviderConfig, model: &str) -> Vec<Option<&'a str>> {
         self.serving(p, model)
             .iter()
-            .map(|k| self.account(&p.name, k.name))
+            .map(|k| self.account(p, k.name))
             .collect()
     }
 
@@ -244,6 +267,7 @@ mod tests {
             disabled,
             secret: runtime.then(|| SecretString::from(format!("sk-{name}"))),
             runtime,
+            account: None,
         }
     }
 
@@ -325,5 +349,54 @@ mod tests {
                 (Some("org-b"), true, vec!["k2"])
             ]
         );
+    }
+
+    #[test]
+    fn declared_accounts_split_pools_before_any_response_and_stand_over_what_responses_name() {
+        let text = "[[providers]]\nname = \"gem\"\nkind = \"gemini\"\nbase_url = \"http://127.0.0.1:1\"\n\
+                    keys = [{ name = \"k1\", value = \"g-1\", account = \"proj-a\" }, { name = \"k2\", value = \"g-2\" }]\n\
+                    models = [\"m\"]\n\
+                    [[tenants]]\nname = \"acme\"\napi_key = \"tk-acme\"\n";
+        let config = Config::parse(text, "test.toml").unwrap();
+        let p = &config.providers[0];
+        let added = |name: &str, account: Option<&str>| KeyringEntry {
+            provider: "gem".into(),
+            models: Vec::new(),
+            limits: None,
+            account: account.map(str::to_owned),
+            ..entry(name, true, false, &[])
+        };
+        let undeclared = Keyring::new(vec![added("r1", Some("proj-a"))]);
+        assert_eq!(
+            undeclared.pool_account(p, "m", "k1"),
+            None,
+            "k2's account is neither declared nor named: one pool, the safe guess"
+        );
+
+        let ring = Keyring::new(vec![added("r1", Some("proj-a")), added("r2", Some("proj-b"))]);
+        let declared = ring
+            .clone()
+            .with_accounts([("gem".to_owned(), "k2".to_owned(), "proj-b".to_owned())]);
+        assert_eq!(declared.pool_account(p, "m", "k1"), Some("proj-a"));
+        let pools: Vec<_> = declared
+            .pools(p, "m")
+            .into_iter()
+            .map(|pool| (pool.account, pool.apart, pool.keys))
+            .collect();
+        assert_eq!(
+            pools,
+            [
+                (Some("proj-a"), true, vec!["k1", "r1"]),
+                (Some("proj-b"), true, vec!["k2", "r2"])
+            ]
+        );
+
+        // A response naming another account does not move a key declared in one.
+        let named = declared.with_accounts([
+            ("gem".to_owned(), "k1".to_owned(), "proj-b".to_owned()),
+            ("gem".to_owned(), "k2".to_owned(), "proj-b".to_owned()),
+        ]);
+        assert_eq!(named.pool_account(p, "m", "k1"), Some("proj-a"));
+        assert_eq!(named.observed_account("gem", "k1"), Some("proj-b"));
     }
 }

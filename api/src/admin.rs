@@ -494,6 +494,12 @@ pub(crate) struct NewProviderKey {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     limits: Option<ModelLimits>,
+    /// The provider account (quota pool) its calls count against, where the provider's
+    /// responses do not name it (a Gemini key's Google Cloud project): keys of different
+    /// accounts have their limits learned apart. 1 to 64 of A-Z a-z 0-9 - _ . ; it stands
+    /// over the account responses name.
+    #[serde(default)]
+    account: Option<String>,
 }
 
 /// `PATCH /v1/admin/provider-keys/{provider}/{name}`: each field given replaces; a key of
@@ -512,6 +518,10 @@ pub(crate) struct ProviderKeyPatch {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<Object>)]
     limits: Option<Option<ModelLimits>>,
+    /// The account it is declared in; `null`: none.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>)]
+    account: Option<Option<String>>,
     #[serde(default)]
     disabled: Option<bool>,
 }
@@ -530,6 +540,9 @@ pub(crate) struct ProviderKeyObject {
     models: Vec<String>,
     #[schema(value_type = Option<Object>)]
     limits: Option<ModelLimits>,
+    /// The account (quota pool) it is declared in; `null`: none (its responses may name one:
+    /// `GET /v1/limits` shows the pools).
+    account: Option<String>,
     disabled: bool,
     updated_at: Option<DateTime<Utc>>,
 }
@@ -549,6 +562,7 @@ fn provider_key_objects(config: &Config, rows: Vec<store::ProviderKeyRecord>) ->
                 weight: k.weight.max(1),
                 models: k.models.clone(),
                 limits: k.limits.clone(),
+                account: k.account.clone(),
                 disabled: row.is_some_and(|r| r.disabled_at.is_some()),
                 updated_at: row.map(|r| r.updated_at),
             });
@@ -575,6 +589,7 @@ fn provider_key_object(r: store::ProviderKeyRecord) -> ProviderKeyObject {
         weight: r.weight,
         models: r.models,
         limits: r.limits,
+        account: r.account,
         disabled: r.disabled_at.is_some(),
         updated_at: Some(r.updated_at),
     }
@@ -606,6 +621,7 @@ pub(crate) async fn add_provider_key(
         weight: new.weight.unwrap_or(1),
         models: new.models,
         limits: new.limits,
+        account: new.account,
     };
     let record = control::add_provider_key(&state.pool, &state.config, &key, state.clock.now()).await?;
     Ok((StatusCode::CREATED, Json(provider_key_object(record))).into_response())
@@ -658,6 +674,7 @@ pub(crate) async fn change_provider_key(
         weight: patch.weight,
         models: patch.models,
         limits: patch.limits,
+        account: patch.account,
         disabled: patch.disabled,
     };
     let record = control::change_provider_key(

@@ -483,6 +483,8 @@ pub struct ProviderKeyRecord {
     /// Empty: every model of its provider.
     pub models: Vec<String>,
     pub limits: Option<ModelLimits>,
+    /// The account (quota pool) it was declared in.
+    pub account: Option<String>,
     pub disabled_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -498,6 +500,7 @@ pub struct ProviderKeyWrite<'a> {
     pub weight: u32,
     pub models: &'a [String],
     pub limits: Option<&'a ModelLimits>,
+    pub account: Option<&'a str>,
     pub disabled: bool,
 }
 
@@ -508,6 +511,7 @@ struct ProviderKeyRow {
     weight: i32,
     models: Option<Vec<String>>,
     limits: Option<Json<ModelLimits>>,
+    account: Option<String>,
     disabled_at: Option<DateTime<Utc>>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
@@ -522,6 +526,7 @@ impl From<ProviderKeyRow> for ProviderKeyRecord {
             weight: u32::try_from(r.weight).unwrap_or(1).max(1),
             models: r.models.unwrap_or_default(),
             limits: r.limits.map(|l| l.0),
+            account: r.account,
             disabled_at: r.disabled_at,
             created_at: r.created_at,
             updated_at: r.updated_at,
@@ -536,7 +541,7 @@ macro_rules! query_provider_keys {
             ProviderKeyRow,
             $head
                 + r#" provider, name, sealed_value, weight, models, limits AS "limits: Json<ModelLimits>",
-                      disabled_at, created_at, updated_at "#
+                      account, disabled_at, created_at, updated_at "#
                 + $tail
             $(, $arg)*
         )
@@ -577,11 +582,11 @@ pub async fn put_provider_key(
     let models = (!key.models.is_empty()).then_some(key.models);
     let row = query_provider_keys!(
         "INSERT INTO provider_keys AS p (provider, name, sealed_value, weight, models, limits, disabled_at,
-                                         created_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $7 THEN $8::timestamptz END, $8, $8)
+                                         created_at, updated_at, account)
+         VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $7 THEN $8::timestamptz END, $8, $8, $9)
          ON CONFLICT (provider, name) DO UPDATE SET
              sealed_value = coalesce(excluded.sealed_value, p.sealed_value), weight = excluded.weight,
-             models = excluded.models, limits = excluded.limits,
+             models = excluded.models, limits = excluded.limits, account = excluded.account,
              disabled_at = CASE WHEN $7 THEN coalesce(p.disabled_at, $8) END, updated_at = $8
          RETURNING",
         "",
@@ -593,6 +598,7 @@ pub async fn put_provider_key(
         key.limits.map(Json) as _,
         key.disabled,
         now,
+        key.account,
     )
     .fetch_one(&mut *conn)
     .await?;

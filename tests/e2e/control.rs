@@ -833,6 +833,10 @@ async fn a_provider_key_added_at_runtime_serves_and_a_disabled_one_stops() {
             json!({"provider": "oai", "name": "k2", "value": "sk-x", "models": ["gpt-5"]}),
             "models",
         ),
+        (
+            json!({"provider": "oai", "name": "k2", "value": "sk-x", "account": ""}),
+            "account",
+        ),
     ] {
         let (status, e) = call(
             http,

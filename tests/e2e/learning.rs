@@ -2,7 +2,8 @@
 //! where the config has none, by 429s where the provider sends nothing (paced until its
 //! first 429), followed when the
 //! provider halves them, kept across a restart; keys of one provider account sharing its
-//! limits and two accounts' limits learned apart; a revoked key rotated out after its first
+//! limits and two accounts' limits learned apart (named by responses, or declared where a
+//! provider names none); a revoked key rotated out after its first
 //! 401; provider outages ridden out within the retry budget.
 
 use serde_json::{Value, json};
@@ -577,6 +578,120 @@ async fn a_429_pauses_only_the_pool_of_the_key_that_met_it() {
         last_finished < pauses[0].1,
         "{last_finished} after the pause {pauses:?}"
     );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn keys_declared_in_two_accounts_are_two_pools_from_their_first_call() {
+    // Gemini names no account in its responses: the keys' projects are declared. Project
+    // ga allows one request a minute, gb plenty.
+    let mut mock = crate::harness::mock_config();
+    for (name, key, rpm) in [("ga", "g-ga-1", 1), ("gb", "g-gb-1", 600)] {
+        mock.projects.push(crate::harness::mock_project(
+            name,
+            tollgate_mock::ProviderKind::Gemini,
+            &[key],
+            &["gemini-2.0-flash"],
+            rpm,
+        ));
+    }
+    let app = TestApp::spawn_with(TestOptions {
+        mock,
+        extra_config: r#"
+[[providers]]
+name = "gem"
+kind = "gemini"
+base_url = "http://MOCK_ADDR"
+keys = [
+  { name = "g1", value = "g-ga-1", account = "proj-a" },
+  { name = "g2", value = "g-gb-1", account = "proj-b" },
+]
+models = ["gemini-2.0-flash"]
+"#
+        .into(),
+        server_config: format!("admin_key = \"{ADMIN}\""),
+        ..TestOptions::default()
+    })
+    .await;
+    let listed = |limits: &Value| -> Vec<(Value, Value)> {
+        limits["pools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["provider"] == "gem")
+            .map(|p| (p["account"].clone(), p["keys"].clone()))
+            .collect()
+    };
+    // Before any call, two pools.
+    let (_, limits) = app.get(ACME, "/v1/limits").await;
+    assert_eq!(
+        listed(&limits),
+        [(json!("proj-a"), json!(["g1"])), (json!("proj-b"), json!(["g2"]))],
+        "{limits}"
+    );
+    // A key added at runtime in proj-b joins its pool; an account that cannot be part of a
+    // scope is refused, naming the field.
+    let add = |body: Value| {
+        let request = app
+            .http
+            .post(app.url("/v1/admin/provider-keys"))
+            .bearer_auth(ADMIN)
+            .json(&body);
+        async move {
+            let r = request.send().await.expect("add key");
+            (r.status().as_u16(), r.json::<Value>().await.expect("json"))
+        }
+    };
+    let (status, refused) =
+        add(json!({"provider": "gem", "name": "g3", "value": "g-gb-1", "account": "proj:b"})).await;
+    assert_eq!(
+        (status, &refused["error"]["param"]),
+        (400, &json!("account")),
+        "{refused}"
+    );
+    let (status, added) =
+        add(json!({"provider": "gem", "name": "g3", "value": "g-gb-1", "account": "proj-b"})).await;
+    assert_eq!((status, &added["account"]), (201, &json!("proj-b")), "{added}");
+    eventually(10, "the added key in proj-b's pool", || async {
+        let (_, limits) = app.get(ACME, "/v1/limits").await;
+        (listed(&limits)
+            == [
+                (json!("proj-a"), json!(["g1"])),
+                (json!("proj-b"), json!(["g2", "g3"])),
+            ])
+        .then_some(())
+    })
+    .await;
+
+    // ga's first 429 pauses proj-a's pool alone; proj-b serves every job.
+    for _ in 0..30 {
+        let (status, body) = app
+            .submit(
+                ACME,
+                &json!({"request": crate::adapters::chat("gem/gemini-2.0-flash")}),
+            )
+            .await;
+        assert_eq!(status, 202, "{body}");
+    }
+    assert_eq!(drain(&app, 30, 60).await, 30);
+    let scopes: Vec<(String,)> =
+        sqlx::query_as("SELECT scope FROM pauses WHERE reason = 'rate_limited' ORDER BY scope")
+            .fetch_all(&app.db.pool)
+            .await
+            .expect("pauses");
+    assert_eq!(
+        scopes,
+        [("pool:gem:proj-a:gemini-2.0-flash".to_owned(),)],
+        "only proj-a's pool paused"
+    );
+    let stats = app.mock.stats();
+    let project = |p: &str| stats.projects.get(p).cloned().unwrap_or_default();
+    assert!(project("ga").rate_limited_429 >= 1, "{stats:?}");
+    assert!(
+        project("gb").requests_admitted >= 28,
+        "proj-b served on while proj-a was paused: {stats:?}"
+    );
+    assert_eq!(stats.limit_violations, 0, "{stats:?}");
     app.shutdown().await;
 }
 

@@ -172,11 +172,26 @@ async fn every_migration_applies_to_a_database_holding_rows_of_the_ones_before()
     );
     assert_eq!(job.api_key, None, "a job from before 0012 names no key");
     let provider_keys = tollgate::store::list_provider_keys(&db.pool).await.unwrap();
-    let provider_keys: Vec<(&str, bool, bool)> = provider_keys
+    let provider_keys: Vec<(&str, bool, bool, Option<&str>)> = provider_keys
         .iter()
-        .map(|k| (k.name.as_str(), k.sealed_value.is_some(), k.disabled_at.is_some()))
+        .map(|k| {
+            (
+                k.name.as_str(),
+                k.sealed_value.is_some(),
+                k.disabled_at.is_some(),
+                k.account.as_deref(),
+            )
+        })
         .collect();
-    assert_eq!(provider_keys, [("k1", false, true), ("runtime", true, false)]);
+    assert_eq!(
+        provider_keys,
+        [
+            ("declared", true, false, Some("proj-a")),
+            ("k1", false, true, None),
+            ("runtime", true, false, None)
+        ],
+        "keys from before 0025 are declared in no account"
+    );
     let pauses = tollgate::store::list_pauses(&db.pool, chrono::Utc::now())
         .await
         .unwrap();

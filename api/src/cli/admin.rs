@@ -417,6 +417,10 @@ pub enum ProviderKeysCommand {
         /// A model it may serve (repeat for more; default all of its provider's).
         #[arg(long = "model")]
         models: Vec<String>,
+        /// The provider account (quota pool) it is in, where responses do not name it
+        /// (a Gemini key's Google Cloud project).
+        #[arg(long)]
+        account: Option<String>,
         #[command(flatten)]
         remote: Remote,
     },
@@ -474,6 +478,7 @@ pub async fn provider_keys(args: ProviderKeysArgs) -> anyhow::Result<bool> {
                 ("SOURCE", Align::Left),
                 ("WEIGHT", Align::Right),
                 ("MODELS", Align::Left),
+                ("ACCOUNT", Align::Left),
                 ("DISABLED", Align::Left),
             ]);
             for k in &keys {
@@ -488,6 +493,7 @@ pub async fn provider_keys(args: ProviderKeysArgs) -> anyhow::Result<bool> {
                     } else {
                         models.join(",")
                     },
+                    cell(&k["account"]),
                     if k["disabled"] == true {
                         "yes".to_owned()
                     } else {
@@ -504,10 +510,11 @@ pub async fn provider_keys(args: ProviderKeysArgs) -> anyhow::Result<bool> {
             value_env,
             weight,
             models,
+            account,
             remote,
         } => {
             let body = json!({"provider": provider, "name": name, "value": key_value(&value_env)?,
-                              "weight": weight, "models": models});
+                              "weight": weight, "models": models, "account": account});
             let added = remote
                 .json(&http, Method::POST, "/v1/admin/provider-keys", Some(&body))
                 .await?;

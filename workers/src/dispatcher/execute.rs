@@ -344,7 +344,7 @@ impl Dispatcher {
             .signals
             .account
             .as_ref()
-            .filter(|a| !key.is_empty() && ring.account(&provider.name, key) != Some(a.as_str()))
+            .filter(|a| !key.is_empty() && ring.observed_account(&provider.name, key) != Some(a.as_str()))
             .map(|a| KeyAccount {
                 provider: provider.name.clone(),
                 key: key.to_owned(),
