@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use secrecy::SecretString;
 
-use crate::config::{ModelLimits, ProviderConfig};
+use crate::config::{KeyConfig, ModelLimits, ProviderConfig};
 
 /// One provider key known to the control plane.
 #[derive(Debug, Clone)]
@@ -107,13 +107,7 @@ impl Keyring {
     /// The account key `name` of `p` was declared in (the file's `account`, or the one it
     /// was added with at runtime).
     pub fn declared_account<'a>(&'a self, p: &'a ProviderConfig, name: &str) -> Option<&'a str> {
-        match p.keys.iter().find(|k| k.name == name) {
-            Some(k) => k.account.as_deref(),
-            None => self
-                .entry(&p.name, name)
-                .filter(|e| e.runtime)
-                .and_then(|e| e.account.as_deref()),
-        }
+        self.key_says(p, name, |k| k.account.as_deref(), |e| e.account.as_deref())
     }
 
     /// The account key `name` of `p` is in: the one declared (the operator knows, and a
@@ -207,12 +201,21 @@ impl Keyring {
 
     /// The limits of key `name` of `p`: the file's, or those it was added with.
     pub fn limits<'a>(&'a self, p: &'a ProviderConfig, name: &str) -> Option<&'a ModelLimits> {
+        self.key_says(p, name, |k| k.limits.as_ref(), |e| e.limits.as_ref())
+    }
+
+    /// What key `name` of `p` says of itself: the file's key (`file`), else the one added
+    /// at runtime (`runtime`).
+    fn key_says<'a, T: ?Sized>(
+        &'a self,
+        p: &'a ProviderConfig,
+        name: &str,
+        file: impl FnOnce(&'a KeyConfig) -> Option<&'a T>,
+        runtime: impl FnOnce(&'a KeyringEntry) -> Option<&'a T>,
+    ) -> Option<&'a T> {
         match p.keys.iter().find(|k| k.name == name) {
-            Some(k) => k.limits.as_ref(),
-            None => self
-                .entry(&p.name, name)
-                .filter(|e| e.runtime)
-                .and_then(|e| e.limits.as_ref()),
+            Some(k) => file(k),
+            None => self.entry(&p.name, name).filter(|e| e.runtime).and_then(runtime),
         }
     }
 
