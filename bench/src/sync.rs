@@ -31,7 +31,7 @@ impl Load {
     }
 }
 
-const LOADS: [Load; 5] = [
+const LOADS: [Load; 6] = [
     Load {
         clients: 16,
         per_client: Some(30),
@@ -47,6 +47,11 @@ const LOADS: [Load; 5] = [
     Load {
         clients: 128,
         per_client: None,
+    },
+    // The saturation goal's clients at its rate (5,120 a second), then flat out.
+    Load {
+        clients: 256,
+        per_client: Some(20),
     },
     Load {
         clients: 256,
