@@ -16,6 +16,12 @@ use crate::vocab::{Dimension, Rule};
 /// Namespace of the forecast locks (`pg_advisory_xact_lock(ns, hashtext(scope))`).
 const FORECAST_LOCKS: i32 = 0x666f_7265; // "fore"
 
+/// The span of submission times [`queued_around`] sums queued jobs over: a queue's jobs
+/// pass their guard as they came, and one sum from its oldest to its newest would spread
+/// them evenly — a queue of a few old jobs and many new ones would seem to pass its guard
+/// all along.
+const AGE_BAND_SECS: f64 = 10.0;
+
 /// Queued jobs of one (class, tenant, requested model), summed; and of them, those due
 /// by the deadline of the job forecast.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,13 +77,14 @@ pub async fn queued_around(
            FROM jobs
            WHERE state = 'queued' AND NOT held AND model = ANY($1)
              AND ($6::text IS NULL OR batch_id IS DISTINCT FROM $6)
-           GROUP BY 1, 2, 3, 4"#,
+           GROUP BY 1, 2, 3, 4, floor(extract(epoch FROM created_at)::float8 / $7::float8)"#,
         models,
         behind.tenant,
         behind.class as JobClass,
         behind.priority,
         behind.deadline,
         behind.batch_id,
+        AGE_BAND_SECS,
     )
     .fetch_all(ex)
     .await?;

@@ -294,3 +294,60 @@ async fn a_bulk_carries_each_job_s_eta_and_one_deadline_out_of_reach_refuses_it_
     assert_eq!(count().await, 92);
     app.shutdown().await;
 }
+
+/// A queue's jobs pass their guard as they came: the forecast reads queued work summed by
+/// when it came (10 s at a time), so one old job beside many new ones does not read as a
+/// queue whose jobs pass their guard all along.
+#[tokio::test]
+async fn queued_work_is_read_by_when_it_came() {
+    let app = TestApp::spawn_with(TestOptions {
+        roles: Roles::API_ONLY,
+        ..limited(0)
+    })
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let (status, queued) = app.submit(GLOBEX, &job("fast", &format!("queued {i}"))).await;
+        assert_eq!(status, 202, "{queued}");
+        ids.push(queued["id"].as_str().expect("id").to_owned());
+    }
+    // One submitted 50 s before the others, which came within 2 s of each other; the
+    // times are set on 10 s boundaries so that none falls across one.
+    let band = |at: i64| DateTime::<Utc>::from_timestamp(at, 0).expect("a time");
+    let start = (Utc::now().timestamp() / 10 - 10) * 10;
+    let submitted = [start + 1, start + 51, start + 52, start + 53];
+    for (id, at) in ids.iter().zip(submitted) {
+        sqlx::query("UPDATE jobs SET created_at = $1 WHERE id = $2::uuid")
+            .bind(band(at))
+            .bind(id)
+            .execute(&app.db.pool)
+            .await
+            .expect("set when it came");
+    }
+    let models: Vec<String> = sqlx::query_scalar("SELECT DISTINCT model FROM jobs")
+        .fetch_all(&app.db.pool)
+        .await
+        .expect("models");
+    let behind = tollgate::store::Behind {
+        tenant: "acme",
+        class: tollgate::model::JobClass::Standard,
+        priority: 0,
+        deadline: Utc::now(),
+        batch_id: None,
+    };
+    let (mut ahead, after) = tollgate::store::queued_around(&app.db.pool, &models, behind)
+        .await
+        .expect("queued work");
+    assert!(after.is_empty(), "{after:?}");
+    ahead.sort_by_key(|q| q.oldest);
+    let read: Vec<(f64, DateTime<Utc>, DateTime<Utc>)> =
+        ahead.iter().map(|q| (q.jobs, q.oldest, q.newest)).collect();
+    assert_eq!(
+        read,
+        [
+            (1.0, band(start + 1), band(start + 1)),
+            (3.0, band(start + 51), band(start + 53))
+        ]
+    );
+    app.shutdown().await;
+}
