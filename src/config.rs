@@ -596,7 +596,7 @@ pub struct KeyConfig {
     /// The provider account (quota pool) this key's calls count against, for providers
     /// whose responses do not name it (a Gemini key's Google Cloud project): keys declaring
     /// different accounts have their limits learned apart from their first call. It
-    /// stands over what responses name (`crate::keyring::Keyring::account`).
+    /// stands over what responses name.
     #[serde(default)]
     pub account: Option<String>,
 }
