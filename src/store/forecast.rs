@@ -21,6 +21,10 @@ const FORECAST_LOCKS: i32 = 0x666f_7265; // "fore"
 /// them evenly — a queue of a few old jobs and many new ones would seem to pass its guard
 /// all along.
 const AGE_BAND_SECS: f64 = 10.0;
+/// Jobs submitted longer ago than this are summed together, however long they have
+/// waited: past every usual guard already, when each came no longer matters, and a read
+/// of a day's backlog stays a few hundred rows.
+const BANDED_FOR_SECS: f64 = 3_600.0;
 
 /// Queued jobs of one (class, tenant, requested model), summed; and of them, those due
 /// by the deadline of the job forecast.
@@ -77,7 +81,9 @@ pub async fn queued_around(
            FROM jobs
            WHERE state = 'queued' AND NOT held AND model = ANY($1)
              AND ($6::text IS NULL OR batch_id IS DISTINCT FROM $6)
-           GROUP BY 1, 2, 3, 4, floor(extract(epoch FROM created_at)::float8 / $7::float8)"#,
+           GROUP BY 1, 2, 3, 4,
+                    CASE WHEN created_at >= now() - make_interval(secs => $8)
+                         THEN floor(extract(epoch FROM created_at)::float8 / $7::float8) END"#,
         models,
         behind.tenant,
         behind.class as JobClass,
@@ -85,6 +91,7 @@ pub async fn queued_around(
         behind.deadline,
         behind.batch_id,
         AGE_BAND_SECS,
+        BANDED_FOR_SECS,
     )
     .fetch_all(ex)
     .await?;

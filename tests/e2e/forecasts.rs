@@ -297,7 +297,7 @@ async fn a_bulk_carries_each_job_s_eta_and_one_deadline_out_of_reach_refuses_it_
 
 /// A queue's jobs pass their guard as they came: the forecast reads queued work summed by
 /// when it came (10 s at a time), so one old job beside many new ones does not read as a
-/// queue whose jobs pass their guard all along.
+/// queue whose jobs pass their guard all along; what came over an hour ago is one sum.
 #[tokio::test]
 async fn queued_work_is_read_by_when_it_came() {
     let app = TestApp::spawn_with(TestOptions {
@@ -306,16 +306,17 @@ async fn queued_work_is_read_by_when_it_came() {
     })
     .await;
     let mut ids = Vec::new();
-    for i in 0..4 {
+    for i in 0..6 {
         let (status, queued) = app.submit(GLOBEX, &job("fast", &format!("queued {i}"))).await;
         assert_eq!(status, 202, "{queued}");
         ids.push(queued["id"].as_str().expect("id").to_owned());
     }
-    // One submitted 50 s before the others, which came within 2 s of each other; the
-    // times are set on 10 s boundaries so that none falls across one.
+    // Two submitted hours ago; one 50 s before the others, which came within 2 s of each
+    // other (the times set on 10 s boundaries so that none falls across one).
     let band = |at: i64| DateTime::<Utc>::from_timestamp(at, 0).expect("a time");
     let start = (Utc::now().timestamp() / 10 - 10) * 10;
-    let submitted = [start + 1, start + 51, start + 52, start + 53];
+    let (hours_ago, hour_ago) = (start - 3 * 3_600 + 7, start - 2 * 3_600 + 3);
+    let submitted = [hours_ago, hour_ago, start + 1, start + 51, start + 52, start + 53];
     for (id, at) in ids.iter().zip(submitted) {
         sqlx::query("UPDATE jobs SET created_at = $1 WHERE id = $2::uuid")
             .bind(band(at))
@@ -345,6 +346,7 @@ async fn queued_work_is_read_by_when_it_came() {
     assert_eq!(
         read,
         [
+            (2.0, band(hours_ago), band(hour_ago)),
             (1.0, band(start + 1), band(start + 1)),
             (3.0, band(start + 51), band(start + 53))
         ]
