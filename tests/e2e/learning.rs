@@ -631,26 +631,26 @@ models = ["gemini-2.0-flash"]
     );
     // A key added at runtime in proj-b joins its pool; an account that cannot be part of a
     // scope is refused, naming the field.
-    let add = |body: Value| {
-        let request = app
-            .http
-            .post(app.url("/v1/admin/provider-keys"))
-            .bearer_auth(ADMIN)
-            .json(&body);
-        async move {
-            let r = request.send().await.expect("add key");
-            (r.status().as_u16(), r.json::<Value>().await.expect("json"))
-        }
-    };
-    let (status, refused) =
-        add(json!({"provider": "gem", "name": "g3", "value": "g-gb-1", "account": "proj:b"})).await;
+    let keys = "/v1/admin/provider-keys";
+    let (status, refused) = app
+        .post(
+            ADMIN,
+            keys,
+            &json!({"provider": "gem", "name": "g3", "value": "g-gb-1", "account": "proj:b"}),
+        )
+        .await;
     assert_eq!(
         (status, &refused["error"]["param"]),
         (400, &json!("account")),
         "{refused}"
     );
-    let (status, added) =
-        add(json!({"provider": "gem", "name": "g3", "value": "g-gb-1", "account": "proj-b"})).await;
+    let (status, added) = app
+        .post(
+            ADMIN,
+            keys,
+            &json!({"provider": "gem", "name": "g3", "value": "g-gb-1", "account": "proj-b"}),
+        )
+        .await;
     assert_eq!((status, &added["account"]), (201, &json!("proj-b")), "{added}");
     eventually(10, "the added key in proj-b's pool", || async {
         let (_, limits) = app.get(ACME, "/v1/limits").await;
