@@ -1,12 +1,14 @@
-//! `eta`: how the forecasts given at submission come out on a steady mixed workload. Two
-//! tenants (weights 3:1) send jobs at `rate` a second for `seconds` (then `tail` seconds
-//! more, not scored: the stream goes on while the last scored jobs wait) — three sizes of
-//! output cap, `standard` and `background`, a third of them with a deadline of their own
-//! two minutes out (checked: refused `deadline_unmeetable` when out of reach), evenly
-//! spaced or as a seeded random (Poisson) stream ([`Arrivals`]) — to a
-//! provider limited to `rpm` and `tpm` that answers in 2 s (a chat call's time), more
-//! than it can serve once its first minute's allowance is spent, so a queue builds and
-//! drains. Every job accepted carries its `eta`; once all
+//! `eta`: how the forecasts given at submission come out on a mixed workload. Two tenants
+//! (weights 3:1) send jobs at `rate` a second for `seconds` (then `tail` seconds more, not
+//! scored: the stream goes on while the last scored jobs wait) — three sizes of output cap,
+//! `standard` and `background`, one in `due_every` (a third by default) with a deadline of
+//! their own two minutes out (checked: refused `deadline_unmeetable` when out of reach),
+//! evenly spaced or as a seeded random (Poisson) stream ([`Arrivals`]) — to a provider
+//! limited to `rpm` and `tpm` that answers in 2 s (a chat call's time), more than it can
+//! serve once its first minute's allowance is spent, so a queue builds. With every job due
+//! (`due_every` 1) the deadline check refuses what the provider cannot serve in time and
+//! the queue is steady; with jobs due only by their class's default (an hour or more) it
+//! grows for as long as the stream lasts. Every job accepted carries its `eta`; once all
 //! have finished, each forecast p50 is set against when the job really finished, beside
 //! the estimate a client could make without it: the work in the system when it was
 //! submitted, drained at the rate jobs finished in the minute before (`/v1/status`'s
@@ -22,7 +24,7 @@ use tollgate_mock::MockConfig;
 use crate::local::LocalStack;
 use crate::{BenchArgs, limited_provider};
 
-/// The deadline a third of the jobs set, from their submission.
+/// The deadline one job in `due_every` sets, from its submission.
 const DEADLINE_SECS: i64 = 120;
 /// Output caps: a short, a medium and a long answer.
 const SIZES: [u32; 3] = [16, 128, 512];
@@ -73,7 +75,7 @@ weight = 1
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Arrivals {
     /// Evenly spaced, tenants alternating, output caps in turn, every fifth job of a
-    /// tenant background, every third with its own deadline: a periodic workload.
+    /// tenant background, every `due_every`th with its own deadline: a periodic workload.
     Even,
     /// The same rate and mix drawn at random (seeded, so runs repeat): gaps exponentially
     /// distributed, each job's tenant, cap, class and deadline drawn independently.
@@ -94,7 +96,7 @@ struct Submission {
 }
 
 /// The case's `total` submissions at `rate` a second, arriving as `arrivals` says.
-fn submissions(arrivals: Arrivals, total: usize, rate: f64) -> Vec<Submission> {
+fn submissions(arrivals: Arrivals, total: usize, rate: f64, due_every: u64) -> Vec<Submission> {
     use rand::{Rng, SeedableRng};
     let tenant_key = |first: bool| if first { "tk-bench" } else { "tk-other" };
     match arrivals {
@@ -104,7 +106,7 @@ fn submissions(arrivals: Arrivals, total: usize, rate: f64) -> Vec<Submission> {
                 tenant_key: tenant_key(i.is_multiple_of(2)),
                 max_tokens: SIZES[i % SIZES.len()],
                 background: i % 5 == 4,
-                own_deadline: i.is_multiple_of(3),
+                own_deadline: (i as u64).is_multiple_of(due_every),
             })
             .collect(),
         Arrivals::Poisson => {
@@ -117,7 +119,7 @@ fn submissions(arrivals: Arrivals, total: usize, rate: f64) -> Vec<Submission> {
                         tenant_key: tenant_key(rng.random_bool(0.5)),
                         max_tokens: SIZES[rng.random_range(0..SIZES.len())],
                         background: rng.random_bool(0.2),
-                        own_deadline: rng.random_bool(1.0 / 3.0),
+                        own_deadline: rng.random_bool(1.0 / due_every as f64),
                     };
                     at += -(1.0 - rng.random::<f64>()).ln() / rate;
                     submission
@@ -223,7 +225,12 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let http = reqwest::Client::new();
     let url = format!("{}/v1/jobs", stack.api);
     let total = (args.rate * (args.seconds + args.tail)) as usize;
-    let plan = submissions(args.arrivals, total, args.rate.max(1) as f64);
+    let plan = submissions(
+        args.arrivals,
+        total,
+        args.rate.max(1) as f64,
+        args.due_every.max(1),
+    );
     let mut sent = tokio::task::JoinSet::new();
     let begin = tokio::time::Instant::now();
     for (i, submission) in plan.iter().enumerate() {
@@ -308,8 +315,13 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     .await?;
     stack.stop().await?;
     println!(
-        "\n### eta: {total} jobs at {}/s for {}s, arriving {:?} (2 tenants 3:1, output caps {SIZES:?}, a third due in {DEADLINE_SECS}s), provider rpm {} tpm {}, 2 s a call\n",
-        args.rate, args.seconds, args.arrivals, args.rpm, args.tpm
+        "\n### eta: {total} jobs at {}/s for {}s, arriving {:?} (2 tenants 3:1, output caps {SIZES:?}, one in {} due in {DEADLINE_SECS}s), provider rpm {} tpm {}, 2 s a call\n",
+        args.rate,
+        args.seconds,
+        args.arrivals,
+        args.due_every.max(1),
+        args.rpm,
+        args.tpm
     );
     println!(
         "accepted {accepted}, refused deadline_unmeetable {refused}; sent in {sending:.1}s, all finished after {drained:.1}s; {tail} jobs of the last {}s not scored\n",

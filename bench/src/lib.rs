@@ -106,6 +106,11 @@ pub struct BenchArgs {
     /// same rate and mix).
     #[arg(long, value_enum, default_value_t = eta::Arrivals::Even)]
     pub arrivals: eta::Arrivals,
+    /// Eta case: one job in this many sets a deadline of its own, two minutes out (1: every
+    /// job, so that what is accepted is what the provider can serve in time — a steady
+    /// queue; the rest are due by their class's default, an hour or more).
+    #[arg(long, default_value_t = 3)]
+    pub due_every: u64,
     /// Limits case: jobs per scenario; lanes case: jobs per run.
     #[arg(long, default_value_t = 1800)]
     pub limit_jobs: usize,
