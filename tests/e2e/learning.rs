@@ -537,8 +537,8 @@ async fn a_429_pauses_only_the_pool_of_the_key_that_met_it() {
             ..ProjectLimits::default()
         }
     ));
-    // All at once: pa's keys take several calls before its first answer can teach the new
-    // limit, so one of them surely meets the 429.
+    // All at once: one round admits them, and several calls reach pa's keys before its
+    // first answer can teach the new limit, so one meets the 429.
     let jobs: Vec<Value> = (12..60).map(pooled_job).collect();
     let (status, body) = app.post(ACME, "/v1/jobs/bulk", &json!({ "jobs": jobs })).await;
     assert_eq!(status, 202, "{body}");
