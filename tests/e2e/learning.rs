@@ -508,8 +508,11 @@ tpm = 3000
 
 #[tokio::test]
 async fn a_429_pauses_only_the_pool_of_the_key_that_met_it() {
+    // Calls take 200 ms, so that the calls sent to pa together are on their way at once.
+    let mut mock = two_accounts(600);
+    mock.latency_ms = 200;
     let app = TestApp::spawn_with(TestOptions {
-        mock: two_accounts(600),
+        mock,
         extra_config: POOLED.into(),
         server_config: format!("admin_key = \"{ADMIN}\""),
         ..TestOptions::default()
@@ -537,8 +540,8 @@ async fn a_429_pauses_only_the_pool_of_the_key_that_met_it() {
             ..ProjectLimits::default()
         }
     ));
-    // All at once: one round admits them, and several calls reach pa's keys before its
-    // first answer can teach the new limit, so one meets the 429.
+    // All at once: the calls the gate sends to pa's keys before its first answer (200 ms)
+    // can teach the new limit are on their way together, and all but one meet the 429.
     let jobs: Vec<Value> = (12..60).map(pooled_job).collect();
     let (status, body) = app.post(ACME, "/v1/jobs/bulk", &json!({ "jobs": jobs })).await;
     assert_eq!(status, 202, "{body}");
