@@ -1,9 +1,10 @@
 //! `tollgate bench --case sync`: the synchronous drop-in path, `POST
 //! /v1/chat/completions` through the queue, beside the same requests sent straight to the
 //! mock provider, in one run and by one external load generator (`hey`, installed with
-//! `apt-get` when missing), at fixed rates and at saturation. Each request is admitted,
-//! committed, dispatched, settled and answered by tollgate; the direct run is the floor
-//! of the machine, the client and the mock. Then the same request streamed, timed to its
+//! `apt-get` when missing): one caller alone, then fixed rates and saturation, with where
+//! each row's calls spent their time (from the rows written for them). Each request is
+//! admitted, committed, dispatched, settled and answered by tollgate; the direct run is the
+//! floor of the machine, the client and the mock. Then the same request streamed, timed to its
 //! first byte, and the other synchronous endpoints — embeddings, responses and Anthropic's
 //! messages — at 1,000 requests a second.
 
@@ -31,15 +32,25 @@ impl Load {
     }
 }
 
-const LOADS: [Load; 6] = [
+/// Half the rate the latency goals name: 480 requests a second.
+const HALF_GOAL_RATE: Load = Load {
+    clients: 16,
+    per_client: Some(30),
+};
+/// The rate the latency goals name: 1,000 requests a second.
+const GOAL_RATE: Load = Load {
+    clients: 20,
+    per_client: Some(50),
+};
+
+const LOADS: [Load; 7] = [
+    // One caller at a time: what a call costs with nothing beside it.
     Load {
-        clients: 16,
-        per_client: Some(30),
+        clients: 1,
+        per_client: None,
     },
-    Load {
-        clients: 20,
-        per_client: Some(50),
-    },
+    HALF_GOAL_RATE,
+    GOAL_RATE,
     Load {
         clients: 16,
         per_client: None,
@@ -59,9 +70,8 @@ const LOADS: [Load; 6] = [
     },
 ];
 
-/// Streams at the rate the goal names (1,000 a second), and at half of it: the first two
-/// fixed-rate loads.
-const STREAM_LOADS: [Load; 2] = [LOADS[0], LOADS[1]];
+/// Streams at the rate the goal names (1,000 a second), and at half of it.
+const STREAM_LOADS: [Load; 2] = [HALF_GOAL_RATE, GOAL_RATE];
 
 /// A synchronous endpoint: its path, its request (the model as the mock and as tollgate
 /// name it), and whether callers send Anthropic's headers rather than a bearer key.
@@ -359,16 +369,24 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     println!(
         "\nWhere each tollgate row's time went, from the job rows it wrote (ms, p50 / p90): \
-         submitted → admitted (the insert and the admission, on arrival or by the gate's round), \
-         admitted → started (the claim; 0 when handed over in the admission's write), \
-         started → finished (the provider call and the outcome's commit).\n"
+         submitted → admitted (to the admitter and its reads, or a wait for the gate's round), \
+         admitted → sent (the admission's commit and the hand-over to the call), \
+         the provider call, and its end → the outcome's write (after the caller has its answer).\n"
     );
-    println!("| load | jobs | → admitted | → started | → finished |");
-    println!("|---|---:|---:|---:|---:|");
+    println!("| load | jobs | → admitted | → sent | call | → recorded |");
+    println!("|---|---:|---:|---:|---:|---:|");
     for (label, s) in stages {
         println!(
-            "| {label} | {} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} |",
-            s.jobs, s.admitted[0], s.admitted[1], s.started[0], s.started[1], s.finished[0], s.finished[1]
+            "| {label} | {} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} |",
+            s.jobs,
+            s.admitted[0],
+            s.admitted[1],
+            s.sent[0],
+            s.sent[1],
+            s.call[0],
+            s.call[1],
+            s.recorded[0],
+            s.recorded[1]
         );
     }
     streams(&hey, &stack, seconds).await?;
@@ -407,7 +425,7 @@ async fn streams(hey: &str, stack: &crate::local::LocalStack, seconds: u64) -> a
 /// through tollgate beside the mock directly.
 #[allow(clippy::print_stdout)] // the report is the command's output
 async fn other_endpoints(hey: &str, stack: &crate::local::LocalStack, seconds: u64) -> anyhow::Result<()> {
-    let load = LOADS[1];
+    let load = GOAL_RATE;
     println!("\nThe other synchronous endpoints, {}:\n", load.label());
     println!(
         "| path | endpoint | throughput | p50 ms | p90 ms | p99 ms | failed | added p50 ms | added p99 ms |"
@@ -427,46 +445,59 @@ async fn other_endpoints(hey: &str, stack: &crate::local::LocalStack, seconds: u
     Ok(())
 }
 
-/// The p50 and p90, in ms, of each stage of the jobs one row submitted.
+/// Where a row's synchronous calls spent their time, from the rows written for them: the
+/// job's and its first attempt's (ms, p50 and p90).
 struct Stages {
     jobs: i64,
+    /// Submitted → admitted: the handler's hand-off, the admission's reads, or a wait in
+    /// the queue for the gate's round.
     admitted: [f64; 2],
-    started: [f64; 2],
-    finished: [f64; 2],
+    /// Admitted → sent: the admission's write and commit, the hand-over to the dispatcher
+    /// (or its claim), until the request leaves for the provider.
+    sent: [f64; 2],
+    /// The provider call, sent → answered.
+    call: [f64; 2],
+    /// Answered → the outcome's write: the completer's queue (the caller has its answer).
+    recorded: [f64; 2],
 }
 
 impl Stages {
     async fn read(pool: &sqlx::PgPool, since: chrono::DateTime<chrono::Utc>) -> anyhow::Result<Self> {
-        let row: (i64, Vec<f64>, Vec<f64>, Vec<f64>) = sqlx::query_as(
+        let row: (i64, Vec<f64>) = sqlx::query_as(
             "WITH j AS (
-                 SELECT extract(epoch FROM admitted_at - created_at) * 1e3 AS admitted,
-                        extract(epoch FROM started_at - admitted_at) * 1e3 AS started,
-                        extract(epoch FROM finished_at - started_at) * 1e3 AS finished
-                 FROM jobs WHERE created_at >= $1 AND state = 'succeeded')
+                 SELECT extract(epoch FROM j.admitted_at - j.created_at) * 1e3 AS admitted,
+                        extract(epoch FROM a.started_at - j.admitted_at) * 1e3 AS sent,
+                        extract(epoch FROM a.finished_at - a.started_at) * 1e3 AS call,
+                        extract(epoch FROM j.finished_at - a.finished_at) * 1e3 AS recorded
+                 FROM jobs j JOIN job_attempts a ON a.job_id = j.id AND a.attempt = 1
+                 WHERE j.created_at >= $1 AND j.state = 'succeeded')
              SELECT count(*),
                     ARRAY[coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY admitted), 0),
-                          coalesce(percentile_cont(0.9) WITHIN GROUP (ORDER BY admitted), 0)]::float8[],
-                    ARRAY[coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY started), 0),
-                          coalesce(percentile_cont(0.9) WITHIN GROUP (ORDER BY started), 0)]::float8[],
-                    ARRAY[coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY finished), 0),
-                          coalesce(percentile_cont(0.9) WITHIN GROUP (ORDER BY finished), 0)]::float8[]
+                          coalesce(percentile_cont(0.9) WITHIN GROUP (ORDER BY admitted), 0),
+                          coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY sent), 0),
+                          coalesce(percentile_cont(0.9) WITHIN GROUP (ORDER BY sent), 0),
+                          coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY call), 0),
+                          coalesce(percentile_cont(0.9) WITHIN GROUP (ORDER BY call), 0),
+                          coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY recorded), 0),
+                          coalesce(percentile_cont(0.9) WITHIN GROUP (ORDER BY recorded), 0)]::float8[]
              FROM j",
         )
         .bind(since)
         .fetch_one(pool)
         .await
         .context("reading the row's job stages")?;
-        let pair = |v: &[f64]| {
+        let pair = |at: usize| {
             [
-                v.first().copied().unwrap_or(0.0),
-                v.get(1).copied().unwrap_or(0.0),
+                row.1.get(at).copied().unwrap_or(0.0),
+                row.1.get(at + 1).copied().unwrap_or(0.0),
             ]
         };
         Ok(Self {
             jobs: row.0,
-            admitted: pair(&row.1),
-            started: pair(&row.2),
-            finished: pair(&row.3),
+            admitted: pair(0),
+            sent: pair(2),
+            call: pair(4),
+            recorded: pair(6),
         })
     }
 }
