@@ -511,6 +511,33 @@ impl TestApp {
         done
     }
 
+    /// Asserts the mock answered no call 429. When it did, the message names each call that
+    /// met one — its job's estimate, when the gate admitted it, when it was sent, and the
+    /// rate-limit headers it got — and what the mock counted per project.
+    pub async fn assert_no_provider_429s(&self) {
+        let stats = self.mock.stats();
+        if stats.rate_limited_429 == 0 {
+            return;
+        }
+        let met: Vec<String> = sqlx::query_scalar(
+            "SELECT format('job %s attempt %s key %s (%s + %s tokens) admitted %s sent %s: %s',
+                           a.job_id, a.attempt, a.key_name, a.estimated_input_tokens,
+                           a.estimated_output_tokens, coalesce(j.admitted_at::text, 'never'),
+                           a.started_at, coalesce(a.rate_limit::text, 'no headers'))
+             FROM job_attempts a JOIN jobs j ON j.id = a.job_id
+             WHERE a.status = 429 ORDER BY a.started_at",
+        )
+        .fetch_all(&self.db.pool)
+        .await
+        .expect("reading the calls that met a 429");
+        panic!(
+            "the mock answered {} calls 429:\n{}\nper project: {:?}",
+            stats.rate_limited_429,
+            met.join("\n"),
+            stats.projects
+        );
+    }
+
     pub async fn shutdown(mut self) {
         if let Some(b) = self.broker.take() {
             b.shutdown().await;
