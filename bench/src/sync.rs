@@ -4,9 +4,9 @@
 //! `apt-get` when missing): one caller alone, then fixed rates and saturation, with where
 //! each row's calls spent their time (from the rows written for them). Each request is
 //! admitted, committed, dispatched, settled and answered by tollgate; the direct run is the
-//! floor of the machine, the client and the mock. Then the same request streamed, timed to its
-//! first byte, and the other synchronous endpoints — embeddings, responses and Anthropic's
-//! messages — at 1,000 requests a second.
+//! floor of the machine, the client and the mock. Then the same request streamed, timed to
+//! its first byte, and the other synchronous endpoints — embeddings, responses and
+//! Anthropic's messages — at 1,000 requests a second.
 
 use std::process::Command;
 
@@ -25,9 +25,13 @@ struct Load {
 
 impl Load {
     fn label(&self) -> String {
+        let clients = match self.clients {
+            1 => "1 client".to_owned(),
+            n => format!("{n} clients"),
+        };
         match self.per_client {
-            Some(q) => format!("{} clients × {q} req/s", self.clients),
-            None => format!("{} clients, as fast as answered", self.clients),
+            Some(q) => format!("{clients} × {q} req/s"),
+            None => format!("{clients}, as fast as answered"),
         }
     }
 }

@@ -566,8 +566,8 @@ pub async fn hold_paused_lines(pool: &PgPool) -> Result<u64> {
 /// below the snapshot's xmin (the oldest running transaction that has written anything,
 /// in any database of the server; readers hold no id) are read — every one before them has
 /// ended — so no line can later commit behind a cursor: a line shows once every writing
-/// transaction already running when it ended has ended too. Once the batch has `ended` (as read before this), every line's
-/// ending has committed and none can come, so all are read.
+/// transaction already running when it ended has ended too. Once the batch has `ended` (as
+/// read before this), every line's ending has committed and none can come, so all are read.
 pub async fn batch_results_after(
     ex: impl PgExecutor<'_>,
     batch_id: &str,
